@@ -1,0 +1,117 @@
+/* Ring allreduce: reduce-scatter, then allgather, pipelined in chunks.
+ *
+ * The buffer is cut into p segments. In step t (0 <= t < 2(p-1)) rank r
+ * sends segment (r - t) mod p to r+1 and receives segment (r - t - 1) mod p
+ * from r-1. In the first p-1 steps (reduce-scatter) what arrives is added
+ * to the rank's own data; after them rank r holds the complete result of
+ * segment r+1. The last p-1 steps (allgather) pass complete segments on.
+ *
+ *        step 0        step 1        ...   step p-1 (allgather)
+ *   r0 --s0--> r1 --s3--> ...
+ *   r1 --s1--> r2          each rank sends 2(p-1)/p of the buffer
+ *   r2 --s2--> r3
+ *   r3 --s3--> r0
+ *
+ * Every segment is split into chunks of HORA_CHUNK_SIZE; chunk k of step
+ * t+1 is sent as soon as chunk k of step t has been reduced. */
+#include "collectives.h"
+#include "reduce.h"
+
+struct allreduce_ctx {
+  int rank, size;
+  const char *send;
+  char *recv;
+  size_t count, esize, base, rem, chunk_elems, nchunks;
+  hora_dtype dtype;
+  hora_op op;
+};
+
+static void seg_range(const struct allreduce_ctx *a, int seg, size_t *start, size_t *len) {
+  size_t s = (size_t)seg;
+  *start = s * a->base + HORA_MIN(s, a->rem);
+  *len = a->base + (s < a->rem ? 1 : 0);
+}
+
+/* Element range of linear transfer index i, and its step. */
+static void chunk_range(const struct allreduce_ctx *a, size_t i, bool sending, size_t *off,
+                        size_t *n, size_t *step) {
+  size_t t = i / a->nchunks;
+  size_t k = i % a->nchunks;
+  int p = a->size;
+  int seg = (int)(((long)a->rank - (long)t - (sending ? 0 : 1)) % p + p) % p;
+  size_t start, len;
+  seg_range(a, seg, &start, &len);
+  size_t lo = HORA_MIN(k * a->chunk_elems, len);
+  size_t hi = HORA_MIN(lo + a->chunk_elems, len);
+  *off = start + lo;
+  *n = hi - lo;
+  *step = t;
+}
+
+static void ar_send_at(void *arg, size_t i, const void **ptr, size_t *len) {
+  struct allreduce_ctx *a = arg;
+  size_t off, n, t;
+  chunk_range(a, i, true, &off, &n, &t);
+  *ptr = (t == 0 ? a->send : a->recv) + off * a->esize;
+  *len = n * a->esize;
+}
+
+static void ar_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scratch) {
+  struct allreduce_ctx *a = arg;
+  size_t off, n, t;
+  chunk_range(a, i, false, &off, &n, &t);
+  *scratch = t < (size_t)(a->size - 1);
+  *ptr = a->recv + off * a->esize;
+  *len = n * a->esize;
+}
+
+static void ar_received(void *arg, size_t i, void *staged) {
+  struct allreduce_ctx *a = arg;
+  if (!staged) {
+    return; /* allgather phase: landed in place */
+  }
+  size_t off, n, t;
+  chunk_range(a, i, false, &off, &n, &t);
+  hora__reduce(a->dtype, a->op, a->recv + off * a->esize, staged, a->send + off * a->esize, n);
+}
+
+int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    hora_dtype dtype, hora_op op) {
+  size_t esize = hora_dtype_size(dtype);
+  int p = comm->size;
+  if (p == 1 || count == 0) {
+    if (sendbuf != recvbuf && count) {
+      memcpy(recvbuf, sendbuf, count * esize);
+    }
+    return HORA_SUCCESS;
+  }
+  struct allreduce_ctx a = {
+      .rank = comm->rank,
+      .size = p,
+      .send = sendbuf,
+      .recv = recvbuf,
+      .count = count,
+      .esize = esize,
+      .base = count / (size_t)p,
+      .rem = count % (size_t)p,
+      .dtype = dtype,
+      .op = op,
+  };
+  a.chunk_elems = HORA_MAX((size_t)comm->chunk_bytes / esize, (size_t)1);
+  size_t max_seg = a.base + (a.rem ? 1 : 0);
+  a.nchunks = HORA_MAX((max_seg + a.chunk_elems - 1) / a.chunk_elems, (size_t)1);
+  size_t total = (size_t)(2 * (p - 1)) * a.nchunks;
+  struct hora__ring ring = {
+      .next = comm->data[(comm->rank + 1) % p],
+      .prev = comm->data[(comm->rank + p - 1) % p],
+      .nsend = total,
+      .nrecv = total,
+      .send_depends = true,
+      .dep_lag = a.nchunks,
+      .arg = &a,
+      .send_at = ar_send_at,
+      .recv_at = ar_recv_at,
+      .received = ar_received,
+  };
+  return hora__ring_run(comm, &ring);
+}

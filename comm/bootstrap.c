@@ -1,0 +1,586 @@
+/* Bootstrap: MPI tells us who the ranks are; everything after that runs
+ * over hora's own connections.
+ *
+ *   1. duplicate MPI_COMM_WORLD; rank, size
+ *   2. local rank/size by shared-memory domain, host index by local leaders
+ *   3. rank 0 draws the job secret; MPI_Bcast
+ *   4. every rank listens (TCP on the chosen interface, Unix socket for its
+ *      host) and the addresses are allgathered
+ *   5. the planned connections are made, all at once and without blocking:
+ *      the higher rank of a pair connects, sends a hello carrying the
+ *      secret, and waits for the acknowledgement
+ *
+ * Planned connections: control star (rank 0 <-> every rank) and data ring
+ * (rank r <-> r+1). Peers on one host use Unix sockets. */
+#include <arpa/inet.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "../runtime/log.h"
+#include "../runtime/params.h"
+#include "comm.h"
+
+#define HELLO_ACK_WORD 0x214b4f48u /* "HOK!" */
+
+static int mpi_error(int err, const char *call) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) {
+    snprintf(msg, sizeof(msg), "MPI error %d", err);
+  }
+  return hora__error(HORA_ERR_SYSTEM, "%s failed: %s", call, msg);
+}
+
+#define MPI_CHECK(call)                                                                      \
+  do {                                                                                       \
+    int mpi_rc_ = (call);                                                                    \
+    if (mpi_rc_ != MPI_SUCCESS) {                                                            \
+      return mpi_error(mpi_rc_, #call);                                                      \
+    }                                                                                        \
+  } while (0)
+
+const char *hora__peer_name(const hora__comm *comm, int rank, char *buf, size_t n) {
+  if (comm && comm->peers && rank >= 0 && rank < comm->size) {
+    snprintf(buf, n, "rank %d (host %s, pid %d)", rank, comm->peers[rank].host,
+             (int)comm->peers[rank].pid);
+  } else {
+    snprintf(buf, n, "rank %d", rank);
+  }
+  return buf;
+}
+
+static int topology_from_mpi(hora__comm *c) {
+  MPI_Comm local, leaders;
+  MPI_CHECK(MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local));
+  MPI_Comm_rank(local, &c->local_rank);
+  MPI_Comm_size(local, &c->local_size);
+  int color = c->local_rank == 0 ? 0 : MPI_UNDEFINED;
+  MPI_CHECK(MPI_Comm_split(c->mpi, color, c->rank, &leaders));
+  int hostinfo[2] = {0, 0};
+  if (leaders != MPI_COMM_NULL) {
+    MPI_Comm_rank(leaders, &hostinfo[0]);
+    MPI_Comm_size(leaders, &hostinfo[1]);
+    MPI_Comm_free(&leaders);
+  }
+  int rc = MPI_Bcast(hostinfo, 2, MPI_INT, 0, local);
+  MPI_Comm_free(&local);
+  if (rc != MPI_SUCCESS) {
+    return mpi_error(rc, "MPI_Bcast(host index)");
+  }
+  c->cross_rank = hostinfo[0];
+  c->cross_size = hostinfo[1];
+  return HORA_SUCCESS;
+}
+
+static int make_secret(hora__comm *c) {
+  if (c->rank == 0) {
+    size_t got = 0;
+    while (got < HORA_SECRET_LEN) {
+      ssize_t n = getrandom(c->secret + got, HORA_SECRET_LEN - got, 0);
+      if (n < 0 && errno != EINTR) {
+        return hora__error_errno(HORA_ERR_SYSTEM, "getrandom (job secret)");
+      }
+      if (n > 0) {
+        got += (size_t)n;
+      }
+    }
+  }
+  MPI_CHECK(MPI_Bcast(c->secret, HORA_SECRET_LEN, MPI_BYTE, 0, c->mpi));
+  for (int i = 0; i < 8; i++) {
+    snprintf(c->job_id + 2 * i, 3, "%02x", c->secret[i]);
+  }
+  return HORA_SUCCESS;
+}
+
+/* ---- connection setup ----------------------------------------------------- */
+
+enum sock_state { S_CONNECTING, S_SEND_HELLO, S_WAIT_ACK, S_WAIT_HELLO, S_SEND_ACK, S_DONE };
+
+struct pending {
+  int fd;
+  enum sock_state state;
+  bool outgoing;
+  bool unix_socket;
+  int peer;
+  int kind;
+  uint8_t buf[HORA_HELLO_WIRE_SIZE];
+  size_t done; /* bytes of buf sent or received */
+  uint64_t retry_at;
+};
+
+struct plan {
+  hora__comm *c;
+  struct pending *socks;
+  int nsocks, cap;
+  int expected_in; /* incoming connections still to arrive */
+  uint8_t *want_in;   /* [size*2]: 1 while (peer, kind) is expected */
+};
+
+static bool same_host(const hora__comm *c, int peer) {
+  return c->peers[peer].host_index == c->peers[c->rank].host_index;
+}
+
+static int add_sock(struct plan *p, struct pending s) {
+  if (p->nsocks == p->cap) {
+    int cap = p->cap ? 2 * p->cap : 16;
+    struct pending *n = hora__realloc(p->socks, (size_t)cap * sizeof(*n));
+    if (!n) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    p->socks = n;
+    p->cap = cap;
+  }
+  p->socks[p->nsocks++] = s;
+  return HORA_SUCCESS;
+}
+
+static int start_connect(struct plan *p, struct pending *s) {
+  hora__comm *c = p->c;
+  struct sockaddr_storage ss;
+  socklen_t len;
+  int fd;
+  if (s->unix_socket) {
+    unsigned ulen;
+    hora__unix_address(c->job_id, s->peer, &ss, &ulen);
+    len = (socklen_t)ulen;
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  } else {
+    struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+    memset(sin, 0, sizeof(*sin));
+    sin->sin_family = AF_INET;
+    sin->sin_addr.s_addr = c->peers[s->peer].ipv4;
+    sin->sin_port = c->peers[s->peer].port;
+    len = sizeof(*sin);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  }
+  if (fd < 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "socket");
+  }
+  s->fd = fd;
+  s->state = S_CONNECTING;
+  if (connect(fd, (struct sockaddr *)&ss, len) < 0 && errno != EINPROGRESS && errno != EAGAIN) {
+    if (errno == ECONNREFUSED || errno == ENOENT) {
+      /* Not listening yet, or momentarily full: try again shortly. */
+      close(fd);
+      s->fd = -1;
+      s->retry_at = hora__now_ns() + 20 * 1000000ull;
+      return HORA_SUCCESS;
+    }
+    char name[160];
+    return hora__error_errno(HORA_ERR_PEER_LOST, "connect to %s",
+                             hora__peer_name(c, s->peer, name, sizeof(name)));
+  }
+  struct hora__hello h = {.magic = HORA_HELLO_MAGIC,
+                          .version = HORA_HELLO_VERSION,
+                          .kind = (uint16_t)s->kind,
+                          .rank = c->rank,
+                          .size = c->size};
+  memcpy(h.secret, c->secret, HORA_SECRET_LEN);
+  hora__hello_encode(&h, s->buf);
+  s->done = 0;
+  return HORA_SUCCESS;
+}
+
+/* Moves one socket's handshake forward; returns PEER_LOST on failures of
+ * our own outgoing connections, and refuses bad incoming ones. */
+static int step(struct plan *p, struct pending *s) {
+  hora__comm *c = p->c;
+  char name[160];
+  for (;;) {
+    switch (s->state) {
+      case S_CONNECTING: {
+        int err = 0;
+        socklen_t l = sizeof(err);
+        if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0) {
+          err = errno;
+        }
+        if (err == EINPROGRESS) {
+          return HORA_SUCCESS;
+        }
+        if (err == ECONNREFUSED) {
+          close(s->fd);
+          s->fd = -1;
+          s->retry_at = hora__now_ns() + 20 * 1000000ull;
+          return HORA_SUCCESS;
+        }
+        if (err != 0) {
+          errno = err;
+          return hora__error_errno(HORA_ERR_PEER_LOST, "connect to %s",
+                                   hora__peer_name(c, s->peer, name, sizeof(name)));
+        }
+        s->state = S_SEND_HELLO;
+        break;
+      }
+      case S_SEND_HELLO:
+      case S_SEND_ACK: {
+        size_t total = s->state == S_SEND_HELLO ? HORA_HELLO_WIRE_SIZE : 4;
+        ssize_t n = send(s->fd, s->buf + s->done, total - s->done, MSG_NOSIGNAL);
+        if (n < 0) {
+          if (errno == EAGAIN || errno == EINTR) {
+            return HORA_SUCCESS;
+          }
+          if (s->outgoing) {
+            return hora__error_errno(HORA_ERR_PEER_LOST, "handshake with %s",
+                                     hora__peer_name(c, s->peer, name, sizeof(name)));
+          }
+          HORA_WARN("bootstrap: connection from %s broke during the handshake",
+                    hora__peer_name(c, s->peer, name, sizeof(name)));
+          close(s->fd);
+          s->fd = -1;
+          s->state = S_DONE;
+          s->peer = -1;
+          return HORA_SUCCESS;
+        }
+        s->done += (size_t)n;
+        if (s->done < total) {
+          return HORA_SUCCESS;
+        }
+        s->done = 0;
+        s->state = s->state == S_SEND_HELLO ? S_WAIT_ACK : S_DONE;
+        if (s->state == S_DONE) {
+          return HORA_SUCCESS;
+        }
+        break;
+      }
+      case S_WAIT_ACK:
+      case S_WAIT_HELLO: {
+        size_t total = s->state == S_WAIT_ACK ? 4 : HORA_HELLO_WIRE_SIZE;
+        ssize_t n = recv(s->fd, s->buf + s->done, total - s->done, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+          return HORA_SUCCESS;
+        }
+        if (n <= 0) {
+          if (s->outgoing) {
+            return hora__error(HORA_ERR_PEER_LOST, "%s closed the connection during the handshake",
+                               hora__peer_name(c, s->peer, name, sizeof(name)));
+          }
+          HORA_WARN("bootstrap: refused a connection that closed before its handshake");
+          close(s->fd);
+          s->fd = -1;
+          s->state = S_DONE;
+          s->peer = -1;
+          return HORA_SUCCESS;
+        }
+        s->done += (size_t)n;
+        if (s->done < total) {
+          return HORA_SUCCESS;
+        }
+        s->done = 0;
+        if (s->state == S_WAIT_ACK) {
+          uint32_t w = (uint32_t)s->buf[0] | (uint32_t)s->buf[1] << 8 |
+                       (uint32_t)s->buf[2] << 16 | (uint32_t)s->buf[3] << 24;
+          if (w != HELLO_ACK_WORD) {
+            return hora__error(HORA_ERR_PEER_LOST, "%s answered the handshake with garbage",
+                               hora__peer_name(c, s->peer, name, sizeof(name)));
+          }
+          s->state = S_DONE;
+          return HORA_SUCCESS;
+        }
+        struct hora__hello h;
+        int rc = hora__hello_decode(s->buf, c->secret, c->size, &h);
+        if (rc == HORA_SUCCESS) {
+          size_t slot = (size_t)h.rank * 2 + (size_t)(h.kind - 1);
+          if (!p->want_in[slot]) {
+            rc = hora__error(HORA_ERR_INVALID_ARG, "unexpected or duplicate %s connection from rank %d",
+                             h.kind == HORA_CONN_CTRL ? "control" : "data", h.rank);
+          } else {
+            p->want_in[slot] = 0;
+            p->expected_in--;
+            s->peer = h.rank;
+            s->kind = h.kind;
+          }
+        }
+        if (rc != HORA_SUCCESS) {
+          HORA_WARN("bootstrap: refused a connection: %s", hora__error_message());
+          close(s->fd);
+          s->fd = -1;
+          s->state = S_DONE;
+          s->peer = -1;
+          return HORA_SUCCESS;
+        }
+        uint32_t w = HELLO_ACK_WORD;
+        s->buf[0] = (uint8_t)w;
+        s->buf[1] = (uint8_t)(w >> 8);
+        s->buf[2] = (uint8_t)(w >> 16);
+        s->buf[3] = (uint8_t)(w >> 24);
+        s->state = S_SEND_ACK;
+        break;
+      }
+      case S_DONE:
+        return HORA_SUCCESS;
+    }
+  }
+}
+
+static int accept_from(struct plan *p, int lfd, bool unix_socket) {
+  for (;;) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) {
+        return HORA_SUCCESS;
+      }
+      return hora__error_errno(HORA_ERR_SYSTEM, "accept");
+    }
+    struct pending s = {.fd = fd, .state = S_WAIT_HELLO, .unix_socket = unix_socket, .peer = -1};
+    HORA_CHECK(add_sock(p, s));
+  }
+}
+
+static int plan_connection(struct plan *p, int peer, int kind) {
+  hora__comm *c = p->c;
+  /* A ring of two has the same neighbour on both sides: one connection. */
+  for (int i = 0; i < p->nsocks; i++) {
+    if (p->socks[i].outgoing && p->socks[i].peer == peer && p->socks[i].kind == kind) {
+      return HORA_SUCCESS;
+    }
+  }
+  bool use_unix = same_host(c, peer) &&
+                  !(kind == HORA_CONN_DATA && strcmp(hora__params.TRANSPORT, "tcp") == 0);
+  if (c->rank > peer) {
+    struct pending s = {.fd = -1, .outgoing = true, .unix_socket = use_unix, .peer = peer, .kind = kind};
+    HORA_CHECK(add_sock(p, s));
+    return start_connect(p, &p->socks[p->nsocks - 1]);
+  }
+  size_t slot = (size_t)peer * 2 + (size_t)(kind - 1);
+  if (!p->want_in[slot]) {
+    p->want_in[slot] = 1;
+    p->expected_in++;
+  }
+  return HORA_SUCCESS;
+}
+
+static int connect_all(hora__comm *c) {
+  struct plan p = {.c = c};
+  int rc = HORA_SUCCESS;
+  p.want_in = hora__calloc((size_t)c->size * 2, 1);
+  if (!p.want_in) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  if (c->rank == 0) {
+    for (int r = 1; r < c->size; r++) {
+      HORA_CHECK_GOTO(plan_connection(&p, r, HORA_CONN_CTRL), rc, out);
+    }
+  } else {
+    HORA_CHECK_GOTO(plan_connection(&p, 0, HORA_CONN_CTRL), rc, out);
+  }
+  if (c->size > 1) {
+    HORA_CHECK_GOTO(plan_connection(&p, (c->rank + 1) % c->size, HORA_CONN_DATA), rc, out);
+    HORA_CHECK_GOTO(plan_connection(&p, (c->rank + c->size - 1) % c->size, HORA_CONN_DATA), rc, out);
+  }
+  uint64_t deadline = hora__now_ns() + (uint64_t)(hora__params.CONNECT_TIMEOUT_SECONDS * 1e9);
+  for (;;) {
+    bool outgoing_pending = false;
+    uint64_t now = hora__now_ns();
+    for (int i = 0; i < p.nsocks; i++) {
+      struct pending *s = &p.socks[i];
+      if (s->outgoing && s->fd < 0 && s->state != S_DONE && now >= s->retry_at) {
+        HORA_CHECK_GOTO(start_connect(&p, s), rc, out);
+      }
+      if (s->fd >= 0 && s->state != S_DONE) {
+        HORA_CHECK_GOTO(step(&p, s), rc, out);
+      }
+      if (s->outgoing && s->state != S_DONE) {
+        outgoing_pending = true;
+      }
+    }
+    if (!outgoing_pending && p.expected_in == 0) {
+      bool handshakes_pending = false;
+      for (int i = 0; i < p.nsocks; i++) {
+        if (p.socks[i].fd >= 0 && p.socks[i].state != S_DONE) {
+          handshakes_pending = true;
+        }
+      }
+      if (!handshakes_pending) {
+        break;
+      }
+    }
+    if (now >= deadline) {
+      char missing[512] = "";
+      size_t m = 0;
+      for (int i = 0; i < p.nsocks && m + 32 < sizeof(missing); i++) {
+        if (p.socks[i].outgoing && p.socks[i].state != S_DONE) {
+          m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", p.socks[i].peer);
+        }
+      }
+      for (int r = 0; r < c->size * 2 && m + 32 < sizeof(missing); r++) {
+        if (p.want_in[r]) {
+          m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", r / 2);
+        }
+      }
+      rc = hora__error(HORA_ERR_PEER_LOST,
+                       "bootstrap: timed out after %gs (HORA_CONNECT_TIMEOUT_SECONDS) connecting "
+                       "to ranks:%s",
+                       hora__params.CONNECT_TIMEOUT_SECONDS, missing);
+      goto out;
+    }
+    struct pollfd fds[2 + 256];
+    int n = 0;
+    fds[n++] = (struct pollfd){.fd = c->tcp_listen_fd, .events = POLLIN};
+    fds[n++] = (struct pollfd){.fd = c->unix_listen_fd, .events = POLLIN};
+    for (int i = 0; i < p.nsocks && n < (int)HORA_ARRAY_SIZE(fds); i++) {
+      struct pending *s = &p.socks[i];
+      if (s->fd < 0 || s->state == S_DONE) {
+        continue;
+      }
+      short ev = (s->state == S_CONNECTING || s->state == S_SEND_HELLO || s->state == S_SEND_ACK)
+                     ? POLLOUT
+                     : POLLIN;
+      fds[n++] = (struct pollfd){.fd = s->fd, .events = ev};
+    }
+    if (poll(fds, (nfds_t)n, 20) < 0 && errno != EINTR) {
+      rc = hora__error_errno(HORA_ERR_SYSTEM, "poll");
+      goto out;
+    }
+    if (fds[0].revents) {
+      HORA_CHECK_GOTO(accept_from(&p, c->tcp_listen_fd, false), rc, out);
+    }
+    if (fds[1].revents) {
+      HORA_CHECK_GOTO(accept_from(&p, c->unix_listen_fd, true), rc, out);
+    }
+  }
+
+  for (int i = 0; i < p.nsocks; i++) {
+    struct pending *s = &p.socks[i];
+    if (s->fd < 0 || s->peer < 0) {
+      continue;
+    }
+    int fd = s->fd;
+    s->fd = -1;
+    HORA_CHECK_GOTO(hora__socket_tune(fd, !s->unix_socket,
+                                      s->kind == HORA_CONN_DATA ? hora__params.SOCKET_BUFFER : 0),
+                    rc, out);
+    if (s->kind == HORA_CONN_CTRL) {
+      c->ctrl[s->peer] = hora__ctrl_new(fd, s->peer);
+      if (!c->ctrl[s->peer]) {
+        close(fd);
+        rc = HORA_ERR_NO_MEMORY;
+        goto out;
+      }
+    } else {
+      rc = hora__transport_tcp.adopt_socket(c, fd, s->peer, &c->data[s->peer]);
+      if (rc != HORA_SUCCESS) {
+        close(fd);
+        goto out;
+      }
+    }
+  }
+out:
+  for (int i = 0; i < p.nsocks; i++) {
+    if (p.socks[i].fd >= 0) {
+      close(p.socks[i].fd);
+    }
+  }
+  free(p.socks);
+  free(p.want_in);
+  return rc;
+}
+
+static int comm_create(MPI_Comm world, hora__comm *c) {
+  MPI_CHECK(MPI_Comm_dup(world, &c->mpi));
+  MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(c->mpi, &c->rank);
+  MPI_Comm_size(c->mpi, &c->size);
+  hora__log_set_rank(c->rank);
+  HORA_CHECK(topology_from_mpi(c));
+  HORA_CHECK(make_secret(c));
+
+  struct in_addr ip;
+  char ifname[64];
+  HORA_CHECK(hora__choose_ipv4(hora__params.IFACE, c->cross_size == 1, &ip, ifname, sizeof(ifname)));
+  HORA_CHECK(hora__listen_tcp(ip, &c->tcp_listen_fd, &c->tcp_addr));
+  HORA_CHECK(hora__listen_unix(c->job_id, c->rank, &c->unix_listen_fd));
+
+  c->peers = hora__calloc((size_t)c->size, sizeof(*c->peers));
+  c->ctrl = hora__calloc((size_t)c->size, sizeof(*c->ctrl));
+  c->data = hora__calloc((size_t)c->size, sizeof(*c->data));
+  if (!c->peers || !c->ctrl || !c->data) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  struct hora__peer_info me;
+  memset(&me, 0, sizeof(me));
+  hora__strlcpy(me.host, hora__log_hostname(), sizeof(me.host));
+  me.pid = (int32_t)getpid();
+  me.local_rank = c->local_rank;
+  me.host_index = c->cross_rank;
+  me.ipv4 = c->tcp_addr.sin_addr.s_addr;
+  me.port = c->tcp_addr.sin_port;
+  MPI_CHECK(MPI_Allgather(&me, (int)sizeof(me), MPI_BYTE, c->peers, (int)sizeof(me), MPI_BYTE,
+                          c->mpi));
+  char ipstr[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &ip, ipstr, sizeof(ipstr));
+  HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d", ipstr,
+             ntohs(c->tcp_addr.sin_port), ifname, c->job_id, c->rank);
+
+  HORA_CHECK(connect_all(c));
+  bool all_local = c->cross_size == 1;
+  bool forced_tcp = strcmp(hora__params.TRANSPORT, "tcp") == 0;
+  c->local_transport = forced_tcp ? "tcp" : "tcp(unix)";
+  c->remote_transport = all_local ? "none" : "tcp";
+  c->chunk_bytes = hora__params.CHUNK_SIZE;
+  return HORA_SUCCESS;
+}
+
+int hora__comm_create(MPI_Comm world, hora__comm **out) {
+  hora__comm *c = hora__calloc(1, sizeof(*c));
+  if (!c) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  c->tcp_listen_fd = c->unix_listen_fd = -1;
+  c->mpi = MPI_COMM_NULL;
+  int rc = comm_create(world, c);
+  if (rc != HORA_SUCCESS) {
+    hora__comm_destroy(c);
+    return rc;
+  }
+  *out = c;
+  return HORA_SUCCESS;
+}
+
+void hora__comm_disconnect(hora__comm *c) {
+  if (c->ctrl) {
+    for (int r = 0; r < c->size; r++) {
+      hora__ctrl_free(c->ctrl[r]);
+      c->ctrl[r] = NULL;
+    }
+  }
+  if (c->data) {
+    for (int r = 0; r < c->size; r++) {
+      if (c->data[r]) {
+        c->data[r]->tp->close(c->data[r]);
+        c->data[r] = NULL;
+      }
+    }
+  }
+  c->active = NULL;
+  if (c->tcp_listen_fd >= 0) {
+    close(c->tcp_listen_fd);
+    c->tcp_listen_fd = -1;
+  }
+  if (c->unix_listen_fd >= 0) {
+    close(c->unix_listen_fd);
+    c->unix_listen_fd = -1;
+  }
+}
+
+void hora__comm_destroy(hora__comm *c) {
+  if (!c) {
+    return;
+  }
+  hora__comm_disconnect(c);
+  if (c->mpi != MPI_COMM_NULL) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      MPI_Comm_free(&c->mpi);
+    }
+  }
+  free(c->peers);
+  free(c->ctrl);
+  free(c->data);
+  free(c);
+}

@@ -1,0 +1,55 @@
+/* Pipelined chain broadcast along the ring, starting at the root:
+ *
+ *   root -> root+1 -> root+2 -> ... -> root-1
+ *
+ * Each rank forwards chunk k as soon as it has arrived, so for large
+ * buffers every link is busy at once and the time approaches one transfer
+ * of the buffer. */
+#include "collectives.h"
+
+struct bcast_ctx {
+  char *buf;
+  size_t bytes, chunk;
+};
+
+static void chunk_at(const struct bcast_ctx *b, size_t i, char **ptr, size_t *len) {
+  size_t lo = HORA_MIN(i * b->chunk, b->bytes);
+  size_t hi = HORA_MIN(lo + b->chunk, b->bytes);
+  *ptr = b->buf + lo;
+  *len = hi - lo;
+}
+
+static void bc_send_at(void *arg, size_t i, const void **ptr, size_t *len) {
+  char *p;
+  chunk_at(arg, i, &p, len);
+  *ptr = p;
+}
+
+static void bc_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scratch) {
+  char *p;
+  chunk_at(arg, i, &p, len);
+  *ptr = p;
+  *scratch = false;
+}
+
+int hora__broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
+  int p = comm->size;
+  if (p == 1 || bytes == 0) {
+    return HORA_SUCCESS;
+  }
+  int pos = (comm->rank - root + p) % p;
+  struct bcast_ctx b = {.buf = buf, .bytes = bytes, .chunk = (size_t)comm->chunk_bytes};
+  size_t nchunks = (bytes + b.chunk - 1) / b.chunk;
+  struct hora__ring ring = {
+      .next = comm->data[(comm->rank + 1) % p],
+      .prev = comm->data[(comm->rank + p - 1) % p],
+      .nsend = pos == p - 1 ? 0 : nchunks,
+      .nrecv = pos == 0 ? 0 : nchunks,
+      .send_depends = pos != 0,
+      .dep_lag = 0,
+      .arg = &b,
+      .send_at = bc_send_at,
+      .recv_at = bc_recv_at,
+  };
+  return hora__ring_run(comm, &ring);
+}

@@ -1,0 +1,148 @@
+/* The communicator: who the ranks are, how to reach them, and the
+ * connections of the control and data planes. Built by hora__comm_create
+ * (bootstrap.c) from MPI, used afterwards only by the coordinator thread. */
+#ifndef HORA_COMM_H
+#define HORA_COMM_H
+
+#include <mpi.h>
+#include <netinet/in.h>
+
+#include "../runtime/common.h"
+#include "transport.h"
+
+#define HORA_SECRET_LEN 32
+#define HORA_HOST_MAX 64
+
+/* What every rank tells every other at bootstrap (MPI_Allgather). Plain
+ * fixed-size data so it can travel as bytes. */
+struct hora__peer_info {
+  char host[HORA_HOST_MAX];
+  int32_t pid;
+  int32_t local_rank;
+  int32_t host_index;
+  uint32_t ipv4; /* network byte order */
+  uint16_t port; /* network byte order */
+  uint16_t pad;
+};
+
+/* A control connection: framed messages over a stream socket, with a
+ * non-blocking send queue (ctrl.c). */
+typedef struct hora__ctrl hora__ctrl;
+
+/* Called while a collective waits, so control traffic (aborts, requests
+ * arriving at rank 0) is read even in the middle of a long transfer. The
+ * pollfds callback adds the fds whose readiness should run the service. */
+struct pollfd;
+typedef int (*hora__service_fn)(void *arg);
+typedef int (*hora__service_pollfds_fn)(void *arg, struct pollfd *fds, int max);
+
+struct hora__comm {
+  int rank, size;
+  int local_rank, local_size;
+  int cross_rank, cross_size;
+  struct hora__peer_info *peers; /* [size] */
+  uint8_t secret[HORA_SECRET_LEN];
+  char job_id[17]; /* hex of the secret's first 8 bytes: names sockets */
+  MPI_Comm mpi;    /* the job's duplicate of MPI_COMM_WORLD; bootstrap only */
+
+  int tcp_listen_fd;
+  int unix_listen_fd;
+  struct sockaddr_in tcp_addr;
+
+  /* Control plane: a star around rank 0. At rank 0 ctrl[r] for every r > 0,
+   * elsewhere only ctrl[0]. */
+  hora__ctrl **ctrl;
+  /* Data plane: data[r] is the connection to rank r, NULL where the
+   * algorithms never talk directly (today: ring neighbours only). */
+  hora__conn **data;
+  const char *local_transport;  /* chosen for peers on this host */
+  const char *remote_transport; /* chosen for peers on other hosts */
+
+  hora__conn *active; /* connections with queued transfers */
+  int spin_us;        /* bounded polling before sleeping */
+  int64_t chunk_bytes;
+
+  hora__service_fn service;
+  hora__service_pollfds_fn service_pollfds;
+  void *service_arg;
+};
+
+/* Bootstrap: rank/size/local/cross from MPI, the job secret, listeners,
+ * and every planned connection. Collective over `world`. */
+int hora__comm_create(MPI_Comm world, hora__comm **comm);
+void hora__comm_destroy(hora__comm *comm);
+/* Closes every connection and listener (peers see EOF at once); the
+ * communicator stays allocated until hora__comm_destroy. */
+void hora__comm_disconnect(hora__comm *comm);
+
+/* Describe a peer for messages: "rank 3 (host h1, pid 1234)". */
+const char *hora__peer_name(const hora__comm *comm, int rank, char *buf, size_t n);
+
+/* ---- point-to-point progress (progress.c) -------------------------------- */
+int hora__isend(hora__comm *comm, hora__conn *conn, const void *buf, size_t len, hora__xfer *x);
+int hora__irecv(hora__comm *comm, hora__conn *conn, void *buf, size_t len, hora__xfer *x);
+/* Progress every busy connection; sets *progressed when bytes moved. */
+int hora__progress(hora__comm *comm, bool *progressed);
+/* Progress, and when nothing can move, poll the busy connections (spinning
+ * first for at most comm->spin_us) and run the service hook about once a
+ * second. Returns after some progress, or with an error. */
+int hora__progress_wait(hora__comm *comm);
+/* Wait until every transfer in xs[0..n) is done. */
+int hora__wait_all(hora__comm *comm, hora__xfer **xs, int n);
+
+/* ---- control connections (ctrl.c) ---------------------------------------- */
+#define HORA_CTRL_MAX_FRAME (64u << 20)
+
+hora__ctrl *hora__ctrl_new(int fd, int peer);
+void hora__ctrl_free(hora__ctrl *c);
+int hora__ctrl_fd(const hora__ctrl *c);
+int hora__ctrl_peer(const hora__ctrl *c);
+/* Queues one frame and writes what the socket takes now. */
+int hora__ctrl_send(hora__ctrl *c, uint16_t type, const void *payload, size_t len);
+/* Writes queued bytes without blocking. */
+int hora__ctrl_flush(hora__ctrl *c);
+bool hora__ctrl_has_output(const hora__ctrl *c);
+/* Reads what is available without blocking. EOF or a reset gives
+ * HORA_ERR_PEER_LOST (message recorded). */
+int hora__ctrl_read(hora__ctrl *c);
+/* Takes the next complete frame, if any: *got = false when none is complete.
+ * The payload stays valid until the next call on this connection. A frame
+ * longer than HORA_CTRL_MAX_FRAME is a protocol error. */
+int hora__ctrl_next(hora__ctrl *c, bool *got, uint16_t *type, const uint8_t **payload,
+                    size_t *len);
+/* Blocking send for shutdown paths: writes the frame within `timeout_s`. */
+int hora__ctrl_send_blocking(hora__ctrl *c, uint16_t type, const void *payload, size_t len,
+                             double timeout_s);
+
+/* ---- sockets (socket.c) --------------------------------------------------- */
+int hora__socket_nonblocking(int fd);
+int hora__socket_tune(int fd, bool tcp, int64_t bufsize);
+int hora__choose_ipv4(const char *iface, bool single_host, struct in_addr *out, char *ifname,
+                      size_t ifname_len);
+int hora__listen_tcp(struct in_addr addr, int *fd, struct sockaddr_in *bound);
+int hora__listen_unix(const char *job_id, int rank, int *fd);
+int hora__unix_address(const char *job_id, int rank, void *sun, unsigned *len);
+
+/* The handshake every connection opens with. */
+#define HORA_HELLO_MAGIC 0x41524f48u /* "HORA" */
+#define HORA_HELLO_VERSION 1
+#define HORA_HELLO_ACK 0x4b41u
+enum hora__conn_kind { HORA_CONN_CTRL = 1, HORA_CONN_DATA = 2 };
+
+struct hora__hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t kind;
+  int32_t rank;
+  int32_t size;
+  uint8_t secret[HORA_SECRET_LEN];
+};
+#define HORA_HELLO_WIRE_SIZE 48
+
+void hora__hello_encode(const struct hora__hello *h, uint8_t out[HORA_HELLO_WIRE_SIZE]);
+/* Checks a received hello against this job; fills *h. On failure returns
+ * HORA_ERR_INVALID_ARG with the reason (for the refusal log). */
+int hora__hello_decode(const uint8_t in[HORA_HELLO_WIRE_SIZE], const uint8_t *secret, int size,
+                       struct hora__hello *h);
+
+#endif

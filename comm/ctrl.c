@@ -1,0 +1,187 @@
+/* Control connections: length-prefixed frames over a stream socket.
+ *
+ *   frame := u32 payload_length | u16 type | u16 zero | payload
+ *
+ * All integers little-endian. Writes never block: what the socket does not
+ * take is queued and flushed when poll says it is writable. */
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "comm.h"
+
+#define FRAME_HEADER 8
+
+struct hora__ctrl {
+  int fd;
+  int peer;
+  uint8_t *in;
+  size_t in_len, in_cap, in_off; /* parsed up to in_off */
+  uint8_t *out;
+  size_t out_len, out_off, out_cap;
+};
+
+hora__ctrl *hora__ctrl_new(int fd, int peer) {
+  hora__ctrl *c = hora__calloc(1, sizeof(*c));
+  if (c) {
+    c->fd = fd;
+    c->peer = peer;
+  }
+  return c;
+}
+
+void hora__ctrl_free(hora__ctrl *c) {
+  if (!c) {
+    return;
+  }
+  if (c->fd >= 0) {
+    close(c->fd);
+  }
+  free(c->in);
+  free(c->out);
+  free(c);
+}
+
+int hora__ctrl_fd(const hora__ctrl *c) { return c->fd; }
+int hora__ctrl_peer(const hora__ctrl *c) { return c->peer; }
+bool hora__ctrl_has_output(const hora__ctrl *c) { return c->out_off < c->out_len; }
+
+static int reserve(uint8_t **buf, size_t *cap, size_t need) {
+  if (need <= *cap) {
+    return HORA_SUCCESS;
+  }
+  size_t n = *cap ? *cap : 4096;
+  while (n < need) {
+    n *= 2;
+  }
+  uint8_t *p = hora__realloc(*buf, n);
+  if (!p) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  *buf = p;
+  *cap = n;
+  return HORA_SUCCESS;
+}
+
+int hora__ctrl_flush(hora__ctrl *c) {
+  while (c->out_off < c->out_len) {
+    ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+    if (n > 0) {
+      c->out_off += (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      break;
+    }
+    return hora__error_errno(HORA_ERR_PEER_LOST, "control connection to rank %d broke", c->peer);
+  }
+  if (c->out_off == c->out_len) {
+    c->out_off = c->out_len = 0;
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__ctrl_send(hora__ctrl *c, uint16_t type, const void *payload, size_t len) {
+  if (len > HORA_CTRL_MAX_FRAME) {
+    return hora__error(HORA_ERR_INVALID_ARG, "control message of %zu bytes is too large", len);
+  }
+  /* Compact before growing so a busy connection does not creep. */
+  if (c->out_off > 0 && c->out_off == c->out_len) {
+    c->out_off = c->out_len = 0;
+  }
+  HORA_CHECK(reserve(&c->out, &c->out_cap, c->out_len + FRAME_HEADER + len));
+  uint8_t *h = c->out + c->out_len;
+  uint32_t l = (uint32_t)len;
+  h[0] = (uint8_t)l;
+  h[1] = (uint8_t)(l >> 8);
+  h[2] = (uint8_t)(l >> 16);
+  h[3] = (uint8_t)(l >> 24);
+  h[4] = (uint8_t)type;
+  h[5] = (uint8_t)(type >> 8);
+  h[6] = h[7] = 0;
+  if (len) {
+    memcpy(h + FRAME_HEADER, payload, len);
+  }
+  c->out_len += FRAME_HEADER + len;
+  return hora__ctrl_flush(c);
+}
+
+int hora__ctrl_send_blocking(hora__ctrl *c, uint16_t type, const void *payload, size_t len,
+                             double timeout_s) {
+  HORA_CHECK(hora__ctrl_send(c, type, payload, len));
+  uint64_t deadline = hora__now_ns() + (uint64_t)(timeout_s * 1e9);
+  while (hora__ctrl_has_output(c)) {
+    uint64_t now = hora__now_ns();
+    if (now >= deadline) {
+      return hora__error(HORA_ERR_TIMEOUT, "control connection to rank %d: send timed out",
+                         c->peer);
+    }
+    struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+    int ms = (int)((deadline - now) / 1000000) + 1;
+    if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+      return hora__error_errno(HORA_ERR_SYSTEM, "poll");
+    }
+    HORA_CHECK(hora__ctrl_flush(c));
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__ctrl_read(hora__ctrl *c) {
+  /* Drop what was parsed before reading more. */
+  if (c->in_off > 0) {
+    memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+    c->in_len -= c->in_off;
+    c->in_off = 0;
+  }
+  for (;;) {
+    HORA_CHECK(reserve(&c->in, &c->in_cap, c->in_len + 65536));
+    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+    if (n > 0) {
+      c->in_len += (size_t)n;
+      if (c->in_len < c->in_cap) {
+        return HORA_SUCCESS; /* short read: nothing more now */
+      }
+      continue;
+    }
+    if (n == 0) {
+      errno = 0;
+      return hora__error(HORA_ERR_PEER_LOST, "control connection to rank %d closed", c->peer);
+    }
+    if (errno == EINTR) {
+      continue;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return HORA_SUCCESS;
+    }
+    return hora__error_errno(HORA_ERR_PEER_LOST, "control connection to rank %d broke", c->peer);
+  }
+}
+
+int hora__ctrl_next(hora__ctrl *c, bool *got, uint16_t *type, const uint8_t **payload,
+                    size_t *len) {
+  *got = false;
+  size_t avail = c->in_len - c->in_off;
+  if (avail < FRAME_HEADER) {
+    return HORA_SUCCESS;
+  }
+  const uint8_t *h = c->in + c->in_off;
+  uint32_t l = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+  if (l > HORA_CTRL_MAX_FRAME || h[6] != 0 || h[7] != 0) {
+    return hora__error(HORA_ERR_PEER_LOST,
+                       "malformed control frame from rank %d (length %u, flags %u,%u)", c->peer, l,
+                       h[6], h[7]);
+  }
+  if (avail < FRAME_HEADER + (size_t)l) {
+    return HORA_SUCCESS;
+  }
+  *type = (uint16_t)(h[4] | h[5] << 8);
+  *payload = h + FRAME_HEADER;
+  *len = l;
+  c->in_off += FRAME_HEADER + l;
+  *got = true;
+  return HORA_SUCCESS;
+}

@@ -1,0 +1,112 @@
+/* Driving transfers to completion: progress every busy connection, and
+ * sleep in poll() when nothing can move, after a bounded spin. */
+#include <poll.h>
+#include <sched.h>
+
+#include "../runtime/log.h"
+#include "comm.h"
+
+static void activate(hora__comm *comm, hora__conn *conn) {
+  if (!conn->active) {
+    conn->active = true;
+    conn->active_next = comm->active;
+    comm->active = conn;
+  }
+}
+
+int hora__isend(hora__comm *comm, hora__conn *conn, const void *buf, size_t len, hora__xfer *x) {
+  HORA_CHECK(conn->tp->isend(conn, buf, len, x));
+  if (!x->done) {
+    activate(comm, conn);
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__irecv(hora__comm *comm, hora__conn *conn, void *buf, size_t len, hora__xfer *x) {
+  HORA_CHECK(conn->tp->irecv(conn, buf, len, x));
+  if (!x->done) {
+    activate(comm, conn);
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__progress(hora__comm *comm, bool *progressed) {
+  hora__conn **link = &comm->active;
+  while (*link) {
+    hora__conn *c = *link;
+    HORA_CHECK(c->tp->progress(comm, c, progressed));
+    if (!c->send_head && !c->recv_head) {
+      c->active = false;
+      *link = c->active_next;
+    } else {
+      link = &c->active_next;
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+#define MAX_POLL 64
+
+int hora__progress_wait(hora__comm *comm) {
+  bool progressed = false;
+  HORA_CHECK(hora__progress(comm, &progressed));
+  if (progressed || !comm->active) {
+    return HORA_SUCCESS;
+  }
+  if (comm->spin_us > 0) {
+    uint64_t until = hora__now_ns() + (uint64_t)comm->spin_us * 1000;
+    do {
+      sched_yield();
+      HORA_CHECK(hora__progress(comm, &progressed));
+      if (progressed || !comm->active) {
+        return HORA_SUCCESS;
+      }
+    } while (hora__now_ns() < until);
+  }
+  for (;;) {
+    struct pollfd fds[MAX_POLL];
+    int n = 0;
+    for (hora__conn *c = comm->active; c && n < MAX_POLL - 1; c = c->active_next) {
+      fds[n].fd = c->tp->poll_fd(c, &fds[n].events);
+      fds[n].revents = 0;
+      n++;
+    }
+    int ndata = n;
+    if (comm->service_pollfds) {
+      n += comm->service_pollfds(comm->service_arg, fds + n, MAX_POLL - n);
+    }
+    int r = poll(fds, (nfds_t)n, 1000);
+    if (r < 0 && errno != EINTR) {
+      return hora__error_errno(HORA_ERR_SYSTEM, "poll");
+    }
+    /* Control traffic is serviced when it arrives and at least once a
+     * second, so aborts and heartbeats are seen during long transfers. */
+    bool service = r == 0;
+    for (int i = ndata; i < n && !service; i++) {
+      service = fds[i].revents != 0;
+    }
+    if (service && comm->service) {
+      HORA_CHECK(comm->service(comm->service_arg));
+    }
+    HORA_CHECK(hora__progress(comm, &progressed));
+    if (progressed || !comm->active) {
+      return HORA_SUCCESS;
+    }
+  }
+}
+
+int hora__wait_all(hora__comm *comm, hora__xfer **xs, int n) {
+  for (;;) {
+    bool all = true;
+    for (int i = 0; i < n; i++) {
+      if (!xs[i]->done) {
+        all = false;
+        break;
+      }
+    }
+    if (all) {
+      return HORA_SUCCESS;
+    }
+    HORA_CHECK(hora__progress_wait(comm));
+  }
+}

@@ -1,0 +1,249 @@
+/* Reduction kernels. Each loop is written so the compiler vectorises it:
+ * no aliasing assumptions it cannot check, no branches in the body, and
+ * fp16/bf16 converted through float with branch-free bit manipulation. */
+#include "reduce.h"
+
+#include "half.h"
+
+#define OP_SUM(x, y) ((x) + (y))
+#define OP_PROD(x, y) ((x) * (y))
+#define OP_MIN(x, y) ((x) < (y) ? (x) : (y))
+#define OP_MAX(x, y) ((x) > (y) ? (x) : (y))
+/* NaN-propagating float min/max: x + y is NaN whenever either is. */
+#define OP_FMIN(x, y) (((x) != (x)) | ((y) != (y)) ? (x) + (y) : OP_MIN(x, y))
+#define OP_FMAX(x, y) (((x) != (x)) | ((y) != (y)) ? (x) + (y) : OP_MAX(x, y))
+
+#define DEFINE_LOOP(fname, T, EXPR)                                                          \
+  static void fname(void *dst_, const void *a_, const void *b_, size_t n) {                  \
+    T *dst = dst_;                                                                           \
+    const T *a = a_;                                                                         \
+    const T *b = b_;                                                                         \
+    for (size_t i = 0; i < n; i++) {                                                         \
+      T x = a[i];                                                                            \
+      T y = b[i];                                                                            \
+      dst[i] = (T)(EXPR);                                                                    \
+    }                                                                                        \
+  }
+
+/* Signed integers add and multiply as unsigned so overflow wraps instead of
+ * being undefined. */
+#define DEFINE_INT(suffix, T, UT)                                                            \
+  DEFINE_LOOP(sum_##suffix, T, (UT)x + (UT)y)                                                \
+  DEFINE_LOOP(prod_##suffix, T, (UT)x * (UT)y)                                               \
+  DEFINE_LOOP(min_##suffix, T, OP_MIN(x, y))                                                 \
+  DEFINE_LOOP(max_##suffix, T, OP_MAX(x, y))
+
+DEFINE_INT(u8, uint8_t, uint32_t)
+DEFINE_INT(i8, int8_t, uint32_t)
+DEFINE_INT(i32, int32_t, uint32_t)
+DEFINE_INT(i64, int64_t, uint64_t)
+
+#define DEFINE_FLOAT(suffix, T)                                                              \
+  DEFINE_LOOP(sum_##suffix, T, OP_SUM(x, y))                                                 \
+  DEFINE_LOOP(prod_##suffix, T, OP_PROD(x, y))                                               \
+  DEFINE_LOOP(min_##suffix, T, OP_FMIN(x, y))                                                \
+  DEFINE_LOOP(max_##suffix, T, OP_FMAX(x, y))
+
+DEFINE_FLOAT(f32, float)
+DEFINE_FLOAT(f64, double)
+
+#define DEFINE_HALF_LOOP(fname, TO_F, FROM_F, EXPR)                                          \
+  static void fname(void *dst_, const void *a_, const void *b_, size_t n) {                  \
+    uint16_t *dst = dst_;                                                                    \
+    const uint16_t *a = a_;                                                                  \
+    const uint16_t *b = b_;                                                                  \
+    for (size_t i = 0; i < n; i++) {                                                         \
+      float x = TO_F(a[i]);                                                                  \
+      float y = TO_F(b[i]);                                                                  \
+      dst[i] = FROM_F(EXPR);                                                                 \
+    }                                                                                        \
+  }
+
+#define DEFINE_HALF(suffix, TO_F, FROM_F)                                                    \
+  DEFINE_HALF_LOOP(sum_##suffix, TO_F, FROM_F, OP_SUM(x, y))                                 \
+  DEFINE_HALF_LOOP(prod_##suffix, TO_F, FROM_F, OP_PROD(x, y))                               \
+  DEFINE_HALF_LOOP(min_##suffix, TO_F, FROM_F, OP_FMIN(x, y))                                \
+  DEFINE_HALF_LOOP(max_##suffix, TO_F, FROM_F, OP_FMAX(x, y))
+
+DEFINE_HALF(f16, hora__f16_to_f32, hora__f32_to_f16)
+DEFINE_HALF(bf16, hora__bf16_to_f32, hora__f32_to_bf16)
+
+typedef void (*reduce_fn)(void *dst, const void *a, const void *b, size_t n);
+
+/* [dtype][op]; AVERAGE reduces as SUM. */
+static const reduce_fn kernels[8][5] = {
+#define ROW(s) {sum_##s, sum_##s, min_##s, max_##s, prod_##s}
+    [HORA_UINT8] = ROW(u8),      [HORA_INT8] = ROW(i8),    [HORA_INT32] = ROW(i32),
+    [HORA_INT64] = ROW(i64),     [HORA_FLOAT16] = ROW(f16), [HORA_BFLOAT16] = ROW(bf16),
+    [HORA_FLOAT32] = ROW(f32),   [HORA_FLOAT64] = ROW(f64),
+#undef ROW
+};
+
+void hora__reduce(hora_dtype dtype, hora_op op, void *dst, const void *a, const void *b,
+                  size_t n) {
+  kernels[dtype][op](dst, a, b, n);
+}
+
+void hora__divide(hora_dtype dtype, void *buf, size_t n, int divisor) {
+  switch (dtype) {
+#define DIV_INT(D, T)                                                                        \
+  case D: {                                                                                  \
+    T *p = buf;                                                                              \
+    for (size_t i = 0; i < n; i++) {                                                         \
+      p[i] = (T)(p[i] / (T)divisor);                                                         \
+    }                                                                                        \
+    break;                                                                                   \
+  }
+    DIV_INT(HORA_UINT8, uint8_t)
+    DIV_INT(HORA_INT8, int8_t)
+    DIV_INT(HORA_INT32, int32_t)
+    DIV_INT(HORA_INT64, int64_t)
+    case HORA_FLOAT32: {
+      float *p = buf;
+      float d = (float)divisor;
+      for (size_t i = 0; i < n; i++) {
+        p[i] /= d;
+      }
+      break;
+    }
+    case HORA_FLOAT64: {
+      double *p = buf;
+      double d = divisor;
+      for (size_t i = 0; i < n; i++) {
+        p[i] /= d;
+      }
+      break;
+    }
+    case HORA_FLOAT16: {
+      uint16_t *p = buf;
+      for (size_t i = 0; i < n; i++) {
+        p[i] = hora__f32_to_f16(hora__f16_to_f32(p[i]) / (float)divisor);
+      }
+      break;
+    }
+    case HORA_BFLOAT16: {
+      uint16_t *p = buf;
+      for (size_t i = 0; i < n; i++) {
+        p[i] = hora__f32_to_bf16(hora__bf16_to_f32(p[i]) / (float)divisor);
+      }
+      break;
+    }
+  }
+}
+
+void hora__scale(hora_dtype dtype, void *buf, size_t n, double factor) {
+  switch (dtype) {
+#define SCALE_INT(D, T)                                                                      \
+  case D: {                                                                                  \
+    T *p = buf;                                                                              \
+    for (size_t i = 0; i < n; i++) {                                                         \
+      p[i] = (T)__builtin_llround((double)p[i] * factor);                                    \
+    }                                                                                        \
+    break;                                                                                   \
+  }
+    SCALE_INT(HORA_UINT8, uint8_t)
+    SCALE_INT(HORA_INT8, int8_t)
+    SCALE_INT(HORA_INT32, int32_t)
+    SCALE_INT(HORA_INT64, int64_t)
+    case HORA_FLOAT32: {
+      float *p = buf;
+      float f = (float)factor;
+      for (size_t i = 0; i < n; i++) {
+        p[i] *= f;
+      }
+      break;
+    }
+    case HORA_FLOAT64: {
+      double *p = buf;
+      for (size_t i = 0; i < n; i++) {
+        p[i] *= factor;
+      }
+      break;
+    }
+    case HORA_FLOAT16: {
+      uint16_t *p = buf;
+      for (size_t i = 0; i < n; i++) {
+        p[i] = hora__f32_to_f16(hora__f16_to_f32(p[i]) * (float)factor);
+      }
+      break;
+    }
+    case HORA_BFLOAT16: {
+      uint16_t *p = buf;
+      for (size_t i = 0; i < n; i++) {
+        p[i] = hora__f32_to_bf16(hora__bf16_to_f32(p[i]) * (float)factor);
+      }
+      break;
+    }
+  }
+}
+
+/* ---- scalar reference: one element at a time, through double ----------- */
+
+static double load_as_double(hora_dtype dtype, const void *p, size_t i) {
+  switch (dtype) {
+    case HORA_UINT8: return ((const uint8_t *)p)[i];
+    case HORA_INT8: return ((const int8_t *)p)[i];
+    case HORA_INT32: return ((const int32_t *)p)[i];
+    case HORA_INT64: return (double)((const int64_t *)p)[i];
+    case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)p)[i]);
+    case HORA_BFLOAT16: return hora__bf16_to_f32(((const uint16_t *)p)[i]);
+    case HORA_FLOAT32: return ((const float *)p)[i];
+    case HORA_FLOAT64: return ((const double *)p)[i];
+  }
+  return 0;
+}
+
+static double ref_float_op(hora_op op, double x, double y) {
+  if (op != HORA_SUM && op != HORA_AVERAGE && op != HORA_PRODUCT && (x != x || y != y)) {
+    return x + y;
+  }
+  switch (op) {
+    case HORA_SUM:
+    case HORA_AVERAGE: return x + y;
+    case HORA_PRODUCT: return x * y;
+    case HORA_MIN: return x < y ? x : y;
+    case HORA_MAX: return x > y ? x : y;
+  }
+  return 0;
+}
+
+#define REF_INT(T, UT)                                                                       \
+  {                                                                                          \
+    const T *pa = a;                                                                         \
+    const T *pb = b;                                                                         \
+    T *pd = dst;                                                                             \
+    for (size_t i = 0; i < n; i++) {                                                         \
+      T x = pa[i], y = pb[i], r = 0;                                                         \
+      switch (op) {                                                                          \
+        case HORA_SUM:                                                                       \
+        case HORA_AVERAGE: r = (T)((UT)x + (UT)y); break;                                    \
+        case HORA_PRODUCT: r = (T)((UT)x * (UT)y); break;                                    \
+        case HORA_MIN: r = x < y ? x : y; break;                                             \
+        case HORA_MAX: r = x > y ? x : y; break;                                             \
+      }                                                                                      \
+      pd[i] = r;                                                                             \
+    }                                                                                        \
+  }
+
+void hora__reduce_reference(hora_dtype dtype, hora_op op, void *dst, const void *a,
+                            const void *b, size_t n) {
+  switch (dtype) {
+    case HORA_UINT8: REF_INT(uint8_t, uint32_t) return;
+    case HORA_INT8: REF_INT(int8_t, uint32_t) return;
+    case HORA_INT32: REF_INT(int32_t, uint32_t) return;
+    case HORA_INT64: REF_INT(int64_t, uint64_t) return;
+    default: break;
+  }
+  for (size_t i = 0; i < n; i++) {
+    double x = load_as_double(dtype, a, i);
+    double y = load_as_double(dtype, b, i);
+    double r = ref_float_op(op, x, y);
+    switch (dtype) {
+      case HORA_FLOAT16: ((uint16_t *)dst)[i] = hora__f32_to_f16((float)r); break;
+      case HORA_BFLOAT16: ((uint16_t *)dst)[i] = hora__f32_to_bf16((float)r); break;
+      case HORA_FLOAT32: ((float *)dst)[i] = (float)r; break;
+      case HORA_FLOAT64: ((double *)dst)[i] = r; break;
+      default: break;
+    }
+  }
+}

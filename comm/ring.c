@@ -1,0 +1,99 @@
+/* The ring pipeline engine shared by allreduce, allgather and broadcast.
+ *
+ * Up to RING_WINDOW receives and RING_WINDOW sends are in flight. Receives
+ * are retired in order (that is when a reduce-scatter chunk is reduced),
+ * and a send is posted as soon as the receive it depends on is retired, so
+ * chunk k of step t+1 leaves while chunk k+1 of step t is still arriving. */
+#include <stdlib.h>
+
+#include "collectives.h"
+
+#define RING_WINDOW 4
+
+struct ring_scratch {
+  void *buf;
+  size_t bytes;
+};
+
+static struct ring_scratch scratch; /* coordinator thread only */
+
+static int scratch_get(size_t bytes, void **out) {
+  if (scratch.bytes < bytes) {
+    void *p = hora__aligned_alloc(64, bytes);
+    if (!p) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    free(scratch.buf);
+    scratch.buf = p;
+    scratch.bytes = bytes;
+  }
+  *out = scratch.buf;
+  return HORA_SUCCESS;
+}
+
+void hora__ring_release_scratch(void);
+void hora__ring_release_scratch(void) {
+  free(scratch.buf);
+  scratch.buf = NULL;
+  scratch.bytes = 0;
+}
+
+int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
+  hora__xfer sx[RING_WINDOW], rx[RING_WINDOW];
+  void *rbuf[RING_WINDOW];
+  bool rstaged[RING_WINDOW];
+  size_t send_posted = 0, send_done = 0, recv_posted = 0, recv_done = 0;
+  size_t stage_bytes = (size_t)comm->chunk_bytes;
+  char *stage = NULL;
+  if (ring->nrecv > 0) {
+    void *p;
+    HORA_CHECK(scratch_get(stage_bytes * RING_WINDOW, &p));
+    stage = p;
+  }
+  for (;;) {
+    while (recv_posted < ring->nrecv && recv_posted - recv_done < RING_WINDOW) {
+      size_t slot = recv_posted % RING_WINDOW;
+      void *ptr;
+      size_t len;
+      bool staged = false;
+      ring->recv_at(ring->arg, recv_posted, &ptr, &len, &staged);
+      if (staged) {
+        ptr = stage + slot * stage_bytes;
+      }
+      rbuf[slot] = ptr;
+      rstaged[slot] = staged;
+      HORA_CHECK(hora__irecv(comm, ring->prev, ptr, len, &rx[slot]));
+      recv_posted++;
+    }
+    while (recv_done < recv_posted && rx[recv_done % RING_WINDOW].done) {
+      size_t slot = recv_done % RING_WINDOW;
+      if (ring->received) {
+        ring->received(ring->arg, recv_done, rstaged[slot] ? rbuf[slot] : NULL);
+      }
+      recv_done++;
+    }
+    while (send_posted < ring->nsend && send_posted - send_done < RING_WINDOW) {
+      if (ring->send_depends && send_posted >= ring->dep_lag &&
+          recv_done <= send_posted - ring->dep_lag) {
+        break;
+      }
+      const void *ptr;
+      size_t len;
+      ring->send_at(ring->arg, send_posted, &ptr, &len);
+      HORA_CHECK(hora__isend(comm, ring->next, ptr, len, &sx[send_posted % RING_WINDOW]));
+      send_posted++;
+    }
+    while (send_done < send_posted && sx[send_done % RING_WINDOW].done) {
+      send_done++;
+    }
+    if (recv_done == ring->nrecv && send_done == ring->nsend) {
+      return HORA_SUCCESS;
+    }
+    /* Posting more is only possible after some transfer completes. */
+    bool can_post_recv = recv_posted < ring->nrecv && recv_posted - recv_done < RING_WINDOW;
+    bool can_retire = recv_done < recv_posted && rx[recv_done % RING_WINDOW].done;
+    if (!can_post_recv && !can_retire) {
+      HORA_CHECK(hora__progress_wait(comm));
+    }
+  }
+}

@@ -1,0 +1,58 @@
+/* The transport vtable: how bytes move between two ranks. Every transport
+ * implements it; the algorithms (allreduce.c, broadcast.c, allgather.c) are
+ * written once against it. Shaped like NCCL's net plugin API: connections
+ * are set up without blocking, transfers are posted and then tested, and
+ * each connection exposes the file descriptor the coordinator sleeps on.
+ *
+ * Threading: only the coordinator thread calls into a transport.
+ */
+#ifndef HORA_TRANSPORT_H
+#define HORA_TRANSPORT_H
+
+#include "../runtime/common.h"
+
+typedef struct hora__comm hora__comm;
+typedef struct hora__conn hora__conn;
+
+/* One posted send or receive. Owned by the poster; it must stay in place
+ * until done. Transfers on one connection complete in posting order per
+ * direction, and a receive of n bytes matches exactly the send of n bytes
+ * posted at the same position on the other side. */
+typedef struct hora__xfer {
+  char *ptr;          /* next byte to move */
+  size_t left;        /* bytes still to move */
+  bool done;
+  struct hora__xfer *next; /* the connection's FIFO */
+} hora__xfer;
+
+/* A connection to one peer, common header of every transport's own. */
+struct hora__conn {
+  const struct hora__transport *tp;
+  int peer;
+  hora__xfer *send_head, *send_tail;
+  hora__xfer *recv_head, *recv_tail;
+  struct hora__conn *active_next; /* on the comm's list of busy connections */
+  bool active;
+};
+
+struct hora__transport {
+  const char *name;
+  /* Wraps a connected, authenticated stream socket (set up by bootstrap.c). */
+  int (*adopt_socket)(hora__comm *comm, int fd, int peer, hora__conn **conn);
+  /* Queue a transfer. Never blocks; hora__conn_progress moves the bytes. */
+  int (*isend)(hora__conn *conn, const void *buf, size_t len, hora__xfer *x);
+  int (*irecv)(hora__conn *conn, void *buf, size_t len, hora__xfer *x);
+  /* Move as many bytes as possible without blocking. Sets *progressed when
+   * anything moved. Returns HORA_ERR_PEER_LOST when the peer is gone. */
+  int (*progress)(hora__comm *comm, hora__conn *conn, bool *progressed);
+  /* The fd to poll and the events that mean "progress is possible now". */
+  int (*poll_fd)(hora__conn *conn, short *events);
+  /* Registration of long-lived buffers (a no-op for sockets). */
+  int (*reg_mem)(hora__comm *comm, void *buf, size_t len, void **handle);
+  int (*dereg_mem)(hora__comm *comm, void *handle);
+  void (*close)(hora__conn *conn);
+};
+
+extern const struct hora__transport hora__transport_tcp;
+
+#endif

@@ -1,0 +1,160 @@
+/* hora: a data-parallel training runtime.
+ *
+ * The one public header. It declares the contract of API.md exactly; later
+ * additions are appended after it and never change what is already here.
+ * Usable from C99 and C++, and includes neither mpi.h nor any CUDA header.
+ */
+#ifndef HORA_H
+#define HORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && defined(HORA_BUILDING)
+#define HORA_EXTERN __attribute__((visibility("default")))
+#else
+#define HORA_EXTERN
+#endif
+
+#define HORA_VERSION_MAJOR 0
+#define HORA_VERSION_MINOR 1
+#define HORA_VERSION_PATCH 0
+
+/* ---- Results -------------------------------------------------------------
+ * One table generates the enum, hora_strerror() and the code names, so the
+ * three can never disagree. The order is part of the ABI.
+ */
+#define HORA_RESULT_MAP(X)                                                          \
+  X(SUCCESS, "success")                                                             \
+  X(ERR_INVALID_ARG, "invalid argument")                                            \
+  X(ERR_INVALID_USAGE, "invalid usage")                                             \
+  X(ERR_MISMATCH, "ranks disagree about an operation")                              \
+  X(ERR_NO_MEMORY, "out of memory")                                                 \
+  X(ERR_SYSTEM, "a system, MPI, verbs, CUDA or NCCL call failed")                   \
+  X(ERR_PEER_LOST, "a peer process died or its connection broke")                   \
+  X(ERR_TIMEOUT, "an operation stalled past the shutdown time")                     \
+  X(ERR_ABORTED, "the runtime was shut down by a fatal error or hora_abort")        \
+  X(ERR_NOT_SUPPORTED, "not supported by this build or configuration")
+
+typedef enum hora_result {
+#define HORA_RESULT_ENUM_(name, text) HORA_##name,
+  HORA_RESULT_MAP(HORA_RESULT_ENUM_)
+#undef HORA_RESULT_ENUM_
+  HORA_RESULT_COUNT_
+} hora_result;
+
+/* A fixed, static string for a result code ("unknown result" if out of range). */
+HORA_EXTERN const char *hora_strerror(int result);
+
+/* The detailed message of the calling thread's most recent failed call: which
+ * tensor, which ranks, which system call. Valid until this thread's next call
+ * into hora; "" when there is none. */
+HORA_EXTERN const char *hora_last_error(void);
+
+/* ---- Types --------------------------------------------------------------- */
+
+typedef enum hora_dtype {
+  HORA_UINT8,
+  HORA_INT8,
+  HORA_INT32,
+  HORA_INT64,
+  HORA_FLOAT16,
+  HORA_BFLOAT16,
+  HORA_FLOAT32,
+  HORA_FLOAT64
+} hora_dtype;
+
+typedef enum hora_op { HORA_SUM, HORA_AVERAGE, HORA_MIN, HORA_MAX, HORA_PRODUCT } hora_op;
+
+/* A pending operation. Created by an *_async call, owned by the caller, and
+ * freed by hora_wait or by the hora_test that reports it done. */
+typedef struct hora_request hora_request;
+
+/* ---- Life cycle and ranks ------------------------------------------------ */
+
+/* Starts the runtime: initialises MPI when the program has not (and then
+ * finalises it in hora_finalize), otherwise works on a duplicate of
+ * MPI_COMM_WORLD and leaves the program's MPI alone. Reads every HORA_*
+ * setting, connects the data plane and starts the coordinator thread.
+ * Collective over all processes of the job. A second call is harmless. */
+HORA_EXTERN int hora_init(void);
+
+/* Stops the runtime. Blocks until every rank has called it (like
+ * MPI_Finalize); pending requests complete or fail before it returns. */
+HORA_EXTERN int hora_finalize(void);
+
+/* 1 after a successful hora_init and before hora_finalize, else 0. */
+HORA_EXTERN int hora_initialized(void);
+
+/* Fails every pending and later call on every rank with HORA_ERR_ABORTED;
+ * `reason` (may be NULL) appears in their messages. Does not exit. */
+HORA_EXTERN int hora_abort(const char *reason);
+
+HORA_EXTERN int hora_rank(void);       /* global rank, or -1 before hora_init */
+HORA_EXTERN int hora_size(void);       /* number of ranks, or -1 */
+HORA_EXTERN int hora_local_rank(void); /* rank among the processes on this host */
+HORA_EXTERN int hora_local_size(void);
+HORA_EXTERN int hora_cross_rank(void); /* index of this host among the job's hosts */
+HORA_EXTERN int hora_cross_size(void); /* number of hosts */
+
+/* ---- Collectives ---------------------------------------------------------
+ * Matched across ranks by name (at most 255 bytes), not by call order. A NULL
+ * name means "the next unnamed operation": all ranks must then submit their
+ * unnamed operations in the same order. Buffers stay the caller's and must
+ * stay valid and untouched until the request completes. The async calls
+ * return at once and may be called from any thread; errors found later are
+ * returned by hora_wait/hora_test.
+ */
+HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void *recvbuf,
+                                     size_t count, hora_dtype dtype, hora_op op,
+                                     hora_request **req);
+HORA_EXTERN int hora_broadcast_async(const char *name, void *buf, size_t count,
+                                     hora_dtype dtype, int root, hora_request **req);
+HORA_EXTERN int hora_allgather_async(const char *name, const void *sendbuf, size_t count,
+                                     hora_dtype dtype, void *recvbuf, hora_request **req);
+
+/* Blocks until *req completes, frees it and sets *req to NULL. Returns the
+ * operation's result. */
+HORA_EXTERN int hora_wait(hora_request **req);
+
+/* Never blocks. Sets *done; when done, returns the operation's result, frees
+ * the request and sets *req to NULL. */
+HORA_EXTERN int hora_test(hora_request **req, int *done);
+
+/* Blocking forms: submit, then wait. */
+HORA_EXTERN int hora_allreduce(const char *name, const void *sendbuf, void *recvbuf,
+                               size_t count, hora_dtype dtype, hora_op op);
+HORA_EXTERN int hora_broadcast(const char *name, void *buf, size_t count, hora_dtype dtype,
+                               int root);
+HORA_EXTERN int hora_allgather(const char *name, const void *sendbuf, size_t count,
+                               hora_dtype dtype, void *recvbuf);
+
+/* Returns when every rank has called it. */
+HORA_EXTERN int hora_barrier(void);
+
+/* For a rank that has run out of data: blocks until every rank has joined,
+ * taking part in the other ranks' allreduces with zeros meanwhile. Returns
+ * the rank that joined last in *last_joined_rank (may be NULL). */
+HORA_EXTERN int hora_join(int *last_joined_rank);
+
+/* ---- Additions beyond API.md --------------------------------------------- */
+
+/* Size in bytes of one element of `dtype`, or 0 for an unknown dtype. */
+HORA_EXTERN size_t hora_dtype_size(hora_dtype dtype);
+
+/* Short names: "float32", "sum"; "unknown" when out of range. */
+HORA_EXTERN const char *hora_dtype_name(hora_dtype dtype);
+HORA_EXTERN const char *hora_op_name(hora_op op);
+
+/* "0.1.0" */
+HORA_EXTERN const char *hora_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HORA_H */

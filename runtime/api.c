@@ -1,0 +1,609 @@
+/* The public API: argument checks, request objects, wait and test.
+ * Caller threads only validate, enqueue and wait; the coordinator thread
+ * (engine.c) does the rest. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "../comm/comm.h"
+#include "log.h"
+#include "params.h"
+#include "runtime.h"
+
+/* The running runtime, or NULL. Published after it is fully set up. */
+static struct hora__runtime *_Atomic current;
+/* Serialises hora_init and hora_finalize. */
+static pthread_mutex_t lifecycle_mu = PTHREAD_MUTEX_INITIALIZER;
+/* hora_finalize finalized an MPI that hora_init had initialised: MPI cannot
+ * start again in this process. */
+static bool mpi_finalized_by_hora;
+
+void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg) {
+  if (atomic_flag_test_and_set(&rt->fatal_claimed)) {
+    return;
+  }
+  hora__strlcpy(rt->fatal_msg, msg && msg[0] ? msg : hora_strerror(code), sizeof(rt->fatal_msg));
+  atomic_store_explicit(&rt->fatal_code, code, memory_order_release);
+}
+
+int hora__runtime_fatal(struct hora__runtime *rt) {
+  int code = atomic_load_explicit(&rt->fatal_code, memory_order_acquire);
+  if (code != HORA_SUCCESS) {
+    hora__error_set_message(rt->fatal_msg);
+  }
+  return code;
+}
+
+void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
+                                   const char *msg) {
+  hora__table_remove(&rt->inflight, req->key, req->key_len);
+  req->status = status;
+  if (status != HORA_SUCCESS) {
+    req->error = strdup(msg && msg[0] ? msg : hora_strerror(status));
+  }
+  atomic_store_explicit(&req->done, 1, memory_order_release);
+}
+
+static struct hora__runtime *running(int *rc, const char *call) {
+  struct hora__runtime *rt = atomic_load_explicit(&current, memory_order_acquire);
+  if (!rt) {
+    *rc = hora__error(HORA_ERR_INVALID_USAGE, "%s: hora_init has not been called%s", call,
+                      mpi_finalized_by_hora ? " (or hora_finalize has)" : "");
+  }
+  return rt;
+}
+
+/* ---- life cycle --------------------------------------------------------------- */
+
+static int mpi_error(int err, const char *call) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) {
+    snprintf(msg, sizeof(msg), "MPI error %d", err);
+  }
+  return hora__error(HORA_ERR_SYSTEM, "%s failed: %s", call, msg);
+}
+
+static void runtime_free(struct hora__runtime *rt) {
+  if (!rt) {
+    return;
+  }
+  hora__engine_join(rt);
+  hora__comm_destroy(rt->comm);
+  hora__table_free(&rt->inflight);
+  if (rt->wake_fd >= 0) {
+    close(rt->wake_fd);
+  }
+  pthread_mutex_destroy(&rt->mu);
+  pthread_cond_destroy(&rt->done_cv);
+  free(rt);
+}
+
+static void log_startup(const struct hora__runtime *rt) {
+  const hora__comm *c = rt->comm;
+  const struct hora__topology *t = &rt->topo;
+  HORA_INFO("host %s rank %d/%d local %d/%d host-index %d/%d: %d cores, %d PUs, %d NUMA node(s); "
+            "%s PUs %s (NUMA %s); transports: same host %s, other hosts %s; spin %d us",
+            hora__log_hostname(), c->rank, c->size, c->local_rank, c->local_size, c->cross_rank,
+            c->cross_size, t->cores, t->pus, t->numa_nodes, t->bound ? "bound to" : "not bound,",
+            t->cpus, t->numa, c->local_transport, c->remote_transport, c->spin_us);
+}
+
+static int init_locked(void) {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (finalized || mpi_finalized_by_hora) {
+    return hora__error(HORA_ERR_INVALID_USAGE,
+                       "hora_init: MPI has been finalized in this process (by %s), and MPI cannot "
+                       "start twice",
+                       mpi_finalized_by_hora ? "hora_finalize" : "the program");
+  }
+  /* Settings first: a bad value must not leave MPI half started. */
+  int prc = hora__params_load();
+  char perr[1024];
+  hora__strlcpy(perr, hora__error_message(), sizeof(perr));
+  if (prc == HORA_SUCCESS) {
+    prc = hora__log_open();
+    hora__strlcpy(perr, hora__error_message(), sizeof(perr));
+  }
+  bool owns_mpi = false;
+  if (!inited) {
+    int provided = 0;
+    int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (err != MPI_SUCCESS) {
+      return mpi_error(err, "MPI_Init_thread");
+    }
+    owns_mpi = true;
+  }
+  /* Every rank learns whether any rank's settings were bad, so none is left
+   * waiting in the bootstrap for one that gave up. */
+  int worst = prc, err = MPI_Allreduce(&prc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int rc = HORA_SUCCESS;
+  if (err != MPI_SUCCESS) {
+    rc = mpi_error(err, "MPI_Allreduce(settings check)");
+  } else if (prc != HORA_SUCCESS) {
+    rc = hora__error(prc, "%s", perr);
+  } else if (worst != HORA_SUCCESS) {
+    rc = hora__error(worst, "hora_init failed on another rank because of its HORA_* settings");
+  }
+  if (rc != HORA_SUCCESS) {
+    if (owns_mpi) {
+      MPI_Finalize();
+      mpi_finalized_by_hora = true;
+    }
+    return rc;
+  }
+
+  struct hora__runtime *rt = hora__calloc(1, sizeof(*rt));
+  if (!rt) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  rt->owns_mpi = owns_mpi;
+  rt->wake_fd = -1;
+  pthread_mutex_init(&rt->mu, NULL);
+  pthread_cond_init(&rt->done_cv, NULL);
+  rt->accepting = true;
+  rt->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (rt->wake_fd < 0) {
+    rc = hora__error_errno(HORA_ERR_SYSTEM, "eventfd");
+    goto fail;
+  }
+  HORA_CHECK_GOTO(hora__topology_probe(&rt->topo), rc, fail);
+  HORA_CHECK_GOTO(hora__comm_create(MPI_COMM_WORLD, &rt->comm), rc, fail);
+  rt->rank = rt->comm->rank;
+  rt->size = rt->comm->size;
+  /* Spinning only pays when every local rank has a core of its own. */
+  rt->comm->spin_us = rt->comm->local_size <= rt->topo.pus ? (int)hora__params.SPIN_TIME_US : 0;
+  if (rt->rank == 0) {
+    hora__params_log();
+  }
+  log_startup(rt);
+  HORA_CHECK_GOTO(hora__engine_start(rt), rc, fail);
+  atomic_store_explicit(&current, rt, memory_order_release);
+  return HORA_SUCCESS;
+fail:
+  runtime_free(rt);
+  if (owns_mpi) {
+    MPI_Finalize();
+    mpi_finalized_by_hora = true;
+  }
+  return rc;
+}
+
+HORA_EXTERN int hora_init(void) {
+  hora__error_clear();
+  pthread_mutex_lock(&lifecycle_mu);
+  int rc = atomic_load(&current) ? HORA_SUCCESS : init_locked();
+  pthread_mutex_unlock(&lifecycle_mu);
+  return rc;
+}
+
+HORA_EXTERN int hora_initialized(void) { return atomic_load(&current) != NULL; }
+
+/* Forward declarations of the submission path used by finalize. */
+static int submit(struct hora__runtime *rt, struct hora_request *r, const char *name,
+                  hora_request **out);
+static int wait_request(struct hora__runtime *rt, hora_request **req);
+static struct hora_request *request_new(uint8_t kind);
+
+HORA_EXTERN int hora_finalize(void) {
+  hora__error_clear();
+  pthread_mutex_lock(&lifecycle_mu);
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_finalize");
+  if (!rt) {
+    pthread_mutex_unlock(&lifecycle_mu);
+    return rc;
+  }
+  /* Agree with every rank that the job is over, then stop. */
+  struct hora_request *r = request_new(HORA_KIND_SHUTDOWN);
+  if (r) {
+    hora_request *q = NULL;
+    if (submit(rt, r, NULL, &q) == HORA_SUCCESS) {
+      wait_request(rt, &q);
+    }
+  }
+  atomic_store_explicit(&current, NULL, memory_order_release);
+  hora__engine_join(rt);
+  int fatal = atomic_load(&rt->fatal_code);
+  char msg[1024];
+  hora__strlcpy(msg, rt->fatal_msg, sizeof(msg));
+  bool owns_mpi = rt->owns_mpi;
+  runtime_free(rt);
+  if (owns_mpi) {
+    if (fatal == HORA_SUCCESS) {
+      MPI_Finalize();
+      mpi_finalized_by_hora = true;
+    } else {
+      /* A peer is gone: MPI_Finalize could wait for it forever. The
+       * process is expected to exit with an error now. */
+      HORA_WARN("hora_finalize: not finalizing MPI after a fatal error (%s)", hora_strerror(fatal));
+    }
+  }
+  hora__log_close();
+  pthread_mutex_unlock(&lifecycle_mu);
+  if (fatal != HORA_SUCCESS) {
+    return hora__error(fatal, "%s", msg);
+  }
+  return HORA_SUCCESS;
+}
+
+HORA_EXTERN int hora_abort(const char *reason) {
+  hora__error_clear();
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_abort");
+  if (!rt) {
+    return rc;
+  }
+  char msg[1024];
+  snprintf(msg, sizeof(msg), "hora_abort called on rank %d: %s", rt->rank,
+           reason && reason[0] ? reason : "(no reason given)");
+  hora__runtime_set_fatal(rt, HORA_ERR_ABORTED, msg);
+  pthread_mutex_lock(&rt->mu);
+  rt->abort_asked = true;
+  hora__strlcpy(rt->abort_reason, reason ? reason : "", sizeof(rt->abort_reason));
+  hora__engine_wake_locked(rt);
+  /* Wait (bounded) until the coordinator has told the job, so the news is
+   * out even if this process exits right away. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 5;
+  while (!rt->coordinator_exited) {
+    if (pthread_cond_timedwait(&rt->done_cv, &rt->mu, &until) != 0) {
+      break;
+    }
+  }
+  pthread_mutex_unlock(&rt->mu);
+  return HORA_SUCCESS;
+}
+
+#define RANK_GETTER(fn, field)                                                               \
+  HORA_EXTERN int fn(void) {                                                                 \
+    struct hora__runtime *rt = atomic_load_explicit(&current, memory_order_acquire);         \
+    return rt ? rt->comm->field : -1;                                                        \
+  }
+RANK_GETTER(hora_rank, rank)
+RANK_GETTER(hora_size, size)
+RANK_GETTER(hora_local_rank, local_rank)
+RANK_GETTER(hora_local_size, local_size)
+RANK_GETTER(hora_cross_rank, cross_rank)
+RANK_GETTER(hora_cross_size, cross_size)
+
+/* ---- requests -------------------------------------------------------------------- */
+
+static struct hora_request *request_new(uint8_t kind) {
+  struct hora_request *r = hora__calloc(1, sizeof(*r));
+  if (r) {
+    r->meta.kind = kind;
+    r->meta.root = -1;
+    r->last_joined = -1;
+  }
+  return r;
+}
+
+static void request_free(struct hora_request *r) {
+  if (r) {
+    free(r->error);
+    free(r);
+  }
+}
+
+static int check_name(const char *name) {
+  if (name) {
+    size_t n = strnlen(name, HORA_NAME_MAX + 1);
+    if (n > HORA_NAME_MAX) {
+      return hora__error(HORA_ERR_INVALID_ARG, "operation name '%.40s...' is longer than %d bytes",
+                         name, HORA_NAME_MAX);
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+/* Names the request, rejects a name already in flight, and hands the
+ * request to the coordinator. Takes ownership of r on every path. */
+static int submit(struct hora__runtime *rt, struct hora_request *r, const char *name,
+                  hora_request **out) {
+  int rc = HORA_SUCCESS;
+  char shown[300];
+  r->submit_ns = hora__now_ns();
+  pthread_mutex_lock(&rt->mu);
+  if (!rt->accepting || atomic_load(&rt->fatal_code) != HORA_SUCCESS) {
+    rc = hora__runtime_fatal(rt);
+    if (rc == HORA_SUCCESS) {
+      rc = hora__error(HORA_ERR_INVALID_USAGE, "the runtime is shutting down");
+    }
+    goto fail;
+  }
+  switch (r->meta.kind) {
+    case HORA_KIND_BARRIER:
+      r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c%llu", HORA_KEY_BARRIER,
+                                      (unsigned long long)rt->barrier_seq);
+      break;
+    case HORA_KIND_JOIN:
+      r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c", HORA_KEY_JOIN);
+      break;
+    case HORA_KIND_SHUTDOWN:
+      r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c", HORA_KEY_SHUTDOWN);
+      break;
+    default:
+      if (name) {
+        r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c%s", HORA_KEY_NAMED, name);
+      } else {
+        r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c%llu", HORA_KEY_UNNAMED,
+                                        (unsigned long long)rt->unnamed_seq);
+      }
+      break;
+  }
+  if (hora__table_get(&rt->inflight, r->key, r->key_len)) {
+    rc = hora__error(HORA_ERR_INVALID_USAGE, "%s %s is already in flight on rank %d",
+                     hora__kind_name(r->meta.kind),
+                     hora__key_display(r->key, r->key_len, shown, sizeof(shown)), rt->rank);
+    goto fail;
+  }
+  if (rt->joined && r->meta.kind != HORA_KIND_ALLREDUCE && r->meta.kind != HORA_KIND_SHUTDOWN) {
+    rc = hora__error(HORA_ERR_INVALID_USAGE,
+                     "%s %s: rank %d has called hora_join; only allreduce can run until every "
+                     "rank has joined",
+                     hora__kind_name(r->meta.kind),
+                     hora__key_display(r->key, r->key_len, shown, sizeof(shown)), rt->rank);
+    goto fail;
+  }
+  rc = hora__table_put(&rt->inflight, r->key, r->key_len, r);
+  if (rc != HORA_SUCCESS) {
+    goto fail;
+  }
+  /* Sequence numbers advance only for operations that were accepted. */
+  if (r->meta.kind == HORA_KIND_BARRIER) {
+    rt->barrier_seq++;
+  } else if (r->key[0] == HORA_KEY_UNNAMED) {
+    rt->unnamed_seq++;
+  } else if (r->meta.kind == HORA_KIND_JOIN) {
+    rt->joined = true;
+  }
+  r->next = NULL;
+  if (rt->queue_tail) {
+    rt->queue_tail->next = r;
+  } else {
+    rt->queue_head = r;
+  }
+  rt->queue_tail = r;
+  hora__engine_wake_locked(rt);
+  pthread_mutex_unlock(&rt->mu);
+  *out = r;
+  return HORA_SUCCESS;
+fail:
+  pthread_mutex_unlock(&rt->mu);
+  request_free(r);
+  return rc;
+}
+
+static int finish(hora_request **req) {
+  struct hora_request *r = *req;
+  int status = r->status;
+  if (status != HORA_SUCCESS) {
+    hora__error_set_message(r->error);
+  }
+  request_free(r);
+  *req = NULL;
+  return status;
+}
+
+static int wait_request(struct hora__runtime *rt, hora_request **req) {
+  struct hora_request *r = *req;
+  /* A short bounded poll catches fast completions without a sleep and a
+   * wake-up; oversubscribed hosts skip it (spin_us is 0 there). */
+  if (rt && rt->comm->spin_us > 0 && !atomic_load_explicit(&r->done, memory_order_acquire)) {
+    uint64_t until = hora__now_ns() + (uint64_t)rt->comm->spin_us * 1000;
+    while (!atomic_load_explicit(&r->done, memory_order_acquire) && hora__now_ns() < until) {
+      sched_yield();
+    }
+  }
+  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    pthread_mutex_lock(&rt->mu);
+    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+      pthread_cond_wait(&rt->done_cv, &rt->mu);
+    }
+    pthread_mutex_unlock(&rt->mu);
+  }
+  return finish(req);
+}
+
+/* Requests live until waited on, even across hora_finalize (which completes
+ * them); so wait and test need no running runtime once a request is done. */
+HORA_EXTERN int hora_wait(hora_request **req) {
+  hora__error_clear();
+  if (!req || !*req) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_wait: %s is NULL", req ? "*req" : "req");
+  }
+  if (atomic_load_explicit(&(*req)->done, memory_order_acquire)) {
+    return finish(req);
+  }
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_wait");
+  if (!rt) {
+    return rc;
+  }
+  return wait_request(rt, req);
+}
+
+HORA_EXTERN int hora_test(hora_request **req, int *done) {
+  hora__error_clear();
+  if (!req || !*req || !done) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_test: %s is NULL",
+                       !req ? "req" : !*req ? "*req" : "done");
+  }
+  if (!atomic_load_explicit(&(*req)->done, memory_order_acquire)) {
+    *done = 0;
+    return HORA_SUCCESS;
+  }
+  *done = 1;
+  return finish(req);
+}
+
+/* ---- collectives ----------------------------------------------------------------- */
+
+static int check_common(const char *call, const char *name, size_t count, hora_dtype dtype,
+                        hora_request **req, size_t multiplier) {
+  if (!req) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: req is NULL", call);
+  }
+  *req = NULL;
+  HORA_CHECK(check_name(name));
+  if (!hora__dtype_valid((int)dtype)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: unknown dtype %d", call, (int)dtype);
+  }
+  size_t es = hora_dtype_size(dtype);
+  if (count > SIZE_MAX / es / multiplier || count > (SIZE_MAX >> 4) / es / multiplier) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: %zu elements of %s overflow a byte count", call,
+                       count, hora_dtype_name(dtype));
+  }
+  return HORA_SUCCESS;
+}
+
+HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void *recvbuf,
+                                     size_t count, hora_dtype dtype, hora_op op,
+                                     hora_request **req) {
+  hora__error_clear();
+  HORA_CHECK(check_common("hora_allreduce_async", name, count, dtype, req, 1));
+  if (!hora__op_valid((int)op)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async: unknown op %d", (int)op);
+  }
+  if (count > 0 && (!sendbuf || !recvbuf)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async: %s is NULL",
+                       sendbuf ? "recvbuf" : "sendbuf");
+  }
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_allreduce_async");
+  if (!rt) {
+    return rc;
+  }
+  struct hora_request *r = request_new(HORA_KIND_ALLREDUCE);
+  if (!r) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  r->meta.dtype = (uint8_t)dtype;
+  r->meta.op = (uint8_t)op;
+  r->meta.count = count;
+  r->sendbuf = sendbuf;
+  r->recvbuf = recvbuf;
+  return submit(rt, r, name, req);
+}
+
+HORA_EXTERN int hora_broadcast_async(const char *name, void *buf, size_t count, hora_dtype dtype,
+                                     int root, hora_request **req) {
+  hora__error_clear();
+  HORA_CHECK(check_common("hora_broadcast_async", name, count, dtype, req, 1));
+  if (count > 0 && !buf) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_broadcast_async: buf is NULL");
+  }
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_broadcast_async");
+  if (!rt) {
+    return rc;
+  }
+  if (root < 0 || root >= rt->size) {
+    return hora__error(HORA_ERR_INVALID_ARG,
+                       "hora_broadcast_async: root %d is out of range (the job has %d ranks)", root,
+                       rt->size);
+  }
+  struct hora_request *r = request_new(HORA_KIND_BROADCAST);
+  if (!r) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  r->meta.dtype = (uint8_t)dtype;
+  r->meta.count = count;
+  r->meta.root = root;
+  r->sendbuf = buf;
+  r->recvbuf = buf;
+  return submit(rt, r, name, req);
+}
+
+HORA_EXTERN int hora_allgather_async(const char *name, const void *sendbuf, size_t count,
+                                     hora_dtype dtype, void *recvbuf, hora_request **req) {
+  hora__error_clear();
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_allgather_async");
+  if (!rt) {
+    if (req) {
+      *req = NULL;
+    }
+    return req ? rc : hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: req is NULL");
+  }
+  HORA_CHECK(check_common("hora_allgather_async", name, count, dtype, req, (size_t)rt->size));
+  if (count > 0 && (!sendbuf || !recvbuf)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: %s is NULL",
+                       sendbuf ? "recvbuf" : "sendbuf");
+  }
+  struct hora_request *r = request_new(HORA_KIND_ALLGATHER);
+  if (!r) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  r->meta.dtype = (uint8_t)dtype;
+  r->meta.count = count;
+  r->sendbuf = sendbuf;
+  r->recvbuf = recvbuf;
+  return submit(rt, r, name, req);
+}
+
+HORA_EXTERN int hora_allreduce(const char *name, const void *sendbuf, void *recvbuf, size_t count,
+                               hora_dtype dtype, hora_op op) {
+  hora_request *r = NULL;
+  HORA_CHECK(hora_allreduce_async(name, sendbuf, recvbuf, count, dtype, op, &r));
+  return hora_wait(&r);
+}
+
+HORA_EXTERN int hora_broadcast(const char *name, void *buf, size_t count, hora_dtype dtype,
+                               int root) {
+  hora_request *r = NULL;
+  HORA_CHECK(hora_broadcast_async(name, buf, count, dtype, root, &r));
+  return hora_wait(&r);
+}
+
+HORA_EXTERN int hora_allgather(const char *name, const void *sendbuf, size_t count,
+                               hora_dtype dtype, void *recvbuf) {
+  hora_request *r = NULL;
+  HORA_CHECK(hora_allgather_async(name, sendbuf, count, dtype, recvbuf, &r));
+  return hora_wait(&r);
+}
+
+static int run_internal(uint8_t kind, const char *call, int *last_joined) {
+  hora__error_clear();
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, call);
+  if (!rt) {
+    return rc;
+  }
+  struct hora_request *r = request_new(kind);
+  if (!r) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  hora_request *q = NULL;
+  HORA_CHECK(submit(rt, r, NULL, &q));
+  /* Read before wait_request frees it. */
+  while (!atomic_load_explicit(&q->done, memory_order_acquire)) {
+    pthread_mutex_lock(&rt->mu);
+    while (!atomic_load_explicit(&q->done, memory_order_acquire)) {
+      pthread_cond_wait(&rt->done_cv, &rt->mu);
+    }
+    pthread_mutex_unlock(&rt->mu);
+  }
+  if (last_joined) {
+    *last_joined = q->last_joined;
+  }
+  return finish(&q);
+}
+
+HORA_EXTERN int hora_barrier(void) { return run_internal(HORA_KIND_BARRIER, "hora_barrier", NULL); }
+
+HORA_EXTERN int hora_join(int *last_joined_rank) {
+  int last = -1;
+  int rc = run_internal(HORA_KIND_JOIN, "hora_join", &last);
+  if (last_joined_rank) {
+    *last_joined_rank = rc == HORA_SUCCESS ? last : -1;
+  }
+  return rc;
+}

@@ -1,0 +1,664 @@
+/* The coordinator thread. One cycle:
+ *
+ *   1. take what callers submitted; rank 0 hands it to the controller,
+ *      the other ranks send it to rank 0 in one REQUESTS message
+ *   2. read the control connections (requests at rank 0, responses and
+ *      aborts elsewhere)
+ *   3. rank 0 sends the responses that became ready to every rank
+ *   4. execute the responses in order: run the collective, complete the
+ *      requests
+ *   5. with nothing to do, sleep in poll() on the wake eventfd and the
+ *      control sockets: an idle job costs no CPU
+ *
+ * The first fatal error (a lost peer, a stall past the shutdown time,
+ * hora_abort) is sent to rank 0, which sends it to every rank; then the
+ * coordinator fails every request and closes its connections. */
+#include <arpa/inet.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../comm/collectives.h"
+#include "../comm/reduce.h"
+#include "log.h"
+#include "params.h"
+#include "runtime.h"
+
+struct hora__engine {
+  struct hora__runtime *rt;
+  hora__comm *comm;
+  struct hora__controller *ctl; /* rank 0 only */
+  struct hora__response *todo, **todo_tail;
+  struct hora__wbuf wbuf;
+  bool stop;
+  bool abort_from_root; /* the fatal error came in an abort from rank 0 */
+  uint64_t next_stall_ns;
+  /* A joined rank's stand-in buffers for allreduces it did not submit. */
+  void *zeros, *junk;
+  size_t zeros_bytes;
+  /* Fusion buffer, allocated once at its largest size and reused. */
+  void *fusion;
+  size_t fusion_bytes;
+  struct hora_request **reqs;
+  size_t reqs_cap;
+};
+
+static void engine_free(struct hora__engine *e) {
+  if (!e) {
+    return;
+  }
+  hora__controller_destroy(e->ctl);
+  while (e->todo) {
+    struct hora__response *n = e->todo->next;
+    hora__response_free(e->todo);
+    e->todo = n;
+  }
+  hora__wbuf_free(&e->wbuf);
+  free(e->zeros);
+  free(e->junk);
+  free(e->fusion);
+  free(e->reqs);
+  free(e);
+}
+
+/* ---- control input ---------------------------------------------------------- */
+
+static int on_abort_frame(struct hora__engine *e, int from, const uint8_t *p, size_t n) {
+  int origin, code;
+  char msg[900];
+  if (hora__decode_abort(p, n, &origin, &code, msg, sizeof(msg)) != HORA_SUCCESS) {
+    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed abort message", from);
+  }
+  (void)origin;
+  if (from == 0) {
+    e->abort_from_root = true;
+  }
+  return hora__error(code, "%s", msg);
+}
+
+struct submit_ctx {
+  struct hora__engine *e;
+  int rank;
+};
+
+static int submit_cb(void *arg, const struct hora__wire_request *req) {
+  struct submit_ctx *s = arg;
+  return hora__controller_submit(s->e->ctl, s->rank, req);
+}
+
+/* Reads and handles every complete frame on one control connection. */
+static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
+  int peer = hora__ctrl_peer(c);
+  char name[160];
+  int rc = hora__ctrl_read(c);
+  /* Frames that arrived before an EOF still count: an abort explains it. */
+  for (;;) {
+    bool got;
+    uint16_t type;
+    const uint8_t *p;
+    size_t n;
+    int prc = hora__ctrl_next(c, &got, &type, &p, &n);
+    if (prc != HORA_SUCCESS) {
+      return prc;
+    }
+    if (!got) {
+      break;
+    }
+    if (type == HORA_MSG_ABORT) {
+      return on_abort_frame(e, peer, p, n);
+    }
+    if (type == HORA_MSG_REQUESTS && e->ctl) {
+      struct submit_ctx s = {e, peer};
+      if (hora__decode_requests(p, n, submit_cb, &s) != HORA_SUCCESS) {
+        return hora__error(HORA_ERR_PEER_LOST, "%s sent a malformed request list: %s",
+                           hora__peer_name(e->comm, peer, name, sizeof(name)),
+                           hora__error_message());
+      }
+    } else if (type == HORA_MSG_RESPONSES && !e->ctl) {
+      if (hora__decode_responses(p, n, &e->todo_tail) != HORA_SUCCESS) {
+        return hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
+                           hora__error_message());
+      }
+    } else {
+      return hora__error(HORA_ERR_PEER_LOST, "%s sent an unexpected control message (type %u)",
+                         hora__peer_name(e->comm, peer, name, sizeof(name)), type);
+    }
+  }
+  if (rc == HORA_ERR_PEER_LOST) {
+    return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
+                       hora__peer_name(e->comm, peer, name, sizeof(name)));
+  }
+  return rc;
+}
+
+static int service(void *arg) {
+  struct hora__engine *e = arg;
+  hora__comm *c = e->comm;
+  for (int r = 0; r < c->size; r++) {
+    if (c->ctrl[r]) {
+      HORA_CHECK(hora__ctrl_flush(c->ctrl[r]));
+      HORA_CHECK(read_ctrl(e, c->ctrl[r]));
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+static int service_pollfds(void *arg, struct pollfd *fds, int max) {
+  struct hora__engine *e = arg;
+  hora__comm *c = e->comm;
+  int n = 0;
+  for (int r = 0; r < c->size && n < max; r++) {
+    if (c->ctrl[r]) {
+      fds[n].fd = hora__ctrl_fd(c->ctrl[r]);
+      fds[n].events = (short)(POLLIN | (hora__ctrl_has_output(c->ctrl[r]) ? POLLOUT : 0));
+      fds[n].revents = 0;
+      n++;
+    }
+  }
+  return n;
+}
+
+/* ---- submissions ------------------------------------------------------------ */
+
+static int grow_reqs(struct hora__engine *e, size_t n) {
+  if (n <= e->reqs_cap) {
+    return HORA_SUCCESS;
+  }
+  size_t cap = HORA_MAX(n, 2 * e->reqs_cap);
+  struct hora_request **p = hora__realloc(e->reqs, cap * sizeof(*p));
+  if (!p) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  e->reqs = p;
+  e->reqs_cap = cap;
+  return HORA_SUCCESS;
+}
+
+static int take_submissions(struct hora__engine *e, bool *busy) {
+  struct hora__runtime *rt = e->rt;
+  pthread_mutex_lock(&rt->mu);
+  struct hora_request *head = rt->queue_head;
+  rt->queue_head = rt->queue_tail = NULL;
+  bool abort_asked = rt->abort_asked;
+  char reason[sizeof(rt->abort_reason)];
+  memcpy(reason, rt->abort_reason, sizeof(reason));
+  pthread_mutex_unlock(&rt->mu);
+  if (abort_asked) {
+    return hora__error(HORA_ERR_ABORTED, "hora_abort called on rank %d: %s", rt->rank, reason);
+  }
+  if (!head) {
+    return HORA_SUCCESS;
+  }
+  *busy = true;
+  if (e->ctl) {
+    for (struct hora_request *r = head; r; r = r->next) {
+      struct hora__wire_request w = {.meta = r->meta, .key = r->key, .key_len = r->key_len};
+      HORA_CHECK(hora__controller_submit(e->ctl, 0, &w));
+    }
+    return HORA_SUCCESS;
+  }
+  uint32_t n = 0;
+  hora__encode_requests_begin(&e->wbuf);
+  for (struct hora_request *r = head; r; r = r->next) {
+    hora__encode_request(&e->wbuf, &r->meta, r->key, r->key_len);
+    n++;
+  }
+  hora__encode_requests_end(&e->wbuf, n);
+  if (e->wbuf.failed) {
+    return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %u requests", n);
+  }
+  return hora__ctrl_send(e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
+}
+
+/* ---- execution -------------------------------------------------------------- */
+
+static struct hora_request *lookup(struct hora__engine *e, const struct hora__resp_tensor *t) {
+  pthread_mutex_lock(&e->rt->mu);
+  struct hora_request *r = hora__table_get(&e->rt->inflight, t->key, t->key_len);
+  pthread_mutex_unlock(&e->rt->mu);
+  return r;
+}
+
+static void complete(struct hora__engine *e, struct hora_request **reqs, size_t n, int status,
+                     const char *msg) {
+  struct hora__runtime *rt = e->rt;
+  pthread_mutex_lock(&rt->mu);
+  for (size_t i = 0; i < n; i++) {
+    if (reqs[i]) {
+      hora__request_complete_locked(rt, reqs[i], status, msg);
+    }
+  }
+  pthread_cond_broadcast(&rt->done_cv);
+  pthread_mutex_unlock(&rt->mu);
+}
+
+static int missing_tensor(struct hora__engine *e, const struct hora__response *r,
+                          const struct hora__resp_tensor *t) {
+  char name[300];
+  return hora__error(HORA_ERR_SYSTEM, "rank 0 scheduled %s %s, which this rank never submitted",
+                     hora__kind_name(r->kind), hora__key_display(t->key, t->key_len, name, sizeof(name)));
+}
+
+static int ensure_buffer(void **buf, size_t *have, size_t need, bool zero) {
+  if (*have >= need) {
+    return HORA_SUCCESS;
+  }
+  void *p = hora__aligned_alloc(64, need);
+  if (!p) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  if (zero) {
+    memset(p, 0, need);
+  }
+  free(*buf);
+  *buf = p;
+  *have = need;
+  return HORA_SUCCESS;
+}
+
+static int run_allreduce(struct hora__engine *e, const struct hora__response *r) {
+  hora__comm *c = e->comm;
+  hora_dtype dt = (hora_dtype)r->dtype;
+  hora_op op = (hora_op)r->op;
+  size_t esize = hora_dtype_size(dt);
+  size_t total = 0;
+  HORA_CHECK(grow_reqs(e, r->ntensors));
+  bool joined;
+  pthread_mutex_lock(&e->rt->mu);
+  joined = e->rt->joined;
+  pthread_mutex_unlock(&e->rt->mu);
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    e->reqs[i] = lookup(e, &r->tensors[i]);
+    if (!e->reqs[i] && !joined) {
+      return missing_tensor(e, r, &r->tensors[i]);
+    }
+    total += r->tensors[i].count;
+  }
+  size_t bytes = total * esize;
+  int rc;
+  if (r->ntensors == 1 && e->reqs[0]) {
+    struct hora_request *q = e->reqs[0];
+    rc = hora__allreduce(c, q->sendbuf, q->recvbuf, total, dt, op);
+    if (rc == HORA_SUCCESS && op == HORA_AVERAGE) {
+      hora__divide(dt, q->recvbuf, total, c->size);
+    }
+  } else if (r->ntensors == 1) {
+    /* Joined: contribute zeros, discard the result. */
+    size_t junk_have = e->zeros_bytes;
+    HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, bytes, true));
+    HORA_CHECK(ensure_buffer(&e->junk, &junk_have, bytes, false));
+    rc = hora__allreduce(c, e->zeros, e->junk, total, dt, op);
+  } else {
+    HORA_CHECK(ensure_buffer(&e->fusion, &e->fusion_bytes, bytes, false));
+    char *f = e->fusion;
+    size_t off = 0;
+    for (uint32_t i = 0; i < r->ntensors; i++) {
+      size_t b = r->tensors[i].count * esize;
+      if (e->reqs[i]) {
+        memcpy(f + off, e->reqs[i]->sendbuf, b);
+      } else {
+        memset(f + off, 0, b);
+      }
+      off += b;
+    }
+    rc = hora__allreduce(c, f, f, total, dt, op);
+    if (rc == HORA_SUCCESS && op == HORA_AVERAGE) {
+      hora__divide(dt, f, total, c->size);
+    }
+    off = 0;
+    for (uint32_t i = 0; rc == HORA_SUCCESS && i < r->ntensors; i++) {
+      size_t b = r->tensors[i].count * esize;
+      if (e->reqs[i]) {
+        memcpy(e->reqs[i]->recvbuf, f + off, b);
+      }
+      off += b;
+    }
+  }
+  if (rc != HORA_SUCCESS) {
+    return rc;
+  }
+  complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
+  return HORA_SUCCESS;
+}
+
+static int execute(struct hora__engine *e, const struct hora__response *r) {
+  hora__comm *c = e->comm;
+  struct hora_request *q = NULL;
+  if (r->kind != HORA_KIND_ALLREDUCE && r->ntensors > 0) {
+    q = lookup(e, &r->tensors[0]);
+  }
+  switch (r->kind) {
+    case HORA_KIND_ALLREDUCE:
+      return run_allreduce(e, r);
+    case HORA_KIND_BROADCAST:
+    case HORA_KIND_ALLGATHER: {
+      if (!q) {
+        return missing_tensor(e, r, &r->tensors[0]);
+      }
+      size_t bytes = r->tensors[0].count * hora_dtype_size((hora_dtype)r->dtype);
+      int rc = r->kind == HORA_KIND_BROADCAST
+                   ? hora__broadcast(c, q->recvbuf, bytes, r->root)
+                   : hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
+      HORA_CHECK(rc);
+      complete(e, &q, 1, HORA_SUCCESS, NULL);
+      return HORA_SUCCESS;
+    }
+    case HORA_KIND_BARRIER:
+      if (!q) {
+        return missing_tensor(e, r, &r->tensors[0]);
+      }
+      complete(e, &q, 1, HORA_SUCCESS, NULL);
+      return HORA_SUCCESS;
+    case HORA_KIND_ERROR:
+      for (uint32_t i = 0; i < r->ntensors; i++) {
+        struct hora_request *x = lookup(e, &r->tensors[i]);
+        complete(e, &x, 1, r->error_code, r->error_msg ? r->error_msg : "");
+      }
+      return HORA_SUCCESS;
+    case HORA_KIND_JOIN: {
+      struct hora__resp_tensor t = {.key = (char[]){HORA_KEY_JOIN, 0}, .key_len = 1};
+      struct hora__runtime *rt = e->rt;
+      pthread_mutex_lock(&rt->mu);
+      struct hora_request *j = hora__table_get(&rt->inflight, t.key, t.key_len);
+      rt->joined = false;
+      if (j) {
+        j->last_joined = r->last_joined;
+        hora__request_complete_locked(rt, j, HORA_SUCCESS, NULL);
+        pthread_cond_broadcast(&rt->done_cv);
+      }
+      pthread_mutex_unlock(&rt->mu);
+      return HORA_SUCCESS;
+    }
+    case HORA_KIND_SHUTDOWN: {
+      struct hora__resp_tensor t = {.key = (char[]){HORA_KEY_SHUTDOWN, 0}, .key_len = 1};
+      struct hora_request *s = lookup(e, &t);
+      complete(e, &s, 1, HORA_SUCCESS, NULL);
+      e->stop = true;
+      return HORA_SUCCESS;
+    }
+    default:
+      return hora__error(HORA_ERR_SYSTEM, "response of unknown kind %u", r->kind);
+  }
+}
+
+static int distribute_and_run(struct hora__engine *e, bool *busy) {
+  hora__comm *c = e->comm;
+  if (e->ctl && hora__controller_has_ready(e->ctl)) {
+    struct hora__response *head = NULL, **tail = &head;
+    hora__controller_take(e->ctl, &tail);
+    uint32_t n = 0;
+    for (struct hora__response *r = head; r; r = r->next) {
+      n++;
+    }
+    struct hora__response **v = hora__malloc(n * sizeof(*v));
+    if (!v) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    n = 0;
+    for (struct hora__response *r = head; r; r = r->next) {
+      v[n++] = r;
+    }
+    hora__encode_responses(&e->wbuf, v, n);
+    free(v);
+    if (e->wbuf.failed) {
+      return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %u responses", n);
+    }
+    for (int r = 1; r < c->size; r++) {
+      HORA_CHECK(hora__ctrl_send(c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
+    }
+    *e->todo_tail = head;
+    e->todo_tail = tail;
+  }
+  while (e->todo && !e->stop) {
+    struct hora__response *r = e->todo;
+    e->todo = r->next;
+    if (!e->todo) {
+      e->todo_tail = &e->todo;
+    }
+    *busy = true;
+    int rc = execute(e, r);
+    hora__response_free(r);
+    HORA_CHECK(rc);
+  }
+  return HORA_SUCCESS;
+}
+
+/* ---- sleeping and waking -------------------------------------------------- */
+
+void hora__engine_wake_locked(struct hora__runtime *rt) {
+  if (rt->coord_sleeping) {
+    rt->coord_sleeping = false;
+    uint64_t one = 1;
+    ssize_t w = write(rt->wake_fd, &one, sizeof(one));
+    (void)w;
+  }
+}
+
+static void refuse_connections(struct hora__engine *e, int lfd) {
+  for (;;) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    int fd = accept4(lfd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      return;
+    }
+    char who[64] = "a local process";
+    if (ss.ss_family == AF_INET) {
+      struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+      char ip[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
+      snprintf(who, sizeof(who), "%s:%d", ip, ntohs(sin->sin_port));
+    }
+    HORA_WARN("refused a connection from %s: every connection of this job is already made",
+              who);
+    close(fd);
+  }
+}
+
+static int sleep_until_work(struct hora__engine *e) {
+  struct hora__runtime *rt = e->rt;
+  hora__comm *c = e->comm;
+  pthread_mutex_lock(&rt->mu);
+  bool idle = !rt->queue_head && !rt->abort_asked;
+  rt->coord_sleeping = idle;
+  pthread_mutex_unlock(&rt->mu);
+  if (!idle) {
+    return HORA_SUCCESS;
+  }
+  struct pollfd fds[8 + 1024];
+  int n = 0;
+  fds[n++] = (struct pollfd){.fd = rt->wake_fd, .events = POLLIN};
+  fds[n++] = (struct pollfd){.fd = c->tcp_listen_fd, .events = POLLIN};
+  fds[n++] = (struct pollfd){.fd = c->unix_listen_fd, .events = POLLIN};
+  int nfixed = n;
+  n += service_pollfds(e, fds + n, (int)HORA_ARRAY_SIZE(fds) - n);
+  int timeout = 1000;
+  if (e->next_stall_ns != UINT64_MAX) {
+    uint64_t now = hora__now_ns();
+    uint64_t ms = e->next_stall_ns > now ? (e->next_stall_ns - now) / 1000000 + 1 : 0;
+    timeout = (int)HORA_MIN(ms, (uint64_t)timeout);
+  }
+  if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "poll");
+  }
+  pthread_mutex_lock(&rt->mu);
+  rt->coord_sleeping = false;
+  pthread_mutex_unlock(&rt->mu);
+  if (fds[0].revents) {
+    uint64_t v;
+    ssize_t r = read(rt->wake_fd, &v, sizeof(v));
+    (void)r;
+  }
+  if (fds[1].revents) {
+    refuse_connections(e, c->tcp_listen_fd);
+  }
+  if (fds[2].revents) {
+    refuse_connections(e, c->unix_listen_fd);
+  }
+  (void)nfixed;
+  return HORA_SUCCESS;
+}
+
+/* ---- the loop ----------------------------------------------------------------- */
+
+static int cycle(struct hora__engine *e) {
+  bool busy = false;
+  HORA_CHECK(take_submissions(e, &busy));
+  HORA_CHECK(service(e));
+  HORA_CHECK(distribute_and_run(e, &busy));
+  if (e->stop) {
+    return HORA_SUCCESS;
+  }
+  if (e->ctl) {
+    HORA_CHECK(hora__controller_check_stalls(e->ctl, hora__now_ns(),
+                                             hora__params.STALL_CHECK_TIME_SECONDS,
+                                             hora__params.STALL_SHUTDOWN_TIME_SECONDS,
+                                             &e->next_stall_ns));
+  }
+  if (!busy) {
+    HORA_CHECK(sleep_until_work(e));
+  }
+  return HORA_SUCCESS;
+}
+
+/* After a data-plane failure, a neighbour's closed socket is usually the
+ * echo of an error elsewhere; give the explanation (an abort from rank 0,
+ * or a control connection that closed) a moment to arrive. */
+static int attribute_failure(struct hora__engine *e, int rc) {
+  char original[1024];
+  hora__strlcpy(original, hora__error_message(), sizeof(original));
+  uint64_t deadline = hora__now_ns() + 500 * 1000000ull;
+  hora__comm *c = e->comm;
+  while (hora__now_ns() < deadline) {
+    struct pollfd fds[1024];
+    int n = service_pollfds(e, fds, (int)HORA_ARRAY_SIZE(fds));
+    if (poll(fds, (nfds_t)n, 50) > 0) {
+      for (int i = 0, r = 0; r < c->size && i < n; r++) {
+        if (!c->ctrl[r]) {
+          continue;
+        }
+        if (fds[i].revents) {
+          int rc2 = read_ctrl(e, c->ctrl[r]);
+          if (rc2 != HORA_SUCCESS) {
+            return rc2;
+          }
+        }
+        i++;
+      }
+    }
+  }
+  hora__error(rc, "%s", original);
+  return rc;
+}
+
+/* Tells the job about a fatal error that started here or at rank 0. */
+static void broadcast_fatal(struct hora__engine *e, int code, const char *msg, bool from_root) {
+  hora__comm *c = e->comm;
+  hora__encode_abort(&e->wbuf, e->rt->rank, code, msg);
+  if (e->wbuf.failed) {
+    return;
+  }
+  for (int r = 0; r < c->size; r++) {
+    if (!c->ctrl[r] || (r == 0 && from_root)) {
+      continue;
+    }
+    (void)hora__ctrl_send_blocking(c->ctrl[r], HORA_MSG_ABORT, e->wbuf.data, e->wbuf.len, 1.0);
+  }
+}
+
+/* Stops accepting work and completes every request still in flight, with
+ * the fatal error, or after a normal shutdown with HORA_ERR_ABORTED. */
+static void fail_everything(struct hora__engine *e) {
+  struct hora__runtime *rt = e->rt;
+  int code = atomic_load(&rt->fatal_code);
+  const char *msg = code ? rt->fatal_msg : "the runtime was finalized before this operation ran";
+  if (!code) {
+    code = HORA_ERR_ABORTED;
+  }
+  pthread_mutex_lock(&rt->mu);
+  rt->accepting = false;
+  /* Queued requests are in the in-flight table too. */
+  rt->queue_head = rt->queue_tail = NULL;
+  while (rt->inflight.count > 0) {
+    struct hora_request *victims[64];
+    size_t n = 0;
+    for (size_t b = 0; b < rt->inflight.nbuckets && n < HORA_ARRAY_SIZE(victims); b++) {
+      for (struct hora__table_entry *t = rt->inflight.buckets[b];
+           t && n < HORA_ARRAY_SIZE(victims); t = t->next) {
+        victims[n++] = t->value;
+      }
+    }
+    for (size_t i = 0; i < n; i++) {
+      hora__request_complete_locked(rt, victims[i], code, msg);
+    }
+  }
+  rt->coordinator_exited = true;
+  pthread_cond_broadcast(&rt->done_cv);
+  pthread_mutex_unlock(&rt->mu);
+}
+
+static void *coordinator_main(void *arg) {
+  struct hora__runtime *rt = arg;
+  struct hora__engine *e = rt->engine;
+  pthread_setname_np(pthread_self(), "hora-coord");
+  e->comm->service = service;
+  e->comm->service_pollfds = service_pollfds;
+  e->comm->service_arg = e;
+  int rc = HORA_SUCCESS;
+  while (!e->stop && rc == HORA_SUCCESS) {
+    rc = cycle(e);
+  }
+  if (rc != HORA_SUCCESS) {
+    if (rc == HORA_ERR_PEER_LOST && strstr(hora__error_message(), "data connection")) {
+      rc = attribute_failure(e, rc);
+    }
+    /* The first fatal error wins: hora_abort may have recorded one already. */
+    hora__runtime_set_fatal(rt, rc, hora__error_message());
+    int code = atomic_load(&rt->fatal_code);
+    HORA_ERROR("fatal: %s (%s)", rt->fatal_msg, hora_strerror(code));
+    broadcast_fatal(e, code, rt->fatal_msg, e->abort_from_root);
+  }
+  fail_everything(e);
+  hora__comm_disconnect(e->comm);
+  return NULL;
+}
+
+int hora__engine_start(struct hora__runtime *rt) {
+  struct hora__engine *e = hora__calloc(1, sizeof(*e));
+  if (!e) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  e->rt = rt;
+  e->comm = rt->comm;
+  e->todo_tail = &e->todo;
+  e->next_stall_ns = UINT64_MAX;
+  if (rt->rank == 0) {
+    int rc = hora__controller_create(rt->size, &e->ctl);
+    if (rc != HORA_SUCCESS) {
+      engine_free(e);
+      return rc;
+    }
+  }
+  rt->engine = e;
+  int err = pthread_create(&rt->thread, NULL, coordinator_main, rt);
+  if (err != 0) {
+    rt->engine = NULL;
+    engine_free(e);
+    errno = err;
+    return hora__error_errno(HORA_ERR_SYSTEM, "pthread_create(coordinator)");
+  }
+  rt->thread_started = true;
+  return HORA_SUCCESS;
+}
+
+void hora__engine_join(struct hora__runtime *rt) {
+  if (rt->thread_started) {
+    pthread_join(rt->thread, NULL);
+    rt->thread_started = false;
+  }
+  engine_free(rt->engine);
+  rt->engine = NULL;
+}

@@ -1,0 +1,325 @@
+/* Encoding and validation of control messages.
+ *
+ *   REQUESTS  := u32 n, n x { u8 kind, u8 dtype, u8 op, u8 device,
+ *                             i32 root, u64 count, str key }
+ *   RESPONSES := u32 n, n x { u8 kind, u8 dtype, u8 op, u8 device, i32 root,
+ *                             i32 last_joined, u16 error_code, str error,
+ *                             u32 ntensors, ntensors x { str key, u64 count } }
+ *   ABORT     := i32 origin_rank, u16 code, str message
+ *   str       := u16 length, bytes */
+#include "message.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define MAX_TENSORS_PER_RESPONSE (1u << 20)
+
+static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "barrier",
+                                         "join",      "shutdown",  "error"};
+
+const char *hora__kind_name(int kind) {
+  return kind >= 0 && kind < HORA_KIND_COUNT_ ? kind_names[kind] : "unknown";
+}
+
+const char *hora__key_display(const char *key, size_t len, char *buf, size_t n) {
+  if (len == 0) {
+    snprintf(buf, n, "?");
+  } else if (key[0] == HORA_KEY_NAMED) {
+    snprintf(buf, n, "'%.*s'", (int)(len - 1), key + 1);
+  } else if (key[0] == HORA_KEY_UNNAMED) {
+    snprintf(buf, n, "unnamed #%.*s", (int)(len - 1), key + 1);
+  } else if (key[0] == HORA_KEY_BARRIER) {
+    snprintf(buf, n, "barrier #%.*s", (int)(len - 1), key + 1);
+  } else if (key[0] == HORA_KEY_JOIN) {
+    snprintf(buf, n, "join");
+  } else if (key[0] == HORA_KEY_SHUTDOWN) {
+    snprintf(buf, n, "finalize");
+  } else {
+    snprintf(buf, n, "<%.*s>", (int)len, key);
+  }
+  return buf;
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+void hora__encode_requests_begin(struct hora__wbuf *w) {
+  hora__wbuf_reset(w);
+  hora__wbuf_u32(w, 0);
+}
+
+void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *m, const char *key,
+                          size_t key_len) {
+  hora__wbuf_u8(w, m->kind);
+  hora__wbuf_u8(w, m->dtype);
+  hora__wbuf_u8(w, m->op);
+  hora__wbuf_u8(w, m->device);
+  hora__wbuf_u32(w, (uint32_t)m->root);
+  hora__wbuf_u64(w, m->count);
+  hora__wbuf_str(w, key, key_len);
+}
+
+void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n) {
+  if (!w->failed && w->len >= 4) {
+    w->data[0] = (uint8_t)n;
+    w->data[1] = (uint8_t)(n >> 8);
+    w->data[2] = (uint8_t)(n >> 16);
+    w->data[3] = (uint8_t)(n >> 24);
+  }
+}
+
+static int check_key(const char *key, size_t len) {
+  if (!key || len < 1 || len > HORA_KEY_MAX) {
+    return hora__error(HORA_ERR_INVALID_ARG, "operation key of %zu bytes", len);
+  }
+  switch (key[0]) {
+    case HORA_KEY_NAMED:
+    case HORA_KEY_UNNAMED:
+    case HORA_KEY_BARRIER:
+    case HORA_KEY_JOIN:
+    case HORA_KEY_SHUTDOWN:
+      break;
+    default:
+      return hora__error(HORA_ERR_INVALID_ARG, "operation key with unknown prefix 0x%02x",
+                         (unsigned char)key[0]);
+  }
+  if (memchr(key, '\0', len)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "operation key contains a NUL byte");
+  }
+  return HORA_SUCCESS;
+}
+
+static int check_meta(const struct hora__op_meta *m) {
+  if (m->kind > HORA_KIND_SHUTDOWN) {
+    return hora__error(HORA_ERR_INVALID_ARG, "request of unknown kind %u", m->kind);
+  }
+  if (!hora__dtype_valid(m->dtype) || !hora__op_valid(m->op) || m->device > 1) {
+    return hora__error(HORA_ERR_INVALID_ARG, "request with dtype %u, op %u, device %u", m->dtype,
+                       m->op, m->device);
+  }
+  if (m->count > SIZE_MAX / 8) {
+    return hora__error(HORA_ERR_INVALID_ARG, "request of %llu elements",
+                       (unsigned long long)m->count);
+  }
+  return HORA_SUCCESS;
+}
+
+static void read_meta(struct hora__rbuf *r, struct hora__op_meta *m) {
+  m->kind = hora__rbuf_u8(r);
+  m->dtype = hora__rbuf_u8(r);
+  m->op = hora__rbuf_u8(r);
+  m->device = hora__rbuf_u8(r);
+  m->root = (int32_t)hora__rbuf_u32(r);
+  m->count = hora__rbuf_u64(r);
+}
+
+int hora__decode_requests(const uint8_t *p, size_t n,
+                          int (*fn)(void *arg, const struct hora__wire_request *req), void *arg) {
+  for (int pass = 0; pass < 2; pass++) {
+    struct hora__rbuf r = hora__rbuf_make(p, n);
+    uint32_t count = hora__rbuf_u32(&r);
+    /* Each request takes at least 19 bytes: a count that claims more than
+     * the frame holds is rejected before any work. */
+    if (r.bad || count > hora__rbuf_left(&r) / 19) {
+      return hora__error(HORA_ERR_INVALID_ARG, "request list claims %u entries in %zu bytes",
+                         count, n);
+    }
+    for (uint32_t i = 0; i < count; i++) {
+      struct hora__wire_request req;
+      read_meta(&r, &req.meta);
+      req.key = hora__rbuf_str(&r, HORA_KEY_MAX, &req.key_len);
+      if (r.bad) {
+        return hora__error(HORA_ERR_INVALID_ARG, "request %u of %u is truncated", i, count);
+      }
+      if (pass == 0) {
+        HORA_CHECK(check_meta(&req.meta));
+        HORA_CHECK(check_key(req.key, req.key_len));
+      } else {
+        HORA_CHECK(fn(arg, &req));
+      }
+    }
+    if (hora__rbuf_left(&r) != 0) {
+      return hora__error(HORA_ERR_INVALID_ARG, "%zu stray bytes after a request list",
+                         hora__rbuf_left(&r));
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+/* ---- responses ----------------------------------------------------------- */
+
+struct hora__response *hora__response_new(uint8_t kind, uint32_t ntensors) {
+  struct hora__response *r = hora__calloc(1, sizeof(*r));
+  if (!r) {
+    return NULL;
+  }
+  r->kind = kind;
+  r->root = -1;
+  r->last_joined = -1;
+  r->ntensors = ntensors;
+  if (ntensors) {
+    r->tensors = hora__calloc(ntensors, sizeof(*r->tensors));
+    if (!r->tensors) {
+      free(r);
+      return NULL;
+    }
+  }
+  return r;
+}
+
+void hora__response_free(struct hora__response *r) {
+  if (!r) {
+    return;
+  }
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    free(r->tensors[i].key);
+  }
+  free(r->tensors);
+  free(r->error_msg);
+  free(r);
+}
+
+int hora__response_set_tensor(struct hora__response *r, uint32_t i, const char *key,
+                              size_t key_len, uint64_t count) {
+  char *k = hora__malloc(key_len + 1);
+  if (!k) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  memcpy(k, key, key_len);
+  k[key_len] = '\0';
+  free(r->tensors[i].key);
+  r->tensors[i].key = k;
+  r->tensors[i].key_len = (uint16_t)key_len;
+  r->tensors[i].count = count;
+  return HORA_SUCCESS;
+}
+
+void hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n) {
+  hora__wbuf_reset(w);
+  hora__wbuf_u32(w, n);
+  for (uint32_t i = 0; i < n; i++) {
+    const struct hora__response *r = rs[i];
+    hora__wbuf_u8(w, r->kind);
+    hora__wbuf_u8(w, r->dtype);
+    hora__wbuf_u8(w, r->op);
+    hora__wbuf_u8(w, r->device);
+    hora__wbuf_u32(w, (uint32_t)r->root);
+    hora__wbuf_u32(w, (uint32_t)r->last_joined);
+    hora__wbuf_u16(w, r->error_code);
+    const char *msg = r->error_msg ? r->error_msg : "";
+    hora__wbuf_str(w, msg, strlen(msg));
+    hora__wbuf_u32(w, r->ntensors);
+    for (uint32_t t = 0; t < r->ntensors; t++) {
+      hora__wbuf_str(w, r->tensors[t].key, r->tensors[t].key_len);
+      hora__wbuf_u64(w, r->tensors[t].count);
+    }
+  }
+}
+
+int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***tail) {
+  struct hora__rbuf rb = hora__rbuf_make(p, n);
+  uint32_t count = hora__rbuf_u32(&rb);
+  if (rb.bad || count > hora__rbuf_left(&rb) / 20) {
+    return hora__error(HORA_ERR_INVALID_ARG, "response list claims %u entries in %zu bytes",
+                       count, n);
+  }
+  struct hora__response *head = NULL, **link = &head;
+  int rc = HORA_SUCCESS;
+  for (uint32_t i = 0; i < count; i++) {
+    uint8_t kind = hora__rbuf_u8(&rb);
+    uint8_t dtype = hora__rbuf_u8(&rb);
+    uint8_t op = hora__rbuf_u8(&rb);
+    uint8_t device = hora__rbuf_u8(&rb);
+    int32_t root = (int32_t)hora__rbuf_u32(&rb);
+    int32_t last_joined = (int32_t)hora__rbuf_u32(&rb);
+    uint16_t code = hora__rbuf_u16(&rb);
+    size_t msg_len;
+    const char *msg = hora__rbuf_str(&rb, UINT16_MAX, &msg_len);
+    uint32_t nt = hora__rbuf_u32(&rb);
+    if (rb.bad || kind >= HORA_KIND_COUNT_ || !hora__dtype_valid(dtype) || !hora__op_valid(op) ||
+        device > 1 || code >= HORA_RESULT_COUNT_ || nt > MAX_TENSORS_PER_RESPONSE ||
+        nt > hora__rbuf_left(&rb) / 10) {
+      rc = hora__error(HORA_ERR_INVALID_ARG, "response %u of %u is malformed", i, count);
+      goto fail;
+    }
+    struct hora__response *r = hora__response_new(kind, nt);
+    if (!r) {
+      rc = HORA_ERR_NO_MEMORY;
+      goto fail;
+    }
+    *link = r;
+    link = &r->next;
+    r->dtype = dtype;
+    r->op = op;
+    r->device = device;
+    r->root = root;
+    r->last_joined = last_joined;
+    r->error_code = code;
+    if (msg_len) {
+      r->error_msg = hora__malloc(msg_len + 1);
+      if (!r->error_msg) {
+        rc = HORA_ERR_NO_MEMORY;
+        goto fail;
+      }
+      memcpy(r->error_msg, msg, msg_len);
+      r->error_msg[msg_len] = '\0';
+    }
+    for (uint32_t t = 0; t < nt; t++) {
+      size_t kl;
+      const char *key = hora__rbuf_str(&rb, HORA_KEY_MAX, &kl);
+      uint64_t cnt = hora__rbuf_u64(&rb);
+      if (rb.bad) {
+        rc = hora__error(HORA_ERR_INVALID_ARG, "response %u of %u is truncated", i, count);
+        goto fail;
+      }
+      HORA_CHECK_GOTO(check_key(key, kl), rc, fail);
+      if (cnt > SIZE_MAX / 8) {
+        rc = hora__error(HORA_ERR_INVALID_ARG, "response tensor of %llu elements",
+                         (unsigned long long)cnt);
+        goto fail;
+      }
+      HORA_CHECK_GOTO(hora__response_set_tensor(r, t, key, kl, cnt), rc, fail);
+    }
+  }
+  if (hora__rbuf_left(&rb) != 0) {
+    rc = hora__error(HORA_ERR_INVALID_ARG, "%zu stray bytes after a response list",
+                     hora__rbuf_left(&rb));
+    goto fail;
+  }
+  **tail = head;
+  if (head) {
+    *tail = link;
+  }
+  return HORA_SUCCESS;
+fail:
+  while (head) {
+    struct hora__response *nx = head->next;
+    hora__response_free(head);
+    head = nx;
+  }
+  return rc;
+}
+
+/* ---- abort ------------------------------------------------------------------ */
+
+void hora__encode_abort(struct hora__wbuf *w, int origin, int code, const char *msg) {
+  hora__wbuf_reset(w);
+  hora__wbuf_u32(w, (uint32_t)origin);
+  hora__wbuf_u16(w, (uint16_t)code);
+  hora__wbuf_str(w, msg, strlen(msg));
+}
+
+int hora__decode_abort(const uint8_t *p, size_t n, int *origin, int *code, char *msg,
+                       size_t msg_size) {
+  struct hora__rbuf r = hora__rbuf_make(p, n);
+  *origin = (int32_t)hora__rbuf_u32(&r);
+  *code = hora__rbuf_u16(&r);
+  size_t len;
+  const char *s = hora__rbuf_str(&r, UINT16_MAX, &len);
+  if (r.bad || hora__rbuf_left(&r) != 0 || *code <= HORA_SUCCESS || *code >= HORA_RESULT_COUNT_) {
+    return hora__error(HORA_ERR_INVALID_ARG, "malformed abort message (%zu bytes)", n);
+  }
+  size_t c = HORA_MIN(len, msg_size - 1);
+  memcpy(msg, s, c);
+  msg[c] = '\0';
+  return HORA_SUCCESS;
+}

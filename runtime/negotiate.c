@@ -1,0 +1,444 @@
+/* Negotiation at rank 0: matching submitted operations by key across ranks.
+ *
+ * Each key seen from some rank gets a pending entry that records which
+ * ranks have submitted it and what the first of them asked for. When every
+ * rank has submitted it (joined ranks standing in for allreduces), it
+ * becomes a response: the operation itself, or an error naming the first
+ * disagreement. Responses leave in the order they became ready, which is
+ * the order every rank executes them in. */
+#include "negotiate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "log.h"
+#include "table.h"
+
+struct pending_op {
+  struct pending_op *prev, *next; /* arrival order: oldest first */
+  char *key;
+  uint16_t key_len;
+  struct hora__op_meta meta; /* what the first submitter asked for */
+  int first_rank;
+  uint8_t *have; /* [size]: 1 when that rank submitted */
+  int nhave;
+  int nhave_joined; /* submitters that have also joined */
+  char *mismatch;   /* the first disagreement, or NULL */
+  uint64_t first_ns;
+};
+
+struct hora__controller {
+  int size;
+  struct hora__table ops; /* key -> pending_op */
+  struct pending_op *oldest, *newest;
+  uint8_t *joined; /* [size] */
+  int njoined;
+  int last_joined;
+  uint8_t *shutdown; /* [size] */
+  int nshutdown;
+  struct hora__response *ready, **ready_tail;
+  uint64_t next_stall_warn_ns;
+};
+
+int hora__controller_create(int size, struct hora__controller **out) {
+  struct hora__controller *c = hora__calloc(1, sizeof(*c));
+  if (!c) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  c->size = size;
+  c->joined = hora__calloc((size_t)size, 1);
+  c->shutdown = hora__calloc((size_t)size, 1);
+  c->last_joined = -1;
+  c->ready_tail = &c->ready;
+  if (!c->joined || !c->shutdown) {
+    hora__controller_destroy(c);
+    return HORA_ERR_NO_MEMORY;
+  }
+  *out = c;
+  return HORA_SUCCESS;
+}
+
+static void op_free(struct pending_op *op) {
+  free(op->key);
+  free(op->have);
+  free(op->mismatch);
+  free(op);
+}
+
+void hora__controller_destroy(struct hora__controller *c) {
+  if (!c) {
+    return;
+  }
+  for (struct pending_op *op = c->oldest; op;) {
+    struct pending_op *n = op->next;
+    op_free(op);
+    op = n;
+  }
+  hora__table_free(&c->ops);
+  while (c->ready) {
+    struct hora__response *n = c->ready->next;
+    hora__response_free(c->ready);
+    c->ready = n;
+  }
+  free(c->joined);
+  free(c->shutdown);
+  free(c);
+}
+
+bool hora__controller_has_ready(const struct hora__controller *c) { return c->ready != NULL; }
+
+size_t hora__controller_pending(const struct hora__controller *c) { return c->ops.count; }
+
+void hora__controller_take(struct hora__controller *c, struct hora__response ***tail) {
+  if (!c->ready) {
+    return;
+  }
+  **tail = c->ready;
+  *tail = c->ready_tail;
+  c->ready = NULL;
+  c->ready_tail = &c->ready;
+}
+
+static void push_ready(struct hora__controller *c, struct hora__response *r) {
+  r->next = NULL;
+  *c->ready_tail = r;
+  c->ready_tail = &r->next;
+}
+
+static void unlink_op(struct hora__controller *c, struct pending_op *op) {
+  hora__table_remove(&c->ops, op->key, op->key_len);
+  if (op->prev) {
+    op->prev->next = op->next;
+  } else {
+    c->oldest = op->next;
+  }
+  if (op->next) {
+    op->next->prev = op->prev;
+  } else {
+    c->newest = op->prev;
+  }
+  op_free(op);
+}
+
+/* Formats a rank set as "1,3-5". */
+static void format_ranks(const uint8_t *set, int size, bool want, char *buf, size_t n) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int r = 0; r < size && o + 24 < n; r++) {
+    if ((set[r] != 0) != want) {
+      continue;
+    }
+    int e = r;
+    while (e + 1 < size && (set[e + 1] != 0) == want) {
+      e++;
+    }
+    o += (size_t)snprintf(buf + o, n - o, "%s%d", o ? "," : "", r);
+    if (e > r) {
+      o += (size_t)snprintf(buf + o, n - o, "%s%d", e == r + 1 ? "," : "-", e);
+    }
+    r = e;
+  }
+  if (o + 24 >= n && n > 4) {
+    snprintf(buf + n - 4, 4, "...");
+  }
+}
+
+static int respond_error(struct hora__controller *c, struct pending_op *op, int code,
+                         const char *msg) {
+  struct hora__response *r = hora__response_new(HORA_KIND_ERROR, 1);
+  if (!r) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  r->error_code = (uint16_t)code;
+  r->error_msg = hora__strdup(msg);
+  if (!r->error_msg || hora__response_set_tensor(r, 0, op->key, op->key_len, 0) != HORA_SUCCESS) {
+    hora__response_free(r);
+    return HORA_ERR_NO_MEMORY;
+  }
+  push_ready(c, r);
+  unlink_op(c, op);
+  return HORA_SUCCESS;
+}
+
+static int respond(struct hora__controller *c, struct pending_op *op) {
+  struct hora__response *r = hora__response_new(op->meta.kind, 1);
+  if (!r) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  r->dtype = op->meta.dtype;
+  r->op = op->meta.op;
+  r->device = op->meta.device;
+  r->root = op->meta.root;
+  if (hora__response_set_tensor(r, 0, op->key, op->key_len, op->meta.count) != HORA_SUCCESS) {
+    hora__response_free(r);
+    return HORA_ERR_NO_MEMORY;
+  }
+  push_ready(c, r);
+  unlink_op(c, op);
+  return HORA_SUCCESS;
+}
+
+/* Decides what can be decided about `op` now. */
+static int update(struct hora__controller *c, struct pending_op *op) {
+  char name[300], ranks[256], msg[1024];
+  hora__key_display(op->key, op->key_len, name, sizeof(name));
+  const char *kind = hora__kind_name(op->meta.kind);
+  if (op->meta.kind != HORA_KIND_ALLREDUCE && c->njoined > 0) {
+    format_ranks(c->joined, c->size, true, ranks, sizeof(ranks));
+    snprintf(msg, sizeof(msg),
+             "%s %s was submitted while rank(s) %s had called hora_join: only allreduce can run "
+             "until every rank has joined",
+             kind, name, ranks);
+    return respond_error(c, op, HORA_ERR_INVALID_USAGE, msg);
+  }
+  for (int r = 0; r < c->size; r++) {
+    bool stands_in = c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE;
+    if (c->shutdown[r] && !op->have[r] && !stands_in) {
+      snprintf(msg, sizeof(msg), "%s %s cannot complete: rank %d called hora_finalize without "
+               "submitting it", kind, name, r);
+      return respond_error(c, op, HORA_ERR_ABORTED, msg);
+    }
+  }
+  int ready = op->nhave;
+  if (op->meta.kind == HORA_KIND_ALLREDUCE) {
+    ready += c->njoined - op->nhave_joined;
+  }
+  if (ready < c->size) {
+    return HORA_SUCCESS;
+  }
+  if (op->mismatch) {
+    return respond_error(c, op, HORA_ERR_MISMATCH, op->mismatch);
+  }
+  return respond(c, op);
+}
+
+static void describe_mismatch(struct pending_op *op, int rank, const struct hora__op_meta *m) {
+  const struct hora__op_meta *f = &op->meta;
+  char name[300], msg[1024];
+  hora__key_display(op->key, op->key_len, name, sizeof(name));
+  const char *kind = hora__kind_name(f->kind);
+  int a = op->first_rank;
+  if (m->kind != f->kind) {
+    snprintf(msg, sizeof(msg), "operation %s: rank %d submitted %s, rank %d %s", name, a,
+             hora__kind_name(f->kind), rank, hora__kind_name(m->kind));
+  } else if (m->device != f->device) {
+    snprintf(msg, sizeof(msg), "%s %s: rank %d passed %s memory, rank %d %s memory", kind, name,
+             a, f->device ? "GPU" : "host", rank, m->device ? "GPU" : "host");
+  } else if (m->dtype != f->dtype) {
+    snprintf(msg, sizeof(msg), "%s %s: rank %d sent %s, rank %d sent %s", kind, name, a,
+             hora_dtype_name(f->dtype), rank, hora_dtype_name(m->dtype));
+  } else if (m->count != f->count) {
+    snprintf(msg, sizeof(msg), "%s %s: rank %d sent %llu elements, rank %d sent %llu", kind, name,
+             a, (unsigned long long)f->count, rank, (unsigned long long)m->count);
+  } else if (m->op != f->op) {
+    snprintf(msg, sizeof(msg), "%s %s: rank %d asked for %s, rank %d for %s", kind, name, a,
+             hora_op_name(f->op), rank, hora_op_name(m->op));
+  } else if (m->root != f->root) {
+    snprintf(msg, sizeof(msg), "%s %s: rank %d named root %d, rank %d root %d", kind, name, a,
+             f->root, rank, m->root);
+  } else {
+    return;
+  }
+  op->mismatch = hora__strdup(msg);
+}
+
+/* Only the fields that matter for a kind are compared. */
+static void normalise(struct hora__op_meta *m) {
+  if (m->kind != HORA_KIND_ALLREDUCE) {
+    m->op = 0;
+  }
+  if (m->kind != HORA_KIND_BROADCAST) {
+    m->root = -1;
+  }
+  if (m->kind == HORA_KIND_BARRIER) {
+    m->dtype = 0;
+    m->count = 0;
+    m->device = 0;
+  }
+}
+
+static int rescan(struct hora__controller *c) {
+  for (struct pending_op *op = c->oldest; op;) {
+    struct pending_op *next = op->next;
+    HORA_CHECK(update(c, op));
+    op = next;
+  }
+  return HORA_SUCCESS;
+}
+
+static int submit_join(struct hora__controller *c, int rank) {
+  if (c->joined[rank]) {
+    return HORA_SUCCESS;
+  }
+  c->joined[rank] = 1;
+  c->njoined++;
+  c->last_joined = rank;
+  for (struct pending_op *op = c->oldest; op; op = op->next) {
+    if (op->have[rank]) {
+      op->nhave_joined++;
+    }
+  }
+  HORA_CHECK(rescan(c));
+  if (c->njoined == c->size) {
+    struct hora__response *r = hora__response_new(HORA_KIND_JOIN, 0);
+    if (!r) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    r->last_joined = c->last_joined;
+    push_ready(c, r);
+    memset(c->joined, 0, (size_t)c->size);
+    c->njoined = 0;
+    c->last_joined = -1;
+    for (struct pending_op *op = c->oldest; op; op = op->next) {
+      op->nhave_joined = 0;
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+static int submit_shutdown(struct hora__controller *c, int rank) {
+  if (c->shutdown[rank]) {
+    return HORA_SUCCESS;
+  }
+  c->shutdown[rank] = 1;
+  c->nshutdown++;
+  HORA_CHECK(rescan(c));
+  if (c->nshutdown == c->size) {
+    struct hora__response *r = hora__response_new(HORA_KIND_SHUTDOWN, 0);
+    if (!r) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    push_ready(c, r);
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__controller_submit(struct hora__controller *c, int rank,
+                            const struct hora__wire_request *req) {
+  if (req->meta.kind == HORA_KIND_JOIN) {
+    return submit_join(c, rank);
+  }
+  if (req->meta.kind == HORA_KIND_SHUTDOWN) {
+    return submit_shutdown(c, rank);
+  }
+  struct hora__op_meta m = req->meta;
+  normalise(&m);
+  struct pending_op *op = hora__table_get(&c->ops, req->key, req->key_len);
+  if (!op) {
+    op = hora__calloc(1, sizeof(*op));
+    if (!op) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    op->key = hora__malloc(req->key_len + 1);
+    op->have = hora__calloc((size_t)c->size, 1);
+    if (!op->key || !op->have) {
+      op_free(op);
+      return HORA_ERR_NO_MEMORY;
+    }
+    memcpy(op->key, req->key, req->key_len);
+    op->key[req->key_len] = '\0';
+    op->key_len = (uint16_t)req->key_len;
+    op->meta = m;
+    op->first_rank = rank;
+    op->first_ns = hora__now_ns();
+    if (hora__table_put(&c->ops, op->key, op->key_len, op) != HORA_SUCCESS) {
+      op_free(op);
+      return HORA_ERR_NO_MEMORY;
+    }
+    op->prev = c->newest;
+    if (c->newest) {
+      c->newest->next = op;
+    } else {
+      c->oldest = op;
+    }
+    c->newest = op;
+  } else if (op->have[rank]) {
+    /* The API refuses a key already in flight, so this is a broken peer. */
+    return hora__error(HORA_ERR_SYSTEM, "rank %d submitted operation %.*s twice", rank,
+                       (int)req->key_len, req->key);
+  } else if (!op->mismatch) {
+    describe_mismatch(op, rank, &m);
+  }
+  op->have[rank] = 1;
+  op->nhave++;
+  if (c->joined[rank]) {
+    op->nhave_joined++;
+  }
+  return update(c, op);
+}
+
+int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, double check_s,
+                                  double shutdown_s, uint64_t *next_ns) {
+  uint64_t check_ns = (uint64_t)(check_s * 1e9);
+  uint64_t shutdown_ns = (uint64_t)(shutdown_s * 1e9);
+  *next_ns = UINT64_MAX;
+  if (!c->oldest || (check_ns == 0 && shutdown_ns == 0)) {
+    return HORA_SUCCESS;
+  }
+  /* Oldest first: the first entry not yet stalled ends the scan. */
+  uint64_t oldest_age = now_ns - c->oldest->first_ns;
+  if (shutdown_ns > 0 && oldest_age >= shutdown_ns) {
+    char name[300], missing[256], msg[1024];
+    struct pending_op *op = c->oldest;
+    uint8_t *present = hora__calloc((size_t)c->size, 1);
+    if (!present) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    for (int r = 0; r < c->size; r++) {
+      present[r] = op->have[r] || (c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE);
+    }
+    format_ranks(present, c->size, false, missing, sizeof(missing));
+    free(present);
+    hora__key_display(op->key, op->key_len, name, sizeof(name));
+    snprintf(msg, sizeof(msg),
+             "%s %s stalled for %.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS) waiting for rank(s) %s; "
+             "shutting down",
+             hora__kind_name(op->meta.kind), name, (double)oldest_age * 1e-9, missing);
+    HORA_ERROR("%s", msg);
+    return hora__error(HORA_ERR_TIMEOUT, "%s", msg);
+  }
+  if (check_ns > 0 && oldest_age >= check_ns && now_ns >= c->next_stall_warn_ns) {
+    char line[4096];
+    size_t o = (size_t)snprintf(line, sizeof(line),
+                                "stall: these operations have waited more than %g s "
+                                "(HORA_STALL_CHECK_TIME_SECONDS) for some ranks:",
+                                check_s);
+    uint8_t *present = hora__calloc((size_t)c->size, 1);
+    if (!present) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    int shown = 0, stalled = 0;
+    for (struct pending_op *op = c->oldest; op && now_ns - op->first_ns >= check_ns;
+         op = op->next) {
+      stalled++;
+      if (shown == 20 || o + 400 >= sizeof(line)) {
+        continue;
+      }
+      char name[300], missing[256];
+      for (int r = 0; r < c->size; r++) {
+        present[r] = op->have[r] || (c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE);
+      }
+      format_ranks(present, c->size, false, missing, sizeof(missing));
+      hora__key_display(op->key, op->key_len, name, sizeof(name));
+      o += (size_t)snprintf(line + o, sizeof(line) - o, " %s %s (%.0f s) missing rank(s) %s;",
+                            hora__kind_name(op->meta.kind), name,
+                            (double)(now_ns - op->first_ns) * 1e-9, missing);
+      shown++;
+    }
+    free(present);
+    if (stalled > shown) {
+      snprintf(line + o, sizeof(line) - o, " and %d more", stalled - shown);
+    }
+    HORA_WARN("%s", line);
+    c->next_stall_warn_ns = now_ns + check_ns;
+  }
+  if (check_ns > 0) {
+    uint64_t due = c->oldest->first_ns + check_ns;
+    *next_ns = HORA_MAX(due, c->next_stall_warn_ns);
+  }
+  if (shutdown_ns > 0) {
+    uint64_t due = c->oldest->first_ns + shutdown_ns;
+    *next_ns = HORA_MIN(*next_ns, due);
+  }
+  return HORA_SUCCESS;
+}

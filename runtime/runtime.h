@@ -1,0 +1,86 @@
+/* The process-wide runtime: what a user's call goes through.
+ *
+ * Threads and locks. Caller threads validate, enqueue and wait. The one
+ * coordinator thread ("hora-coord", engine.c) owns negotiation, the data
+ * plane and every connection. They share only what is below "protected by
+ * mu"; mu is the only lock, so there is no lock order to get wrong. A
+ * request's result fields are written by the coordinator before it sets
+ * `done` (release) and read by the caller after it sees `done` (acquire). */
+#ifndef HORA_RUNTIME_H
+#define HORA_RUNTIME_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "../comm/comm.h"
+#include "message.h"
+#include "negotiate.h"
+#include "table.h"
+#include "topology.h"
+
+struct hora_request {
+  struct hora_request *next; /* submission queue */
+  char key[HORA_KEY_MAX + 1];
+  uint16_t key_len;
+  struct hora__op_meta meta;
+  const void *sendbuf;
+  void *recvbuf;
+  uint64_t submit_ns;
+  /* Results, written by the coordinator before `done`. */
+  int status;
+  char *error; /* message when status != 0 */
+  int last_joined;
+  atomic_int done;
+};
+
+struct hora__runtime {
+  /* Set by hora_init, read-only while running. */
+  hora__comm *comm;
+  int rank, size;
+  bool owns_mpi;
+  struct hora__topology topo;
+  pthread_t thread;
+  bool thread_started;
+  int wake_fd; /* eventfd: callers wake a sleeping coordinator */
+
+  pthread_mutex_t mu;
+  pthread_cond_t done_cv;
+  /* ---- protected by mu ---- */
+  struct hora_request *queue_head, *queue_tail; /* submitted, not yet seen */
+  struct hora__table inflight;                 /* key -> request, until completed */
+  uint64_t unnamed_seq, barrier_seq;
+  bool coord_sleeping;
+  bool accepting;          /* false once the coordinator has stopped */
+  bool coordinator_exited;
+  bool joined;       /* this rank has a join in flight */
+  bool abort_asked;  /* hora_abort was called; the coordinator tells the job */
+  char abort_reason[512];
+  /* ---- end of protected ---- */
+
+  /* The first fatal error: code set last, with release, after the message. */
+  atomic_int fatal_code;
+  char fatal_msg[1024];
+  atomic_flag fatal_claimed;
+
+  /* Coordinator-thread state (engine.c). */
+  struct hora__engine *engine;
+};
+
+
+
+/* Records the first fatal error; later ones are ignored. */
+void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg);
+int hora__runtime_fatal(struct hora__runtime *rt);
+
+/* Completion by the coordinator: call with rt->mu held. Removes the request
+ * from the in-flight table and publishes the result. */
+void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
+                                   const char *msg);
+
+/* engine.c */
+int hora__engine_start(struct hora__runtime *rt);
+void hora__engine_join(struct hora__runtime *rt);
+/* Wakes the coordinator if it sleeps; call with rt->mu held. */
+void hora__engine_wake_locked(struct hora__runtime *rt);
+
+#endif
