@@ -51,6 +51,10 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
     stage = p;
   }
   for (;;) {
+    /* One pass posts and retires whatever it can; sleep only when a pass
+     * changed nothing, since retiring a send can open the send window and
+     * retiring a receive can satisfy a send's dependency. */
+    bool changed = false;
     while (recv_posted < ring->nrecv && recv_posted - recv_done < RING_WINDOW) {
       size_t slot = recv_posted % RING_WINDOW;
       void *ptr;
@@ -64,6 +68,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
       rstaged[slot] = staged;
       HORA_CHECK(hora__irecv(comm, ring->prev, ptr, len, &rx[slot]));
       recv_posted++;
+      changed = true;
     }
     while (recv_done < recv_posted && rx[recv_done % RING_WINDOW].done) {
       size_t slot = recv_done % RING_WINDOW;
@@ -71,6 +76,11 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
         ring->received(ring->arg, recv_done, rstaged[slot] ? rbuf[slot] : NULL);
       }
       recv_done++;
+      changed = true;
+    }
+    while (send_done < send_posted && sx[send_done % RING_WINDOW].done) {
+      send_done++;
+      changed = true;
     }
     while (send_posted < ring->nsend && send_posted - send_done < RING_WINDOW) {
       if (ring->send_depends && send_posted >= ring->dep_lag &&
@@ -82,17 +92,19 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
       ring->send_at(ring->arg, send_posted, &ptr, &len);
       HORA_CHECK(hora__isend(comm, ring->next, ptr, len, &sx[send_posted % RING_WINDOW]));
       send_posted++;
-    }
-    while (send_done < send_posted && sx[send_done % RING_WINDOW].done) {
-      send_done++;
+      changed = true;
     }
     if (recv_done == ring->nrecv && send_done == ring->nsend) {
       return HORA_SUCCESS;
     }
-    /* Posting more is only possible after some transfer completes. */
-    bool can_post_recv = recv_posted < ring->nrecv && recv_posted - recv_done < RING_WINDOW;
-    bool can_retire = recv_done < recv_posted && rx[recv_done % RING_WINDOW].done;
-    if (!can_post_recv && !can_retire) {
+    if (!changed) {
+      if (!comm->active) {
+        /* Nothing in flight and nothing postable: a schedule bug, not a
+         * network problem. Fail loudly instead of spinning. */
+        return hora__error(HORA_ERR_SYSTEM,
+                           "ring pipeline stalled (sends %zu/%zu/%zu, receives %zu/%zu/%zu)",
+                           send_done, send_posted, ring->nsend, recv_done, recv_posted, ring->nrecv);
+      }
       HORA_CHECK(hora__progress_wait(comm));
     }
   }

@@ -29,7 +29,13 @@ const char *hora__log_hostname(void) {
   return log_host;
 }
 
-void hora__log_set_rank(int rank) { log_rank = rank; }
+void hora__log_set_rank(int rank) {
+  log_rank = rank;
+  /* The file name may carry the rank, which was not known when it opened. */
+  if (hora__params.LOG_FILE && strstr(hora__params.LOG_FILE, "%r")) {
+    (void)hora__log_open();
+  }
+}
 
 /* Expands %h, %p and %r in a HORA_LOG_FILE pattern. */
 static void expand_log_path(const char *pattern, char *out, size_t n) {
@@ -64,7 +70,8 @@ int hora__log_open(void) {
     }
   }
   hora__log_close();
-  if (hora__params.LOG_FILE[0]) {
+  /* A name with the rank in it waits until the rank is known. */
+  if (hora__params.LOG_FILE[0] && !(strstr(hora__params.LOG_FILE, "%r") && log_rank < 0)) {
     char path[4096];
     expand_log_path(hora__params.LOG_FILE, path, sizeof(path));
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

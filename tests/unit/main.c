@@ -1,0 +1,63 @@
+/* Runs every unit test, one line each, then "N passed, N failed, N skipped".
+ * Optional argument: run only tests whose name contains it. */
+#include <stdlib.h>
+
+#include "../runner.h"
+
+jmp_buf test_jump;
+char test_why[512];
+int test_skipped;
+
+#define UNIT_TESTS(X)                                                                        \
+  X(half_roundtrip_exhaustive)                                                               \
+  X(half_rounding)                                                                           \
+  X(bf16_conversion)                                                                         \
+  X(reduce_matches_reference)                                                                \
+  X(reduce_nan_inf_and_edges)                                                                \
+  X(reduce_in_place_aliasing)                                                                \
+  X(divide_and_scale)                                                                        \
+  X(params_parse_values)                                                                     \
+  X(params_env_errors_name_variable)                                                         \
+  X(params_markdown_lists_every_setting)                                                     \
+  X(message_requests_roundtrip)                                                              \
+  X(message_requests_reject_malformed)                                                       \
+  X(message_responses_roundtrip)                                                             \
+  X(message_responses_reject_malformed)                                                      \
+  X(message_abort_roundtrip)                                                                 \
+  X(hello_checks_secret_and_rank)                                                            \
+  X(table_put_get_remove_grow)                                                               \
+  X(strerror_covers_every_code)                                                              \
+  X(controller_matches_and_orders)                                                           \
+  X(controller_mismatch_messages)                                                            \
+  X(controller_join_and_shutdown)
+
+#define DECLARE(name) void test_##name(void);
+UNIT_TESTS(DECLARE)
+#define ENTRY(name) {#name, test_##name},
+static const struct test_case tests[] = {UNIT_TESTS(ENTRY)};
+
+int main(int argc, char **argv) {
+  /* volatile: these live across longjmp. */
+  volatile int passed = 0, failed = 0, skipped = 0;
+  for (volatile size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+    if (argc > 1 && !strstr(tests[i].name, argv[1])) {
+      continue;
+    }
+    test_skipped = 0;
+    test_why[0] = '\0';
+    if (setjmp(test_jump) == 0) {
+      tests[i].fn();
+      printf("PASS unit/%s\n", tests[i].name);
+      passed++;
+    } else if (test_skipped) {
+      printf("SKIP unit/%s: %s\n", tests[i].name, test_why);
+      skipped++;
+    } else {
+      printf("FAIL unit/%s: %s\n", tests[i].name, test_why);
+      failed++;
+    }
+    fflush(stdout);
+  }
+  printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,197 @@
+/* Control messages: round trips, and rejection of every kind of malformed
+ * input without side effects. */
+#include <stdlib.h>
+
+#include "../../comm/comm.h"
+#include "../../runtime/message.h"
+#include "../runner.h"
+
+struct collected {
+  int n;
+  struct hora__op_meta meta[8];
+  char keys[8][HORA_KEY_MAX + 1];
+};
+
+static int collect(void *arg, const struct hora__wire_request *req) {
+  struct collected *c = arg;
+  c->meta[c->n] = req->meta;
+  memcpy(c->keys[c->n], req->key, req->key_len);
+  c->keys[c->n][req->key_len] = '\0';
+  c->n++;
+  return HORA_SUCCESS;
+}
+
+static void encode_two(struct hora__wbuf *w) {
+  struct hora__op_meta m1 = {HORA_KIND_ALLREDUCE, HORA_FLOAT32, HORA_SUM, 0, -1, 1000};
+  struct hora__op_meta m2 = {HORA_KIND_BROADCAST, HORA_INT64, 0, 0, 3, 7};
+  hora__encode_requests_begin(w);
+  hora__encode_request(w, &m1, "Ngrad/layer1", 12);
+  hora__encode_request(w, &m2, "U17", 3);
+  hora__encode_requests_end(w, 2);
+}
+
+TEST(message_requests_roundtrip) {
+  struct hora__wbuf w = {0};
+  encode_two(&w);
+  struct collected c = {0};
+  ASSERT(hora__decode_requests(w.data, w.len, collect, &c) == HORA_SUCCESS);
+  ASSERT_EQ_INT(c.n, 2);
+  ASSERT(strcmp(c.keys[0], "Ngrad/layer1") == 0 && strcmp(c.keys[1], "U17") == 0);
+  ASSERT(c.meta[0].count == 1000 && c.meta[0].dtype == HORA_FLOAT32);
+  ASSERT(c.meta[1].root == 3 && c.meta[1].kind == HORA_KIND_BROADCAST);
+  hora__wbuf_free(&w);
+}
+
+TEST(message_requests_reject_malformed) {
+  struct hora__wbuf w = {0};
+  encode_two(&w);
+  /* Every truncation fails, and no request is delivered. */
+  for (size_t n = 0; n < w.len; n++) {
+    struct collected c = {0};
+    ASSERT(hora__decode_requests(w.data, n, collect, &c) == HORA_ERR_INVALID_ARG);
+    ASSERT_EQ_INT(c.n, 0);
+  }
+  /* Every single-byte corruption either decodes to valid requests or fails
+   * cleanly; valid ones only ever carry valid fields. */
+  for (size_t i = 0; i < w.len; i++) {
+    for (int bit = 0; bit < 8; bit++) {
+      uint8_t *copy = malloc(w.len);
+      memcpy(copy, w.data, w.len);
+      copy[i] ^= (uint8_t)(1 << bit);
+      struct collected c = {0};
+      int rc = hora__decode_requests(copy, w.len, collect, &c);
+      if (rc == HORA_SUCCESS) {
+        for (int k = 0; k < c.n; k++) {
+          ASSERT(c.meta[k].kind <= HORA_KIND_SHUTDOWN);
+          ASSERT(c.meta[k].dtype <= HORA_FLOAT64 && c.meta[k].op <= HORA_PRODUCT);
+        }
+      } else {
+        ASSERT_EQ_INT(c.n, 0);
+      }
+      free(copy);
+    }
+  }
+  /* A huge claimed count with no bytes behind it. */
+  uint8_t huge[4] = {0xff, 0xff, 0xff, 0xff};
+  struct collected c = {0};
+  ASSERT(hora__decode_requests(huge, 4, collect, &c) == HORA_ERR_INVALID_ARG);
+  /* Trailing garbage. */
+  uint8_t *longer = malloc(w.len + 1);
+  memcpy(longer, w.data, w.len);
+  longer[w.len] = 0;
+  ASSERT(hora__decode_requests(longer, w.len + 1, collect, &c) == HORA_ERR_INVALID_ARG);
+  free(longer);
+  hora__wbuf_free(&w);
+}
+
+static struct hora__response *sample_responses(void) {
+  struct hora__response *a = hora__response_new(HORA_KIND_ALLREDUCE, 2);
+  a->dtype = HORA_BFLOAT16;
+  a->op = HORA_AVERAGE;
+  hora__response_set_tensor(a, 0, "Na", 2, 5);
+  hora__response_set_tensor(a, 1, "Nbb", 3, 1ull << 33);
+  struct hora__response *e = hora__response_new(HORA_KIND_ERROR, 1);
+  e->error_code = HORA_ERR_MISMATCH;
+  e->error_msg = strdup("allreduce 'x': rank 0 sent 10 elements, rank 1 sent 11");
+  hora__response_set_tensor(e, 0, "Nx", 2, 0);
+  struct hora__response *j = hora__response_new(HORA_KIND_JOIN, 0);
+  j->last_joined = 3;
+  a->next = e;
+  e->next = j;
+  return a;
+}
+
+static void free_list(struct hora__response *r) {
+  while (r) {
+    struct hora__response *n = r->next;
+    hora__response_free(r);
+    r = n;
+  }
+}
+
+TEST(message_responses_roundtrip) {
+  struct hora__response *list = sample_responses();
+  struct hora__response *v[3] = {list, list->next, list->next->next};
+  struct hora__wbuf w = {0};
+  hora__encode_responses(&w, v, 3);
+  struct hora__response *head = NULL, **tail = &head;
+  ASSERT(hora__decode_responses(w.data, w.len, &tail) == HORA_SUCCESS);
+  ASSERT(head && head->next && head->next->next && !head->next->next->next);
+  ASSERT(tail == &head->next->next->next);
+  ASSERT(head->kind == HORA_KIND_ALLREDUCE && head->ntensors == 2 && head->op == HORA_AVERAGE);
+  ASSERT(head->tensors[1].count == 1ull << 33 && strcmp(head->tensors[1].key, "Nbb") == 0);
+  ASSERT(head->next->error_code == HORA_ERR_MISMATCH);
+  ASSERT_STR_CONTAINS(head->next->error_msg, "rank 1 sent 11");
+  ASSERT_EQ_INT(head->next->next->last_joined, 3);
+  free_list(head);
+  free_list(list);
+  hora__wbuf_free(&w);
+}
+
+TEST(message_responses_reject_malformed) {
+  struct hora__response *list = sample_responses();
+  struct hora__response *v[3] = {list, list->next, list->next->next};
+  struct hora__wbuf w = {0};
+  hora__encode_responses(&w, v, 3);
+  for (size_t n = 0; n < w.len; n++) {
+    struct hora__response *head = NULL, **tail = &head;
+    ASSERT(hora__decode_responses(w.data, n, &tail) == HORA_ERR_INVALID_ARG);
+    ASSERT(head == NULL);
+  }
+  for (size_t i = 0; i < w.len; i++) {
+    uint8_t *copy = malloc(w.len);
+    memcpy(copy, w.data, w.len);
+    copy[i] ^= 0xa5;
+    struct hora__response *head = NULL, **tail = &head;
+    if (hora__decode_responses(copy, w.len, &tail) == HORA_SUCCESS) {
+      for (struct hora__response *r = head; r; r = r->next) {
+        ASSERT(r->kind < HORA_KIND_COUNT_ && r->error_code < HORA_RESULT_COUNT_);
+      }
+      free_list(head);
+    } else {
+      ASSERT(head == NULL);
+    }
+    free(copy);
+  }
+  free_list(list);
+  hora__wbuf_free(&w);
+}
+
+TEST(message_abort_roundtrip) {
+  struct hora__wbuf w = {0};
+  hora__encode_abort(&w, 5, HORA_ERR_PEER_LOST, "lost rank 5 (host h1, pid 99)");
+  int origin, code;
+  char msg[128];
+  ASSERT(hora__decode_abort(w.data, w.len, &origin, &code, msg, sizeof(msg)) == HORA_SUCCESS);
+  ASSERT(origin == 5 && code == HORA_ERR_PEER_LOST && strcmp(msg, "lost rank 5 (host h1, pid 99)") == 0);
+  char small[8];
+  ASSERT(hora__decode_abort(w.data, w.len, &origin, &code, small, sizeof(small)) == HORA_SUCCESS);
+  ASSERT(strlen(small) == 7);
+  ASSERT(hora__decode_abort(w.data, w.len - 1, &origin, &code, msg, sizeof(msg)) == HORA_ERR_INVALID_ARG);
+  w.data[4] = 0; /* code 0 is not an error */
+  w.data[5] = 0;
+  ASSERT(hora__decode_abort(w.data, w.len, &origin, &code, msg, sizeof(msg)) == HORA_ERR_INVALID_ARG);
+  hora__wbuf_free(&w);
+}
+
+TEST(hello_checks_secret_and_rank) {
+  uint8_t secret[HORA_SECRET_LEN];
+  for (int i = 0; i < HORA_SECRET_LEN; i++) {
+    secret[i] = (uint8_t)(i * 7 + 1);
+  }
+  struct hora__hello h = {.magic = HORA_HELLO_MAGIC, .version = HORA_HELLO_VERSION,
+                          .kind = HORA_CONN_DATA, .rank = 3, .size = 8};
+  memcpy(h.secret, secret, sizeof(secret));
+  uint8_t wire[HORA_HELLO_WIRE_SIZE];
+  hora__hello_encode(&h, wire);
+  struct hora__hello out;
+  ASSERT(hora__hello_decode(wire, secret, 8, &out) == HORA_SUCCESS);
+  ASSERT(out.rank == 3 && out.kind == HORA_CONN_DATA);
+  ASSERT(hora__hello_decode(wire, secret, 4, &out) == HORA_ERR_INVALID_ARG); /* other job size */
+  wire[20] ^= 1;
+  ASSERT(hora__hello_decode(wire, secret, 8, &out) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "secret");
+  wire[20] ^= 1;
+  wire[0] = 'G'; /* e.g. an HTTP client */
+  ASSERT(hora__hello_decode(wire, secret, 8, &out) == HORA_ERR_INVALID_ARG);
+}

@@ -1,0 +1,276 @@
+/* Reduction kernels and fp16/bf16 conversions against independent
+ * references: every half pattern, the compiler's own _Float16 conversion,
+ * the scalar reference kernel, and hand-picked edge values. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "../../comm/half.h"
+#include "../../comm/reduce.h"
+#include "../runner.h"
+
+static uint64_t rng_state = 88172645463325252ull;
+static uint64_t rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+
+TEST(half_roundtrip_exhaustive) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = hora__f16_to_f32((uint16_t)h);
+    uint16_t back = hora__f32_to_f16(f);
+    bool nan = ((h >> 10) & 0x1f) == 0x1f && (h & 0x3ff);
+    if (nan) {
+      ASSERT(isnan(f));
+      ASSERT(((back >> 10) & 0x1f) == 0x1f && (back & 0x3ff));
+    } else if (back != h) {
+      FAIL("half 0x%04x -> %a -> 0x%04x", h, (double)f, back);
+    }
+  }
+}
+
+TEST(half_rounding) {
+#ifdef __FLT16_MAX__
+  /* The compiler's conversion (libgcc) is correctly rounded: compare with it
+   * on random floats across the whole half range, subnormals included. */
+  for (int i = 0; i < 2000000; i++) {
+    uint32_t bits = (uint32_t)rnd();
+    /* Bias towards exponents near the half range. */
+    uint32_t exp = 96 + (uint32_t)(rnd() % 50);
+    bits = (bits & 0x807fffffu) | (exp << 23);
+    float f = hora__f32_from_bits(bits);
+    _Float16 ref = (_Float16)f;
+    uint16_t rbits;
+    memcpy(&rbits, &ref, 2);
+    uint16_t got = hora__f32_to_f16(f);
+    if (got != rbits) {
+      FAIL("float %a: got half 0x%04x, compiler says 0x%04x", (double)f, got, rbits);
+    }
+  }
+#endif
+  /* Hand-checked values: ties go to even, overflow to infinity. */
+  ASSERT_EQ_INT(hora__f32_to_f16(1.0f), 0x3c00);
+  ASSERT_EQ_INT(hora__f32_to_f16(65504.0f), 0x7bff);
+  ASSERT_EQ_INT(hora__f32_to_f16(65519.0f), 0x7bff);
+  ASSERT_EQ_INT(hora__f32_to_f16(65520.0f), 0x7c00);
+  ASSERT_EQ_INT(hora__f32_to_f16(1e10f), 0x7c00);
+  ASSERT_EQ_INT(hora__f32_to_f16(-INFINITY), 0xfc00);
+  ASSERT_EQ_INT(hora__f32_to_f16(0x1p-24f), 0x0001);
+  ASSERT_EQ_INT(hora__f32_to_f16(0x1p-25f), 0x0000);     /* tie to even: 0 */
+  ASSERT_EQ_INT(hora__f32_to_f16(0x1.8p-24f), 0x0002);   /* tie to even: 2 */
+  ASSERT_EQ_INT(hora__f32_to_f16(1.0f + 0x1p-11f), 0x3c00); /* tie to even */
+  ASSERT_EQ_INT(hora__f32_to_f16(-0.0f), 0x8000);
+}
+
+static uint16_t bf16_reference(float f) {
+  uint32_t u = hora__f32_bits(f);
+  if (isnan(f)) {
+    return (uint16_t)((u >> 16) | 0x40);
+  }
+  uint32_t upper = u >> 16, lower = u & 0xffff;
+  if (lower > 0x8000 || (lower == 0x8000 && (upper & 1))) {
+    upper++;
+  }
+  return (uint16_t)upper;
+}
+
+TEST(bf16_conversion) {
+  for (int i = 0; i < 2000000; i++) {
+    float f = hora__f32_from_bits((uint32_t)rnd());
+    uint16_t got = hora__f32_to_bf16(f);
+    uint16_t want = bf16_reference(f);
+    if (isnan(f)) {
+      ASSERT(isnan(hora__bf16_to_f32(got)));
+    } else if (got != want) {
+      FAIL("float %a: bf16 0x%04x, expected 0x%04x", (double)f, got, want);
+    }
+  }
+  for (uint32_t b = 0; b < 65536; b++) {
+    float f = hora__bf16_to_f32((uint16_t)b);
+    if (!isnan(f)) {
+      ASSERT_EQ_INT(hora__f32_to_bf16(f), b);
+    }
+  }
+  ASSERT_EQ_INT(hora__f32_to_bf16(INFINITY), 0x7f80);
+  ASSERT_EQ_INT(hora__f32_to_bf16(FLT_MAX), 0x7f80); /* rounds up to infinity */
+}
+
+static bool same_value(hora_dtype dt, const void *a, const void *b, size_t i) {
+  size_t es = hora_dtype_size(dt);
+  const uint8_t *pa = (const uint8_t *)a + i * es, *pb = (const uint8_t *)b + i * es;
+  if (dt == HORA_FLOAT32) {
+    float x, y;
+    memcpy(&x, pa, 4);
+    memcpy(&y, pb, 4);
+    if (isnan(x) || isnan(y)) {
+      return isnan(x) && isnan(y);
+    }
+  } else if (dt == HORA_FLOAT64) {
+    double x, y;
+    memcpy(&x, pa, 8);
+    memcpy(&y, pb, 8);
+    if (isnan(x) || isnan(y)) {
+      return isnan(x) && isnan(y);
+    }
+  } else if (dt == HORA_FLOAT16 || dt == HORA_BFLOAT16) {
+    uint16_t x, y;
+    memcpy(&x, pa, 2);
+    memcpy(&y, pb, 2);
+    float fx = dt == HORA_FLOAT16 ? hora__f16_to_f32(x) : hora__bf16_to_f32(x);
+    float fy = dt == HORA_FLOAT16 ? hora__f16_to_f32(y) : hora__bf16_to_f32(y);
+    if (isnan(fx) || isnan(fy)) {
+      return isnan(fx) && isnan(fy);
+    }
+  }
+  return memcmp(pa, pb, es) == 0;
+}
+
+static void fill_random(hora_dtype dt, void *p, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t r = rnd();
+    switch (dt) {
+      case HORA_FLOAT32: ((float *)p)[i] = (float)((double)(int64_t)(r % 2000001) - 1e6) / 997.0f; break;
+      case HORA_FLOAT64: ((double *)p)[i] = ((double)(int64_t)(r % 2000001) - 1e6) / 997.0; break;
+      case HORA_FLOAT16: ((uint16_t *)p)[i] = hora__f32_to_f16((float)((int)(r % 2001) - 1000) / 7.0f); break;
+      case HORA_BFLOAT16: ((uint16_t *)p)[i] = hora__f32_to_bf16((float)((int)(r % 2001) - 1000) / 7.0f); break;
+      default: memcpy((uint8_t *)p + i * hora_dtype_size(dt), &r, hora_dtype_size(dt)); break;
+    }
+  }
+}
+
+TEST(reduce_matches_reference) {
+  enum { N = 1037 };
+  static uint8_t a[N * 8], b[N * 8], got[N * 8], want[N * 8];
+  for (int dt = HORA_UINT8; dt <= HORA_FLOAT64; dt++) {
+    for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
+      for (size_t n = 1; n <= N; n = n < 40 ? n + 1 : n * 3 + 1) {
+        size_t m = HORA_MIN(n, (size_t)N);
+        fill_random((hora_dtype)dt, a, m);
+        fill_random((hora_dtype)dt, b, m);
+        hora__reduce((hora_dtype)dt, (hora_op)op, got, a, b, m);
+        hora__reduce_reference((hora_dtype)dt, (hora_op)op, want, a, b, m);
+        for (size_t i = 0; i < m; i++) {
+          if (!same_value((hora_dtype)dt, got, want, i)) {
+            FAIL("%s %s n=%zu: element %zu differs from the reference", hora_dtype_name((hora_dtype)dt),
+                 hora_op_name((hora_op)op), m, i);
+          }
+        }
+      }
+    }
+  }
+}
+
+/* Every pair of special values, for every float dtype and op, against the
+ * reference; then the facts that matter spelled out. */
+TEST(reduce_nan_inf_and_edges) {
+  const double specials[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 1.0, -1.0, 65504.0, -65504.0,
+                             FLT_MAX, -FLT_MAX, FLT_MIN, 1e-40, DBL_MAX, 0x1p-24, 3.0};
+  enum { S = sizeof(specials) / sizeof(specials[0]) };
+  uint8_t a[S * S * 8], b[S * S * 8], got[S * S * 8], want[S * S * 8];
+  for (int dt = HORA_FLOAT16; dt <= HORA_FLOAT64; dt++) {
+    for (int i = 0; i < S; i++) {
+      for (int j = 0; j < S; j++) {
+        size_t k = (size_t)(i * S + j);
+        switch (dt) {
+          case HORA_FLOAT16:
+            ((uint16_t *)a)[k] = hora__f32_to_f16((float)specials[i]);
+            ((uint16_t *)b)[k] = hora__f32_to_f16((float)specials[j]);
+            break;
+          case HORA_BFLOAT16:
+            ((uint16_t *)a)[k] = hora__f32_to_bf16((float)specials[i]);
+            ((uint16_t *)b)[k] = hora__f32_to_bf16((float)specials[j]);
+            break;
+          case HORA_FLOAT32:
+            ((float *)a)[k] = (float)specials[i];
+            ((float *)b)[k] = (float)specials[j];
+            break;
+          default:
+            ((double *)a)[k] = specials[i];
+            ((double *)b)[k] = specials[j];
+            break;
+        }
+      }
+    }
+    for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
+      hora__reduce((hora_dtype)dt, (hora_op)op, got, a, b, S * S);
+      hora__reduce_reference((hora_dtype)dt, (hora_op)op, want, a, b, S * S);
+      for (size_t k = 0; k < S * S; k++) {
+        if (!same_value((hora_dtype)dt, got, want, k)) {
+          FAIL("%s %s: %g (op) %g differs from the reference", hora_dtype_name((hora_dtype)dt),
+               hora_op_name((hora_op)op), specials[k / S], specials[k % S]);
+        }
+      }
+    }
+  }
+  float x[3] = {NAN, 1.0f, INFINITY}, y[3] = {1.0f, NAN, -INFINITY}, r[3];
+  hora__reduce(HORA_FLOAT32, HORA_MIN, r, x, y, 3);
+  ASSERT(isnan(r[0]) && isnan(r[1]) && r[2] == -INFINITY);
+  hora__reduce(HORA_FLOAT32, HORA_MAX, r, x, y, 3);
+  ASSERT(isnan(r[0]) && isnan(r[1]) && r[2] == INFINITY);
+  hora__reduce(HORA_FLOAT32, HORA_SUM, r, x, y, 3);
+  ASSERT(isnan(r[2])); /* inf + -inf */
+  uint16_t h1 = hora__f32_to_f16(65504.0f), hr;
+  hora__reduce(HORA_FLOAT16, HORA_SUM, &hr, &h1, &h1, 1);
+  ASSERT_EQ_INT(hr, 0x7c00); /* overflow to +inf */
+  int32_t i1 = INT32_MAX, i2 = 1, ir;
+  hora__reduce(HORA_INT32, HORA_SUM, &ir, &i1, &i2, 1);
+  ASSERT_EQ_INT(ir, INT32_MIN); /* wraps, no undefined behaviour */
+  int64_t l1 = INT64_MIN, l2 = -1, lr;
+  hora__reduce(HORA_INT64, HORA_PRODUCT, &lr, &l1, &l2, 1);
+  ASSERT(lr == INT64_MIN);
+  int8_t c1 = -128, c2 = 127, cr;
+  hora__reduce(HORA_INT8, HORA_MIN, &cr, &c1, &c2, 1);
+  ASSERT_EQ_INT(cr, -128);
+  hora__reduce(HORA_INT8, HORA_SUM, &cr, &c1, &c2, 1);
+  ASSERT_EQ_INT(cr, -1);
+  uint8_t u1 = 200, u2 = 100, ur;
+  hora__reduce(HORA_UINT8, HORA_SUM, &ur, &u1, &u2, 1);
+  ASSERT_EQ_INT(ur, 44);
+  hora__reduce(HORA_UINT8, HORA_MAX, &ur, &u1, &u2, 1);
+  ASSERT_EQ_INT(ur, 200);
+}
+
+TEST(reduce_in_place_aliasing) {
+  enum { N = 333 };
+  double a[N], b[N], want[N];
+  for (int i = 0; i < N; i++) {
+    a[i] = i * 0.5;
+    b[i] = 100 - i;
+    want[i] = a[i] + b[i];
+  }
+  double a2[N];
+  memcpy(a2, a, sizeof(a));
+  hora__reduce(HORA_FLOAT64, HORA_SUM, a2, a2, b, N); /* dst == a */
+  ASSERT(memcmp(a2, want, sizeof(want)) == 0);
+  double b2[N];
+  memcpy(b2, b, sizeof(b));
+  hora__reduce(HORA_FLOAT64, HORA_SUM, b2, a, b2, N); /* dst == b */
+  ASSERT(memcmp(b2, want, sizeof(want)) == 0);
+}
+
+TEST(divide_and_scale) {
+  int32_t iv[4] = {-7, 7, -8, 9};
+  hora__divide(HORA_INT32, iv, 4, 2);
+  ASSERT(iv[0] == -3 && iv[1] == 3 && iv[2] == -4 && iv[3] == 4); /* toward zero */
+  int8_t cv[2] = {-127, 127};
+  hora__divide(HORA_INT8, cv, 2, 16);
+  ASSERT(cv[0] == -7 && cv[1] == 7);
+  float fv[2] = {10.0f, -3.0f};
+  hora__divide(HORA_FLOAT32, fv, 2, 4);
+  ASSERT(fv[0] == 2.5f && fv[1] == -0.75f);
+  uint16_t hv = hora__f32_to_f16(3.0f);
+  hora__divide(HORA_FLOAT16, &hv, 1, 2);
+  ASSERT(hora__f16_to_f32(hv) == 1.5f);
+  uint16_t bv = hora__f32_to_bf16(3.0f);
+  hora__divide(HORA_BFLOAT16, &bv, 1, 4);
+  ASSERT(hora__bf16_to_f32(bv) == 0.75f);
+  double dv = 3.0;
+  hora__scale(HORA_FLOAT64, &dv, 1, 0.25);
+  ASSERT(dv == 0.75);
+  int64_t lv = 5;
+  hora__scale(HORA_INT64, &lv, 1, 0.5);
+  ASSERT_EQ_INT(lv, 3); /* 2.5 rounds away from zero */
+}

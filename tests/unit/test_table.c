@@ -1,0 +1,179 @@
+/* The hash table, the result-code table, and the rank-0 controller driven
+ * directly, without processes. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../../runtime/negotiate.h"
+#include "../../runtime/table.h"
+#include "../runner.h"
+
+TEST(table_put_get_remove_grow) {
+  struct hora__table t = {0};
+  char key[32];
+  for (int i = 0; i < 5000; i++) {
+    int n = snprintf(key, sizeof(key), "k%d", i);
+    ASSERT(hora__table_put(&t, key, (size_t)n, (void *)(intptr_t)(i + 1)) == HORA_SUCCESS);
+  }
+  ASSERT_EQ_INT(t.count, 5000);
+  for (int i = 0; i < 5000; i += 2) {
+    int n = snprintf(key, sizeof(key), "k%d", i);
+    ASSERT((intptr_t)hora__table_remove(&t, key, (size_t)n) == i + 1);
+  }
+  for (int i = 0; i < 5000; i++) {
+    int n = snprintf(key, sizeof(key), "k%d", i);
+    void *v = hora__table_get(&t, key, (size_t)n);
+    ASSERT(i % 2 ? (intptr_t)v == i + 1 : v == NULL);
+  }
+  ASSERT(hora__table_remove(&t, "nope", 4) == NULL);
+  ASSERT(hora__table_put(&t, "k1", 2, (void *)7) == HORA_SUCCESS); /* replace */
+  ASSERT((intptr_t)hora__table_get(&t, "k1", 2) == 7);
+  ASSERT_EQ_INT(t.count, 2500);
+  hora__table_free(&t);
+}
+
+TEST(strerror_covers_every_code) {
+  const int codes[] = {HORA_SUCCESS,        HORA_ERR_INVALID_ARG, HORA_ERR_INVALID_USAGE,
+                       HORA_ERR_MISMATCH,   HORA_ERR_NO_MEMORY,   HORA_ERR_SYSTEM,
+                       HORA_ERR_PEER_LOST,  HORA_ERR_TIMEOUT,     HORA_ERR_ABORTED,
+                       HORA_ERR_NOT_SUPPORTED};
+  for (int i = 0; i < (int)(sizeof(codes) / sizeof(codes[0])); i++) {
+    ASSERT_EQ_INT(codes[i], i); /* the order API.md fixes */
+    const char *s = hora_strerror(codes[i]);
+    ASSERT(s && s[0] && strcmp(s, "unknown result") != 0);
+    for (int j = 0; j < i; j++) {
+      ASSERT(strcmp(s, hora_strerror(codes[j])) != 0);
+    }
+  }
+  ASSERT(strcmp(hora_strerror(-1), "unknown result") == 0);
+  ASSERT(strcmp(hora_strerror(HORA_RESULT_COUNT_), "unknown result") == 0);
+  ASSERT(strcmp(hora_dtype_name(HORA_BFLOAT16), "bfloat16") == 0);
+  ASSERT(strcmp(hora_op_name((hora_op)99), "unknown") == 0);
+  ASSERT_EQ_INT(hora_dtype_size(HORA_FLOAT16), 2);
+  ASSERT_EQ_INT(hora_dtype_size((hora_dtype)42), 0);
+}
+
+static int submit(struct hora__controller *c, int rank, uint8_t kind, const char *key, uint64_t count,
+                  uint8_t dtype, uint8_t op, int root) {
+  struct hora__wire_request r = {.meta = {kind, dtype, op, 0, root, count}, .key = key,
+                                 .key_len = strlen(key)};
+  return hora__controller_submit(c, rank, &r);
+}
+
+static struct hora__response *take_all(struct hora__controller *c) {
+  struct hora__response *head = NULL, **tail = &head;
+  hora__controller_take(c, &tail);
+  return head;
+}
+
+static void free_list(struct hora__response *r) {
+  while (r) {
+    struct hora__response *n = r->next;
+    hora__response_free(r);
+    r = n;
+  }
+}
+
+TEST(controller_matches_and_orders) {
+  struct hora__controller *c;
+  ASSERT(hora__controller_create(3, &c) == HORA_SUCCESS);
+  /* Ranks submit a, b in different orders; b completes first. */
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Na", 4, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 1, HORA_KIND_ALLREDUCE, "Nb", 2, HORA_INT32, HORA_MAX, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Nb", 2, HORA_INT32, HORA_MAX, -1) == 0);
+  ASSERT(!hora__controller_has_ready(c));
+  ASSERT_EQ_INT(hora__controller_pending(c), 2);
+  ASSERT(submit(c, 2, HORA_KIND_ALLREDUCE, "Nb", 2, HORA_INT32, HORA_MAX, -1) == 0);
+  ASSERT(submit(c, 2, HORA_KIND_ALLREDUCE, "Na", 4, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 1, HORA_KIND_ALLREDUCE, "Na", 4, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  struct hora__response *r = take_all(c);
+  ASSERT(r && r->next && !r->next->next);
+  ASSERT(strcmp(r->tensors[0].key, "Nb") == 0 && r->op == HORA_MAX && r->dtype == HORA_INT32);
+  ASSERT(strcmp(r->next->tensors[0].key, "Na") == 0 && r->next->tensors[0].count == 4);
+  ASSERT_EQ_INT(hora__controller_pending(c), 0);
+  free_list(r);
+  /* The same name can be used again once done. */
+  for (int rank = 0; rank < 3; rank++) {
+    ASSERT(submit(c, rank, HORA_KIND_BROADCAST, "Na", 9, HORA_UINT8, 0, 2) == 0);
+  }
+  r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_BROADCAST && r->root == 2);
+  free_list(r);
+  hora__controller_destroy(c);
+}
+
+TEST(controller_mismatch_messages) {
+  struct {
+    uint8_t kind, dtype, op;
+    uint64_t count;
+    int root;
+    const char *expect;
+  } cases[] = {
+      {HORA_KIND_ALLREDUCE, HORA_FLOAT32, HORA_SUM, 11, -1, "rank 0 sent 10 elements, rank 1 sent 11"},
+      {HORA_KIND_ALLREDUCE, HORA_FLOAT64, HORA_SUM, 10, -1, "rank 0 sent float32, rank 1 sent float64"},
+      {HORA_KIND_ALLREDUCE, HORA_FLOAT32, HORA_MAX, 10, -1, "rank 0 asked for sum, rank 1 for max"},
+      {HORA_KIND_BROADCAST, HORA_FLOAT32, 0, 10, 0, "rank 0 submitted allreduce, rank 1 broadcast"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct hora__controller *c;
+    ASSERT(hora__controller_create(2, &c) == HORA_SUCCESS);
+    ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Ngrad", 10, HORA_FLOAT32, HORA_SUM, -1) == 0);
+    ASSERT(submit(c, 1, cases[i].kind, "Ngrad", cases[i].count, cases[i].dtype, cases[i].op,
+                  cases[i].root) == 0);
+    struct hora__response *r = take_all(c);
+    ASSERT(r && r->kind == HORA_KIND_ERROR && r->error_code == HORA_ERR_MISMATCH);
+    ASSERT_STR_CONTAINS(r->error_msg, cases[i].expect);
+    ASSERT_STR_CONTAINS(r->error_msg, "'grad'");
+    free_list(r);
+    hora__controller_destroy(c);
+  }
+  struct hora__controller *c;
+  ASSERT(hora__controller_create(2, &c) == HORA_SUCCESS);
+  ASSERT(submit(c, 0, HORA_KIND_BROADCAST, "Nw", 3, HORA_INT8, 0, 0) == 0);
+  ASSERT(submit(c, 1, HORA_KIND_BROADCAST, "Nw", 3, HORA_INT8, 0, 1) == 0);
+  struct hora__response *r = take_all(c);
+  ASSERT(r && r->error_code == HORA_ERR_MISMATCH);
+  ASSERT_STR_CONTAINS(r->error_msg, "rank 0 named root 0, rank 1 root 1");
+  free_list(r);
+  hora__controller_destroy(c);
+}
+
+TEST(controller_join_and_shutdown) {
+  struct hora__controller *c;
+  ASSERT(hora__controller_create(3, &c) == HORA_SUCCESS);
+  ASSERT(submit(c, 1, HORA_KIND_JOIN, "J", 0, 0, 0, -1) == 0);
+  /* An allreduce completes without the joined rank ... */
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Ng", 5, HORA_FLOAT32, HORA_AVERAGE, -1) == 0);
+  ASSERT(!hora__controller_has_ready(c));
+  ASSERT(submit(c, 2, HORA_KIND_ALLREDUCE, "Ng", 5, HORA_FLOAT32, HORA_AVERAGE, -1) == 0);
+  struct hora__response *r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_ALLREDUCE && !r->next);
+  free_list(r);
+  /* ... a broadcast fails with a message naming the joined rank. */
+  ASSERT(submit(c, 0, HORA_KIND_BROADCAST, "Nb", 5, HORA_FLOAT32, 0, 0) == 0);
+  r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_ERROR && r->error_code == HORA_ERR_INVALID_USAGE);
+  ASSERT_STR_CONTAINS(r->error_msg, "rank(s) 1");
+  free_list(r);
+  /* Last to join is reported, and the state resets for the next epoch. */
+  ASSERT(submit(c, 2, HORA_KIND_JOIN, "J", 0, 0, 0, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_JOIN, "J", 0, 0, 0, -1) == 0);
+  r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_JOIN && r->last_joined == 0);
+  free_list(r);
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Ng", 5, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 2, HORA_KIND_ALLREDUCE, "Ng", 5, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(!hora__controller_has_ready(c)); /* rank 1 is no longer joined */
+  /* Rank 1 finalizes without submitting Ng: Ng fails at once. */
+  ASSERT(submit(c, 1, HORA_KIND_SHUTDOWN, "S", 0, 0, 0, -1) == 0);
+  r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_ERROR && r->error_code == HORA_ERR_ABORTED);
+  ASSERT_STR_CONTAINS(r->error_msg, "rank 1 called hora_finalize");
+  free_list(r);
+  ASSERT(submit(c, 0, HORA_KIND_SHUTDOWN, "S", 0, 0, 0, -1) == 0);
+  ASSERT(!hora__controller_has_ready(c));
+  ASSERT(submit(c, 2, HORA_KIND_SHUTDOWN, "S", 0, 0, 0, -1) == 0);
+  r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_SHUTDOWN);
+  free_list(r);
+  hora__controller_destroy(c);
+}
