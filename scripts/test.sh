@@ -1,0 +1,63 @@
+#!/bin/sh
+# The whole test suite, from a checkout that has never been built:
+#   1. installs the Debian packages (scripts/install-deps.sh)
+#   2. builds in the source tree and runs `make check`
+#   3. builds a copy with AddressSanitizer + UBSan and runs `make check`
+#   4. builds a copy with ThreadSanitizer and runs the threaded tests
+# and ends with one line: N passed, N failed, N skipped.
+#
+# usage: scripts/test.sh [--quick]    (--quick: step 2 only)
+set -u
+src=$(cd "$(dirname "$0")/.." && pwd)
+cd "$src"
+quick=no
+[ "${1:-}" = --quick ] && quick=yes
+
+scripts/install-deps.sh || exit 1
+summary=$(mktemp)
+trap 'rm -f "$summary"' EXIT
+status=0
+
+note() { printf '\n==== %s\n' "$*"; }
+
+# The plain build lives in the source tree, as the README builds it.
+note "plain build: $src"
+if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt Makefile.in ]; then
+  ./autogen.sh >/dev/null 2>&1 || { echo "autogen.sh failed"; exit 1; }
+fi
+if [ ! -f Makefile ] || [ configure -nt config.status ]; then
+  ./configure >/dev/null || { echo "configure failed (see config.log)"; exit 1; }
+fi
+make -j2 >/dev/null || { echo "make failed"; make 2>&1 | tail -30; exit 1; }
+HORA_TEST_SUMMARY=$summary make check || status=1
+
+# Sanitizer builds work on a copy: a source tree configured in place cannot
+# also host out-of-tree builds.
+copy_tree() {
+  rm -rf "$1" && mkdir -p "$1"
+  if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+    git -C "$src" ls-files -z --cached --others --exclude-standard |
+      (cd "$src" && xargs -0 cp --parents -t "$1")
+  else
+    (cd "$src" && tar cf - --exclude=./build --exclude=./.git .) | (cd "$1" && tar xf -)
+  fi
+}
+
+sanitized() { # dir, configure flag, then environment settings for make check
+  dir=$1 flag=$2
+  shift 2
+  note "sanitizer build ($flag): $dir"
+  copy_tree "$dir"
+  (cd "$dir" && ./autogen.sh >/dev/null 2>&1 && ./configure "$flag" >/dev/null &&
+     make -j2 >/dev/null) || { echo "FAIL build with $flag"; echo "0 1 0" >>"$summary"; status=1; return; }
+  (cd "$dir" && env HORA_TEST_SUMMARY="$summary" "$@" make check) || status=1
+}
+
+if [ "$quick" = no ]; then
+  sanitized "$src/build/asan" --enable-sanitizers HORA_TEST_NPS="1 2 4 16"
+  sanitized "$src/build/tsan" --enable-sanitizers=thread HORA_TEST_NPS="1 2 4" \
+    HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi"
+fi
+
+awk '{p+=$1; f+=$2; s+=$3} END {printf "\n%d passed, %d failed, %d skipped\n", p, f, s}' "$summary"
+exit $status

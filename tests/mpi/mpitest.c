@@ -1,0 +1,55 @@
+#include "mpitest.h"
+
+#include <stdarg.h>
+
+int mt_rank = -1, mt_size = -1;
+static int failures_here; /* current test, this rank */
+static int failures_total;
+
+void mt_fail(const char *file, int line, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (failures_here < 20) {
+    fprintf(stderr, "  rank %d: %s:%d: %s\n", mt_rank, file, line, msg);
+  }
+  failures_here++;
+}
+
+void mt_init(void) {
+  int rc = hora_init();
+  if (rc != HORA_SUCCESS) {
+    fprintf(stderr, "hora_init failed: %s: %s\n", hora_strerror(rc), hora_last_error());
+    exit(2);
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &mt_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mt_size);
+}
+
+void mt_run(const char *name, void (*fn)(void)) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  failures_here = 0;
+  fn();
+  int all = 0;
+  MPI_Allreduce(&failures_here, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  failures_total += all;
+  if (mt_rank == 0) {
+    if (all) {
+      printf("FAIL %s (%d failed checks)\n", name, all);
+    } else {
+      printf("PASS %s\n", name);
+    }
+    fflush(stdout);
+  }
+}
+
+void mt_skip(const char *name, const char *why) {
+  if (mt_rank == 0) {
+    printf("SKIP %s: %s\n", name, why);
+    fflush(stdout);
+  }
+}
+
+int mt_total_failures(void) { return failures_total; }

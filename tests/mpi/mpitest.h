@@ -1,0 +1,67 @@
+/* Multi-rank test helpers. Each rank counts its own failures; mt_run sums
+ * them with MPI (never with hora, so a broken hora cannot hide a failure)
+ * and rank 0 prints one line per test: PASS name | FAIL name | SKIP name. */
+#ifndef HORA_MPITEST_H
+#define HORA_MPITEST_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hora.h"
+
+extern int mt_rank, mt_size;
+
+/* Record a failure of the current test on this rank (printed to stderr). */
+void mt_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#define MT_CHECK(cond, ...)                                                                  \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      mt_fail(__FILE__, __LINE__, __VA_ARGS__);                                              \
+    }                                                                                        \
+  } while (0)
+
+/* A hora call that must succeed. */
+#define MT_OK(call)                                                                          \
+  do {                                                                                       \
+    int mt_rc_ = (call);                                                                     \
+    if (mt_rc_ != HORA_SUCCESS) {                                                            \
+      mt_fail(__FILE__, __LINE__, "%s returned %s: %s", #call, hora_strerror(mt_rc_),        \
+              hora_last_error());                                                            \
+    }                                                                                        \
+  } while (0)
+
+/* A hora call that must fail with `code` and a message containing `needle`. */
+#define MT_FAILS(call, code, needle)                                                         \
+  do {                                                                                       \
+    int mt_rc_ = (call);                                                                     \
+    if (mt_rc_ != (code)) {                                                                  \
+      mt_fail(__FILE__, __LINE__, "%s returned %s (%s), expected %s", #call,                 \
+              hora_strerror(mt_rc_), hora_last_error(), hora_strerror(code));                \
+    } else if ((needle) && !strstr(hora_last_error(), (needle))) {                           \
+      mt_fail(__FILE__, __LINE__, "%s: message '%s' lacks '%s'", #call, hora_last_error(),   \
+              (needle));                                                                     \
+    }                                                                                        \
+  } while (0)
+
+/* hora_init, then MPI is usable for the bookkeeping. */
+void mt_init(void);
+/* Runs one test on every rank and prints its line on rank 0. */
+void mt_run(const char *name, void (*fn)(void));
+void mt_skip(const char *name, const char *why);
+/* Failures over all tests and ranks so far. */
+int mt_total_failures(void);
+
+/* Deterministic per-rank pattern values. */
+static inline uint64_t mt_hash(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+
+#endif

@@ -1,0 +1,349 @@
+/* Collectives end to end: every dtype x op for allreduce, in place and not,
+ * counts from 1 to several MiB; broadcast from every root; allgather;
+ * barrier; unnamed operations; names submitted in different orders; and
+ * hora_test polling. Expected values are exact by construction (small
+ * integers), computed here independently of the library. */
+#include <math.h>
+#include <unistd.h>
+
+#include "../../comm/half.h"
+#include "mpitest.h"
+
+/* Small integers, chosen per op so every result is exact in every dtype
+ * (bf16 holds integers exactly up to 256). */
+static double value(int op, hora_dtype dt, int rank, size_t i) {
+  bool unsig = dt == HORA_UINT8;
+  switch (op) {
+    case HORA_SUM:
+    case HORA_AVERAGE: {
+      int v = (int)((rank * 7 + i * 3) % 11);
+      return unsig ? v : v - 5;
+    }
+    case HORA_MIN:
+    case HORA_MAX: {
+      int v = (int)((rank * 13 + i * 5) % 23);
+      return unsig ? v : v - 11;
+    }
+    default: {
+      if ((rank + i) % 7 == 0) {
+        return 2;
+      }
+      return !unsig && (rank * 3 + i) % 5 == 0 ? -1 : 1;
+    }
+  }
+}
+
+static void store(hora_dtype dt, void *p, size_t i, double v) {
+  switch (dt) {
+    case HORA_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    case HORA_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case HORA_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case HORA_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case HORA_FLOAT16: ((uint16_t *)p)[i] = hora__f32_to_f16((float)v); break;
+    case HORA_BFLOAT16: ((uint16_t *)p)[i] = hora__f32_to_bf16((float)v); break;
+    case HORA_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case HORA_FLOAT64: ((double *)p)[i] = v; break;
+  }
+}
+
+/* The expected result, rounded the way the API defines it. */
+static void expected(hora_dtype dt, int op, size_t i, int nranks, void *out) {
+  double acc = value(op, dt, 0, i);
+  for (int r = 1; r < nranks; r++) {
+    double v = value(op, dt, r, i);
+    switch (op) {
+      case HORA_SUM:
+      case HORA_AVERAGE: acc += v; break;
+      case HORA_MIN: acc = fmin(acc, v); break;
+      case HORA_MAX: acc = fmax(acc, v); break;
+      default: acc *= v; break;
+    }
+  }
+  if (op == HORA_AVERAGE) {
+    switch (dt) {
+      case HORA_FLOAT16:
+        ((uint16_t *)out)[0] = hora__f32_to_f16((float)acc / (float)nranks);
+        return;
+      case HORA_BFLOAT16:
+        ((uint16_t *)out)[0] = hora__f32_to_bf16((float)acc / (float)nranks);
+        return;
+      case HORA_FLOAT32: ((float *)out)[0] = (float)acc / (float)nranks; return;
+      case HORA_FLOAT64: acc /= nranks; break;
+      default: acc = trunc(acc / nranks); break;
+    }
+  }
+  store(dt, out, 0, acc);
+}
+
+static const size_t counts[] = {1, 2, 3, 7, 16, 17, 1000, 65537};
+
+static void allreduce_every_dtype_and_op(void) {
+  for (int dt = HORA_UINT8; dt <= HORA_FLOAT64; dt++) {
+    size_t es = hora_dtype_size((hora_dtype)dt);
+    for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
+      for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+        size_t n = counts[c];
+        for (int in_place = 0; in_place < 2; in_place++) {
+          uint8_t *send = malloc(n * es), *recv = malloc(n * es), *want = malloc(es);
+          for (size_t i = 0; i < n; i++) {
+            store((hora_dtype)dt, send, i, value(op, (hora_dtype)dt, mt_rank, i));
+          }
+          memset(recv, 0xcd, n * es);
+          char name[96];
+          snprintf(name, sizeof(name), "ar/%s/%s/%zu/%d", hora_dtype_name((hora_dtype)dt),
+                   hora_op_name((hora_op)op), n, in_place);
+          void *dst = in_place ? send : recv;
+          MT_OK(hora_allreduce(name, send, dst, n, (hora_dtype)dt, (hora_op)op));
+          int bad = 0;
+          for (size_t i = 0; i < n && bad < 3; i++) {
+            expected((hora_dtype)dt, op, i, mt_size, want);
+            if (memcmp((uint8_t *)dst + i * es, want, es) != 0) {
+              mt_fail(__FILE__, __LINE__, "%s: element %zu is wrong", name, i);
+              bad++;
+            }
+          }
+          free(send);
+          free(recv);
+          free(want);
+        }
+      }
+    }
+  }
+}
+
+static void allreduce_large(void) {
+  /* Several MiB, crossing many pipeline chunks, float32 and int8. */
+  const size_t n = (size_t)3 << 19; /* 1.5 Mi elements = 6 MiB of float32 */
+  float *f = malloc(n * sizeof(float));
+  int8_t *c = malloc(n);
+  for (size_t i = 0; i < n; i++) {
+    f[i] = (float)((mt_rank + i) % 100);
+    c[i] = (int8_t)((mt_rank * 3 + i) % 5);
+  }
+  hora_request *r1, *r2;
+  MT_OK(hora_allreduce_async("big/f32", f, f, n, HORA_FLOAT32, HORA_SUM, &r1));
+  MT_OK(hora_allreduce_async("big/i8", c, c, n, HORA_INT8, HORA_MAX, &r2));
+  MT_OK(hora_wait(&r2));
+  MT_OK(hora_wait(&r1));
+  MT_CHECK(r1 == NULL && r2 == NULL, "hora_wait did not clear the request pointer");
+  int bad = 0;
+  for (size_t i = 0; i < n && bad < 3; i++) {
+    double s = 0;
+    int m = 0;
+    for (int r = 0; r < mt_size; r++) {
+      s += (double)((r + i) % 100);
+      m = (int)((r * 3 + i) % 5) > m ? (int)((r * 3 + i) % 5) : m;
+    }
+    if (f[i] != (float)s || c[i] != m) {
+      mt_fail(__FILE__, __LINE__, "large allreduce element %zu: %g/%d, expected %g/%d", i,
+              (double)f[i], c[i], s, m);
+      bad++;
+    }
+  }
+  free(f);
+  free(c);
+}
+
+static void allreduce_zero_count(void) {
+  MT_OK(hora_allreduce("empty", NULL, NULL, 0, HORA_FLOAT32, HORA_SUM));
+  MT_OK(hora_broadcast("empty-bcast", NULL, 0, HORA_INT32, 0));
+  MT_OK(hora_allgather("empty-gather", NULL, 0, HORA_INT64, NULL));
+}
+
+static void broadcast_from_every_root(void) {
+  const size_t sizes[] = {1, 1000, 300001};
+  for (int root = 0; root < mt_size; root++) {
+    for (size_t s = 0; s < 3; s++) {
+      hora_dtype dt = (hora_dtype)((root + (int)s) % 8);
+      size_t es = hora_dtype_size(dt), n = sizes[s];
+      uint8_t *buf = malloc(n * es);
+      for (size_t b = 0; b < n * es; b++) {
+        buf[b] = mt_rank == root ? (uint8_t)mt_hash(b * 31 + (size_t)root) : 0xee;
+      }
+      char name[64];
+      snprintf(name, sizeof(name), "bcast/%d/%zu", root, n);
+      MT_OK(hora_broadcast(name, buf, n, dt, root));
+      for (size_t b = 0; b < n * es; b++) {
+        if (buf[b] != (uint8_t)mt_hash(b * 31 + (size_t)root)) {
+          mt_fail(__FILE__, __LINE__, "%s: byte %zu differs from the root's", name, b);
+          break;
+        }
+      }
+      free(buf);
+    }
+  }
+}
+
+static void allgather_blocks(void) {
+  const size_t counts_ag[] = {1, 5, 100003};
+  for (size_t c = 0; c < 3; c++) {
+    for (int in_place = 0; in_place < 2; in_place++) {
+      size_t n = counts_ag[c];
+      int32_t *recv = malloc(n * (size_t)mt_size * sizeof(int32_t));
+      int32_t *send = in_place ? recv + (size_t)mt_rank * n : malloc(n * sizeof(int32_t));
+      for (size_t i = 0; i < n * (size_t)mt_size; i++) {
+        recv[i] = -1;
+      }
+      for (size_t i = 0; i < n; i++) {
+        send[i] = (int32_t)(mt_rank * 1000003 + (int)i);
+      }
+      char name[64];
+      snprintf(name, sizeof(name), "gather/%zu/%d", n, in_place);
+      MT_OK(hora_allgather(name, send, n, HORA_INT32, recv));
+      for (int r = 0; r < mt_size; r++) {
+        for (size_t i = 0; i < n; i++) {
+          if (recv[(size_t)r * n + i] != (int32_t)(r * 1000003 + (int)i)) {
+            mt_fail(__FILE__, __LINE__, "%s: rank %d's element %zu is wrong", name, r, i);
+            r = mt_size;
+            break;
+          }
+        }
+      }
+      if (!in_place) {
+        free(send);
+      }
+      free(recv);
+    }
+  }
+}
+
+static void barrier_waits_for_everyone(void) {
+  for (int i = 0; i < 20; i++) {
+    MT_OK(hora_barrier());
+  }
+  if (mt_size < 2) {
+    return;
+  }
+  /* The last rank arrives 300 ms late; nobody may leave before it came. */
+  double t0 = MPI_Wtime();
+  if (mt_rank == mt_size - 1) {
+    usleep(300000);
+  }
+  MT_OK(hora_barrier());
+  double waited = MPI_Wtime() - t0;
+  MT_CHECK(waited > 0.25, "rank %d left the barrier after %.3f s, before the late rank arrived",
+           mt_rank, waited);
+}
+
+static void unnamed_in_order(void) {
+  enum { N = 24 };
+  int32_t bufs[N][5];
+  hora_request *reqs[N];
+  for (int k = 0; k < N; k++) {
+    for (int i = 0; i < 5; i++) {
+      bufs[k][i] = k * 100 + mt_rank + i;
+    }
+    if (k % 3 == 2) {
+      MT_OK(hora_broadcast_async(NULL, bufs[k], 5, HORA_INT32, k % mt_size, &reqs[k]));
+    } else {
+      MT_OK(hora_allreduce_async(NULL, bufs[k], bufs[k], 5, HORA_INT32, HORA_SUM, &reqs[k]));
+    }
+  }
+  for (int k = N - 1; k >= 0; k--) {
+    MT_OK(hora_wait(&reqs[k]));
+  }
+  for (int k = 0; k < N; k++) {
+    for (int i = 0; i < 5; i++) {
+      int32_t want = k % 3 == 2 ? k * 100 + (k % mt_size) + i
+                                : mt_size * (k * 100 + i) + mt_size * (mt_size - 1) / 2;
+      MT_CHECK(bufs[k][i] == want, "unnamed op %d element %d: %d, expected %d", k, i, bufs[k][i],
+               want);
+    }
+  }
+}
+
+static void names_in_different_orders(void) {
+  enum { N = 64, LEN = 33 };
+  float bufs[N][LEN];
+  hora_request *reqs[N];
+  int order[N];
+  for (int k = 0; k < N; k++) {
+    order[k] = k;
+  }
+  /* A different permutation on every rank. */
+  uint64_t seed = 12345 + (uint64_t)mt_rank * 7919;
+  for (int k = N - 1; k > 0; k--) {
+    seed = mt_hash(seed + (uint64_t)k);
+    int j = (int)(seed % (uint64_t)(k + 1));
+    int t = order[k];
+    order[k] = order[j];
+    order[j] = t;
+  }
+  for (int idx = 0; idx < N; idx++) {
+    int k = order[idx];
+    for (int i = 0; i < LEN; i++) {
+      bufs[k][i] = (float)(k + mt_rank * i);
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "grad.%d", k);
+    MT_OK(hora_allreduce_async(name, bufs[k], bufs[k], LEN, HORA_FLOAT32, HORA_SUM, &reqs[k]));
+  }
+  for (int k = 0; k < N; k++) {
+    MT_OK(hora_wait(&reqs[k]));
+    for (int i = 0; i < LEN; i++) {
+      float want = (float)(mt_size * k + i * mt_size * (mt_size - 1) / 2);
+      MT_CHECK(bufs[k][i] == want, "grad.%d[%d] = %g, expected %g", k, i, (double)bufs[k][i],
+               (double)want);
+    }
+  }
+}
+
+static void test_polls_to_completion(void) {
+  double x[3] = {1, 2, 3};
+  hora_request *r;
+  MT_OK(hora_allreduce_async("polled", x, x, 3, HORA_FLOAT64, HORA_MAX, &r));
+  int done = 0, rc = HORA_SUCCESS, polls = 0;
+  while (!done && rc == HORA_SUCCESS) {
+    rc = hora_test(&r, &done);
+    if (!done) {
+      polls++;
+      usleep(100);
+    }
+  }
+  MT_CHECK(rc == HORA_SUCCESS && done && r == NULL, "hora_test: rc %d done %d", rc, done);
+  MT_CHECK(x[0] == 1 && x[2] == 3, "polled allreduce gave %g %g", x[0], x[2]);
+}
+
+static void ranks_match_mpi(void) {
+  MT_CHECK(hora_initialized() == 1, "hora_initialized() is not 1");
+  MT_CHECK(hora_rank() == mt_rank && hora_size() == mt_size, "rank %d/%d vs MPI %d/%d",
+           hora_rank(), hora_size(), mt_rank, mt_size);
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mt_rank, MPI_INFO_NULL, &local);
+  int lr, ls;
+  MPI_Comm_rank(local, &lr);
+  MPI_Comm_size(local, &ls);
+  MPI_Comm_free(&local);
+  MT_CHECK(hora_local_rank() == lr && hora_local_size() == ls, "local %d/%d vs MPI %d/%d",
+           hora_local_rank(), hora_local_size(), lr, ls);
+  MT_CHECK(hora_cross_rank() >= 0 && hora_cross_rank() < hora_cross_size(),
+           "cross rank %d of %d", hora_cross_rank(), hora_cross_size());
+  /* Every rank of one host reports the same host index. */
+  int idx = hora_cross_rank(), mn, mx;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mt_rank, MPI_INFO_NULL, &local);
+  MPI_Allreduce(&idx, &mn, 1, MPI_INT, MPI_MIN, local);
+  MPI_Allreduce(&idx, &mx, 1, MPI_INT, MPI_MAX, local);
+  MPI_Comm_free(&local);
+  MT_CHECK(mn == mx, "ranks of one host disagree on its index (%d vs %d)", mn, mx);
+}
+
+int main(void) {
+  mt_init();
+  mt_run("collectives/ranks_match_mpi", ranks_match_mpi);
+  mt_run("collectives/allreduce_every_dtype_and_op", allreduce_every_dtype_and_op);
+  mt_run("collectives/allreduce_large", allreduce_large);
+  mt_run("collectives/zero_count", allreduce_zero_count);
+  mt_run("collectives/broadcast_from_every_root", broadcast_from_every_root);
+  mt_run("collectives/allgather", allgather_blocks);
+  mt_run("collectives/barrier", barrier_waits_for_everyone);
+  mt_run("collectives/unnamed_in_order", unnamed_in_order);
+  mt_run("collectives/names_in_different_orders", names_in_different_orders);
+  mt_run("collectives/test_polls_to_completion", test_polls_to_completion);
+  int failures = mt_total_failures();
+  int rc = hora_finalize();
+  if (rc != HORA_SUCCESS) {
+    fprintf(stderr, "hora_finalize: %s\n", hora_last_error());
+    return 1;
+  }
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,91 @@
+/* hora_join with uneven step counts over two epochs: joined ranks take
+ * part with zeros, AVERAGE still divides by the full size, hora_join
+ * returns the last rank to join, broadcast and allgather fail while some
+ * rank has joined, and the job goes on normally afterwards. */
+#include "mpitest.h"
+
+enum { LEN = 100 };
+
+/* One epoch: rank r runs steps(r) allreduces, then joins. */
+static void epoch(int (*steps)(int rank), int expect_last) {
+  int mine = steps(mt_rank);
+  float g[LEN], avg[LEN];
+  int32_t mx[LEN];
+  for (int s = 0; s < mine; s++) {
+    for (int i = 0; i < LEN; i++) {
+      g[i] = (float)(mt_rank + 1);
+      avg[i] = (float)(mt_rank + 1);
+      mx[i] = -1 - mt_rank;
+    }
+    hora_request *r1, *r2, *r3;
+    MT_OK(hora_allreduce_async("grad", g, g, LEN, HORA_FLOAT32, HORA_SUM, &r1));
+    MT_OK(hora_allreduce_async("avg", avg, avg, LEN, HORA_FLOAT32, HORA_AVERAGE, &r2));
+    MT_OK(hora_allreduce_async("max", mx, mx, LEN, HORA_INT32, HORA_MAX, &r3));
+    MT_OK(hora_wait(&r1));
+    MT_OK(hora_wait(&r2));
+    MT_OK(hora_wait(&r3));
+    /* Ranks still stepping contribute; joined ones add zeros. */
+    float sum = 0;
+    int joined = 0, max_active = -1000;
+    for (int r = 0; r < mt_size; r++) {
+      if (steps(r) > s) {
+        sum += (float)(r + 1);
+        max_active = -1 - r > max_active ? -1 - r : max_active;
+      } else {
+        joined++;
+      }
+    }
+    int32_t want_max = joined ? 0 : max_active;
+    MT_CHECK(g[0] == sum && g[LEN - 1] == sum, "step %d: sum %g, expected %g", s, (double)g[0],
+             (double)sum);
+    MT_CHECK(avg[7] == sum / (float)mt_size, "step %d: average %g, expected %g (divided by %d)", s,
+             (double)avg[7], (double)(sum / (float)mt_size), mt_size);
+    MT_CHECK(mx[3] == want_max, "step %d: max %d, expected %d", s, mx[3], want_max);
+  }
+  /* The rank with the most steps finishes after everyone else joined:
+   * a broadcast now must fail, since the others are joined. */
+  if (mt_size > 1 && mt_rank == expect_last) {
+    float b[2] = {1, 2};
+    MT_FAILS(hora_broadcast("during-join", b, 2, HORA_FLOAT32, mt_rank), HORA_ERR_INVALID_USAGE,
+             "hora_join");
+    MT_FAILS(hora_allgather("during-join-g", b, 1, HORA_FLOAT32, b), HORA_ERR_INVALID_USAGE, "join");
+  }
+  int last = -2;
+  MT_OK(hora_join(&last));
+  MT_CHECK(last == expect_last, "hora_join reported rank %d as last, expected %d", last, expect_last);
+}
+
+static int steps_up(int rank) { return 5 + 2 * rank; }
+static int steps_down(int rank) { return 5 + 2 * (mt_size - 1 - rank); }
+
+static void two_epochs(void) {
+  epoch(steps_up, mt_size - 1);
+  epoch(steps_down, 0);
+  /* Back to normal: broadcast and allgather work again. */
+  int32_t v[3] = {mt_rank, mt_rank, mt_rank};
+  MT_OK(hora_broadcast("after-join", v, 3, HORA_INT32, mt_size - 1));
+  MT_CHECK(v[0] == mt_size - 1, "broadcast after join gave %d", v[0]);
+  int32_t *all = malloc(sizeof(int32_t) * (size_t)mt_size);
+  MT_OK(hora_allgather("after-join-g", &mt_rank, 1, HORA_INT32, all));
+  for (int r = 0; r < mt_size; r++) {
+    MT_CHECK(all[r] == r, "allgather after join: slot %d = %d", r, all[r]);
+  }
+  free(all);
+}
+
+static void join_with_null_and_alone(void) {
+  /* Everyone joins at once; NULL is allowed for the out-parameter. */
+  MT_OK(hora_join(NULL));
+  int last = -2;
+  MT_OK(hora_join(&last));
+  MT_CHECK(last >= 0 && last < mt_size, "last joined rank %d is out of range", last);
+}
+
+int main(void) {
+  mt_init();
+  mt_run("join/two_uneven_epochs", two_epochs);
+  mt_run("join/null_and_simultaneous", join_with_null_and_alone);
+  int failures = mt_total_failures();
+  MT_OK(hora_finalize());
+  return failures ? 1 : 0;
+}

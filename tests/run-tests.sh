@@ -1,0 +1,155 @@
+#!/bin/sh
+# Runs the whole test suite of one build: unit tests, every multi-rank test
+# of tests/mpi/testlist under the MPI launcher, the examples, the install
+# through pkg-config, and the docs check. One line per test, then
+#   N passed, N failed, N skipped
+# Exit status: 0 only when nothing failed.
+#
+# usage: tests/run-tests.sh BUILDDIR
+# environment: HORA_TEST_NPS   only these rank counts, e.g. "1 2 4"
+#              HORA_TEST_ONLY  only multi-rank programs matching this regex
+#              HORA_TEST_TIMEOUT  seconds per mpirun (default 300)
+set -u
+builddir=$(cd "${1:-.}" && pwd)
+srcdir=$(cd "$(dirname "$0")/.." && pwd)
+. "$builddir/tests/config.sh"
+
+passed=0 failed=0 skipped=0
+results=$(mktemp)
+work=$(mktemp -d)
+trap 'rm -rf "$work" "$results"' EXIT
+
+tally() { # reads PASS/FAIL/SKIP lines on stdin, prefixing them with $1
+  while IFS= read -r line; do
+    case "$line" in
+      PASS*|FAIL*|SKIP*) echo "${line%% *} $1${line#* }" | tee -a "$results" ;;
+      [0-9]*" passed, "*) ;; # a sub-runner's own total
+      *) echo "$line" ;;
+    esac
+  done
+}
+
+launcher_flags() {
+  case "$MPI_FLAVOR" in
+    openmpi)
+      flags="--oversubscribe --bind-to none"
+      [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
+      echo "$flags" ;;
+    *) echo "" ;;
+  esac
+}
+
+# Open MPI: never spin in MPI's own waits (16 ranks share 2 cores).
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Sanitizer runtime settings (harmless in plain builds).
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$srcdir/tests/lsan.supp:print_suppressions=0}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-suppressions=$srcdir/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1}"
+timeout_s=${HORA_TEST_TIMEOUT:-300}
+
+run_mpi() { # name np command...
+  name=$1 np=$2
+  shift 2
+  out="$work/out" err="$work/err"
+  timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" >"$out" 2>"$err"
+  rc=$?
+  tally "np=$np " <"$out"
+  if [ $rc -ne 0 ] || grep -q '^FAIL' "$out" || [ ! -s "$out" ]; then
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+      echo "FAIL np=$np $name: timed out after ${timeout_s}s" | tee -a "$results"
+    elif ! grep -q '^FAIL' "$out"; then
+      echo "FAIL np=$np $name: exit status $rc" | tee -a "$results"
+    fi
+    echo "---- stderr of $name at np=$np (last 40 lines) ----"
+    tail -n 40 "$err"
+    echo "----"
+  fi
+}
+
+echo "== unit tests"
+"$builddir/tests/unit/unit_tests" 2>&1 | tally ""
+
+echo "== multi-rank tests ($MPIEXEC, $MPI_FLAVOR)"
+grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
+  [ -n "$prog" ] || continue
+  if [ -n "${HORA_TEST_ONLY:-}" ] && ! echo "$prog" | grep -Eq "$HORA_TEST_ONLY"; then
+    continue
+  fi
+  nps= args=
+  for w in $rest; do
+    case "$w" in
+      [0-9]*) nps="$nps $w" ;;
+      *) args="$args $w" ;;
+    esac
+  done
+  for np in $nps; do
+    if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
+      continue
+    fi
+    run_mpi "$prog$args" "$np" "$builddir/tests/mpi/$prog" $args
+  done
+done
+
+if [ -z "${HORA_TEST_ONLY:-}" ]; then
+  echo "== examples"
+  for np in 1 4; do
+    if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
+      continue
+    fi
+    timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np $np "$builddir/examples/embed" \
+      >"$work/out" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q "max difference between ranks = 0" "$work/out"; then
+      echo "PASS np=$np examples/embed" | tee -a "$results"
+    else
+      echo "FAIL np=$np examples/embed: exit status $rc" | tee -a "$results"
+      tail -n 20 "$work/out"
+    fi
+  done
+
+  echo "== install and pkg-config"
+  if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
+    echo "SKIP install/pkg_config_contract: sanitizer build (checked in the plain build)" | tee -a "$results"
+  elif make -C "$builddir" install DESTDIR="$work/dest" >"$work/install.log" 2>&1 &&
+       pcdir=$(dirname "$(find "$work/dest" -name hora.pc | head -n 1)") &&
+       export PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$work/dest" &&
+       pkg-config --exists hora &&
+       libdir=$(pkg-config --libs-only-L hora | sed 's/^ *-L//; s/ .*//') &&
+       "$MPICC" "$srcdir/tests/mpi/test_contract.c" -o "$work/contract" \
+         $(pkg-config --cflags --libs hora) -Wl,-rpath,"$libdir" >>"$work/install.log" 2>&1; then
+    for np in 4 16; do
+      timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np $np "$work/contract" >"$work/out" 2>&1
+      rc=$?
+      if [ $rc -eq 0 ] && grep -q "^PASS contract/np$np" "$work/out"; then
+        echo "PASS np=$np install/pkg_config_contract" | tee -a "$results"
+      else
+        echo "FAIL np=$np install/pkg_config_contract: exit status $rc" | tee -a "$results"
+        tail -n 20 "$work/out"
+      fi
+    done
+  else
+    echo "FAIL install/pkg_config_contract: install or compile failed" | tee -a "$results"
+    tail -n 20 "$work/install.log"
+  fi
+
+  echo "== docs"
+  if "$builddir/hora-info" --settings-md >"$work/table.md" &&
+     awk '/<!-- settings-table-begin -->/{on=1;next}/<!-- settings-table-end -->/{on=0}on' \
+       "$srcdir/README.md" | diff -u "$work/table.md" - >"$work/diff"; then
+    echo "PASS docs/readme_settings_table_matches_params_def" | tee -a "$results"
+  else
+    echo "FAIL docs/readme_settings_table_matches_params_def: README.md differs from hora-info --settings-md" | tee -a "$results"
+    head -n 20 "$work/diff"
+  fi
+fi
+
+passed=$(grep -c '^PASS' "$results")
+failed=$(grep -c '^FAIL' "$results")
+skipped=$(grep -c '^SKIP' "$results")
+if [ -n "${HORA_TEST_SUMMARY:-}" ]; then
+  echo "$passed $failed $skipped" >>"$HORA_TEST_SUMMARY"
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
