@@ -41,9 +41,14 @@ launcher_flags() {
 
 # Open MPI: never spin in MPI's own waits (16 ranks share 2 cores).
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Keep MPI plug-ins loaded to the end: ThreadSanitizer cannot follow an
+# unloaded library.
+export OMPI_MCA_mca_base_component_disable_dlclose=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Sanitizer runtime settings (harmless in plain builds).
-export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0}"
+# Slow unwinding on malloc: MPI libraries have no frame pointers, and the
+# leak suppressions need whole stacks to match.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0}"
 export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$srcdir/tests/lsan.supp:print_suppressions=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-suppressions=$srcdir/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1}"
