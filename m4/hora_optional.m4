@@ -33,6 +33,11 @@ AC_DEFUN([HORA_CHECK_OPTIONAL_LIB], [
     AC_MSG_CHECKING([for $2 ($4, -l$5)${hora_$1_dir:+ in $hora_$1_dir}])
     AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <$4>]], [[(void)&$6;]])],
       [hora_$1_found=yes], [hora_$1_found=no])
+    dnl An explicit DIR must hold the header itself, not just let the
+    dnl compiler fall back to the system's copy.
+    AS_CASE([$with_$1],
+      [yes|check], [],
+      [AS_IF([test "$hora_$1_found" = yes && test ! -f "$with_$1/include/$4"], [hora_$1_found=no])])
     AC_MSG_RESULT([$hora_$1_found])
     CPPFLAGS=$save_CPPFLAGS; LDFLAGS=$save_LDFLAGS; LIBS=$save_LIBS
     AS_IF([test "$hora_$1_found" = yes], [
@@ -42,7 +47,9 @@ AC_DEFUN([HORA_CHECK_OPTIONAL_LIB], [
     ], [
       hora_$1_dir=
       AS_IF([test "$with_$1" != check],
-        [AC_MSG_ERROR([--with-$1 was given but $2 cannot be used: $4 or -l$5 not found${with_$1:+ (looked in '$with_$1')}])])
+        [AS_CASE([$with_$1],
+           [yes], [AC_MSG_ERROR([--with-$1 was given but $2 cannot be used: $4 or -l$5 not found${3:+ in $3} or the default paths])],
+           [AC_MSG_ERROR([--with-$1=$with_$1 was given but $2 cannot be used: $with_$1/include/$4 or -l$5 in $with_$1/lib* not found])])])
     ])
   ])
   AC_SUBST(UP[]_CPPFLAGS)

@@ -15,17 +15,6 @@ PACKAGES="
   iproute2 procps psmisc python3 valgrind
 "
 
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then
-    SUDO=sudo
-  else
-    echo "install-deps.sh: not root and no sudo; install these packages yourself:" >&2
-    echo "$PACKAGES" >&2
-    exit 1
-  fi
-fi
-
 missing=
 for p in $PACKAGES; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -36,6 +25,16 @@ done
 if [ -z "$missing" ]; then
   echo "install-deps.sh: all packages present"
   exit 0
+fi
+
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=sudo
+  else
+    echo "install-deps.sh: not root and no sudo; install these packages yourself:$missing" >&2
+    exit 1
+  fi
 fi
 
 echo "install-deps.sh: installing:$missing"

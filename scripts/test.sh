@@ -30,6 +30,8 @@ if [ ! -f Makefile ] || [ configure -nt config.status ]; then
 fi
 make -j2 >/dev/null || { echo "make failed"; make 2>&1 | tail -30; exit 1; }
 HORA_TEST_SUMMARY=$summary make check || status=1
+note "Slurm: srun and sbatch on a one-host cluster"
+HORA_TEST_SUMMARY=$summary make check-slurm || status=1
 
 # Sanitizer builds work on a copy: a source tree configured in place cannot
 # also host out-of-tree builds.

@@ -98,6 +98,29 @@ grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
 done
 
 if [ -z "${HORA_TEST_ONLY:-}" ]; then
+  echo "== launch without a launcher, and bad settings"
+  # A plain process: no mpirun, no launcher variables at all.
+  env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK -u SLURM_PROCID timeout 120 \
+    "$builddir/tests/mpi/test_contract" >"$work/out" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "^PASS contract/np1" "$work/out"; then
+    echo "PASS single_process/contract" | tee -a "$results"
+  else
+    echo "FAIL single_process/contract: exit status $rc" | tee -a "$results"
+    tail -n 20 "$work/out"
+  fi
+  # A malformed setting stops hora_init on every rank with a message that
+  # names the variable, and nothing hangs.
+  HORA_CYCLE_TIME=fast timeout -k 10 120 "$MPIEXEC" $(launcher_flags) -np 2 \
+    "$builddir/tests/mpi/test_contract" >"$work/out" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "HORA_CYCLE_TIME='fast'" "$work/out")" -ge 1 ]; then
+    echo "PASS settings/malformed_value_fails_init" | tee -a "$results"
+  else
+    echo "FAIL settings/malformed_value_fails_init: exit status $rc" | tee -a "$results"
+    tail -n 20 "$work/out"
+  fi
+
   echo "== examples"
   for np in 1 4; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then

@@ -1,0 +1,95 @@
+#!/bin/sh
+# Runs hora under Slurm on the one-host cluster of ../shared/slurm-local:
+# direct launch with `srun` (PMIx) and a batch job with `mpirun` inside.
+# Starts the cluster when it is not running and stops it again at the end.
+# Prints one line per check, then "N passed, N failed, N skipped".
+#
+# usage: tests/slurm/check-slurm.sh BUILDDIR
+set -u
+builddir=$(cd "${1:-.}" && pwd)
+srcdir=$(cd "$(dirname "$0")/../.." && pwd)
+. "$builddir/tests/config.sh"
+slurm_local=${SLURM_LOCAL:-$srcdir/../shared/slurm-local/slurm-local.sh}
+results=$(mktemp)
+work=$(mktemp -d)
+started=no
+cleanup() {
+  [ "$started" = yes ] && "$slurm_local" stop >/dev/null 2>&1
+  rm -rf "$work" "$results"
+}
+trap cleanup EXIT
+
+result() { echo "$*" | tee -a "$results"; }
+
+finish() {
+  p=$(grep -c '^PASS' "$results") f=$(grep -c '^FAIL' "$results") s=$(grep -c '^SKIP' "$results")
+  [ -n "${HORA_TEST_SUMMARY:-}" ] && echo "$p $f $s" >>"$HORA_TEST_SUMMARY"
+  echo "$p passed, $f failed, $s skipped"
+  [ "$f" -eq 0 ]
+  exit $?
+}
+
+if [ "$(id -u)" -ne 0 ] || [ ! -x "$slurm_local" ]; then
+  why="needs root and $slurm_local"
+  for t in srun_direct_np4 srun_direct_np16 sbatch_mpirun_np4 srun_info_line; do
+    result "SKIP slurm/$t: $why"
+  done
+  finish
+fi
+
+if ! sinfo -h >/dev/null 2>&1; then
+  "$slurm_local" start >"$work/start.log" 2>&1 || {
+    result "FAIL slurm/start: slurm-local.sh start failed"
+    tail -n 20 "$work/start.log"
+    finish
+  }
+  started=yes
+fi
+
+export OMPI_MCA_mpi_yield_when_idle=1
+mpi_plugin=pmix
+[ "$MPI_FLAVOR" = mpich ] && mpi_plugin=pmi2
+contract="$builddir/tests/mpi/test_contract"
+
+for np in 4 16; do
+  # Slurm advertises 16 CPUs on 2 cores, so -O lets 16 tasks share them.
+  if timeout 300 srun -O -n $np --mpi=$mpi_plugin "$contract" >"$work/out" 2>&1 &&
+     grep -q "^PASS contract/np$np" "$work/out"; then
+    result "PASS slurm/srun_direct_np$np"
+  else
+    result "FAIL slurm/srun_direct_np$np"
+    tail -n 20 "$work/out"
+  fi
+done
+
+cat >"$work/job.sh" <<JOB
+#!/bin/sh
+#SBATCH -n 4
+#SBATCH -o $work/job.out
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+$MPIEXEC "$contract"
+echo "mpirun exit \$?"
+JOB
+jid=$(sbatch --parsable "$work/job.sh" 2>"$work/sbatch.err")
+waited=0
+while [ -n "$jid" ] && squeue -h -j "$jid" 2>/dev/null | grep -q . && [ $waited -lt 300 ]; do
+  sleep 1
+  waited=$((waited + 1))
+done
+if [ -n "$jid" ] && grep -q "^PASS contract/np4" "$work/job.out" 2>/dev/null &&
+   grep -q "mpirun exit 0" "$work/job.out"; then
+  result "PASS slurm/sbatch_mpirun_np4"
+else
+  result "FAIL slurm/sbatch_mpirun_np4 (job '${jid:-none}')"
+  cat "$work/sbatch.err" "$work/job.out" 2>/dev/null | tail -n 20
+fi
+
+# Local rank and host index come from MPI, whatever the launcher.
+if HORA_LOG_LEVEL=info timeout 120 srun -O -n 2 --mpi=$mpi_plugin "$contract" >"$work/out" 2>&1 &&
+   grep -q "rank 1/2 local 1/2 host-index 0/1" "$work/out"; then
+  result "PASS slurm/srun_info_line"
+else
+  result "FAIL slurm/srun_info_line"
+  tail -n 20 "$work/out"
+fi
+finish
