@@ -9,7 +9,15 @@ set -u
 builddir=$(cd "${1:-.}" && pwd)
 srcdir=$(cd "$(dirname "$0")/../.." && pwd)
 . "$builddir/tests/config.sh"
-slurm_local=${SLURM_LOCAL:-$srcdir/../shared/slurm-local/slurm-local.sh}
+# The shared helpers sit next to the checkout (../shared); HORA_SHARED_DIR
+# points elsewhere, and /work/shared is where this project's machines keep them.
+slurm_local=
+for d in "${HORA_SHARED_DIR:-}" "$srcdir/../shared" /work/shared; do
+  if [ -n "$d" ] && [ -x "$d/slurm-local/slurm-local.sh" ]; then
+    slurm_local="$d/slurm-local/slurm-local.sh"
+    break
+  fi
+done
 results=$(mktemp)
 work=$(mktemp -d)
 started=no
@@ -29,8 +37,8 @@ finish() {
   exit $?
 }
 
-if [ "$(id -u)" -ne 0 ] || [ ! -x "$slurm_local" ]; then
-  why="needs root and $slurm_local"
+if [ "$(id -u)" -ne 0 ] || [ -z "$slurm_local" ]; then
+  why="needs root and ../shared/slurm-local (set HORA_SHARED_DIR)"
   for t in srun_direct_np4 srun_direct_np16 sbatch_mpirun_np4 srun_info_line; do
     result "SKIP slurm/$t: $why"
   done
