@@ -25,8 +25,9 @@ static void block_chunk(const struct allgather_ctx *a, size_t i, bool sending, c
   *len = hi - lo;
 }
 
-static void ag_send_at(void *arg, size_t i, const void **ptr, size_t *len) {
+static void ag_send_at(void *arg, size_t i, const void **ptr, size_t *len, bool *scratch) {
   char *p;
+  *scratch = false;
   block_chunk(arg, i, true, &p, len);
   *ptr = p;
 }

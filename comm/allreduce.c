@@ -13,7 +13,12 @@
  *   r3 --s3--> r0
  *
  * Every segment is split into chunks of HORA_CHUNK_SIZE; chunk k of step
- * t+1 is sent as soon as chunk k of step t has been reduced. */
+ * t+1 is sent as soon as chunk k of step t has been reduced.
+ *
+ * Compressed (wire dtype != dtype): every chunk is narrowed to fp16/bf16
+ * just before it leaves and widened on arrival, so the partial sums
+ * accumulate in the data's own type. The owner of a finished segment
+ * rounds its own copy through the wire type too, so all ranks agree. */
 #include "collectives.h"
 #include "reduce.h"
 
@@ -22,7 +27,9 @@ struct allreduce_ctx {
   const char *send;
   char *recv;
   size_t count, esize, base, rem, chunk_elems, nchunks;
-  hora_dtype dtype;
+  hora_dtype dtype, wire;
+  size_t wire_esize;
+  bool compressed;
   hora_op op;
 };
 
@@ -48,21 +55,34 @@ static void chunk_range(const struct allreduce_ctx *a, size_t i, bool sending, s
   *step = t;
 }
 
-static void ar_send_at(void *arg, size_t i, const void **ptr, size_t *len) {
+static void ar_send_at(void *arg, size_t i, const void **ptr, size_t *len, bool *scratch) {
   struct allreduce_ctx *a = arg;
   size_t off, n, t;
   chunk_range(a, i, true, &off, &n, &t);
+  *scratch = a->compressed;
   *ptr = (t == 0 ? a->send : a->recv) + off * a->esize;
-  *len = n * a->esize;
+  *len = n * a->wire_esize;
+}
+
+static void ar_fill_send(void *arg, size_t i, void *staging) {
+  struct allreduce_ctx *a = arg;
+  size_t off, n, t;
+  chunk_range(a, i, true, &off, &n, &t);
+  const char *src = (t == 0 ? a->send : a->recv) + off * a->esize;
+  hora__compress(a->wire, staging, a->dtype, src, n);
+  if (t == (size_t)(a->size - 1)) {
+    /* This segment is final here: keep exactly what the others will get. */
+    hora__decompress(a->dtype, a->recv + off * a->esize, a->wire, staging, n);
+  }
 }
 
 static void ar_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scratch) {
   struct allreduce_ctx *a = arg;
   size_t off, n, t;
   chunk_range(a, i, false, &off, &n, &t);
-  *scratch = t < (size_t)(a->size - 1);
+  *scratch = a->compressed || t < (size_t)(a->size - 1);
   *ptr = a->recv + off * a->esize;
-  *len = n * a->esize;
+  *len = n * a->wire_esize;
 }
 
 static void ar_received(void *arg, size_t i, void *staged) {
@@ -72,11 +92,20 @@ static void ar_received(void *arg, size_t i, void *staged) {
   }
   size_t off, n, t;
   chunk_range(a, i, false, &off, &n, &t);
-  hora__reduce(a->dtype, a->op, a->recv + off * a->esize, staged, a->send + off * a->esize, n);
+  char *dst = a->recv + off * a->esize;
+  const char *mine = a->send + off * a->esize;
+  bool reducing = t < (size_t)(a->size - 1);
+  if (!a->compressed) {
+    hora__reduce(a->dtype, a->op, dst, staged, mine, n);
+  } else if (reducing) {
+    hora__reduce_wire(a->dtype, a->op, dst, a->wire, staged, mine, n);
+  } else {
+    hora__decompress(a->dtype, dst, a->wire, staged, n);
+  }
 }
 
 int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
-                    hora_dtype dtype, hora_op op) {
+                    hora_dtype dtype, hora_op op, hora_dtype wire_dtype) {
   size_t esize = hora_dtype_size(dtype);
   int p = comm->size;
   if (p == 1 || count == 0) {
@@ -95,9 +124,13 @@ int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t
       .base = count / (size_t)p,
       .rem = count % (size_t)p,
       .dtype = dtype,
+      .wire = wire_dtype,
+      .wire_esize = hora_dtype_size(wire_dtype),
+      .compressed = wire_dtype != dtype,
       .op = op,
   };
-  a.chunk_elems = HORA_MAX((size_t)comm->chunk_bytes / esize, (size_t)1);
+  /* A chunk is what one staging slot holds, in wire bytes. */
+  a.chunk_elems = HORA_MAX((size_t)comm->chunk_bytes / a.wire_esize, (size_t)1);
   size_t max_seg = a.base + (a.rem ? 1 : 0);
   a.nchunks = HORA_MAX((max_seg + a.chunk_elems - 1) / a.chunk_elems, (size_t)1);
   size_t total = (size_t)(2 * (p - 1)) * a.nchunks;
@@ -110,6 +143,7 @@ int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t
       .dep_lag = a.nchunks,
       .arg = &a,
       .send_at = ar_send_at,
+      .fill_send = ar_fill_send,
       .recv_at = ar_recv_at,
       .received = ar_received,
   };

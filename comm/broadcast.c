@@ -19,8 +19,9 @@ static void chunk_at(const struct bcast_ctx *b, size_t i, char **ptr, size_t *le
   *len = hi - lo;
 }
 
-static void bc_send_at(void *arg, size_t i, const void **ptr, size_t *len) {
+static void bc_send_at(void *arg, size_t i, const void **ptr, size_t *len, bool *scratch) {
   char *p;
+  *scratch = false;
   chunk_at(arg, i, &p, len);
   *ptr = p;
 }

@@ -6,9 +6,12 @@
 #include "comm.h"
 
 /* recvbuf = op over every rank's sendbuf (sendbuf == recvbuf: in place).
- * HORA_AVERAGE reduces as a sum; the caller divides. */
+ * HORA_AVERAGE reduces as a sum; the caller divides. With a wire dtype
+ * (HORA_FLOAT16 or HORA_BFLOAT16, for float32/float64 data; else pass
+ * dtype itself) data travels compressed and is reduced in dtype; every rank
+ * ends with the same, wire-rounded result. */
 int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
-                    hora_dtype dtype, hora_op op);
+                    hora_dtype dtype, hora_op op, hora_dtype wire_dtype);
 
 /* buf on every rank = buf on root. */
 int hora__broadcast(hora__comm *comm, void *buf, size_t bytes, int root);
@@ -27,8 +30,10 @@ struct hora__ring {
   bool send_depends; /* send i waits for receive i - dep_lag */
   size_t dep_lag;
   void *arg;
-  /* Where send i reads from. */
-  void (*send_at)(void *arg, size_t i, const void **ptr, size_t *len);
+  /* Where send i reads from; *scratch asks for a staging buffer, which
+   * fill_send then fills. */
+  void (*send_at)(void *arg, size_t i, const void **ptr, size_t *len, bool *scratch);
+  void (*fill_send)(void *arg, size_t i, void *staging);
   /* Where receive i lands; *scratch asks for a staging buffer instead. */
   void (*recv_at)(void *arg, size_t i, void **ptr, size_t *len, bool *scratch);
   /* Called in order when receive i is complete; `staged` is the staging

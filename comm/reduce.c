@@ -247,3 +247,82 @@ void hora__reduce_reference(hora_dtype dtype, hora_op op, void *dst, const void 
     }
   }
 }
+
+/* ---- wire compression: float32/float64 <-> float16/bfloat16 --------------- */
+
+#define WIRE_TO_F(wire_dtype, v) \
+  ((wire_dtype) == HORA_FLOAT16 ? hora__f16_to_f32(v) : hora__bf16_to_f32(v))
+
+void hora__compress(hora_dtype wire_dtype, uint16_t *dst, hora_dtype src_dtype, const void *src,
+                    size_t n) {
+  if (src_dtype == HORA_FLOAT32) {
+    const float *s = src;
+    if (wire_dtype == HORA_FLOAT16) {
+      for (size_t i = 0; i < n; i++) {
+        dst[i] = hora__f32_to_f16(s[i]);
+      }
+    } else {
+      for (size_t i = 0; i < n; i++) {
+        dst[i] = hora__f32_to_bf16(s[i]);
+      }
+    }
+  } else {
+    const double *s = src;
+    /* Through float: a double that rounds to a float first can round again
+     * to half, as any two-step conversion would; the error stays below one
+     * half-precision ulp. */
+    if (wire_dtype == HORA_FLOAT16) {
+      for (size_t i = 0; i < n; i++) {
+        dst[i] = hora__f32_to_f16((float)s[i]);
+      }
+    } else {
+      for (size_t i = 0; i < n; i++) {
+        dst[i] = hora__f32_to_bf16((float)s[i]);
+      }
+    }
+  }
+}
+
+void hora__decompress(hora_dtype dst_dtype, void *dst, hora_dtype wire_dtype, const uint16_t *src,
+                      size_t n) {
+  if (dst_dtype == HORA_FLOAT32) {
+    float *d = dst;
+    for (size_t i = 0; i < n; i++) {
+      d[i] = WIRE_TO_F(wire_dtype, src[i]);
+    }
+  } else {
+    double *d = dst;
+    for (size_t i = 0; i < n; i++) {
+      d[i] = WIRE_TO_F(wire_dtype, src[i]);
+    }
+  }
+}
+
+#define REDUCE_WIRE_LOOP(T, EXPR)                                                            \
+  do {                                                                                       \
+    T *d = dst;                                                                              \
+    const T *b = src;                                                                        \
+    for (size_t i = 0; i < n; i++) {                                                         \
+      T x = (T)WIRE_TO_F(wire_dtype, wire[i]);                                               \
+      T y = b[i];                                                                            \
+      d[i] = (EXPR);                                                                         \
+    }                                                                                        \
+  } while (0)
+
+#define REDUCE_WIRE_OPS(T)                                                                   \
+  switch (op) {                                                                              \
+    case HORA_SUM:                                                                           \
+    case HORA_AVERAGE: REDUCE_WIRE_LOOP(T, OP_SUM(x, y)); break;                             \
+    case HORA_PRODUCT: REDUCE_WIRE_LOOP(T, OP_PROD(x, y)); break;                            \
+    case HORA_MIN: REDUCE_WIRE_LOOP(T, OP_FMIN(x, y)); break;                                \
+    case HORA_MAX: REDUCE_WIRE_LOOP(T, OP_FMAX(x, y)); break;                                \
+  }
+
+void hora__reduce_wire(hora_dtype acc_dtype, hora_op op, void *dst, hora_dtype wire_dtype,
+                       const uint16_t *wire, const void *src, size_t n) {
+  if (acc_dtype == HORA_FLOAT32) {
+    REDUCE_WIRE_OPS(float)
+  } else {
+    REDUCE_WIRE_OPS(double)
+  }
+}

@@ -18,6 +18,16 @@ void hora__divide(hora_dtype dtype, void *buf, size_t n, int divisor);
  * integers are rounded to nearest. Used for pre- and postscaling. */
 void hora__scale(hora_dtype dtype, void *buf, size_t n, double factor);
 
+/* Wire compression. The accumulating dtype is float32 or float64, the wire
+ * dtype float16 or bfloat16. */
+void hora__compress(hora_dtype wire_dtype, uint16_t *dst, hora_dtype src_dtype, const void *src,
+                    size_t n);
+void hora__decompress(hora_dtype dst_dtype, void *dst, hora_dtype wire_dtype, const uint16_t *src,
+                      size_t n);
+/* dst[i] = (wire[i] widened) (op) src[i], in acc_dtype; dst may be src. */
+void hora__reduce_wire(hora_dtype acc_dtype, hora_op op, void *dst, hora_dtype wire_dtype,
+                       const uint16_t *wire, const void *src, size_t n);
+
 /* The plain scalar reference the kernels are tested against. */
 void hora__reduce_reference(hora_dtype dtype, hora_op op, void *dst, const void *a,
                             const void *b, size_t n);

@@ -40,15 +40,17 @@ void hora__ring_release_scratch(void) {
 
 int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
   hora__xfer sx[RING_WINDOW], rx[RING_WINDOW];
+  char *send_stage = NULL;
   void *rbuf[RING_WINDOW];
   bool rstaged[RING_WINDOW];
   size_t send_posted = 0, send_done = 0, recv_posted = 0, recv_done = 0;
   size_t stage_bytes = (size_t)comm->chunk_bytes;
   char *stage = NULL;
-  if (ring->nrecv > 0) {
+  if (ring->nrecv > 0 || ring->fill_send) {
     void *p;
-    HORA_CHECK(scratch_get(stage_bytes * RING_WINDOW, &p));
+    HORA_CHECK(scratch_get(stage_bytes * RING_WINDOW * 2, &p));
     stage = p;
+    send_stage = stage + stage_bytes * RING_WINDOW;
   }
   for (;;) {
     /* One pass posts and retires whatever it can; sleep only when a pass
@@ -89,7 +91,13 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
       }
       const void *ptr;
       size_t len;
-      ring->send_at(ring->arg, send_posted, &ptr, &len);
+      bool staged = false;
+      ring->send_at(ring->arg, send_posted, &ptr, &len, &staged);
+      if (staged) {
+        void *slot = send_stage + (send_posted % RING_WINDOW) * stage_bytes;
+        ring->fill_send(ring->arg, send_posted, slot);
+        ptr = slot;
+      }
       HORA_CHECK(hora__isend(comm, ring->next, ptr, len, &sx[send_posted % RING_WINDOW]));
       send_posted++;
       changed = true;

@@ -153,6 +153,68 @@ HORA_EXTERN const char *hora_op_name(hora_op op);
 /* "0.1.0" */
 HORA_EXTERN const char *hora_version(void);
 
+/* ---- Extended allreduce: per-operation options ----------------------------
+ * The options struct can grow: callers set struct_size to the sizeof they
+ * compiled against (HORA_ALLREDUCE_OPTIONS_INIT does), and hora reads only
+ * the fields that size covers. All ranks must pass the same options for one
+ * name (a difference is HORA_ERR_MISMATCH). Compressed and uncompressed
+ * operations never share a fused buffer. */
+typedef enum hora_compression {
+  HORA_COMPRESSION_DEFAULT = -1, /* take the HORA_COMPRESSION setting */
+  HORA_COMPRESSION_NONE = 0,
+  HORA_COMPRESSION_FP16 = 1, /* float32/float64 travel as IEEE half, reduced in their own type */
+  HORA_COMPRESSION_BF16 = 2  /* float32/float64 travel as bfloat16, reduced in their own type */
+} hora_compression;
+
+typedef struct hora_allreduce_options {
+  size_t struct_size; /* sizeof(hora_allreduce_options) */
+  double prescale;    /* each rank's input is multiplied by this first (1.0: none) */
+  double postscale;   /* the result is multiplied by this last, after AVERAGE's division */
+  int compression;    /* a hora_compression; ignored for dtypes other than float32/float64 */
+} hora_allreduce_options;
+
+#define HORA_ALLREDUCE_OPTIONS_INIT \
+  { sizeof(hora_allreduce_options), 1.0, 1.0, HORA_COMPRESSION_DEFAULT }
+
+/* hora_allreduce_async with options; opts may be NULL (the defaults). */
+HORA_EXTERN int hora_allreduce_async_ex(const char *name, const void *sendbuf, void *recvbuf,
+                                        size_t count, hora_dtype dtype, hora_op op,
+                                        const hora_allreduce_options *opts, hora_request **req);
+
+/* ---- Parameter broadcast ---------------------------------------------------
+ * A named buffer, for calls that take lists of them. */
+typedef struct hora_tensor {
+  const char *name;
+  void *buf;
+  size_t count;
+  hora_dtype dtype;
+} hora_tensor;
+
+/* Broadcasts every buffer of the list from `root`, as one fused step where
+ * the buffers fit the fusion buffer together. Blocks until all are done;
+ * returns the first failure. Names follow the rules of the other calls. */
+HORA_EXTERN int hora_broadcast_parameters(const hora_tensor *tensors, size_t n, int root);
+
+/* ---- Statistics ------------------------------------------------------------
+ * Counters of this process since hora_init, for trainers and benchmarks to
+ * show where the time goes. Like the options, the struct can grow. */
+typedef struct hora_stats {
+  size_t struct_size;       /* sizeof(hora_stats) */
+  uint64_t operations;      /* operations completed: allreduces + broadcasts + allgathers */
+  uint64_t allreduces, broadcasts, allgathers;
+  uint64_t bytes;           /* bytes of the callers' buffers those collectives covered */
+  uint64_t fused_batches;   /* collectives that carried more than one tensor */
+  uint64_t fused_tensors;   /* tensors that travelled in those */
+  uint64_t cache_hits;      /* requests negotiated through the response cache */
+  uint64_t cache_misses;    /* requests negotiated in full */
+  double negotiate_seconds; /* summed over operations: from submission to the start of its run */
+  double communicate_seconds; /* coordinator time spent in collectives */
+  double copy_seconds;      /* coordinator time packing and unpacking fusion buffers */
+} hora_stats;
+
+/* Fills *stats (set stats->struct_size first). Callable from any thread. */
+HORA_EXTERN int hora_get_stats(hora_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 /* The public API: argument checks, request objects, wait and test.
  * Caller threads only validate, enqueue and wait; the coordinator thread
  * (engine.c) does the rest. */
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "log.h"
 #include "params.h"
 #include "runtime.h"
+#include "timeline.h"
 
 /* The running runtime, or NULL. Published after it is fully set up. */
 static struct hora__runtime *_Atomic current;
@@ -160,6 +162,9 @@ static int init_locked(void) {
   rt->comm->spin_us = rt->comm->local_size <= rt->topo.pus ? (int)hora__params.SPIN_TIME_US : 0;
   if (rt->rank == 0) {
     hora__params_log();
+    if (hora__params.TIMELINE[0]) {
+      HORA_CHECK_GOTO(hora__timeline_open(hora__params.TIMELINE), rc, fail);
+    }
   }
   log_startup(rt);
   HORA_CHECK_GOTO(hora__engine_start(rt), rc, fail);
@@ -167,6 +172,7 @@ static int init_locked(void) {
   return HORA_SUCCESS;
 fail:
   runtime_free(rt);
+  hora__timeline_close();
   if (owns_mpi) {
     MPI_Finalize();
     mpi_finalized_by_hora = true;
@@ -209,6 +215,7 @@ HORA_EXTERN int hora_finalize(void) {
   }
   atomic_store_explicit(&current, NULL, memory_order_release);
   hora__engine_join(rt);
+  hora__timeline_close();
   int fatal = atomic_load(&rt->fatal_code);
   char msg[1024];
   hora__strlcpy(msg, rt->fatal_msg, sizeof(msg));
@@ -280,7 +287,9 @@ static struct hora_request *request_new(uint8_t kind) {
   if (r) {
     r->meta.kind = kind;
     r->meta.root = -1;
+    r->meta.prescale = r->meta.postscale = 1.0;
     r->last_joined = -1;
+    r->sent_slot = -1;
   }
   return r;
 }
@@ -464,9 +473,17 @@ static int check_common(const char *call, const char *name, size_t count, hora_d
   return HORA_SUCCESS;
 }
 
-HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void *recvbuf,
-                                     size_t count, hora_dtype dtype, hora_op op,
-                                     hora_request **req) {
+static int compression_setting(void) {
+  if (strcmp(hora__params.COMPRESSION, "fp16") == 0) {
+    return HORA_COMPRESSION_FP16;
+  }
+  return strcmp(hora__params.COMPRESSION, "bf16") == 0 ? HORA_COMPRESSION_BF16
+                                                       : HORA_COMPRESSION_NONE;
+}
+
+HORA_EXTERN int hora_allreduce_async_ex(const char *name, const void *sendbuf, void *recvbuf,
+                                        size_t count, hora_dtype dtype, hora_op op,
+                                        const hora_allreduce_options *opts, hora_request **req) {
   hora__error_clear();
   HORA_CHECK(check_common("hora_allreduce_async", name, count, dtype, req, 1));
   if (!hora__op_valid((int)op)) {
@@ -475,6 +492,26 @@ HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void
   if (count > 0 && (!sendbuf || !recvbuf)) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async: %s is NULL",
                        sendbuf ? "recvbuf" : "sendbuf");
+  }
+  /* Read only the fields the caller's struct has. */
+  hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+  if (opts) {
+    if (opts->struct_size < offsetof(hora_allreduce_options, prescale) ||
+        opts->struct_size > (1u << 16)) {
+      return hora__error(HORA_ERR_INVALID_ARG,
+                         "hora_allreduce_async_ex: opts->struct_size is %zu; set it to "
+                         "sizeof(hora_allreduce_options)",
+                         opts->struct_size);
+    }
+    memcpy(&o, opts, HORA_MIN(opts->struct_size, sizeof(o)));
+  }
+  if (!isfinite(o.prescale) || !isfinite(o.postscale)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async_ex: prescale %g or postscale %g "
+                       "is not a finite number", o.prescale, o.postscale);
+  }
+  if (o.compression < HORA_COMPRESSION_DEFAULT || o.compression > HORA_COMPRESSION_BF16) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async_ex: unknown compression %d",
+                       o.compression);
   }
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt = running(&rc, "hora_allreduce_async");
@@ -485,12 +522,23 @@ HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void
   if (!r) {
     return HORA_ERR_NO_MEMORY;
   }
+  int compression = o.compression == HORA_COMPRESSION_DEFAULT ? compression_setting() : o.compression;
   r->meta.dtype = (uint8_t)dtype;
   r->meta.op = (uint8_t)op;
   r->meta.count = count;
+  r->meta.prescale = o.prescale;
+  r->meta.postscale = o.postscale;
+  /* Only float32 and float64 are narrowed on the wire. */
+  r->meta.compression = (uint8_t)(dtype == HORA_FLOAT32 || dtype == HORA_FLOAT64 ? compression : 0);
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   return submit(rt, r, name, req);
+}
+
+HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void *recvbuf,
+                                     size_t count, hora_dtype dtype, hora_op op,
+                                     hora_request **req) {
+  return hora_allreduce_async_ex(name, sendbuf, recvbuf, count, dtype, op, NULL, req);
 }
 
 HORA_EXTERN int hora_broadcast_async(const char *name, void *buf, size_t count, hora_dtype dtype,
@@ -598,6 +646,83 @@ static int run_internal(uint8_t kind, const char *call, int *last_joined) {
 }
 
 HORA_EXTERN int hora_barrier(void) { return run_internal(HORA_KIND_BARRIER, "hora_barrier", NULL); }
+
+HORA_EXTERN int hora_broadcast_parameters(const hora_tensor *tensors, size_t n, int root) {
+  hora__error_clear();
+  if (n > 0 && !tensors) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_broadcast_parameters: tensors is NULL");
+  }
+  hora_request **reqs = hora__calloc(n ? n : 1, sizeof(*reqs));
+  if (!reqs) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  /* Submit all, then wait for all, so the engine can fuse them. */
+  int first = HORA_SUCCESS;
+  char first_msg[1024] = "";
+  size_t submitted = 0;
+  for (size_t i = 0; i < n; i++) {
+    int rc = hora_broadcast_async(tensors[i].name, tensors[i].buf, tensors[i].count,
+                                  tensors[i].dtype, root, &reqs[i]);
+    if (rc != HORA_SUCCESS) {
+      first = rc;
+      snprintf(first_msg, sizeof(first_msg), "hora_broadcast_parameters: tensor %zu: %s", i,
+               hora_last_error());
+      break;
+    }
+    submitted++;
+  }
+  for (size_t i = 0; i < submitted; i++) {
+    int rc = hora_wait(&reqs[i]);
+    if (rc != HORA_SUCCESS && first == HORA_SUCCESS) {
+      first = rc;
+      snprintf(first_msg, sizeof(first_msg), "hora_broadcast_parameters: tensor %zu: %s", i,
+               hora_last_error());
+    }
+  }
+  free(reqs);
+  if (first != HORA_SUCCESS) {
+    return hora__error(first, "%s", first_msg);
+  }
+  hora__error_clear();
+  return HORA_SUCCESS;
+}
+
+HORA_EXTERN int hora_get_stats(hora_stats *stats) {
+  hora__error_clear();
+  if (!stats) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_get_stats: stats is NULL");
+  }
+  if (stats->struct_size < offsetof(hora_stats, operations) + sizeof(uint64_t) ||
+      stats->struct_size > (1u << 16)) {
+    return hora__error(HORA_ERR_INVALID_ARG,
+                       "hora_get_stats: stats->struct_size is %zu; set it to sizeof(hora_stats)",
+                       stats->struct_size);
+  }
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_get_stats");
+  if (!rt) {
+    return rc;
+  }
+  hora_stats s;
+  memset(&s, 0, sizeof(s));
+  s.struct_size = sizeof(s);
+  s.allreduces = atomic_load(&rt->stats.allreduces);
+  s.broadcasts = atomic_load(&rt->stats.broadcasts);
+  s.allgathers = atomic_load(&rt->stats.allgathers);
+  s.operations = s.allreduces + s.broadcasts + s.allgathers;
+  s.bytes = atomic_load(&rt->stats.bytes);
+  s.fused_batches = atomic_load(&rt->stats.fused_batches);
+  s.fused_tensors = atomic_load(&rt->stats.fused_tensors);
+  s.cache_hits = atomic_load(&rt->stats.cache_hits);
+  s.cache_misses = atomic_load(&rt->stats.cache_misses);
+  s.negotiate_seconds = (double)atomic_load(&rt->stats.negotiate_ns) * 1e-9;
+  s.communicate_seconds = (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
+  s.copy_seconds = (double)atomic_load(&rt->stats.copy_ns) * 1e-9;
+  size_t keep = stats->struct_size;
+  memcpy(stats, &s, HORA_MIN(keep, sizeof(s)));
+  stats->struct_size = keep;
+  return HORA_SUCCESS;
+}
 
 HORA_EXTERN int hora_join(int *last_joined_rank) {
   int last = -1;

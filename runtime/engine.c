@@ -23,27 +23,35 @@
 
 #include "../comm/collectives.h"
 #include "../comm/reduce.h"
+#include "cache.h"
 #include "log.h"
 #include "params.h"
 #include "runtime.h"
+#include "timeline.h"
 
 struct hora__engine {
   struct hora__runtime *rt;
   hora__comm *comm;
   struct hora__controller *ctl; /* rank 0 only */
+  struct hora__cache cache;     /* identical on every rank */
   struct hora__response *todo, **todo_tail;
   struct hora__wbuf wbuf;
   bool stop;
   bool abort_from_root; /* the fatal error came in an abort from rank 0 */
   uint64_t next_stall_ns;
+  uint64_t send_at_ns; /* rank 0: when held-back responses must go */
   /* A joined rank's stand-in buffers for allreduces it did not submit. */
   void *zeros, *junk;
-  size_t zeros_bytes;
-  /* Fusion buffer, allocated once at its largest size and reused. */
+  size_t zeros_bytes, junk_bytes;
+  /* Fusion buffer: allocated once, at HORA_FUSION_THRESHOLD, and reused. */
   void *fusion;
   size_t fusion_bytes;
   struct hora_request **reqs;
   size_t reqs_cap;
+  uint8_t *bits; /* cache bits of one REQUESTS message */
+  /* rank 0: cache bits from a worker that named a reassigned slot */
+  uint32_t *resend;
+  uint32_t nresend, resend_cap, resend_version;
 };
 
 static void engine_free(struct hora__engine *e) {
@@ -51,6 +59,9 @@ static void engine_free(struct hora__engine *e) {
     return;
   }
   hora__controller_destroy(e->ctl);
+  hora__cache_free(&e->cache);
+  free(e->bits);
+  free(e->resend);
   while (e->todo) {
     struct hora__response *n = e->todo->next;
     hora__response_free(e->todo);
@@ -89,6 +100,92 @@ static int submit_cb(void *arg, const struct hora__wire_request *req) {
   return hora__controller_submit(s->e->ctl, s->rank, req);
 }
 
+/* Rank 0: a worker announced slot `slot` of its cache at `version`. */
+static int cached_cb(void *arg, uint32_t version, uint32_t slot) {
+  struct submit_ctx *s = arg;
+  struct hora__engine *e = s->e;
+  const struct hora__cache_entry *ce = hora__cache_entry(&e->cache, (int32_t)slot);
+  if (ce && ce->version <= version && ce->key_len > 0) {
+    struct hora__wire_request w = {.meta = ce->meta, .key = ce->key, .key_len = ce->key_len};
+    return hora__controller_submit(e->ctl, s->rank, &w);
+  }
+  if (version > e->cache.version || slot >= e->cache.capacity) {
+    return hora__error(HORA_ERR_PEER_LOST, "rank %d announced cache slot %u at version %u, "
+                       "which rank 0 never assigned", s->rank, slot, version);
+  }
+  /* The slot changed hands after the worker looked: ask again in full. */
+  if (e->nresend == e->resend_cap) {
+    uint32_t cap = e->resend_cap ? 2 * e->resend_cap : 64;
+    uint32_t *p = hora__realloc(e->resend, cap * sizeof(*p));
+    if (!p) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    e->resend = p;
+    e->resend_cap = cap;
+  }
+  e->resend[e->nresend++] = slot;
+  e->resend_version = version;
+  return HORA_SUCCESS;
+}
+
+static int encode_and_send_requests(struct hora__engine *e, struct hora_request *const *list,
+                                    size_t n);
+
+struct resend_ctx {
+  struct hora__engine *e;
+  struct hora_request **found;
+  size_t n, cap;
+};
+
+static void find_sent(void *arg, const char *key, size_t len, void *value) {
+  (void)key;
+  (void)len;
+  struct resend_ctx *r = arg;
+  struct hora_request *q = value;
+  if (q->sent_slot >= 0 && r->n < r->cap && r->e->rt->rank != 0) {
+    r->found[r->n++] = q;
+  }
+}
+
+/* Worker: rank 0 could not resolve some of our cache bits; send those
+ * requests again in full. */
+static int on_resend(struct hora__engine *e, const uint8_t *p, size_t n) {
+  struct hora__rbuf rb = hora__rbuf_make(p, n);
+  uint32_t version = hora__rbuf_u32(&rb);
+  uint32_t count = hora__rbuf_u32(&rb);
+  if (rb.bad || (size_t)count * 4 != hora__rbuf_left(&rb)) {
+    return hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed resend message");
+  }
+  struct hora__runtime *rt = e->rt;
+  pthread_mutex_lock(&rt->mu);
+  size_t cap = rt->inflight.count;
+  struct resend_ctx rc = {.e = e, .found = hora__malloc((cap ? cap : 1) * sizeof(void *)), .cap = cap};
+  if (rc.found) {
+    hora__table_each(&rt->inflight, find_sent, &rc);
+  }
+  pthread_mutex_unlock(&rt->mu);
+  if (!rc.found) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  size_t w = 0;
+  for (size_t i = 0; i < rc.n; i++) {
+    struct hora_request *q = rc.found[i];
+    bool asked = false;
+    for (uint32_t k = 0; k < count && !asked; k++) {
+      uint32_t slot = (uint32_t)p[8 + 4 * k] | (uint32_t)p[9 + 4 * k] << 8 |
+                      (uint32_t)p[10 + 4 * k] << 16 | (uint32_t)p[11 + 4 * k] << 24;
+      asked = q->sent_version == version && (uint32_t)q->sent_slot == slot;
+    }
+    if (asked) {
+      q->sent_slot = -1;
+      rc.found[w++] = q;
+    }
+  }
+  int r = w ? encode_and_send_requests(e, rc.found, w) : HORA_SUCCESS;
+  free(rc.found);
+  return r;
+}
+
 /* Reads and handles every complete frame on one control connection. */
 static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
   int peer = hora__ctrl_peer(c);
@@ -112,16 +209,24 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
     }
     if (type == HORA_MSG_REQUESTS && e->ctl) {
       struct submit_ctx s = {e, peer};
-      if (hora__decode_requests(p, n, submit_cb, &s) != HORA_SUCCESS) {
+      struct hora__request_sink sink = {submit_cb, cached_cb, &s};
+      e->nresend = 0;
+      if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
         return hora__error(HORA_ERR_PEER_LOST, "%s sent a malformed request list: %s",
                            hora__peer_name(e->comm, peer, name, sizeof(name)),
                            hora__error_message());
       }
+      if (e->nresend) {
+        hora__encode_resend(&e->wbuf, e->resend_version, e->resend, e->nresend);
+        HORA_CHECK(hora__ctrl_send(c, HORA_MSG_RESEND, e->wbuf.data, e->wbuf.len));
+      }
     } else if (type == HORA_MSG_RESPONSES && !e->ctl) {
-      if (hora__decode_responses(p, n, &e->todo_tail) != HORA_SUCCESS) {
+      if (hora__decode_responses(p, n, &e->todo_tail, &e->cache) != HORA_SUCCESS) {
         return hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
                            hora__error_message());
       }
+    } else if (type == HORA_MSG_RESEND && !e->ctl) {
+      HORA_CHECK(on_resend(e, p, n));
     } else {
       return hora__error(HORA_ERR_PEER_LOST, "%s sent an unexpected control message (type %u)",
                          hora__peer_name(e->comm, peer, name, sizeof(name)), type);
@@ -177,6 +282,50 @@ static int grow_reqs(struct hora__engine *e, size_t n) {
   return HORA_SUCCESS;
 }
 
+/* Worker: one REQUESTS message. A request whose key and options match a
+ * cache entry goes as that entry's bit; the rest go in full. */
+static int encode_and_send_requests(struct hora__engine *e, struct hora_request *const *list,
+                                    size_t n) {
+  struct hora__runtime *rt = e->rt;
+  uint32_t nfull = 0, maxslot = 0;
+  bool anybit = false;
+  if (e->cache.capacity && !e->bits) {
+    e->bits = hora__calloc((e->cache.capacity + 7) / 8, 1);
+    if (!e->bits) {
+      return HORA_ERR_NO_MEMORY;
+    }
+  }
+  hora__encode_requests_begin(&e->wbuf);
+  for (size_t i = 0; i < n; i++) {
+    struct hora_request *q = list[i];
+    int32_t slot = q->sent_slot == -2 ? hora__cache_find(&e->cache, q->key, q->key_len) : -1;
+    if (slot >= 0 && hora__meta_equal(&e->cache.e[slot].meta, &q->meta)) {
+      e->bits[slot / 8] |= (uint8_t)(1u << (slot % 8));
+      maxslot = HORA_MAX(maxslot, (uint32_t)slot);
+      anybit = true;
+      q->sent_slot = slot;
+      q->sent_version = e->cache.version;
+      atomic_fetch_add(&rt->stats.cache_hits, 1);
+    } else {
+      hora__encode_request(&e->wbuf, &q->meta, q->key, q->key_len);
+      q->sent_slot = -1;
+      nfull++;
+      if (q->meta.kind <= HORA_KIND_ALLGATHER) {
+        atomic_fetch_add(&rt->stats.cache_misses, 1);
+      }
+    }
+  }
+  uint32_t nbytes = anybit ? maxslot / 8 + 1 : 0;
+  hora__encode_requests_end(&e->wbuf, nfull, e->cache.version, e->bits, nbytes);
+  if (nbytes) {
+    memset(e->bits, 0, nbytes);
+  }
+  if (e->wbuf.failed) {
+    return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %zu requests", n);
+  }
+  return hora__ctrl_send(e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
+}
+
 static int take_submissions(struct hora__engine *e, bool *busy) {
   struct hora__runtime *rt = e->rt;
   pthread_mutex_lock(&rt->mu);
@@ -195,22 +344,27 @@ static int take_submissions(struct hora__engine *e, bool *busy) {
   *busy = true;
   if (e->ctl) {
     for (struct hora_request *r = head; r; r = r->next) {
+      if (r->meta.kind <= HORA_KIND_ALLGATHER) {
+        int32_t slot = hora__cache_find(&e->cache, r->key, r->key_len);
+        bool hit = slot >= 0 && hora__meta_equal(&e->cache.e[slot].meta, &r->meta);
+        atomic_fetch_add(hit ? &rt->stats.cache_hits : &rt->stats.cache_misses, 1);
+      }
       struct hora__wire_request w = {.meta = r->meta, .key = r->key, .key_len = r->key_len};
       HORA_CHECK(hora__controller_submit(e->ctl, 0, &w));
     }
     return HORA_SUCCESS;
   }
-  uint32_t n = 0;
-  hora__encode_requests_begin(&e->wbuf);
+  size_t n = 0;
   for (struct hora_request *r = head; r; r = r->next) {
-    hora__encode_request(&e->wbuf, &r->meta, r->key, r->key_len);
     n++;
   }
-  hora__encode_requests_end(&e->wbuf, n);
-  if (e->wbuf.failed) {
-    return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %u requests", n);
+  HORA_CHECK(grow_reqs(e, n));
+  n = 0;
+  for (struct hora_request *r = head; r; r = r->next) {
+    r->sent_slot = -2; /* not sent yet: may go by cache bit */
+    e->reqs[n++] = r;
   }
-  return hora__ctrl_send(e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
+  return encode_and_send_requests(e, e->reqs, n);
 }
 
 /* ---- execution -------------------------------------------------------------- */
@@ -259,41 +413,132 @@ static int ensure_buffer(void **buf, size_t *have, size_t need, bool zero) {
   return HORA_SUCCESS;
 }
 
+static void timeline_all(const struct hora__response *r, const char *phase) {
+  if (!hora__timeline_enabled()) {
+    return;
+  }
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    if (phase) {
+      hora__timeline_begin(r->tensors[i].key, r->tensors[i].key_len, phase);
+    } else {
+      hora__timeline_end(r->tensors[i].key, r->tensors[i].key_len);
+    }
+  }
+}
+
+static hora_dtype wire_dtype(const struct hora__response *r) {
+  bool floating = r->dtype == HORA_FLOAT32 || r->dtype == HORA_FLOAT64;
+  if (!floating || r->compression == HORA_COMPRESSION_NONE) {
+    return (hora_dtype)r->dtype;
+  }
+  return r->compression == HORA_COMPRESSION_FP16 ? HORA_FLOAT16 : HORA_BFLOAT16;
+}
+
+/* The result's last touches, in place: AVERAGE's division, then postscale. */
+static void finish_result(const struct hora__response *r, void *buf, size_t count, int size) {
+  if (r->op == HORA_AVERAGE) {
+    hora__divide((hora_dtype)r->dtype, buf, count, size);
+  }
+  if (r->postscale != 1.0) {
+    hora__scale((hora_dtype)r->dtype, buf, count, r->postscale);
+  }
+}
+
+/* Looks up the local request of every tensor; a joined rank may lack some. */
+static int gather_requests(struct hora__engine *e, const struct hora__response *r, bool *joined) {
+  HORA_CHECK(grow_reqs(e, r->ntensors));
+  pthread_mutex_lock(&e->rt->mu);
+  *joined = e->rt->joined;
+  pthread_mutex_unlock(&e->rt->mu);
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    e->reqs[i] = lookup(e, &r->tensors[i]);
+    if (!e->reqs[i] && !(*joined && r->kind == HORA_KIND_ALLREDUCE)) {
+      return missing_tensor(e, r, &r->tensors[i]);
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+static void account(struct hora__engine *e, const struct hora__response *r, uint64_t start_ns,
+                    uint64_t comm_ns, uint64_t copy_ns) {
+  struct hora__runtime *rt = e->rt;
+  size_t esize = hora_dtype_size((hora_dtype)r->dtype);
+  uint64_t bytes = 0, negotiate = 0;
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    bytes += r->tensors[i].count * esize;
+    if (e->reqs[i] && start_ns > e->reqs[i]->submit_ns) {
+      negotiate += start_ns - e->reqs[i]->submit_ns;
+    }
+  }
+  atomic_uint_fast64_t *kind = r->kind == HORA_KIND_ALLREDUCE   ? &rt->stats.allreduces
+                               : r->kind == HORA_KIND_BROADCAST ? &rt->stats.broadcasts
+                                                                : &rt->stats.allgathers;
+  atomic_fetch_add(kind, r->ntensors);
+  atomic_fetch_add(&rt->stats.bytes, bytes);
+  atomic_fetch_add(&rt->stats.negotiate_ns, negotiate);
+  atomic_fetch_add(&rt->stats.communicate_ns, comm_ns);
+  atomic_fetch_add(&rt->stats.copy_ns, copy_ns);
+  if (r->ntensors > 1) {
+    atomic_fetch_add(&rt->stats.fused_batches, 1);
+    atomic_fetch_add(&rt->stats.fused_tensors, r->ntensors);
+  }
+}
+
+static int fusion_buffer(struct hora__engine *e, size_t bytes) {
+  /* Sized once for the largest fused batch the threshold allows. */
+  size_t want = HORA_MAX(bytes, (size_t)hora__params.FUSION_THRESHOLD);
+  return ensure_buffer(&e->fusion, &e->fusion_bytes, e->fusion ? bytes : want, false);
+}
+
 static int run_allreduce(struct hora__engine *e, const struct hora__response *r) {
   hora__comm *c = e->comm;
   hora_dtype dt = (hora_dtype)r->dtype;
   hora_op op = (hora_op)r->op;
+  hora_dtype wire = wire_dtype(r);
   size_t esize = hora_dtype_size(dt);
-  size_t total = 0;
-  HORA_CHECK(grow_reqs(e, r->ntensors));
   bool joined;
-  pthread_mutex_lock(&e->rt->mu);
-  joined = e->rt->joined;
-  pthread_mutex_unlock(&e->rt->mu);
+  HORA_CHECK(gather_requests(e, r, &joined));
+  uint64_t start = hora__now_ns(), copy_ns = 0;
+  size_t total = 0;
   for (uint32_t i = 0; i < r->ntensors; i++) {
-    e->reqs[i] = lookup(e, &r->tensors[i]);
-    if (!e->reqs[i] && !joined) {
-      return missing_tensor(e, r, &r->tensors[i]);
-    }
     total += r->tensors[i].count;
   }
   size_t bytes = total * esize;
+  timeline_all(r, NULL); /* QUEUE ends */
   int rc;
+  uint64_t t_comm;
   if (r->ntensors == 1 && e->reqs[0]) {
+    /* Alone: straight from the caller's buffers, no copy (unless prescaled,
+     * which must not touch the caller's input). */
     struct hora_request *q = e->reqs[0];
-    rc = hora__allreduce(c, q->sendbuf, q->recvbuf, total, dt, op);
-    if (rc == HORA_SUCCESS && op == HORA_AVERAGE) {
-      hora__divide(dt, q->recvbuf, total, c->size);
+    const void *src = q->sendbuf;
+    if (r->prescale != 1.0) {
+      if (q->recvbuf != q->sendbuf) {
+        memcpy(q->recvbuf, q->sendbuf, bytes);
+      }
+      hora__scale(dt, q->recvbuf, total, r->prescale);
+      src = q->recvbuf;
+    }
+    timeline_all(r, "ALLREDUCE");
+    t_comm = hora__now_ns();
+    rc = hora__allreduce(c, src, q->recvbuf, total, dt, op, wire);
+    t_comm = hora__now_ns() - t_comm;
+    timeline_all(r, NULL);
+    if (rc == HORA_SUCCESS) {
+      finish_result(r, q->recvbuf, total, c->size);
     }
   } else if (r->ntensors == 1) {
     /* Joined: contribute zeros, discard the result. */
-    size_t junk_have = e->zeros_bytes;
     HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, bytes, true));
-    HORA_CHECK(ensure_buffer(&e->junk, &junk_have, bytes, false));
-    rc = hora__allreduce(c, e->zeros, e->junk, total, dt, op);
+    HORA_CHECK(ensure_buffer(&e->junk, &e->junk_bytes, bytes, false));
+    t_comm = hora__now_ns();
+    rc = hora__allreduce(c, e->zeros, e->junk, total, dt, op, wire);
+    t_comm = hora__now_ns() - t_comm;
   } else {
-    HORA_CHECK(ensure_buffer(&e->fusion, &e->fusion_bytes, bytes, false));
+    HORA_CHECK(fusion_buffer(e, bytes));
     char *f = e->fusion;
+    uint64_t t0 = hora__now_ns();
+    timeline_all(r, HORA_PHASE_PACK);
     size_t off = 0;
     for (uint32_t i = 0; i < r->ntensors; i++) {
       size_t b = r->tensors[i].count * esize;
@@ -304,52 +549,126 @@ static int run_allreduce(struct hora__engine *e, const struct hora__response *r)
       }
       off += b;
     }
-    rc = hora__allreduce(c, f, f, total, dt, op);
-    if (rc == HORA_SUCCESS && op == HORA_AVERAGE) {
-      hora__divide(dt, f, total, c->size);
+    if (r->prescale != 1.0) {
+      hora__scale(dt, f, total, r->prescale);
     }
-    off = 0;
-    for (uint32_t i = 0; rc == HORA_SUCCESS && i < r->ntensors; i++) {
-      size_t b = r->tensors[i].count * esize;
-      if (e->reqs[i]) {
-        memcpy(e->reqs[i]->recvbuf, f + off, b);
+    timeline_all(r, NULL);
+    copy_ns += hora__now_ns() - t0;
+    timeline_all(r, "ALLREDUCE");
+    t_comm = hora__now_ns();
+    rc = hora__allreduce(c, f, f, total, dt, op, wire);
+    t_comm = hora__now_ns() - t_comm;
+    timeline_all(r, NULL);
+    if (rc == HORA_SUCCESS) {
+      t0 = hora__now_ns();
+      finish_result(r, f, total, c->size);
+      timeline_all(r, HORA_PHASE_UNPACK);
+      off = 0;
+      for (uint32_t i = 0; i < r->ntensors; i++) {
+        size_t b = r->tensors[i].count * esize;
+        if (e->reqs[i]) {
+          memcpy(e->reqs[i]->recvbuf, f + off, b);
+        }
+        off += b;
       }
-      off += b;
+      timeline_all(r, NULL);
+      copy_ns += hora__now_ns() - t0;
     }
   }
-  if (rc != HORA_SUCCESS) {
-    return rc;
-  }
+  HORA_CHECK(rc);
+  account(e, r, start, t_comm, copy_ns);
   complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
   return HORA_SUCCESS;
 }
 
-static int execute(struct hora__engine *e, const struct hora__response *r) {
+static int run_broadcast(struct hora__engine *e, const struct hora__response *r) {
   hora__comm *c = e->comm;
-  struct hora_request *q = NULL;
-  if (r->kind != HORA_KIND_ALLREDUCE && r->ntensors > 0) {
-    q = lookup(e, &r->tensors[0]);
+  size_t esize = hora_dtype_size((hora_dtype)r->dtype);
+  bool joined;
+  HORA_CHECK(gather_requests(e, r, &joined));
+  uint64_t start = hora__now_ns(), copy_ns = 0, t_comm;
+  timeline_all(r, NULL);
+  int rc;
+  if (r->ntensors == 1) {
+    timeline_all(r, "BROADCAST");
+    t_comm = hora__now_ns();
+    rc = hora__broadcast(c, e->reqs[0]->recvbuf, r->tensors[0].count * esize, r->root);
+    t_comm = hora__now_ns() - t_comm;
+    timeline_all(r, NULL);
+  } else {
+    size_t bytes = 0;
+    for (uint32_t i = 0; i < r->ntensors; i++) {
+      bytes += r->tensors[i].count * esize;
+    }
+    HORA_CHECK(fusion_buffer(e, bytes));
+    char *f = e->fusion;
+    bool root = c->rank == r->root;
+    uint64_t t0 = hora__now_ns();
+    if (root) {
+      timeline_all(r, HORA_PHASE_PACK);
+      size_t off = 0;
+      for (uint32_t i = 0; i < r->ntensors; i++) {
+        size_t b = r->tensors[i].count * esize;
+        memcpy(f + off, e->reqs[i]->recvbuf, b);
+        off += b;
+      }
+      timeline_all(r, NULL);
+    }
+    copy_ns += hora__now_ns() - t0;
+    timeline_all(r, "BROADCAST");
+    t_comm = hora__now_ns();
+    rc = hora__broadcast(c, f, bytes, r->root);
+    t_comm = hora__now_ns() - t_comm;
+    timeline_all(r, NULL);
+    if (rc == HORA_SUCCESS && !root) {
+      t0 = hora__now_ns();
+      timeline_all(r, HORA_PHASE_UNPACK);
+      size_t off = 0;
+      for (uint32_t i = 0; i < r->ntensors; i++) {
+        size_t b = r->tensors[i].count * esize;
+        memcpy(e->reqs[i]->recvbuf, f + off, b);
+        off += b;
+      }
+      timeline_all(r, NULL);
+      copy_ns += hora__now_ns() - t0;
+    }
   }
+  HORA_CHECK(rc);
+  account(e, r, start, t_comm, copy_ns);
+  complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
+  return HORA_SUCCESS;
+}
+
+static int run_allgather(struct hora__engine *e, const struct hora__response *r) {
+  bool joined;
+  HORA_CHECK(gather_requests(e, r, &joined));
+  struct hora_request *q = e->reqs[0];
+  uint64_t start = hora__now_ns();
+  timeline_all(r, NULL);
+  timeline_all(r, "ALLGATHER");
+  size_t bytes = r->tensors[0].count * hora_dtype_size((hora_dtype)r->dtype);
+  HORA_CHECK(hora__allgather(e->comm, q->sendbuf, bytes, q->recvbuf));
+  timeline_all(r, NULL);
+  account(e, r, start, hora__now_ns() - start, 0);
+  complete(e, &q, 1, HORA_SUCCESS, NULL);
+  return HORA_SUCCESS;
+}
+
+static int execute(struct hora__engine *e, const struct hora__response *r) {
+  struct hora_request *q = NULL;
   switch (r->kind) {
     case HORA_KIND_ALLREDUCE:
       return run_allreduce(e, r);
     case HORA_KIND_BROADCAST:
-    case HORA_KIND_ALLGATHER: {
-      if (!q) {
-        return missing_tensor(e, r, &r->tensors[0]);
-      }
-      size_t bytes = r->tensors[0].count * hora_dtype_size((hora_dtype)r->dtype);
-      int rc = r->kind == HORA_KIND_BROADCAST
-                   ? hora__broadcast(c, q->recvbuf, bytes, r->root)
-                   : hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
-      HORA_CHECK(rc);
-      complete(e, &q, 1, HORA_SUCCESS, NULL);
-      return HORA_SUCCESS;
-    }
+      return run_broadcast(e, r);
+    case HORA_KIND_ALLGATHER:
+      return run_allgather(e, r);
     case HORA_KIND_BARRIER:
+      q = lookup(e, &r->tensors[0]);
       if (!q) {
         return missing_tensor(e, r, &r->tensors[0]);
       }
+      timeline_all(r, NULL);
       complete(e, &q, 1, HORA_SUCCESS, NULL);
       return HORA_SUCCESS;
     case HORA_KIND_ERROR:
@@ -384,33 +703,45 @@ static int execute(struct hora__engine *e, const struct hora__response *r) {
   }
 }
 
-static int distribute_and_run(struct hora__engine *e, bool *busy) {
+/* Rank 0: sends the ready responses when the cycle policy says so. */
+static int distribute(struct hora__engine *e) {
   hora__comm *c = e->comm;
+  uint64_t wake;
+  e->send_at_ns = UINT64_MAX;
+  if (!hora__controller_should_send(e->ctl, hora__now_ns(),
+                                    (uint64_t)(hora__params.CYCLE_TIME * 1e6),
+                                    (uint64_t)hora__params.FUSION_THRESHOLD, &wake)) {
+    e->send_at_ns = wake;
+    return HORA_SUCCESS;
+  }
+  struct hora__response *head = NULL, **tail = &head;
+  HORA_CHECK(hora__controller_take(e->ctl, &tail, hora__params.FUSION_THRESHOLD));
+  uint32_t n = 0;
+  for (struct hora__response *r = head; r; r = r->next) {
+    n++;
+  }
+  struct hora__response **v = hora__malloc((n ? n : 1) * sizeof(*v));
+  int rc = v ? HORA_SUCCESS : HORA_ERR_NO_MEMORY;
+  n = 0;
+  for (struct hora__response *r = head; r && v; r = r->next) {
+    v[n++] = r;
+  }
+  if (rc == HORA_SUCCESS) {
+    rc = hora__encode_responses(&e->wbuf, v, n, &e->cache);
+  }
+  free(v);
+  *e->todo_tail = head; /* queued even on failure, so they are freed */
+  e->todo_tail = tail;
+  HORA_CHECK(rc);
+  for (int r = 1; r < c->size; r++) {
+    HORA_CHECK(hora__ctrl_send(c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
+  }
+  return HORA_SUCCESS;
+}
+
+static int distribute_and_run(struct hora__engine *e, bool *busy) {
   if (e->ctl && hora__controller_has_ready(e->ctl)) {
-    struct hora__response *head = NULL, **tail = &head;
-    hora__controller_take(e->ctl, &tail);
-    uint32_t n = 0;
-    for (struct hora__response *r = head; r; r = r->next) {
-      n++;
-    }
-    struct hora__response **v = hora__malloc(n * sizeof(*v));
-    if (!v) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    n = 0;
-    for (struct hora__response *r = head; r; r = r->next) {
-      v[n++] = r;
-    }
-    hora__encode_responses(&e->wbuf, v, n);
-    free(v);
-    if (e->wbuf.failed) {
-      return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %u responses", n);
-    }
-    for (int r = 1; r < c->size; r++) {
-      HORA_CHECK(hora__ctrl_send(c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
-    }
-    *e->todo_tail = head;
-    e->todo_tail = tail;
+    HORA_CHECK(distribute(e));
   }
   while (e->todo && !e->stop) {
     struct hora__response *r = e->todo;
@@ -475,15 +806,26 @@ static int sleep_until_work(struct hora__engine *e) {
   fds[n++] = (struct pollfd){.fd = c->unix_listen_fd, .events = POLLIN};
   int nfixed = n;
   n += service_pollfds(e, fds + n, (int)HORA_ARRAY_SIZE(fds) - n);
+  hora__timeline_flush();
   int timeout = 1000;
-  if (e->next_stall_ns != UINT64_MAX) {
+  uint64_t due = HORA_MIN(e->next_stall_ns, e->send_at_ns);
+  if (due != UINT64_MAX) {
     uint64_t now = hora__now_ns();
-    uint64_t ms = e->next_stall_ns > now ? (e->next_stall_ns - now) / 1000000 + 1 : 0;
-    timeout = (int)HORA_MIN(ms, (uint64_t)timeout);
+    uint64_t us = due > now ? (due - now + 999) / 1000 : 0;
+    /* poll() counts milliseconds; a shorter cycle than that is served by
+     * ppoll's finer timeout. */
+    struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
+    if (us < 1000000) {
+      if (ppoll(fds, (nfds_t)n, &ts, NULL) < 0 && errno != EINTR) {
+        return hora__error_errno(HORA_ERR_SYSTEM, "ppoll");
+      }
+      goto woke;
+    }
   }
   if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR) {
     return hora__error_errno(HORA_ERR_SYSTEM, "poll");
   }
+woke:
   pthread_mutex_lock(&rt->mu);
   rt->coord_sleeping = false;
   pthread_mutex_unlock(&rt->mu);
@@ -635,6 +977,12 @@ int hora__engine_start(struct hora__runtime *rt) {
   e->comm = rt->comm;
   e->todo_tail = &e->todo;
   e->next_stall_ns = UINT64_MAX;
+  e->send_at_ns = UINT64_MAX;
+  int crc = hora__cache_init(&e->cache, (uint32_t)hora__params.CACHE_CAPACITY);
+  if (crc != HORA_SUCCESS) {
+    engine_free(e);
+    return crc;
+  }
   if (rt->rank == 0) {
     int rc = hora__controller_create(rt->size, &e->ctl);
     if (rc != HORA_SUCCESS) {

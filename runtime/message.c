@@ -1,18 +1,30 @@
 /* Encoding and validation of control messages.
  *
- *   REQUESTS  := u32 n, n x { u8 kind, u8 dtype, u8 op, u8 device,
- *                             i32 root, u64 count, str key }
- *   RESPONSES := u32 n, n x { u8 kind, u8 dtype, u8 op, u8 device, i32 root,
- *                             i32 last_joined, u16 error_code, str error,
- *                             u32 ntensors, ntensors x { str key, u64 count } }
+ *   REQUESTS  := u32 n, n x request, u32 cache_version, u32 nbytes, bitmap
+ *   request   := u8 kind, u8 dtype, u8 op, u8 device, u8 compression,
+ *                i32 root, u64 count, f64 prescale, f64 postscale, str key
+ *   RESPONSES := u32 n, n x { u8 kind, u8 dtype, u8 op, u8 device,
+ *                u8 compression, f64 prescale, f64 postscale, i32 root,
+ *                i32 last_joined, u16 error_code, str error,
+ *                u32 ntensors, ntensors x tensor }
+ *   tensor    := u32 slot + 1 (a cached tensor) | u32 0, str key, u64 count
  *   ABORT     := i32 origin_rank, u16 code, str message
- *   str       := u16 length, bytes */
+ *   RESEND    := u32 cache_version, u32 n, n x u32 slot
+ *   str       := u16 length, bytes;  f64 := IEEE bits as u64
+ * All little-endian. */
 #include "message.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cache.h"
+
 #define MAX_TENSORS_PER_RESPONSE (1u << 20)
+#define MAX_CACHE_BITMAP (1u << 20) /* bytes: 8 Mi slots */
+/* Smallest encodings, for rejecting counts a frame cannot hold. */
+#define REQUEST_MIN_BYTES (5 + 4 + 8 + 8 + 8 + 2 + 1)          /* 1-byte key */
+#define RESPONSE_MIN_BYTES (5 + 8 + 8 + 4 + 4 + 2 + 2 + 4)     /* no tensors, no message */
 
 static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "barrier",
                                          "join",      "shutdown",  "error"};
@@ -40,31 +52,17 @@ const char *hora__key_display(const char *key, size_t len, char *buf, size_t n) 
   return buf;
 }
 
-/* ---- requests ------------------------------------------------------------ */
-
-void hora__encode_requests_begin(struct hora__wbuf *w) {
-  hora__wbuf_reset(w);
-  hora__wbuf_u32(w, 0);
+static void put_f64(struct hora__wbuf *w, double v) {
+  uint64_t u;
+  memcpy(&u, &v, sizeof(u));
+  hora__wbuf_u64(w, u);
 }
 
-void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *m, const char *key,
-                          size_t key_len) {
-  hora__wbuf_u8(w, m->kind);
-  hora__wbuf_u8(w, m->dtype);
-  hora__wbuf_u8(w, m->op);
-  hora__wbuf_u8(w, m->device);
-  hora__wbuf_u32(w, (uint32_t)m->root);
-  hora__wbuf_u64(w, m->count);
-  hora__wbuf_str(w, key, key_len);
-}
-
-void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n) {
-  if (!w->failed && w->len >= 4) {
-    w->data[0] = (uint8_t)n;
-    w->data[1] = (uint8_t)(n >> 8);
-    w->data[2] = (uint8_t)(n >> 16);
-    w->data[3] = (uint8_t)(n >> 24);
-  }
+static double get_f64(struct hora__rbuf *r) {
+  uint64_t u = hora__rbuf_u64(r);
+  double v;
+  memcpy(&v, &u, sizeof(v));
+  return v;
 }
 
 static int check_key(const char *key, size_t len) {
@@ -88,13 +86,20 @@ static int check_key(const char *key, size_t len) {
   return HORA_SUCCESS;
 }
 
+static bool fields_valid(uint8_t dtype, uint8_t op, uint8_t device, uint8_t compression,
+                         double prescale, double postscale) {
+  return hora__dtype_valid(dtype) && hora__op_valid(op) && device <= 1 &&
+         compression <= HORA_COMPRESSION_BF16 && isfinite(prescale) && isfinite(postscale);
+}
+
 static int check_meta(const struct hora__op_meta *m) {
   if (m->kind > HORA_KIND_SHUTDOWN) {
     return hora__error(HORA_ERR_INVALID_ARG, "request of unknown kind %u", m->kind);
   }
-  if (!hora__dtype_valid(m->dtype) || !hora__op_valid(m->op) || m->device > 1) {
-    return hora__error(HORA_ERR_INVALID_ARG, "request with dtype %u, op %u, device %u", m->dtype,
-                       m->op, m->device);
+  if (!fields_valid(m->dtype, m->op, m->device, m->compression, m->prescale, m->postscale)) {
+    return hora__error(HORA_ERR_INVALID_ARG,
+                       "request with dtype %u, op %u, device %u, compression %u or bad scales",
+                       m->dtype, m->op, m->device, m->compression);
   }
   if (m->count > SIZE_MAX / 8) {
     return hora__error(HORA_ERR_INVALID_ARG, "request of %llu elements",
@@ -103,23 +108,59 @@ static int check_meta(const struct hora__op_meta *m) {
   return HORA_SUCCESS;
 }
 
+/* ---- requests ------------------------------------------------------------ */
+
+void hora__encode_requests_begin(struct hora__wbuf *w) {
+  hora__wbuf_reset(w);
+  hora__wbuf_u32(w, 0);
+}
+
+void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *m, const char *key,
+                          size_t key_len) {
+  hora__wbuf_u8(w, m->kind);
+  hora__wbuf_u8(w, m->dtype);
+  hora__wbuf_u8(w, m->op);
+  hora__wbuf_u8(w, m->device);
+  hora__wbuf_u8(w, m->compression);
+  hora__wbuf_u32(w, (uint32_t)m->root);
+  hora__wbuf_u64(w, m->count);
+  put_f64(w, m->prescale);
+  put_f64(w, m->postscale);
+  hora__wbuf_str(w, key, key_len);
+}
+
+void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n, uint32_t cache_version,
+                               const uint8_t *bits, uint32_t nbytes) {
+  if (!w->failed && w->len >= 4) {
+    w->data[0] = (uint8_t)n;
+    w->data[1] = (uint8_t)(n >> 8);
+    w->data[2] = (uint8_t)(n >> 16);
+    w->data[3] = (uint8_t)(n >> 24);
+  }
+  hora__wbuf_u32(w, cache_version);
+  hora__wbuf_u32(w, nbytes);
+  hora__wbuf_put(w, bits, nbytes);
+}
+
 static void read_meta(struct hora__rbuf *r, struct hora__op_meta *m) {
   m->kind = hora__rbuf_u8(r);
   m->dtype = hora__rbuf_u8(r);
   m->op = hora__rbuf_u8(r);
   m->device = hora__rbuf_u8(r);
+  m->compression = hora__rbuf_u8(r);
   m->root = (int32_t)hora__rbuf_u32(r);
   m->count = hora__rbuf_u64(r);
+  m->prescale = get_f64(r);
+  m->postscale = get_f64(r);
 }
 
-int hora__decode_requests(const uint8_t *p, size_t n,
-                          int (*fn)(void *arg, const struct hora__wire_request *req), void *arg) {
+int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request_sink *sink) {
   for (int pass = 0; pass < 2; pass++) {
     struct hora__rbuf r = hora__rbuf_make(p, n);
     uint32_t count = hora__rbuf_u32(&r);
-    /* Each request takes at least 19 bytes: a count that claims more than
-     * the frame holds is rejected before any work. */
-    if (r.bad || count > hora__rbuf_left(&r) / 19) {
+    /* A count that claims more than the frame can hold is rejected before
+     * any work. */
+    if (r.bad || count > hora__rbuf_left(&r) / REQUEST_MIN_BYTES) {
       return hora__error(HORA_ERR_INVALID_ARG, "request list claims %u entries in %zu bytes",
                          count, n);
     }
@@ -134,13 +175,48 @@ int hora__decode_requests(const uint8_t *p, size_t n,
         HORA_CHECK(check_meta(&req.meta));
         HORA_CHECK(check_key(req.key, req.key_len));
       } else {
-        HORA_CHECK(fn(arg, &req));
+        HORA_CHECK(sink->request(sink->arg, &req));
       }
     }
-    if (hora__rbuf_left(&r) != 0) {
-      return hora__error(HORA_ERR_INVALID_ARG, "%zu stray bytes after a request list",
-                         hora__rbuf_left(&r));
+    uint32_t version = hora__rbuf_u32(&r);
+    uint32_t nbytes = hora__rbuf_u32(&r);
+    if (r.bad || nbytes > MAX_CACHE_BITMAP || nbytes != hora__rbuf_left(&r)) {
+      return hora__error(HORA_ERR_INVALID_ARG, "request list with a malformed cache bitmap");
     }
+    if (pass == 1) {
+      const uint8_t *bits = p + r.off;
+      for (uint32_t b = 0; b < nbytes; b++) {
+        for (uint32_t bit = 0; bits[b] >> bit; bit++) {
+          if (bits[b] & (1u << bit)) {
+            HORA_CHECK(sink->cached(sink->arg, version, b * 8 + bit));
+          }
+        }
+      }
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+void hora__encode_resend(struct hora__wbuf *w, uint32_t cache_version, const uint32_t *slots,
+                         uint32_t n) {
+  hora__wbuf_reset(w);
+  hora__wbuf_u32(w, cache_version);
+  hora__wbuf_u32(w, n);
+  for (uint32_t i = 0; i < n; i++) {
+    hora__wbuf_u32(w, slots[i]);
+  }
+}
+
+int hora__decode_resend(const uint8_t *p, size_t n, uint32_t *cache_version,
+                        int (*fn)(void *arg, uint32_t version, uint32_t slot), void *arg) {
+  struct hora__rbuf r = hora__rbuf_make(p, n);
+  *cache_version = hora__rbuf_u32(&r);
+  uint32_t count = hora__rbuf_u32(&r);
+  if (r.bad || (size_t)count * 4 != hora__rbuf_left(&r)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "malformed resend message (%zu bytes)", n);
+  }
+  for (uint32_t i = 0; i < count; i++) {
+    HORA_CHECK(fn(arg, *cache_version, hora__rbuf_u32(&r)));
   }
   return HORA_SUCCESS;
 }
@@ -155,6 +231,7 @@ struct hora__response *hora__response_new(uint8_t kind, uint32_t ntensors) {
   r->kind = kind;
   r->root = -1;
   r->last_joined = -1;
+  r->prescale = r->postscale = 1.0;
   r->ntensors = ntensors;
   if (ntensors) {
     r->tensors = hora__calloc(ntensors, sizeof(*r->tensors));
@@ -193,7 +270,24 @@ int hora__response_set_tensor(struct hora__response *r, uint32_t i, const char *
   return HORA_SUCCESS;
 }
 
-void hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n) {
+void hora__response_meta(const struct hora__response *r, uint32_t i, struct hora__op_meta *m) {
+  m->kind = r->kind;
+  m->dtype = r->dtype;
+  m->op = r->op;
+  m->device = r->device;
+  m->compression = r->compression;
+  m->root = r->root;
+  m->count = r->tensors[i].count;
+  m->prescale = r->prescale;
+  m->postscale = r->postscale;
+}
+
+static bool cacheable(uint8_t kind) {
+  return kind == HORA_KIND_ALLREDUCE || kind == HORA_KIND_BROADCAST || kind == HORA_KIND_ALLGATHER;
+}
+
+int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n,
+                           struct hora__cache *cache) {
   hora__wbuf_reset(w);
   hora__wbuf_u32(w, n);
   for (uint32_t i = 0; i < n; i++) {
@@ -202,6 +296,9 @@ void hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *
     hora__wbuf_u8(w, r->dtype);
     hora__wbuf_u8(w, r->op);
     hora__wbuf_u8(w, r->device);
+    hora__wbuf_u8(w, r->compression);
+    put_f64(w, r->prescale);
+    put_f64(w, r->postscale);
     hora__wbuf_u32(w, (uint32_t)r->root);
     hora__wbuf_u32(w, (uint32_t)r->last_joined);
     hora__wbuf_u16(w, r->error_code);
@@ -209,16 +306,34 @@ void hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *
     hora__wbuf_str(w, msg, strlen(msg));
     hora__wbuf_u32(w, r->ntensors);
     for (uint32_t t = 0; t < r->ntensors; t++) {
-      hora__wbuf_str(w, r->tensors[t].key, r->tensors[t].key_len);
-      hora__wbuf_u64(w, r->tensors[t].count);
+      const struct hora__resp_tensor *x = &r->tensors[t];
+      int32_t slot = -1;
+      if (cache && cacheable(r->kind)) {
+        struct hora__op_meta m;
+        hora__response_meta(r, t, &m);
+        slot = hora__cache_find(cache, x->key, x->key_len);
+        if (slot >= 0 && !hora__meta_equal(&cache->e[slot].meta, &m)) {
+          slot = -1;
+        }
+        int32_t noted;
+        HORA_CHECK(hora__cache_note(cache, x->key, x->key_len, &m, &noted));
+      }
+      hora__wbuf_u32(w, (uint32_t)(slot + 1));
+      if (slot < 0) {
+        hora__wbuf_str(w, x->key, x->key_len);
+        hora__wbuf_u64(w, x->count);
+      }
     }
   }
+  return w->failed ? hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding responses")
+                   : HORA_SUCCESS;
 }
 
-int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***tail) {
+int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***tail,
+                           struct hora__cache *cache) {
   struct hora__rbuf rb = hora__rbuf_make(p, n);
   uint32_t count = hora__rbuf_u32(&rb);
-  if (rb.bad || count > hora__rbuf_left(&rb) / 20) {
+  if (rb.bad || count > hora__rbuf_left(&rb) / RESPONSE_MIN_BYTES) {
     return hora__error(HORA_ERR_INVALID_ARG, "response list claims %u entries in %zu bytes",
                        count, n);
   }
@@ -229,15 +344,19 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
     uint8_t dtype = hora__rbuf_u8(&rb);
     uint8_t op = hora__rbuf_u8(&rb);
     uint8_t device = hora__rbuf_u8(&rb);
+    uint8_t compression = hora__rbuf_u8(&rb);
+    double prescale = get_f64(&rb);
+    double postscale = get_f64(&rb);
     int32_t root = (int32_t)hora__rbuf_u32(&rb);
     int32_t last_joined = (int32_t)hora__rbuf_u32(&rb);
     uint16_t code = hora__rbuf_u16(&rb);
     size_t msg_len;
     const char *msg = hora__rbuf_str(&rb, UINT16_MAX, &msg_len);
     uint32_t nt = hora__rbuf_u32(&rb);
-    if (rb.bad || kind >= HORA_KIND_COUNT_ || !hora__dtype_valid(dtype) || !hora__op_valid(op) ||
-        device > 1 || code >= HORA_RESULT_COUNT_ || nt > MAX_TENSORS_PER_RESPONSE ||
-        nt > hora__rbuf_left(&rb) / 10) {
+    if (rb.bad || kind >= HORA_KIND_COUNT_ ||
+        !fields_valid(dtype, op, device, compression, prescale, postscale) ||
+        code >= HORA_RESULT_COUNT_ || nt > MAX_TENSORS_PER_RESPONSE ||
+        nt > hora__rbuf_left(&rb) / 4) {
       rc = hora__error(HORA_ERR_INVALID_ARG, "response %u of %u is malformed", i, count);
       goto fail;
     }
@@ -251,6 +370,9 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
     r->dtype = dtype;
     r->op = op;
     r->device = device;
+    r->compression = compression;
+    r->prescale = prescale;
+    r->postscale = postscale;
     r->root = root;
     r->last_joined = last_joined;
     r->error_code = code;
@@ -264,9 +386,25 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
       r->error_msg[msg_len] = '\0';
     }
     for (uint32_t t = 0; t < nt; t++) {
+      uint32_t slot1 = hora__rbuf_u32(&rb);
+      const char *key;
       size_t kl;
-      const char *key = hora__rbuf_str(&rb, HORA_KEY_MAX, &kl);
-      uint64_t cnt = hora__rbuf_u64(&rb);
+      uint64_t cnt;
+      if (slot1 > 0) {
+        const struct hora__cache_entry *e =
+            cache && cacheable(kind) ? hora__cache_entry(cache, (int32_t)slot1 - 1) : NULL;
+        if (rb.bad || !e) {
+          rc = hora__error(HORA_ERR_INVALID_ARG, "response %u refers to empty cache slot %u", i,
+                           slot1 - 1);
+          goto fail;
+        }
+        key = e->key;
+        kl = e->key_len;
+        cnt = e->meta.count;
+      } else {
+        key = hora__rbuf_str(&rb, HORA_KEY_MAX, &kl);
+        cnt = hora__rbuf_u64(&rb);
+      }
       if (rb.bad) {
         rc = hora__error(HORA_ERR_INVALID_ARG, "response %u of %u is truncated", i, count);
         goto fail;
@@ -278,6 +416,12 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
         goto fail;
       }
       HORA_CHECK_GOTO(hora__response_set_tensor(r, t, key, kl, cnt), rc, fail);
+      if (cache && cacheable(kind)) {
+        struct hora__op_meta m;
+        int32_t noted;
+        hora__response_meta(r, t, &m);
+        HORA_CHECK_GOTO(hora__cache_note(cache, r->tensors[t].key, kl, &m, &noted), rc, fail);
+      }
     }
   }
   if (hora__rbuf_left(&rb) != 0) {

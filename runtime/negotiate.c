@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "table.h"
+#include "timeline.h"
 
 struct pending_op {
   struct pending_op *prev, *next; /* arrival order: oldest first */
@@ -37,6 +38,9 @@ struct hora__controller {
   uint8_t *shutdown; /* [size] */
   int nshutdown;
   struct hora__response *ready, **ready_tail;
+  uint64_t ready_since_ns; /* when the oldest response still in `ready` became ready */
+  uint64_t ready_bytes;    /* payload of the fusable responses in `ready` */
+  bool ready_urgent;       /* `ready` holds something that must not wait */
   uint64_t next_stall_warn_ns;
 };
 
@@ -89,18 +93,111 @@ bool hora__controller_has_ready(const struct hora__controller *c) { return c->re
 
 size_t hora__controller_pending(const struct hora__controller *c) { return c->ops.count; }
 
-void hora__controller_take(struct hora__controller *c, struct hora__response ***tail) {
-  if (!c->ready) {
-    return;
+static bool fusable(const struct hora__response *r) {
+  return r->kind == HORA_KIND_ALLREDUCE || r->kind == HORA_KIND_BROADCAST;
+}
+
+static uint64_t payload(const struct hora__response *r) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    n += r->tensors[i].count;
   }
-  **tail = c->ready;
-  *tail = c->ready_tail;
+  return n * hora_dtype_size((hora_dtype)r->dtype);
+}
+
+/* Responses that may share one fusion buffer: same collective over the same
+ * kind of memory, and for allreduce the same arithmetic on the wire. */
+static bool compatible(const struct hora__response *a, const struct hora__response *b) {
+  if (a->kind != b->kind || a->dtype != b->dtype || a->device != b->device) {
+    return false;
+  }
+  if (a->kind == HORA_KIND_BROADCAST) {
+    return a->root == b->root;
+  }
+  return a->op == b->op && a->compression == b->compression && a->prescale == b->prescale &&
+         a->postscale == b->postscale;
+}
+
+/* Moves the tensors of `from` to the end of `into`. */
+static int merge(struct hora__response *into, struct hora__response *from) {
+  struct hora__resp_tensor *t =
+      hora__realloc(into->tensors, (into->ntensors + from->ntensors) * sizeof(*t));
+  if (!t) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  memcpy(t + into->ntensors, from->tensors, from->ntensors * sizeof(*t));
+  into->tensors = t;
+  into->ntensors += from->ntensors;
+  from->ntensors = 0;
+  return HORA_SUCCESS;
+}
+
+int hora__controller_take(struct hora__controller *c, struct hora__response ***tail,
+                          int64_t fusion_threshold) {
+  /* Fusion: each fusable response gathers the later compatible ones, as
+   * long as they fit the threshold together; the rest keep their order. A
+   * tensor bigger than the threshold stays alone (and is never copied). */
+  for (struct hora__response *r = c->ready; r && fusion_threshold > 0; r = r->next) {
+    if (!fusable(r)) {
+      continue;
+    }
+    uint64_t bytes = payload(r);
+    struct hora__response **link = &r->next;
+    while (*link && bytes < (uint64_t)fusion_threshold) {
+      struct hora__response *x = *link;
+      uint64_t more = fusable(x) && compatible(r, x) ? payload(x) : UINT64_MAX;
+      if (more <= (uint64_t)fusion_threshold - bytes) {
+        HORA_CHECK(merge(r, x));
+        bytes += more;
+        *link = x->next;
+        if (c->ready_tail == &x->next) {
+          c->ready_tail = link;
+        }
+        hora__response_free(x);
+      } else {
+        link = &x->next;
+      }
+    }
+  }
+  if (c->ready) {
+    **tail = c->ready;
+    *tail = c->ready_tail;
+  }
   c->ready = NULL;
   c->ready_tail = &c->ready;
+  c->ready_bytes = 0;
+  c->ready_urgent = false;
+  return HORA_SUCCESS;
+}
+
+bool hora__controller_should_send(const struct hora__controller *c, uint64_t now_ns,
+                                  uint64_t cycle_ns, uint64_t fusion_threshold,
+                                  uint64_t *wake_ns) {
+  *wake_ns = UINT64_MAX;
+  if (!c->ready) {
+    return false;
+  }
+  /* Hold ready tensors back only while others are half-submitted and might
+   * join them: a lone operation, or a full fusion buffer, goes at once. */
+  uint64_t waited = now_ns > c->ready_since_ns ? now_ns - c->ready_since_ns : 0;
+  if (c->ready_urgent || c->ops.count == 0 || c->ready_bytes >= fusion_threshold ||
+      waited >= cycle_ns) {
+    return true;
+  }
+  *wake_ns = c->ready_since_ns + cycle_ns;
+  return false;
 }
 
 static void push_ready(struct hora__controller *c, struct hora__response *r) {
   r->next = NULL;
+  if (!c->ready) {
+    c->ready_since_ns = hora__now_ns();
+  }
+  if (fusable(r)) {
+    c->ready_bytes += payload(r);
+  } else {
+    c->ready_urgent = true;
+  }
   *c->ready_tail = r;
   c->ready_tail = &r->next;
 }
@@ -156,6 +253,7 @@ static int respond_error(struct hora__controller *c, struct pending_op *op, int 
     return HORA_ERR_NO_MEMORY;
   }
   push_ready(c, r);
+  hora__timeline_end(op->key, op->key_len);
   unlink_op(c, op);
   return HORA_SUCCESS;
 }
@@ -168,12 +266,19 @@ static int respond(struct hora__controller *c, struct pending_op *op) {
   r->dtype = op->meta.dtype;
   r->op = op->meta.op;
   r->device = op->meta.device;
+  r->compression = op->meta.compression;
+  r->prescale = op->meta.prescale;
+  r->postscale = op->meta.postscale;
   r->root = op->meta.root;
   if (hora__response_set_tensor(r, 0, op->key, op->key_len, op->meta.count) != HORA_SUCCESS) {
     hora__response_free(r);
     return HORA_ERR_NO_MEMORY;
   }
   push_ready(c, r);
+  if (hora__timeline_enabled()) {
+    hora__timeline_end(op->key, op->key_len);
+    hora__timeline_begin(op->key, op->key_len, HORA_PHASE_QUEUE);
+  }
   unlink_op(c, op);
   return HORA_SUCCESS;
 }
@@ -236,6 +341,14 @@ static void describe_mismatch(struct pending_op *op, int rank, const struct hora
   } else if (m->root != f->root) {
     snprintf(msg, sizeof(msg), "%s %s: rank %d named root %d, rank %d root %d", kind, name, a,
              f->root, rank, m->root);
+  } else if (m->compression != f->compression) {
+    static const char *const names[] = {"none", "fp16", "bf16"};
+    snprintf(msg, sizeof(msg), "%s %s: rank %d asked for compression %s, rank %d for %s", kind,
+             name, a, names[f->compression], rank, names[m->compression]);
+  } else if (m->prescale != f->prescale || m->postscale != f->postscale) {
+    snprintf(msg, sizeof(msg),
+             "%s %s: rank %d asked for prescale %g and postscale %g, rank %d for %g and %g", kind,
+             name, a, f->prescale, f->postscale, rank, m->prescale, m->postscale);
   } else {
     return;
   }
@@ -246,6 +359,8 @@ static void describe_mismatch(struct pending_op *op, int rank, const struct hora
 static void normalise(struct hora__op_meta *m) {
   if (m->kind != HORA_KIND_ALLREDUCE) {
     m->op = 0;
+    m->compression = 0;
+    m->prescale = m->postscale = 1.0;
   }
   if (m->kind != HORA_KIND_BROADCAST) {
     m->root = -1;
@@ -352,6 +467,14 @@ int hora__controller_submit(struct hora__controller *c, int rank,
       c->oldest = op;
     }
     c->newest = op;
+    if (hora__timeline_enabled()) {
+      char phase[40];
+      snprintf(phase, sizeof(phase), "NEGOTIATE_%s", hora__kind_name(m.kind));
+      for (char *x = phase; *x; x++) {
+        *x = (char)(*x >= 'a' && *x <= 'z' ? *x - 32 : *x);
+      }
+      hora__timeline_begin(op->key, op->key_len, phase);
+    }
   } else if (op->have[rank]) {
     /* The API refuses a key already in flight, so this is a broken peer. */
     return hora__error(HORA_ERR_SYSTEM, "rank %d submitted operation %.*s twice", rank,
@@ -363,6 +486,11 @@ int hora__controller_submit(struct hora__controller *c, int rank,
   op->nhave++;
   if (c->joined[rank]) {
     op->nhave_joined++;
+  }
+  if (hora__timeline_enabled()) {
+    char mark[32];
+    snprintf(mark, sizeof(mark), "rank %d ready", rank);
+    hora__timeline_mark(op->key, op->key_len, mark);
   }
   return update(c, op);
 }

@@ -18,9 +18,19 @@ void hora__controller_destroy(struct hora__controller *c);
 int hora__controller_submit(struct hora__controller *c, int rank,
                             const struct hora__wire_request *req);
 
-/* Moves the responses that are ready, in order, onto the queue *tail. */
-void hora__controller_take(struct hora__controller *c, struct hora__response ***tail);
+/* Moves the responses that are ready, in order, onto the queue *tail,
+ * fusing compatible allreduces (and broadcasts) into responses of up to
+ * `fusion_threshold` bytes (0: no fusion). */
+int hora__controller_take(struct hora__controller *c, struct hora__response ***tail,
+                          int64_t fusion_threshold);
 bool hora__controller_has_ready(const struct hora__controller *c);
+
+/* Whether the ready responses should go out now: yes when nothing else is
+ * half-submitted, when they fill the fusion buffer, when one of them is not
+ * a fusable collective, or when the oldest has waited `cycle_ns`. When not,
+ * *wake_ns says when to ask again. */
+bool hora__controller_should_send(const struct hora__controller *c, uint64_t now_ns,
+                                  uint64_t cycle_ns, uint64_t fusion_threshold, uint64_t *wake_ns);
 
 /* Number of operations some but not all ranks have submitted. */
 size_t hora__controller_pending(const struct hora__controller *c);

@@ -201,6 +201,10 @@ int hora__params_load(void) {
 #include "params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
+  if (p.CACHE_CAPACITY < 0 || p.CACHE_CAPACITY > (1 << 22)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "HORA_CACHE_CAPACITY=%lld is outside 0..4194304",
+                       (long long)p.CACHE_CAPACITY);
+  }
   if (p.CHUNK_SIZE < 4096) {
     return hora__error(HORA_ERR_INVALID_ARG, "HORA_CHUNK_SIZE=%lld is below the minimum of 4096",
                        (long long)p.CHUNK_SIZE);

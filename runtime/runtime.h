@@ -26,6 +26,10 @@ struct hora_request {
   const void *sendbuf;
   void *recvbuf;
   uint64_t submit_ns;
+  /* Coordinator only: how this rank announced it (cache slot and version,
+   * or -1 when sent in full), to answer rank 0's RESEND. */
+  int32_t sent_slot;
+  uint32_t sent_version;
   /* Results, written by the coordinator before `done`. */
   int status;
   char *error; /* message when status != 0 */
@@ -64,6 +68,13 @@ struct hora__runtime {
 
   /* Coordinator-thread state (engine.c). */
   struct hora__engine *engine;
+
+  /* Counters for hora_get_stats: written by the coordinator, read by anyone. */
+  struct {
+    atomic_uint_fast64_t allreduces, broadcasts, allgathers, bytes;
+    atomic_uint_fast64_t fused_batches, fused_tensors, cache_hits, cache_misses;
+    atomic_uint_fast64_t negotiate_ns, communicate_ns, copy_ns;
+  } stats;
 };
 
 

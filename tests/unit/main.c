@@ -29,7 +29,13 @@ int test_skipped;
   X(strerror_covers_every_code)                                                              \
   X(controller_matches_and_orders)                                                           \
   X(controller_mismatch_messages)                                                            \
-  X(controller_join_and_shutdown)
+  X(controller_join_and_shutdown)                                                            \
+  X(controller_fuses_compatible_responses)                                                   \
+  X(controller_cycle_policy)                                                                 \
+  X(message_responses_use_the_cache)                                                         \
+  X(cache_lru_and_versions)                                                                  \
+  X(compression_roundtrip_and_reduce)                                                        \
+  X(message_minimal_sizes)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "../../comm/comm.h"
+#include "../../runtime/cache.h"
 #include "../../runtime/message.h"
 #include "../runner.h"
 
@@ -21,24 +22,53 @@ static int collect(void *arg, const struct hora__wire_request *req) {
   return HORA_SUCCESS;
 }
 
+struct bits {
+  int n;
+  uint32_t version, slots[16];
+};
+static struct bits got_bits;
+
+static int collect_bit(void *arg, uint32_t version, uint32_t slot) {
+  (void)arg;
+  got_bits.version = version;
+  if (got_bits.n < 16) {
+    got_bits.slots[got_bits.n] = slot;
+  }
+  got_bits.n++;
+  return HORA_SUCCESS;
+}
+
+static int decode(const uint8_t *p, size_t n, struct collected *c) {
+  struct hora__request_sink sink = {collect, collect_bit, c};
+  memset(&got_bits, 0, sizeof(got_bits));
+  return hora__decode_requests(p, n, &sink);
+}
+
 static void encode_two(struct hora__wbuf *w) {
-  struct hora__op_meta m1 = {HORA_KIND_ALLREDUCE, HORA_FLOAT32, HORA_SUM, 0, -1, 1000};
-  struct hora__op_meta m2 = {HORA_KIND_BROADCAST, HORA_INT64, 0, 0, 3, 7};
+  struct hora__op_meta m1 = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .op = HORA_SUM,
+                             .root = -1, .count = 1000, .prescale = 0.5, .postscale = 2,
+                             .compression = HORA_COMPRESSION_FP16};
+  struct hora__op_meta m2 = {.kind = HORA_KIND_BROADCAST, .dtype = HORA_INT64, .root = 3,
+                             .count = 7, .prescale = 1, .postscale = 1};
+  uint8_t bits[2] = {0x05, 0x80}; /* slots 0, 2 and 15 */
   hora__encode_requests_begin(w);
   hora__encode_request(w, &m1, "Ngrad/layer1", 12);
   hora__encode_request(w, &m2, "U17", 3);
-  hora__encode_requests_end(w, 2);
+  hora__encode_requests_end(w, 2, 42, bits, 2);
 }
 
 TEST(message_requests_roundtrip) {
   struct hora__wbuf w = {0};
   encode_two(&w);
   struct collected c = {0};
-  ASSERT(hora__decode_requests(w.data, w.len, collect, &c) == HORA_SUCCESS);
+  ASSERT(decode(w.data, w.len, &c) == HORA_SUCCESS);
   ASSERT_EQ_INT(c.n, 2);
   ASSERT(strcmp(c.keys[0], "Ngrad/layer1") == 0 && strcmp(c.keys[1], "U17") == 0);
   ASSERT(c.meta[0].count == 1000 && c.meta[0].dtype == HORA_FLOAT32);
+  ASSERT(c.meta[0].prescale == 0.5 && c.meta[0].postscale == 2 && c.meta[0].compression == 1);
   ASSERT(c.meta[1].root == 3 && c.meta[1].kind == HORA_KIND_BROADCAST);
+  ASSERT(got_bits.n == 3 && got_bits.version == 42);
+  ASSERT(got_bits.slots[0] == 0 && got_bits.slots[1] == 2 && got_bits.slots[2] == 15);
   hora__wbuf_free(&w);
 }
 
@@ -48,8 +78,9 @@ TEST(message_requests_reject_malformed) {
   /* Every truncation fails, and no request is delivered. */
   for (size_t n = 0; n < w.len; n++) {
     struct collected c = {0};
-    ASSERT(hora__decode_requests(w.data, n, collect, &c) == HORA_ERR_INVALID_ARG);
+    ASSERT(decode(w.data, n, &c) == HORA_ERR_INVALID_ARG);
     ASSERT_EQ_INT(c.n, 0);
+    ASSERT_EQ_INT(got_bits.n, 0);
   }
   /* Every single-byte corruption either decodes to valid requests or fails
    * cleanly; valid ones only ever carry valid fields. */
@@ -59,14 +90,16 @@ TEST(message_requests_reject_malformed) {
       memcpy(copy, w.data, w.len);
       copy[i] ^= (uint8_t)(1 << bit);
       struct collected c = {0};
-      int rc = hora__decode_requests(copy, w.len, collect, &c);
+      int rc = decode(copy, w.len, &c);
       if (rc == HORA_SUCCESS) {
         for (int k = 0; k < c.n; k++) {
           ASSERT(c.meta[k].kind <= HORA_KIND_SHUTDOWN);
           ASSERT(c.meta[k].dtype <= HORA_FLOAT64 && c.meta[k].op <= HORA_PRODUCT);
+          ASSERT(c.meta[k].compression <= 2);
         }
       } else {
         ASSERT_EQ_INT(c.n, 0);
+        ASSERT_EQ_INT(got_bits.n, 0);
       }
       free(copy);
     }
@@ -74,12 +107,12 @@ TEST(message_requests_reject_malformed) {
   /* A huge claimed count with no bytes behind it. */
   uint8_t huge[4] = {0xff, 0xff, 0xff, 0xff};
   struct collected c = {0};
-  ASSERT(hora__decode_requests(huge, 4, collect, &c) == HORA_ERR_INVALID_ARG);
+  ASSERT(decode(huge, 4, &c) == HORA_ERR_INVALID_ARG);
   /* Trailing garbage. */
   uint8_t *longer = malloc(w.len + 1);
   memcpy(longer, w.data, w.len);
   longer[w.len] = 0;
-  ASSERT(hora__decode_requests(longer, w.len + 1, collect, &c) == HORA_ERR_INVALID_ARG);
+  ASSERT(decode(longer, w.len + 1, &c) == HORA_ERR_INVALID_ARG);
   free(longer);
   hora__wbuf_free(&w);
 }
@@ -88,6 +121,7 @@ static struct hora__response *sample_responses(void) {
   struct hora__response *a = hora__response_new(HORA_KIND_ALLREDUCE, 2);
   a->dtype = HORA_BFLOAT16;
   a->op = HORA_AVERAGE;
+  a->prescale = 0.25;
   hora__response_set_tensor(a, 0, "Na", 2, 5);
   hora__response_set_tensor(a, 1, "Nbb", 3, 1ull << 33);
   struct hora__response *e = hora__response_new(HORA_KIND_ERROR, 1);
@@ -113,12 +147,13 @@ TEST(message_responses_roundtrip) {
   struct hora__response *list = sample_responses();
   struct hora__response *v[3] = {list, list->next, list->next->next};
   struct hora__wbuf w = {0};
-  hora__encode_responses(&w, v, 3);
+  ASSERT(hora__encode_responses(&w, v, 3, NULL) == HORA_SUCCESS);
   struct hora__response *head = NULL, **tail = &head;
-  ASSERT(hora__decode_responses(w.data, w.len, &tail) == HORA_SUCCESS);
+  ASSERT(hora__decode_responses(w.data, w.len, &tail, NULL) == HORA_SUCCESS);
   ASSERT(head && head->next && head->next->next && !head->next->next->next);
   ASSERT(tail == &head->next->next->next);
   ASSERT(head->kind == HORA_KIND_ALLREDUCE && head->ntensors == 2 && head->op == HORA_AVERAGE);
+  ASSERT(head->prescale == 0.25 && head->postscale == 1.0);
   ASSERT(head->tensors[1].count == 1ull << 33 && strcmp(head->tensors[1].key, "Nbb") == 0);
   ASSERT(head->next->error_code == HORA_ERR_MISMATCH);
   ASSERT_STR_CONTAINS(head->next->error_msg, "rank 1 sent 11");
@@ -132,10 +167,10 @@ TEST(message_responses_reject_malformed) {
   struct hora__response *list = sample_responses();
   struct hora__response *v[3] = {list, list->next, list->next->next};
   struct hora__wbuf w = {0};
-  hora__encode_responses(&w, v, 3);
+  ASSERT(hora__encode_responses(&w, v, 3, NULL) == HORA_SUCCESS);
   for (size_t n = 0; n < w.len; n++) {
     struct hora__response *head = NULL, **tail = &head;
-    ASSERT(hora__decode_responses(w.data, n, &tail) == HORA_ERR_INVALID_ARG);
+    ASSERT(hora__decode_responses(w.data, n, &tail, NULL) == HORA_ERR_INVALID_ARG);
     ASSERT(head == NULL);
   }
   for (size_t i = 0; i < w.len; i++) {
@@ -143,7 +178,7 @@ TEST(message_responses_reject_malformed) {
     memcpy(copy, w.data, w.len);
     copy[i] ^= 0xa5;
     struct hora__response *head = NULL, **tail = &head;
-    if (hora__decode_responses(copy, w.len, &tail) == HORA_SUCCESS) {
+    if (hora__decode_responses(copy, w.len, &tail, NULL) == HORA_SUCCESS) {
       for (struct hora__response *r = head; r; r = r->next) {
         ASSERT(r->kind < HORA_KIND_COUNT_ && r->error_code < HORA_RESULT_COUNT_);
       }
@@ -194,4 +229,108 @@ TEST(hello_checks_secret_and_rank) {
   wire[20] ^= 1;
   wire[0] = 'G'; /* e.g. an HTTP client */
   ASSERT(hora__hello_decode(wire, secret, 8, &out) == HORA_ERR_INVALID_ARG);
+}
+
+/* Two caches fed the same responses stay identical; the encoder refers to
+ * cached tensors by slot and the decoder resolves them. */
+TEST(message_responses_use_the_cache) {
+  struct hora__cache enc, dec;
+  ASSERT(hora__cache_init(&enc, 2) == HORA_SUCCESS && hora__cache_init(&dec, 2) == HORA_SUCCESS);
+  const char *keys[] = {"Na", "Nb", "Na", "Nc", "Na", "Nb"};
+  struct hora__wbuf w = {0};
+  size_t full_bytes = 0;
+  for (int step = 0; step < 6; step++) {
+    struct hora__response *r = hora__response_new(HORA_KIND_ALLREDUCE, 1);
+    r->dtype = HORA_FLOAT32;
+    hora__response_set_tensor(r, 0, keys[step], 2, 100 + (uint64_t)(keys[step][1] - 'a'));
+    ASSERT(hora__encode_responses(&w, &r, 1, &enc) == HORA_SUCCESS);
+    if (step == 0) {
+      full_bytes = w.len;
+    }
+    if (step == 2) {
+      ASSERT(w.len < full_bytes); /* "Na" went as a slot */
+    }
+    struct hora__response *head = NULL, **tail = &head;
+    ASSERT(hora__decode_responses(w.data, w.len, &tail, &dec) == HORA_SUCCESS);
+    ASSERT(head && strcmp(head->tensors[0].key, keys[step]) == 0);
+    ASSERT(head->tensors[0].count == r->tensors[0].count);
+    hora__response_free(head);
+    hora__response_free(r);
+    ASSERT(enc.version == dec.version && enc.head == dec.head);
+    for (int s = 0; s < 2; s++) {
+      ASSERT(enc.e[s].used == dec.e[s].used);
+      ASSERT(!enc.e[s].used || strcmp(enc.e[s].key, dec.e[s].key) == 0);
+    }
+  }
+  /* Capacity 2 with a, b, c in play: something was evicted. */
+  ASSERT(enc.evictions > 0);
+  /* A slot reference into an empty cache is refused. */
+  struct hora__cache empty;
+  ASSERT(hora__cache_init(&empty, 2) == HORA_SUCCESS);
+  struct hora__response *r = hora__response_new(HORA_KIND_ALLREDUCE, 1);
+  r->dtype = HORA_FLOAT32;
+  hora__response_set_tensor(r, 0, "Na", 2, 100);
+  ASSERT(hora__encode_responses(&w, &r, 1, &enc) == HORA_SUCCESS);
+  struct hora__response *head = NULL, **tail = &head;
+  ASSERT(hora__decode_responses(w.data, w.len, &tail, &empty) == HORA_ERR_INVALID_ARG);
+  hora__response_free(r);
+  hora__cache_free(&empty);
+  hora__cache_free(&enc);
+  hora__cache_free(&dec);
+  hora__wbuf_free(&w);
+}
+
+TEST(cache_lru_and_versions) {
+  struct hora__cache c;
+  ASSERT(hora__cache_init(&c, 3) == HORA_SUCCESS);
+  struct hora__op_meta m = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .count = 4,
+                            .prescale = 1, .postscale = 1};
+  int32_t a, b, x, d;
+  ASSERT(hora__cache_note(&c, "Na", 2, &m, &a) == 0 && a == 0);
+  ASSERT(hora__cache_note(&c, "Nb", 2, &m, &b) == 0 && b == 1);
+  ASSERT(hora__cache_note(&c, "Nc", 2, &m, &x) == 0 && x == 2);
+  ASSERT_EQ_INT(c.version, 3);
+  ASSERT(hora__cache_note(&c, "Na", 2, &m, &a) == 0 && a == 0); /* touch: no new version */
+  ASSERT_EQ_INT(c.version, 3);
+  ASSERT(hora__cache_note(&c, "Nd", 2, &m, &d) == 0 && d == 1); /* evicts b, the LRU */
+  ASSERT(hora__cache_find(&c, "Nb", 2) == -1 && c.e[1].version == 4);
+  m.count = 5; /* same key, new shape: same slot, new version */
+  ASSERT(hora__cache_note(&c, "Na", 2, &m, &a) == 0 && a == 0 && c.e[0].version == 5);
+  hora__cache_free(&c);
+  struct hora__cache off;
+  ASSERT(hora__cache_init(&off, 0) == HORA_SUCCESS);
+  ASSERT(hora__cache_note(&off, "Na", 2, &m, &a) == 0 && a == -1);
+  ASSERT(hora__cache_find(&off, "Na", 2) == -1);
+  hora__cache_free(&off);
+}
+
+/* The smallest possible entries must pass the decoders' size sanity checks. */
+TEST(message_minimal_sizes) {
+  struct hora__wbuf w = {0};
+  struct hora__op_meta m = {.kind = HORA_KIND_BARRIER, .root = -1, .prescale = 1, .postscale = 1};
+  hora__encode_requests_begin(&w);
+  for (int i = 0; i < 10; i++) {
+    hora__encode_request(&w, &m, "B", 1);
+  }
+  hora__encode_requests_end(&w, 10, 0, NULL, 0);
+  struct collected c = {0};
+  ASSERT(decode(w.data, w.len, &c) == HORA_SUCCESS && c.n == 10);
+  struct hora__response *rs[5];
+  for (int i = 0; i < 5; i++) {
+    rs[i] = hora__response_new(HORA_KIND_JOIN, 0);
+  }
+  ASSERT(hora__encode_responses(&w, rs, 5, NULL) == HORA_SUCCESS);
+  struct hora__response *head = NULL, **tail = &head;
+  ASSERT(hora__decode_responses(w.data, w.len, &tail, NULL) == HORA_SUCCESS);
+  int n = 0;
+  for (struct hora__response *r = head; r; n++) {
+    struct hora__response *next = r->next;
+    hora__response_free(r);
+    r = next;
+  }
+  ASSERT_EQ_INT(n, 5);
+  for (int i = 0; i < 5; i++) {
+    hora__response_free(rs[i]);
+  }
+  hora__wbuf_free(&w);
 }

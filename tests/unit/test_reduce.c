@@ -274,3 +274,39 @@ TEST(divide_and_scale) {
   hora__scale(HORA_INT64, &lv, 1, 0.5);
   ASSERT_EQ_INT(lv, 3); /* 2.5 rounds away from zero */
 }
+
+TEST(compression_roundtrip_and_reduce) {
+  enum { N = 1000 };
+  float f[N], back[N], acc[N];
+  double d[N], dback[N];
+  uint16_t wire[N];
+  for (int i = 0; i < N; i++) {
+    f[i] = (float)(i - 500) / 8.0f; /* exact in fp16 and bf16 */
+    d[i] = f[i];
+    acc[i] = 1.0f;
+  }
+  for (int w = 0; w < 2; w++) {
+    hora_dtype wd = w ? HORA_BFLOAT16 : HORA_FLOAT16;
+    hora__compress(wd, wire, HORA_FLOAT32, f, N);
+    hora__decompress(HORA_FLOAT32, back, wd, wire, N);
+    hora__compress(wd, wire, HORA_FLOAT64, d, N);
+    hora__decompress(HORA_FLOAT64, dback, wd, wire, N);
+    for (int i = 0; i < N; i++) {
+      if (w == 0 || fabsf(f[i]) <= 32) { /* bf16 keeps 8 bits: |x| <= 32 in steps of 1/8 */
+        ASSERT(back[i] == f[i] && dback[i] == d[i]);
+      }
+    }
+    float r[N];
+    hora__reduce_wire(HORA_FLOAT32, HORA_SUM, r, wd, wire, acc, N);
+    for (int i = 0; i < N; i++) {
+      ASSERT(r[i] == (float)dback[i] + 1.0f);
+    }
+    hora__reduce_wire(HORA_FLOAT32, HORA_MAX, r, wd, wire, acc, N);
+    ASSERT(r[0] == 1.0f && r[N - 1] == (float)dback[N - 1]);
+  }
+  /* The wire value is rounded: 1 + 2^-12 is not a half. */
+  float one = 1.0f + 0x1p-12f;
+  hora__compress(HORA_FLOAT16, wire, HORA_FLOAT32, &one, 1);
+  hora__decompress(HORA_FLOAT32, back, HORA_FLOAT16, wire, 1);
+  ASSERT(back[0] == 1.0f);
+}

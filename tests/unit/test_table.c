@@ -54,16 +54,20 @@ TEST(strerror_covers_every_code) {
 
 static int submit(struct hora__controller *c, int rank, uint8_t kind, const char *key, uint64_t count,
                   uint8_t dtype, uint8_t op, int root) {
-  struct hora__wire_request r = {.meta = {kind, dtype, op, 0, root, count}, .key = key,
+  struct hora__wire_request r = {.meta = {.kind = kind, .dtype = dtype, .op = op, .root = root,
+                                          .count = count, .prescale = 1, .postscale = 1},
+                                 .key = key,
                                  .key_len = strlen(key)};
   return hora__controller_submit(c, rank, &r);
 }
 
-static struct hora__response *take_all(struct hora__controller *c) {
+static struct hora__response *take_fused(struct hora__controller *c, int64_t threshold) {
   struct hora__response *head = NULL, **tail = &head;
-  hora__controller_take(c, &tail);
+  hora__controller_take(c, &tail, threshold);
   return head;
 }
+
+static struct hora__response *take_all(struct hora__controller *c) { return take_fused(c, 0); }
 
 static void free_list(struct hora__response *r) {
   while (r) {
@@ -175,5 +179,58 @@ TEST(controller_join_and_shutdown) {
   r = take_all(c);
   ASSERT(r && r->kind == HORA_KIND_SHUTDOWN);
   free_list(r);
+  hora__controller_destroy(c);
+}
+
+TEST(controller_fuses_compatible_responses) {
+  struct hora__controller *c;
+  ASSERT(hora__controller_create(1, &c) == HORA_SUCCESS);
+  /* 4-byte floats: a(10) b(10) are fusable; c is int32; d(30) is too big
+   * to join a+b under 100 bytes; e(5) fits after a+b. */
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Na", 10, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Nb", 10, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Nc", 10, HORA_INT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Nd", 30, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Ne", 5, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Nf", 5, HORA_FLOAT32, HORA_MAX, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_BROADCAST, "Ng", 8, HORA_FLOAT32, 0, 0) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_BROADCAST, "Nh", 8, HORA_FLOAT32, 0, 0) == 0);
+  uint64_t wake;
+  ASSERT(hora__controller_should_send(c, hora__now_ns(), 1000000, 100, &wake)); /* nothing pending */
+  struct hora__response *r = take_fused(c, 100);
+  const char *want[][3] = {{"Na", "Nb", "Ne"}, {"Nc", 0, 0}, {"Nd", 0, 0}, {"Nf", 0, 0}, {"Ng", "Nh", 0}};
+  int i = 0;
+  for (struct hora__response *x = r; x; x = x->next, i++) {
+    ASSERT(i < 5);
+    for (uint32_t t = 0; t < 3; t++) {
+      if (!want[i][t]) {
+        ASSERT_EQ_INT(x->ntensors, t);
+        break;
+      }
+      ASSERT(t < x->ntensors && strcmp(x->tensors[t].key, want[i][t]) == 0);
+    }
+  }
+  ASSERT_EQ_INT(i, 5);
+  free_list(r);
+  hora__controller_destroy(c);
+}
+
+TEST(controller_cycle_policy) {
+  struct hora__controller *c;
+  ASSERT(hora__controller_create(2, &c) == HORA_SUCCESS);
+  uint64_t now = hora__now_ns(), wake;
+  /* One op ready, another half-submitted: hold back for the cycle time. */
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Na", 10, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 1, HORA_KIND_ALLREDUCE, "Na", 10, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(submit(c, 0, HORA_KIND_ALLREDUCE, "Nb", 10, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(!hora__controller_should_send(c, now, 5000000000ull, 1 << 20, &wake));
+  ASSERT(wake != UINT64_MAX && wake > now);
+  ASSERT(hora__controller_should_send(c, wake, 5000000000ull, 1 << 20, &wake)); /* time is up */
+  ASSERT(hora__controller_should_send(c, now, 5000000000ull, 40, &wake));      /* buffer full */
+  /* Once nothing else is pending, it goes at once. */
+  ASSERT(submit(c, 1, HORA_KIND_ALLREDUCE, "Nb", 10, HORA_FLOAT32, HORA_SUM, -1) == 0);
+  ASSERT(hora__controller_should_send(c, now, 5000000000ull, 1 << 20, &wake));
+  free_list(take_all(c));
+  ASSERT(!hora__controller_should_send(c, now, 5000000000ull, 1 << 20, &wake)); /* nothing ready */
   hora__controller_destroy(c);
 }

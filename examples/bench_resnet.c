@@ -1,0 +1,253 @@
+/* hora-bench-resnet: the engine's figures, side by side with MPI in the
+ * same run.
+ *
+ *   1. The ResNet-50 gradient set (torchvision's resnet50: 161 float32
+ *      tensors, 25,557,032 elements), submitted async in reverse order and
+ *      then waited for, against one MPI_Allreduce of a buffer of the same
+ *      total size and against 161 separate MPI_Allreduce calls.
+ *   2. A lone 8-byte allreduce, submit and wait, against MPI_Allreduce.
+ *   3. Optionally (--steady N), N steps of the gradient set, printing the
+ *      resident set size as it goes.
+ *
+ * Every result is checked. Times are medians over --reps repetitions.
+ *
+ *   mpirun -np 2 hora-bench-resnet [--reps 7] [--lat-iters 20000] [--steady 100000]
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hora.h"
+
+#define MAX_TENSORS 200
+
+static size_t sizes[MAX_TENSORS];
+static int ntensors;
+
+static void add(size_t n) { sizes[ntensors++] = n; }
+
+/* Parameter shapes of torchvision.models.resnet50, in model order. */
+static void resnet50_shapes(void) {
+  add(64 * 3 * 7 * 7);
+  add(64);
+  add(64);
+  const int planes[4] = {64, 128, 256, 512}, blocks[4] = {3, 4, 6, 3};
+  int inplanes = 64;
+  for (int l = 0; l < 4; l++) {
+    for (int b = 0; b < blocks[l]; b++) {
+      int p = planes[l];
+      add((size_t)p * (size_t)inplanes);
+      add((size_t)p);
+      add((size_t)p);
+      add((size_t)p * (size_t)p * 9);
+      add((size_t)p);
+      add((size_t)p);
+      add((size_t)p * 4 * (size_t)p);
+      add((size_t)p * 4);
+      add((size_t)p * 4);
+      if (b == 0) {
+        add((size_t)p * 4 * (size_t)inplanes);
+        add((size_t)p * 4);
+        add((size_t)p * 4);
+      }
+      inplanes = p * 4;
+    }
+  }
+  add(1000 * 2048);
+  add(1000);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(double), cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static long rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+  while (f && fgets(line, sizeof(line), f)) {
+    if (strncmp(line, "VmRSS:", 6) == 0) {
+      kib = atol(line + 6);
+    }
+  }
+  if (f) {
+    fclose(f);
+  }
+  return kib;
+}
+
+#define CHECK(call)                                                                          \
+  do {                                                                                       \
+    int rc_ = (call);                                                                        \
+    if (rc_ != HORA_SUCCESS) {                                                               \
+      fprintf(stderr, "rank %d: %s: %s\n", rank, #call, hora_last_error());                  \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
+    }                                                                                        \
+  } while (0)
+
+static int rank, size;
+static float *bufs[MAX_TENSORS];
+static char names[MAX_TENSORS][32];
+
+static void fill(int iter) {
+  for (int t = 0; t < ntensors; t++) {
+    for (size_t i = 0; i < sizes[t]; i += 997) {
+      bufs[t][i] = (float)(rank + iter + t);
+    }
+    bufs[t][sizes[t] - 1] = (float)(rank + iter + t);
+  }
+}
+
+static int verify(int iter) {
+  int bad = 0;
+  for (int t = 0; t < ntensors; t++) {
+    float want = (float)(size * (iter + t) + size * (size - 1) / 2);
+    if (bufs[t][0] != want || bufs[t][sizes[t] - 1] != want) {
+      bad++;
+    }
+  }
+  return bad;
+}
+
+static double hora_step(int iter) {
+  hora_request *reqs[MAX_TENSORS];
+  fill(iter);
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  for (int t = ntensors - 1; t >= 0; t--) {
+    CHECK(hora_allreduce_async(names[t], bufs[t], bufs[t], sizes[t], HORA_FLOAT32, HORA_SUM,
+                               &reqs[t]));
+  }
+  for (int t = ntensors - 1; t >= 0; t--) {
+    CHECK(hora_wait(&reqs[t]));
+  }
+  double dt = MPI_Wtime() - t0;
+  if (verify(iter)) {
+    fprintf(stderr, "rank %d: wrong allreduce result in step %d\n", rank, iter);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return dt;
+}
+
+int main(int argc, char **argv) {
+  int reps = 7, lat_iters = 20000;
+  long steady = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+      reps = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--lat-iters") && i + 1 < argc) {
+      lat_iters = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--steady") && i + 1 < argc) {
+      steady = atol(argv[++i]);
+    } else {
+      fprintf(stderr, "usage: %s [--reps N] [--lat-iters N] [--steady STEPS]\n", argv[0]);
+      return 2;
+    }
+  }
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (hora_init() != HORA_SUCCESS) {
+    fprintf(stderr, "hora_init: %s\n", hora_last_error());
+    return 1;
+  }
+  rank = hora_rank();
+  size = hora_size();
+  resnet50_shapes();
+  size_t total = 0;
+  for (int t = 0; t < ntensors; t++) {
+    total += sizes[t];
+    bufs[t] = malloc(sizes[t] * sizeof(float));
+    memset(bufs[t], 0, sizes[t] * sizeof(float));
+    snprintf(names[t], sizeof(names[t]), "resnet50/param%03d", t);
+  }
+  if (rank == 0) {
+    printf("# hora-bench-resnet: %d ranks; ResNet-50 set: %d float32 tensors, %zu elements (%.1f MB)\n",
+           size, ntensors, total, (double)total * 4 / 1e6);
+  }
+  double *th = calloc((size_t)reps, sizeof(double)), *t1 = calloc((size_t)reps, sizeof(double)),
+         *tn = calloc((size_t)reps, sizeof(double));
+  float *flat = malloc(total * sizeof(float));
+  memset(flat, 0, total * sizeof(float));
+  hora_step(-1); /* warm-up: connections, caches, fusion buffer */
+  for (int r = 0; r < reps; r++) {
+    th[r] = hora_step(r);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    MPI_Allreduce(MPI_IN_PLACE, flat, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    t1[r] = MPI_Wtime() - t0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = MPI_Wtime();
+    for (int t = ntensors - 1; t >= 0; t--) {
+      MPI_Allreduce(MPI_IN_PLACE, bufs[t], (int)sizes[t], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    }
+    tn[r] = MPI_Wtime() - t0;
+  }
+  double mh = median(th, reps), m1 = median(t1, reps), mn = median(tn, reps);
+  if (rank == 0) {
+    printf("resnet50 set  hora (161 async, fused)      %9.2f ms\n", mh * 1e3);
+    printf("resnet50 set  MPI_Allreduce, one buffer    %9.2f ms   hora/MPI = %.2fx (target <= 1.25x)\n",
+           m1 * 1e3, mh / m1);
+    printf("resnet50 set  MPI_Allreduce x 161          %9.2f ms   MPI/hora = %.2fx (target >= 1.5x)\n",
+           mn * 1e3, mn / mh);
+  }
+
+  /* Lone 8-byte allreduce latency. */
+  double v = 1, out = 0;
+  double *lh = calloc((size_t)reps, sizeof(double)), *lm = calloc((size_t)reps, sizeof(double));
+  for (int r = 0; r < reps; r++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < lat_iters; i++) {
+      CHECK(hora_allreduce("lat", &v, &out, 1, HORA_FLOAT64, HORA_SUM));
+    }
+    lh[r] = (MPI_Wtime() - t0) / lat_iters;
+    if (out != size) {
+      fprintf(stderr, "rank %d: 8-byte allreduce gave %g\n", rank, out);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = MPI_Wtime();
+    for (int i = 0; i < lat_iters; i++) {
+      MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    }
+    lm[r] = (MPI_Wtime() - t0) / lat_iters;
+  }
+  double mlh = median(lh, reps), mlm = median(lm, reps);
+  if (rank == 0) {
+    printf("8-byte allreduce  hora  %8.2f us   MPI_Allreduce %8.2f us   (target: hora <= 30 us)\n",
+           mlh * 1e6, mlm * 1e6);
+  }
+
+  if (steady > 0) {
+    long first = 0, warm = 0;
+    for (long s = 0; s < steady; s++) {
+      hora_step((int)(s % 1000));
+      if (s == 100) {
+        warm = rss_kib();
+      }
+      if (s == 0) {
+        first = rss_kib();
+      }
+      if (rank == 0 && (s % (steady / 10 > 0 ? steady / 10 : 1) == 0 || s == steady - 1)) {
+        printf("steady step %7ld  RSS %ld KiB (after warm-up %ld KiB)\n", s, rss_kib(), warm);
+        fflush(stdout);
+      }
+    }
+    long end = rss_kib();
+    long growth = end - (warm ? warm : first), all = 0;
+    MPI_Allreduce(&growth, &all, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    if (rank == 0) {
+      printf("steady state: %ld steps, RSS growth after warm-up, worst rank: %ld KiB\n", steady, all);
+    }
+  }
+  CHECK(hora_finalize());
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,117 @@
+/* The response cache: fixed slots, LRU eviction, identical on every rank. */
+#include "cache.h"
+
+#include <stdlib.h>
+
+bool hora__meta_equal(const struct hora__op_meta *a, const struct hora__op_meta *b) {
+  return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->device == b->device &&
+         a->compression == b->compression && a->root == b->root && a->count == b->count &&
+         a->prescale == b->prescale && a->postscale == b->postscale;
+}
+
+int hora__cache_init(struct hora__cache *c, uint32_t capacity) {
+  memset(c, 0, sizeof(*c));
+  c->head = c->tail = -1;
+  if (capacity == 0) {
+    return HORA_SUCCESS;
+  }
+  c->e = hora__calloc(capacity, sizeof(*c->e));
+  if (!c->e) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  c->capacity = capacity;
+  return HORA_SUCCESS;
+}
+
+void hora__cache_free(struct hora__cache *c) {
+  for (uint32_t i = 0; i < c->capacity; i++) {
+    free(c->e[i].key);
+  }
+  free(c->e);
+  hora__table_free(&c->index);
+  memset(c, 0, sizeof(*c));
+  c->head = c->tail = -1;
+}
+
+int32_t hora__cache_find(const struct hora__cache *c, const char *key, size_t len) {
+  if (!c->capacity) {
+    return -1;
+  }
+  uintptr_t v = (uintptr_t)hora__table_get(&c->index, key, len);
+  return v ? (int32_t)(v - 1) : -1;
+}
+
+static void unlink_slot(struct hora__cache *c, int32_t s) {
+  struct hora__cache_entry *e = &c->e[s];
+  if (e->prev >= 0) {
+    c->e[e->prev].next = e->next;
+  } else {
+    c->head = e->next;
+  }
+  if (e->next >= 0) {
+    c->e[e->next].prev = e->prev;
+  } else {
+    c->tail = e->prev;
+  }
+}
+
+static void push_front(struct hora__cache *c, int32_t s) {
+  struct hora__cache_entry *e = &c->e[s];
+  e->prev = -1;
+  e->next = c->head;
+  if (c->head >= 0) {
+    c->e[c->head].prev = s;
+  }
+  c->head = s;
+  if (c->tail < 0) {
+    c->tail = s;
+  }
+}
+
+int hora__cache_note(struct hora__cache *c, const char *key, size_t len,
+                     const struct hora__op_meta *meta, int32_t *slot) {
+  *slot = -1;
+  if (!c->capacity) {
+    return HORA_SUCCESS;
+  }
+  int32_t s = hora__cache_find(c, key, len);
+  if (s >= 0 && hora__meta_equal(&c->e[s].meta, meta)) {
+    unlink_slot(c, s);
+    push_front(c, s);
+    *slot = s;
+    return HORA_SUCCESS;
+  }
+  /* Every rank must make the same assignment, so failing here is fatal. */
+  char *copy = hora__malloc(len + 1);
+  if (!copy) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  memcpy(copy, key, len);
+  copy[len] = '\0';
+  if (s < 0) {
+    if (c->used < c->capacity) {
+      s = (int32_t)c->used++;
+    } else {
+      s = c->tail; /* least recently used */
+      hora__table_remove(&c->index, c->e[s].key, c->e[s].key_len);
+      c->evictions++;
+    }
+  }
+  if (c->e[s].used) {
+    unlink_slot(c, s);
+    if (c->e[s].key != NULL && (c->e[s].key_len != len || memcmp(c->e[s].key, key, len) != 0)) {
+      hora__table_remove(&c->index, c->e[s].key, c->e[s].key_len);
+    }
+  }
+  free(c->e[s].key);
+  struct hora__cache_entry *e = &c->e[s];
+  e->key = copy;
+  e->key_len = (uint16_t)len;
+  e->meta = *meta;
+  e->used = true;
+  e->version = ++c->version;
+  push_front(c, s);
+  HORA_CHECK(hora__table_put(&c->index, copy, len, (void *)(uintptr_t)(s + 1)));
+  *slot = s;
+  return HORA_SUCCESS;
+}

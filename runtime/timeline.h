@@ -1,0 +1,28 @@
+/* The timeline: a Chrome trace-event file (HORA_TIMELINE) written by rank 0,
+ * one row per tensor, showing negotiation (with a mark as each rank became
+ * ready), queueing, the copy into the fusion buffer, the collective, and the
+ * copy out. Perfetto and chrome://tracing open it. The file is valid JSON
+ * after every flush: events are written before a closing bracket that each
+ * flush moves along. Only the coordinator thread calls these. */
+#ifndef HORA_TIMELINE_H
+#define HORA_TIMELINE_H
+
+#include "common.h"
+
+int hora__timeline_open(const char *path);
+void hora__timeline_close(void);
+bool hora__timeline_enabled(void);
+
+/* Phase names, as they appear in the trace. */
+#define HORA_PHASE_QUEUE "QUEUE"
+#define HORA_PHASE_PACK "MEMCPY_IN_FUSION_BUFFER"
+#define HORA_PHASE_UNPACK "MEMCPY_OUT_FUSION_BUFFER"
+
+void hora__timeline_begin(const char *key, size_t len, const char *phase);
+void hora__timeline_end(const char *key, size_t len);
+/* An instant mark on the tensor's row, e.g. "rank 3 ready". */
+void hora__timeline_mark(const char *key, size_t len, const char *what);
+/* Writes buffered events out (called when idle, and when the buffer fills). */
+void hora__timeline_flush(void);
+
+#endif
