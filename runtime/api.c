@@ -253,6 +253,7 @@ HORA_EXTERN int hora_abort(const char *reason) {
   pthread_mutex_lock(&rt->mu);
   rt->abort_asked = true;
   hora__strlcpy(rt->abort_reason, reason ? reason : "", sizeof(rt->abort_reason));
+  atomic_fetch_add_explicit(&rt->submit_seq, 1, memory_order_release);
   hora__engine_wake_locked(rt);
   /* Wait (bounded) until the coordinator has told the job, so the news is
    * out even if this process exits right away. */
@@ -380,6 +381,7 @@ static int submit(struct hora__runtime *rt, struct hora_request *r, const char *
     rt->queue_head = r;
   }
   rt->queue_tail = r;
+  atomic_fetch_add_explicit(&rt->submit_seq, 1, memory_order_release);
   hora__engine_wake_locked(rt);
   pthread_mutex_unlock(&rt->mu);
   *out = r;

@@ -61,6 +61,10 @@ struct hora__runtime {
   char abort_reason[512];
   /* ---- end of protected ---- */
 
+  /* Bumped under mu by every submission: lets a spinning coordinator see
+   * new work without taking the lock. */
+  atomic_uint_fast64_t submit_seq;
+
   /* The first fatal error: code set last, with release, after the message. */
   atomic_int fatal_code;
   char fatal_msg[1024];
