@@ -54,6 +54,7 @@ struct hora__engine {
   uint32_t *resend;
   uint32_t nresend, resend_cap, resend_version;
   uint64_t frames_in;  /* control frames handled so far */
+  bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
   uint64_t seen_seq;   /* rt->submit_seq when the queue was last taken */
 };
 
@@ -208,6 +209,7 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
       break;
     }
     e->frames_in++;
+    HORA_TRACE("control: frame type %u (%zu bytes) from rank %d", type, n, peer);
     if (type == HORA_MSG_ABORT) {
       return on_abort_frame(e, peer, p, n);
     }
@@ -237,6 +239,17 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
     }
   }
   if (rc == HORA_ERR_PEER_LOST) {
+    HORA_DEBUG("control: connection to rank %d closed (%s)", peer,
+               e->todo ? "responses queued" : "nothing queued");
+    for (struct hora__response *r = e->todo; r && !e->shutting_down; r = r->next) {
+      e->shutting_down = r->kind == HORA_KIND_SHUTDOWN;
+    }
+    if (e->shutting_down) {
+      /* The job is over and the peer left first: not an error. */
+      hora__ctrl_free(c);
+      e->comm->ctrl[peer] = NULL;
+      return HORA_SUCCESS;
+    }
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
                        hora__peer_name(e->comm, peer, name, sizeof(name)));
   }
@@ -248,8 +261,11 @@ static int service(void *arg) {
   hora__comm *c = e->comm;
   for (int r = 0; r < c->size; r++) {
     if (c->ctrl[r]) {
-      HORA_CHECK(hora__ctrl_flush(c->ctrl[r]));
-      HORA_CHECK(read_ctrl(e, c->ctrl[r]));
+      int rc = hora__ctrl_flush(c->ctrl[r]);
+      if (rc == HORA_SUCCESS || !e->shutting_down) {
+        HORA_CHECK(rc);
+        HORA_CHECK(read_ctrl(e, c->ctrl[r]));
+      }
     }
   }
   return HORA_SUCCESS;
@@ -738,8 +754,13 @@ static int distribute(struct hora__engine *e) {
   *e->todo_tail = head; /* queued even on failure, so they are freed */
   e->todo_tail = tail;
   HORA_CHECK(rc);
+  for (struct hora__response *r = head; r; r = r->next) {
+    e->shutting_down |= r->kind == HORA_KIND_SHUTDOWN;
+  }
   for (int r = 1; r < c->size; r++) {
-    HORA_CHECK(hora__ctrl_send(c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
+    if (c->ctrl[r]) {
+      HORA_CHECK(hora__ctrl_send(c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
+    }
   }
   return HORA_SUCCESS;
 }
@@ -755,6 +776,7 @@ static int distribute_and_run(struct hora__engine *e, bool *busy) {
       e->todo_tail = &e->todo;
     }
     *busy = true;
+    HORA_TRACE("execute %s (%u tensors)", hora__kind_name(r->kind), r->ntensors);
     int rc = execute(e, r);
     hora__response_free(r);
     HORA_CHECK(rc);
@@ -977,6 +999,34 @@ static void fail_everything(struct hora__engine *e) {
   pthread_mutex_unlock(&rt->mu);
 }
 
+/* Writes out what is still queued on the control connections (the last
+ * responses, say) before they close; bounded, since a peer may be gone. */
+static void flush_control(struct hora__engine *e, double timeout_s) {
+  hora__comm *c = e->comm;
+  uint64_t deadline = hora__now_ns() + (uint64_t)(timeout_s * 1e9);
+  for (;;) {
+    struct pollfd fds[1024];
+    int n = 0;
+    for (int r = 0; r < c->size && n < (int)HORA_ARRAY_SIZE(fds); r++) {
+      if (c->ctrl[r] && hora__ctrl_has_output(c->ctrl[r])) {
+        if (hora__ctrl_flush(c->ctrl[r]) != HORA_SUCCESS) {
+          hora__ctrl_free(c->ctrl[r]);
+          c->ctrl[r] = NULL;
+          continue;
+        }
+        if (hora__ctrl_has_output(c->ctrl[r])) {
+          fds[n++] = (struct pollfd){.fd = hora__ctrl_fd(c->ctrl[r]), .events = POLLOUT};
+        }
+      }
+    }
+    uint64_t now = hora__now_ns();
+    if (n == 0 || now >= deadline) {
+      return;
+    }
+    (void)poll(fds, (nfds_t)n, (int)HORA_MIN((deadline - now) / 1000000 + 1, 100));
+  }
+}
+
 static void *coordinator_main(void *arg) {
   struct hora__runtime *rt = arg;
   struct hora__engine *e = rt->engine;
@@ -999,6 +1049,9 @@ static void *coordinator_main(void *arg) {
     broadcast_fatal(e, code, rt->fatal_msg, e->abort_from_root);
   }
   fail_everything(e);
+  if (rc == HORA_SUCCESS) {
+    flush_control(e, 5.0);
+  }
   hora__comm_disconnect(e->comm);
   return NULL;
 }

@@ -121,6 +121,14 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     tail -n 20 "$work/out"
   fi
 
+  echo "== timeline"
+  for np in 1 4; do
+    if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
+      continue
+    fi
+    sh "$srcdir/tests/timeline/check-timeline.sh" "$builddir" $np | tally "np=$np "
+  done
+
   echo "== examples"
   for np in 1 4; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then

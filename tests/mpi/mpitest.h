@@ -42,11 +42,16 @@ void mt_fail(const char *file, int line, const char *fmt, ...) __attribute__((fo
     if (mt_rc_ != (code)) {                                                                  \
       mt_fail(__FILE__, __LINE__, "%s returned %s (%s), expected %s", #call,                 \
               hora_strerror(mt_rc_), hora_last_error(), hora_strerror(code));                \
-    } else if ((needle) && !strstr(hora_last_error(), (needle))) {                           \
+    } else if (!mt_contains(hora_last_error(), (needle))) {                                  \
       mt_fail(__FILE__, __LINE__, "%s: message '%s' lacks '%s'", #call, hora_last_error(),   \
               (needle));                                                                     \
     }                                                                                        \
   } while (0)
+
+/* NULL needle: anything matches. */
+static inline int mt_contains(const char *hay, const char *needle) {
+  return !needle || strstr(hay, needle) != NULL;
+}
 
 /* hora_init, then MPI is usable for the bookkeeping. */
 void mt_init(void);

@@ -1,0 +1,82 @@
+/* The stall inspector: the last rank never submits "stuck/op". After
+ * HORA_STALL_CHECK_TIME_SECONDS=1 rank 0 logs a warning that names the
+ * operation and the missing rank; after HORA_STALL_SHUTDOWN_TIME_SECONDS=4
+ * the operation, and then the runtime, fail with HORA_ERR_TIMEOUT on every
+ * rank, the silent one included. */
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "mpitest.h"
+
+static char logdir[256];
+
+static void stall_is_warned_then_shut_down(void) {
+  int silent = mt_size - 1;
+  float x[4] = {1, 2, 3, 4};
+  if (mt_rank == silent) {
+    sleep(6); /* stuck: submits nothing */
+  } else {
+    hora_request *r;
+    MT_OK(hora_allreduce_async("stuck/op", x, x, 4, HORA_FLOAT32, HORA_SUM, &r));
+    double t0 = MPI_Wtime();
+    MT_FAILS(hora_wait(&r), HORA_ERR_TIMEOUT, "stuck/op");
+    double dt = MPI_Wtime() - t0;
+    MT_CHECK(dt > 3.0 && dt < 9.0, "timed out after %.1f s, expected about 4", dt);
+    char who[32];
+    snprintf(who, sizeof(who), "rank(s) %d", silent);
+    MT_CHECK(strstr(hora_last_error(), who) != NULL, "message does not name %s: %s", who,
+             hora_last_error());
+  }
+  /* Everyone, the silent rank too, now finds the runtime shut down. */
+  MT_FAILS(hora_allreduce("after", x, x, 4, HORA_FLOAT32, HORA_SUM), HORA_ERR_TIMEOUT, "stalled");
+  if (mt_rank == 0) {
+    char path[300], line[4096];
+    snprintf(path, sizeof(path), "%s/stall.0.log", logdir);
+    FILE *f = fopen(path, "r");
+    int warned = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+      char want[64];
+      snprintf(want, sizeof(want), "missing rank(s) %d", silent);
+      if (strstr(line, "WARN") && strstr(line, "'stuck/op'") && strstr(line, want)) {
+        warned = 1;
+      }
+    }
+    if (f) {
+      fclose(f);
+    }
+    MT_CHECK(warned, "rank 0's log %s has no stall warning naming rank %d", path, silent);
+  }
+  MT_FAILS(hora_finalize(), HORA_ERR_TIMEOUT, "stalled");
+}
+
+int main(int argc, char **argv) {
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    snprintf(logdir, sizeof(logdir), "/tmp/hora-stall-XXXXXX");
+    if (!mkdtemp(logdir)) {
+      logdir[0] = '\0';
+    }
+  }
+  MPI_Bcast(logdir, sizeof(logdir), MPI_CHAR, 0, MPI_COMM_WORLD);
+  char pattern[300];
+  snprintf(pattern, sizeof(pattern), "%s/stall.%%r.log", logdir);
+  setenv("HORA_LOG_FILE", pattern, 1);
+  setenv("HORA_STALL_CHECK_TIME_SECONDS", "1", 1);
+  setenv("HORA_STALL_SHUTDOWN_TIME_SECONDS", "4", 1);
+  mt_init();
+  mt_run("stall/warned_then_shut_down", stall_is_warned_then_shut_down);
+  int failures = mt_total_failures();
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0 && logdir[0]) {
+    char cmd[320];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", logdir);
+    if (system(cmd) != 0) {
+      fprintf(stderr, "could not remove %s\n", logdir);
+    }
+  }
+  MPI_Finalize();
+  return failures ? 1 : 0;
+}

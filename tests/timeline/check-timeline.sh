@@ -1,0 +1,77 @@
+#!/bin/sh
+# Runs tests/mpi/test_timeline and checks the trace it writes: valid JSON,
+# every phase of a fused tensor in order (negotiation with one mark per
+# rank, queue, copy in, allreduce, copy out), balanced begin/end events;
+# and valid JSON even after rank 0 was killed mid-job.
+# usage: check-timeline.sh BUILDDIR NP   (prints PASS/FAIL lines)
+set -u
+builddir=$1 np=$2
+. "$builddir/tests/config.sh"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+flags=
+[ "$MPI_FLAVOR" = openmpi ] && flags="--oversubscribe --bind-to none"
+[ "$MPI_FLAVOR" = openmpi ] && [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
+
+check() { # file mode
+  python3 - "$1" "$2" "$np" <<'PY'
+import json, sys
+path, mode, np = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    events = json.load(open(path))
+except Exception as e:
+    print("FAIL timeline/%s_valid_json: %s" % (mode, e)); sys.exit(1)
+if not isinstance(events, list) or not events:
+    print("FAIL timeline/%s_valid_json: not a non-empty array" % mode); sys.exit(1)
+print("PASS timeline/%s_valid_json (%d events)" % (mode, len(events)))
+rows = {e["args"]["name"]: e["tid"] for e in events if e.get("ph") == "M"}
+bad = []
+def phases(tid):
+    return [(e["ph"], e.get("name")) for e in events if e.get("tid") == tid and e.get("ph") != "M"]
+for tid in rows.values():
+    depth = 0
+    for ph, _ in phases(tid):
+        depth += {"B": 1, "E": -1}.get(ph, 0)
+        if depth < 0:
+            bad.append("unbalanced end on row %d" % tid)
+    if mode == "finalize" and depth != 0:
+        bad.append("row %d ends with %d open phases" % (tid, depth))
+if mode == "finalize":
+    seq = phases(rows.get("tl/grad.3", -1))
+    # One step of a fused tensor: the order its phases must come in.
+    want = ["NEGOTIATE_ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
+            "MEMCPY_OUT_FUSION_BUFFER"]
+    begins = [n for ph, n in seq if ph == "B"]
+    marks = [n for ph, n in seq if ph == "i"]
+    if np > 1 and begins[:5] != want:
+        bad.append("tl/grad.3 phases %s, expected %s" % (begins[:5], want))
+    for r in range(np):
+        if ("rank %d ready" % r) not in marks:
+            bad.append("tl/grad.3 lacks the mark 'rank %d ready'" % r)
+    lone = [n for ph, n in phases(rows.get("tl/lone", -1)) if ph == "B"]
+    if lone[:3] != ["NEGOTIATE_ALLREDUCE", "QUEUE", "ALLREDUCE"]:
+        bad.append("tl/lone phases %s" % lone[:3])
+    for name, kind in (("tl/bcast", "BROADCAST"), ("tl/gather", "ALLGATHER")):
+        if kind not in [n for ph, n in phases(rows.get(name, -1)) if ph == "B"]:
+            bad.append("%s has no %s phase" % (name, kind))
+    ts = [e["ts"] for e in events if "ts" in e]
+    if any(b < a for a, b in zip(ts, ts[1:])):
+        bad.append("timestamps go backwards")
+if bad:
+    print("FAIL timeline/%s_phases: %s" % (mode, "; ".join(bad[:5]))); sys.exit(1)
+print("PASS timeline/%s_phases" % mode)
+PY
+}
+
+timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" \
+  "$work/finalize.json" finalize >"$work/out" 2>&1
+if [ $? -ne 0 ]; then
+  echo "FAIL timeline/workload: exit status"
+  tail -n 20 "$work/out"
+else
+  grep '^PASS\|^FAIL' "$work/out"
+fi
+check "$work/finalize.json" finalize
+timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" \
+  "$work/die.json" die >"$work/out" 2>&1
+check "$work/die.json" killed
