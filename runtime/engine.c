@@ -134,6 +134,8 @@ static int cached_cb(void *arg, uint32_t version, uint32_t slot) {
 
 static int encode_and_send_requests(struct hora__engine *e, struct hora_request *const *list,
                                     size_t n);
+static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
+                     size_t n);
 
 struct resend_ctx {
   struct hora__engine *e;
@@ -224,7 +226,7 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
       }
       if (e->nresend) {
         hora__encode_resend(&e->wbuf, e->resend_version, e->resend, e->nresend);
-        HORA_CHECK(hora__ctrl_send(c, HORA_MSG_RESEND, e->wbuf.data, e->wbuf.len));
+        HORA_CHECK(ctrl_send(e, c, HORA_MSG_RESEND, e->wbuf.data, e->wbuf.len));
       }
     } else if (type == HORA_MSG_RESPONSES && !e->ctl) {
       if (hora__decode_responses(p, n, &e->todo_tail, &e->cache) != HORA_SUCCESS) {
@@ -256,16 +258,35 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
   return rc;
 }
 
+/* A write to a peer failed: what it sent before going away (an abort, say)
+ * explains the failure better than the broken pipe does. */
+static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) {
+  if (rc != HORA_ERR_PEER_LOST) {
+    return rc;
+  }
+  char original[1024];
+  hora__strlcpy(original, hora__error_message(), sizeof(original));
+  int why = read_ctrl(e, c);
+  if (why != HORA_SUCCESS && why != HORA_ERR_PEER_LOST) {
+    return why;
+  }
+  return hora__error(rc, "%s", original);
+}
+
+static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
+                     size_t n) {
+  return explain_write_failure(e, c, hora__ctrl_send(c, type, p, n));
+}
+
 static int service(void *arg) {
   struct hora__engine *e = arg;
   hora__comm *c = e->comm;
   for (int r = 0; r < c->size; r++) {
     if (c->ctrl[r]) {
-      int rc = hora__ctrl_flush(c->ctrl[r]);
-      if (rc == HORA_SUCCESS || !e->shutting_down) {
-        HORA_CHECK(rc);
-        HORA_CHECK(read_ctrl(e, c->ctrl[r]));
-      }
+      HORA_CHECK(read_ctrl(e, c->ctrl[r]));
+    }
+    if (c->ctrl[r] && !e->shutting_down) {
+      HORA_CHECK(explain_write_failure(e, c->ctrl[r], hora__ctrl_flush(c->ctrl[r])));
     }
   }
   return HORA_SUCCESS;
@@ -343,7 +364,7 @@ static int encode_and_send_requests(struct hora__engine *e, struct hora_request 
   if (e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %zu requests", n);
   }
-  return hora__ctrl_send(e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
+  return ctrl_send(e, e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
 }
 
 static int take_submissions(struct hora__engine *e, bool *busy) {
@@ -759,7 +780,7 @@ static int distribute(struct hora__engine *e) {
   }
   for (int r = 1; r < c->size; r++) {
     if (c->ctrl[r]) {
-      HORA_CHECK(hora__ctrl_send(c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
+      HORA_CHECK(ctrl_send(e, c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
     }
   }
   return HORA_SUCCESS;

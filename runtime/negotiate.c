@@ -11,20 +11,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cache.h"
 #include "log.h"
 #include "table.h"
 #include "timeline.h"
+
+/* Distinct requests for one key, each with the lowest rank that made it:
+ * enough to name a disagreement the same way whatever order ranks came in. */
+#define MAX_VARIANTS 4
+
+struct variant {
+  struct hora__op_meta meta;
+  int lowest_rank;
+};
 
 struct pending_op {
   struct pending_op *prev, *next; /* arrival order: oldest first */
   char *key;
   uint16_t key_len;
   struct hora__op_meta meta; /* what the first submitter asked for */
-  int first_rank;
+  struct variant variants[MAX_VARIANTS];
+  int nvariants;
   uint8_t *have; /* [size]: 1 when that rank submitted */
   int nhave;
   int nhave_joined; /* submitters that have also joined */
-  char *mismatch;   /* the first disagreement, or NULL */
   uint64_t first_ns;
 };
 
@@ -65,7 +75,6 @@ int hora__controller_create(int size, struct hora__controller **out) {
 static void op_free(struct pending_op *op) {
   free(op->key);
   free(op->have);
-  free(op->mismatch);
   free(op);
 }
 
@@ -283,6 +292,9 @@ static int respond(struct hora__controller *c, struct pending_op *op) {
   return HORA_SUCCESS;
 }
 
+static void describe_mismatch(const struct pending_op *op, int a, const struct hora__op_meta *f,
+                              int rank, const struct hora__op_meta *m, char *msg, size_t size);
+
 /* Decides what can be decided about `op` now. */
 static int update(struct hora__controller *c, struct pending_op *op) {
   char name[300], ranks[256], msg[1024];
@@ -311,48 +323,73 @@ static int update(struct hora__controller *c, struct pending_op *op) {
   if (ready < c->size) {
     return HORA_SUCCESS;
   }
-  if (op->mismatch) {
-    return respond_error(c, op, HORA_ERR_MISMATCH, op->mismatch);
+  if (op->nvariants > 1) {
+    /* The lowest rank against the lowest rank that asked for something else. */
+    const struct variant *a = &op->variants[0], *b = NULL;
+    for (int i = 1; i < op->nvariants; i++) {
+      if (op->variants[i].lowest_rank < a->lowest_rank) {
+        a = &op->variants[i];
+      }
+    }
+    for (int i = 0; i < op->nvariants; i++) {
+      const struct variant *v = &op->variants[i];
+      if (v != a && (!b || v->lowest_rank < b->lowest_rank)) {
+        b = v;
+      }
+    }
+    describe_mismatch(op, a->lowest_rank, &a->meta, b->lowest_rank, &b->meta, msg, sizeof(msg));
+    return respond_error(c, op, HORA_ERR_MISMATCH, msg);
   }
   return respond(c, op);
 }
 
-static void describe_mismatch(struct pending_op *op, int rank, const struct hora__op_meta *m) {
-  const struct hora__op_meta *f = &op->meta;
-  char name[300], msg[1024];
+/* "allreduce 'x': rank 0 sent 10 elements, rank 1 sent 11": the first field
+ * in which rank a's request f and rank b's request m differ. */
+static void describe_mismatch(const struct pending_op *op, int a, const struct hora__op_meta *f,
+                              int rank, const struct hora__op_meta *m, char *msg, size_t size) {
+  char name[300];
   hora__key_display(op->key, op->key_len, name, sizeof(name));
   const char *kind = hora__kind_name(f->kind);
-  int a = op->first_rank;
   if (m->kind != f->kind) {
-    snprintf(msg, sizeof(msg), "operation %s: rank %d submitted %s, rank %d %s", name, a,
+    snprintf(msg, size, "operation %s: rank %d submitted %s, rank %d %s", name, a,
              hora__kind_name(f->kind), rank, hora__kind_name(m->kind));
   } else if (m->device != f->device) {
-    snprintf(msg, sizeof(msg), "%s %s: rank %d passed %s memory, rank %d %s memory", kind, name,
-             a, f->device ? "GPU" : "host", rank, m->device ? "GPU" : "host");
+    snprintf(msg, size, "%s %s: rank %d passed %s memory, rank %d %s memory", kind, name, a,
+             f->device ? "GPU" : "host", rank, m->device ? "GPU" : "host");
   } else if (m->dtype != f->dtype) {
-    snprintf(msg, sizeof(msg), "%s %s: rank %d sent %s, rank %d sent %s", kind, name, a,
+    snprintf(msg, size, "%s %s: rank %d sent %s, rank %d sent %s", kind, name, a,
              hora_dtype_name(f->dtype), rank, hora_dtype_name(m->dtype));
   } else if (m->count != f->count) {
-    snprintf(msg, sizeof(msg), "%s %s: rank %d sent %llu elements, rank %d sent %llu", kind, name,
-             a, (unsigned long long)f->count, rank, (unsigned long long)m->count);
+    snprintf(msg, size, "%s %s: rank %d sent %llu elements, rank %d sent %llu", kind, name, a,
+             (unsigned long long)f->count, rank, (unsigned long long)m->count);
   } else if (m->op != f->op) {
-    snprintf(msg, sizeof(msg), "%s %s: rank %d asked for %s, rank %d for %s", kind, name, a,
+    snprintf(msg, size, "%s %s: rank %d asked for %s, rank %d for %s", kind, name, a,
              hora_op_name(f->op), rank, hora_op_name(m->op));
   } else if (m->root != f->root) {
-    snprintf(msg, sizeof(msg), "%s %s: rank %d named root %d, rank %d root %d", kind, name, a,
-             f->root, rank, m->root);
+    snprintf(msg, size, "%s %s: rank %d named root %d, rank %d root %d", kind, name, a, f->root,
+             rank, m->root);
   } else if (m->compression != f->compression) {
     static const char *const names[] = {"none", "fp16", "bf16"};
-    snprintf(msg, sizeof(msg), "%s %s: rank %d asked for compression %s, rank %d for %s", kind,
-             name, a, names[f->compression], rank, names[m->compression]);
-  } else if (m->prescale != f->prescale || m->postscale != f->postscale) {
-    snprintf(msg, sizeof(msg),
+    snprintf(msg, size, "%s %s: rank %d asked for compression %s, rank %d for %s", kind, name, a,
+             names[f->compression], rank, names[m->compression]);
+  } else {
+    snprintf(msg, size,
              "%s %s: rank %d asked for prescale %g and postscale %g, rank %d for %g and %g", kind,
              name, a, f->prescale, f->postscale, rank, m->prescale, m->postscale);
-  } else {
-    return;
   }
-  op->mismatch = hora__strdup(msg);
+}
+
+/* Records rank's request among the variants of op. */
+static void add_variant(struct pending_op *op, int rank, const struct hora__op_meta *m) {
+  for (int i = 0; i < op->nvariants; i++) {
+    if (hora__meta_equal(&op->variants[i].meta, m)) {
+      op->variants[i].lowest_rank = HORA_MIN(op->variants[i].lowest_rank, rank);
+      return;
+    }
+  }
+  if (op->nvariants < MAX_VARIANTS) {
+    op->variants[op->nvariants++] = (struct variant){*m, rank};
+  }
 }
 
 /* Only the fields that matter for a kind are compared. */
@@ -454,7 +491,6 @@ int hora__controller_submit(struct hora__controller *c, int rank,
     op->key[req->key_len] = '\0';
     op->key_len = (uint16_t)req->key_len;
     op->meta = m;
-    op->first_rank = rank;
     op->first_ns = hora__now_ns();
     if (hora__table_put(&c->ops, op->key, op->key_len, op) != HORA_SUCCESS) {
       op_free(op);
@@ -479,9 +515,8 @@ int hora__controller_submit(struct hora__controller *c, int rank,
     /* The API refuses a key already in flight, so this is a broken peer. */
     return hora__error(HORA_ERR_SYSTEM, "rank %d submitted operation %.*s twice", rank,
                        (int)req->key_len, req->key);
-  } else if (!op->mismatch) {
-    describe_mismatch(op, rank, &m);
   }
+  add_variant(op, rank, &m);
   op->have[rank] = 1;
   op->nhave++;
   if (c->joined[rank]) {

@@ -58,7 +58,7 @@ run_mpi() { # name np command...
   name=$1 np=$2
   shift 2
   out="$work/out" err="$work/err"
-  timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" >"$out" 2>"$err"
+  timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" </dev/null >"$out" 2>"$err"
   rc=$?
   tally "np=$np " <"$out"
   if [ $rc -ne 0 ] || grep -q '^FAIL' "$out" || [ ! -s "$out" ]; then
@@ -77,6 +77,8 @@ echo "== unit tests"
 "$builddir/tests/unit/unit_tests" 2>&1 | tally ""
 
 echo "== multi-rank tests ($MPIEXEC, $MPI_FLAVOR)"
+runs="$work/runs"
+: >"$runs"
 grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
   [ -n "$prog" ] || continue
   if [ -n "${HORA_TEST_ONLY:-}" ] && ! echo "$prog" | grep -Eq "$HORA_TEST_ONLY"; then
@@ -94,8 +96,16 @@ grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
       continue
     fi
     run_mpi "$prog$args" "$np" "$builddir/tests/mpi/$prog" $args
+    echo "$prog $np$args" >>"$runs"
   done
 done
+# Every line of the list must have run (a launcher reading stdin once ate it).
+expected=$(grep -v '^#' "$srcdir/tests/mpi/testlist" | awk -v only="${HORA_TEST_ONLY:-}" -v nps=" ${HORA_TEST_NPS:-} " '
+  NF && (only == "" || $1 ~ only) { for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/ && (nps == "  " || index(nps, " " $i " "))) n++ }
+  END { print n + 0 }')
+if [ "$(wc -l <"$runs")" -ne "$expected" ]; then
+  echo "FAIL runner/testlist: ran $(wc -l <"$runs") of $expected multi-rank runs" | tee -a "$results"
+fi
 
 if [ -z "${HORA_TEST_ONLY:-}" ]; then
   echo "== launch without a launcher, and bad settings"

@@ -63,7 +63,7 @@ print("PASS timeline/%s_phases" % mode)
 PY
 }
 
-timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" \
+timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" </dev/null \
   "$work/finalize.json" finalize >"$work/out" 2>&1
 if [ $? -ne 0 ]; then
   echo "FAIL timeline/workload: exit status"
@@ -72,6 +72,6 @@ else
   grep '^PASS\|^FAIL' "$work/out"
 fi
 check "$work/finalize.json" finalize
-timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" \
+timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" </dev/null \
   "$work/die.json" die >"$work/out" 2>&1
 check "$work/die.json" killed
