@@ -58,7 +58,7 @@ sanitized() { # dir, configure flag, then environment settings for make check
 if [ "$quick" = no ]; then
   sanitized "$src/build/asan" --enable-sanitizers HORA_TEST_NPS="1 2 4 16"
   sanitized "$src/build/tsan" --enable-sanitizers=thread HORA_TEST_NPS="1 2 4" \
-    HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi"
+    HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall"
 fi
 
 awk '{p+=$1; f+=$2; s+=$3} END {printf "\n%d passed, %d failed, %d skipped\n", p, f, s}' "$summary"

@@ -61,6 +61,10 @@ run_mpi() { # name np command...
   timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" </dev/null >"$out" 2>"$err"
   rc=$?
   tally "np=$np " <"$out"
+  if sanitizer_report "$err" "$out"; then
+    echo "FAIL np=$np $name: sanitizer report" | tee -a "$results"
+    rc=1
+  fi
   if [ $rc -ne 0 ] || grep -q '^FAIL' "$out" || [ ! -s "$out" ]; then
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
       echo "FAIL np=$np $name: timed out after ${timeout_s}s" | tee -a "$results"
@@ -73,8 +77,20 @@ run_mpi() { # name np command...
   fi
 }
 
+# A sanitizer report anywhere is a failure, whatever the exit status says.
+sanitizer_report() { grep -qE 'runtime error:|ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer' "$@"; }
+
 echo "== unit tests"
-"$builddir/tests/unit/unit_tests" 2>&1 | tally ""
+"$builddir/tests/unit/unit_tests" >"$work/unit" 2>&1
+rc=$?
+tally "" <"$work/unit"
+if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$work/unit"; then
+  echo "FAIL unit: the unit tests died (exit status $rc) after the last line above" | tee -a "$results"
+  tail -n 20 "$work/unit"
+elif sanitizer_report "$work/unit"; then
+  echo "FAIL unit: sanitizer report" | tee -a "$results"
+  grep -A5 -E 'runtime error:|Sanitizer' "$work/unit" | head -n 30
+fi
 
 echo "== multi-rank tests ($MPIEXEC, $MPI_FLAVOR)"
 runs="$work/runs"

@@ -9,12 +9,15 @@
 
 struct collected {
   int n;
-  struct hora__op_meta meta[8];
-  char keys[8][HORA_KEY_MAX + 1];
+  struct hora__op_meta meta[16];
+  char keys[16][HORA_KEY_MAX + 1];
 };
 
 static int collect(void *arg, const struct hora__wire_request *req) {
   struct collected *c = arg;
+  if (c->n == 16) {
+    return hora__error(HORA_ERR_INVALID_ARG, "test collector is full");
+  }
   c->meta[c->n] = req->meta;
   memcpy(c->keys[c->n], req->key, req->key_len);
   c->keys[c->n][req->key_len] = '\0';
