@@ -39,22 +39,23 @@ static void ag_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scrat
   *scratch = false;
 }
 
-int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
-  int p = comm->size;
-  char *mine = (char *)recvbuf + (size_t)comm->rank * bytes;
+int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *view, const void *sendbuf,
+                         size_t bytes, void *recvbuf) {
+  int p = view->size;
+  char *mine = (char *)recvbuf + (size_t)view->pos * bytes;
   if (sendbuf != mine && bytes) {
     memmove(mine, sendbuf, bytes);
   }
   if (p == 1 || bytes == 0) {
     return HORA_SUCCESS;
   }
-  struct allgather_ctx a = {.rank = comm->rank, .size = p, .recv = recvbuf, .bytes = bytes};
+  struct allgather_ctx a = {.rank = view->pos, .size = p, .recv = recvbuf, .bytes = bytes};
   a.chunk = (size_t)comm->chunk_bytes;
   a.nchunks = HORA_MAX((bytes + a.chunk - 1) / a.chunk, (size_t)1);
   size_t total = (size_t)(p - 1) * a.nchunks;
   struct hora__ring ring = {
-      .next = comm->data[(comm->rank + 1) % p],
-      .prev = comm->data[(comm->rank + p - 1) % p],
+      .next = view->next,
+      .prev = view->prev,
       .nsend = total,
       .nrecv = total,
       .send_depends = true,
@@ -64,4 +65,11 @@ int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *r
       .recv_at = ag_recv_at,
   };
   return hora__ring_run(comm, &ring);
+}
+
+int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
+  if (comm->algo_allgather == HORA_ALGO_SHM) {
+    return hora__shm_allgather(comm, sendbuf, bytes, recvbuf);
+  }
+  return hora__ring_allgather(comm, &comm->world_ring, sendbuf, bytes, recvbuf);
 }

@@ -19,6 +19,8 @@
  * just before it leaves and widened on arrival, so the partial sums
  * accumulate in the data's own type. The owner of a finished segment
  * rounds its own copy through the wire type too, so all ranks agree. */
+#include <stdlib.h>
+
 #include "collectives.h"
 #include "reduce.h"
 
@@ -104,10 +106,11 @@ static void ar_received(void *arg, size_t i, void *staged) {
   }
 }
 
-int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
-                    hora_dtype dtype, hora_op op, hora_dtype wire_dtype) {
+int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *view, const void *sendbuf,
+                         void *recvbuf, size_t count, hora_dtype dtype, hora_op op,
+                         hora_dtype wire_dtype) {
   size_t esize = hora_dtype_size(dtype);
-  int p = comm->size;
+  int p = view->size;
   if (p == 1 || count == 0) {
     if (sendbuf != recvbuf && count) {
       memcpy(recvbuf, sendbuf, count * esize);
@@ -115,7 +118,7 @@ int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t
     return HORA_SUCCESS;
   }
   struct allreduce_ctx a = {
-      .rank = comm->rank,
+      .rank = view->pos,
       .size = p,
       .send = sendbuf,
       .recv = recvbuf,
@@ -135,8 +138,8 @@ int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t
   a.nchunks = HORA_MAX((max_seg + a.chunk_elems - 1) / a.chunk_elems, (size_t)1);
   size_t total = (size_t)(2 * (p - 1)) * a.nchunks;
   struct hora__ring ring = {
-      .next = comm->data[(comm->rank + 1) % p],
-      .prev = comm->data[(comm->rank + p - 1) % p],
+      .next = view->next,
+      .prev = view->prev,
       .nsend = total,
       .nrecv = total,
       .send_depends = true,
@@ -148,4 +151,94 @@ int hora__allreduce(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t
       .received = ar_received,
   };
   return hora__ring_run(comm, &ring);
+}
+
+/* ---- choosing the algorithm ------------------------------------------------ */
+
+void hora__post_apply(const struct hora__coll_opts *o, hora_dtype dtype, void *buf, size_t n) {
+  if (!o) {
+    return;
+  }
+  if (o->divisor > 1) {
+    hora__divide(dtype, buf, n, o->divisor);
+  }
+  if (o->postscale != 1.0) {
+    hora__scale(dtype, buf, n, o->postscale);
+  }
+}
+
+static void phase(const struct hora__coll_opts *o, const char *name) {
+  if (o && o->phase) {
+    o->phase(o->phase_arg, name);
+  }
+}
+
+int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out) {
+  if (comm->fusion_bytes < bytes) {
+    void *p = hora__aligned_alloc(64, bytes);
+    if (!p) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    free(comm->fusion);
+    comm->fusion = p;
+    comm->fusion_bytes = bytes;
+  }
+  *out = comm->fusion;
+  return HORA_SUCCESS;
+}
+
+int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                    const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                    hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  size_t esize = hora_dtype_size(dtype);
+  if (comm->algo_allreduce == HORA_ALGO_SHM) {
+    return hora__shm_allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
+  }
+  bool prescale = opts && opts->prescale != 1.0;
+  if (nin == 1 && nout == 1) {
+    /* One tensor: reduce straight between the caller's buffers; a prescale
+     * must not touch the caller's input, so it works on the output. */
+    const void *src = in[0].base;
+    if (prescale) {
+      if (out[0].base != in[0].base) {
+        memcpy(out[0].base, in[0].base, count * esize);
+      }
+      hora__scale(dtype, out[0].base, count, opts->prescale);
+      src = out[0].base;
+    }
+    phase(opts, "ALLREDUCE");
+    int rc = hora__ring_allreduce(comm, &comm->world_ring, src, out[0].base, count, dtype, op, wire);
+    phase(opts, NULL);
+    if (rc == HORA_SUCCESS) {
+      hora__post_apply(opts, dtype, out[0].base, count);
+    }
+    return rc;
+  }
+  char *f;
+  HORA_CHECK(hora__comm_fusion_buffer(comm, count * esize, &f));
+  phase(opts, "MEMCPY_IN_FUSION_BUFFER");
+  size_t off = 0;
+  for (int i = 0; i < nin; i++) {
+    memcpy(f + off, in[i].base, in[i].len);
+    off += in[i].len;
+  }
+  if (prescale) {
+    hora__scale(dtype, f, count, opts->prescale);
+  }
+  phase(opts, NULL);
+  phase(opts, "ALLREDUCE");
+  int rc = hora__ring_allreduce(comm, &comm->world_ring, f, f, count, dtype, op, wire);
+  phase(opts, NULL);
+  if (rc != HORA_SUCCESS) {
+    return rc;
+  }
+  hora__post_apply(opts, dtype, f, count);
+  phase(opts, "MEMCPY_OUT_FUSION_BUFFER");
+  off = 0;
+  for (int i = 0; i < nout; i++) {
+    memcpy(out[i].base, f + off, out[i].len);
+    off += out[i].len;
+  }
+  phase(opts, NULL);
+  return HORA_SUCCESS;
 }

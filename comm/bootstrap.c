@@ -24,6 +24,7 @@
 #include "../runtime/log.h"
 #include "../runtime/params.h"
 #include "comm.h"
+#include "shm.h"
 
 #define HELLO_ACK_WORD 0x214b4f48u /* "HOK!" */
 
@@ -54,7 +55,7 @@ const char *hora__peer_name(const hora__comm *comm, int rank, char *buf, size_t 
   return buf;
 }
 
-static int topology_from_mpi(hora__comm *c) {
+static int topology_from_mpi(hora__comm *c, MPI_Comm *local_out) {
   MPI_Comm local, leaders;
   MPI_CHECK(MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local));
   MPI_Comm_rank(local, &c->local_rank);
@@ -68,7 +69,7 @@ static int topology_from_mpi(hora__comm *c) {
     MPI_Comm_free(&leaders);
   }
   int rc = MPI_Bcast(hostinfo, 2, MPI_INT, 0, local);
-  MPI_Comm_free(&local);
+  *local_out = local;
   if (rc != MPI_SUCCESS) {
     return mpi_error(rc, "MPI_Bcast(host index)");
   }
@@ -118,7 +119,7 @@ struct plan {
   struct pending *socks;
   int nsocks, cap;
   int expected_in; /* incoming connections still to arrive */
-  uint8_t *want_in;   /* [size*2]: 1 while (peer, kind) is expected */
+  uint8_t *want_in;   /* [size * kinds]: 1 while (peer, kind) is expected */
 };
 
 static bool same_host(const hora__comm *c, int peer) {
@@ -284,7 +285,7 @@ static int step(struct plan *p, struct pending *s) {
         struct hora__hello h;
         int rc = hora__hello_decode(s->buf, c->secret, c->size, &h);
         if (rc == HORA_SUCCESS) {
-          size_t slot = (size_t)h.rank * 2 + (size_t)(h.kind - 1);
+          size_t slot = (size_t)h.rank * HORA_CONN_KINDS + (size_t)(h.kind - 1);
           if (!p->want_in[slot]) {
             rc = hora__error(HORA_ERR_INVALID_ARG, "unexpected or duplicate %s connection from rank %d",
                              h.kind == HORA_CONN_CTRL ? "control" : "data", h.rank);
@@ -346,7 +347,7 @@ static int plan_connection(struct plan *p, int peer, int kind) {
     HORA_CHECK(add_sock(p, s));
     return start_connect(p, &p->socks[p->nsocks - 1]);
   }
-  size_t slot = (size_t)peer * 2 + (size_t)(kind - 1);
+  size_t slot = (size_t)peer * HORA_CONN_KINDS + (size_t)(kind - 1);
   if (!p->want_in[slot]) {
     p->want_in[slot] = 1;
     p->expected_in++;
@@ -354,10 +355,35 @@ static int plan_connection(struct plan *p, int peer, int kind) {
   return HORA_SUCCESS;
 }
 
+/* The rank on the host `dir` steps along the cross ring with this rank's
+ * local rank (hosts are homogeneous when this is used). */
+static int cross_peer(const hora__comm *c, int dir) {
+  int h = (c->cross_rank + dir + c->cross_size) % c->cross_size;
+  for (int r = 0; r < c->size; r++) {
+    if (c->peers[r].host_index == h && c->peers[r].local_rank == c->local_rank) {
+      return r;
+    }
+  }
+  return -1;
+}
+
+static bool hosts_homogeneous(const hora__comm *c) {
+  for (int r = 0; r < c->size; r++) {
+    int n = 0;
+    for (int q = 0; q < c->size; q++) {
+      n += c->peers[q].host_index == c->peers[r].host_index;
+    }
+    if (n != c->local_size) {
+      return false;
+    }
+  }
+  return true;
+}
+
 static int connect_all(hora__comm *c) {
   struct plan p = {.c = c};
   int rc = HORA_SUCCESS;
-  p.want_in = hora__calloc((size_t)c->size * 2, 1);
+  p.want_in = hora__calloc((size_t)c->size * HORA_CONN_KINDS, 1);
   if (!p.want_in) {
     return HORA_ERR_NO_MEMORY;
   }
@@ -371,6 +397,10 @@ static int connect_all(hora__comm *c) {
   if (c->size > 1) {
     HORA_CHECK_GOTO(plan_connection(&p, (c->rank + 1) % c->size, HORA_CONN_DATA), rc, out);
     HORA_CHECK_GOTO(plan_connection(&p, (c->rank + c->size - 1) % c->size, HORA_CONN_DATA), rc, out);
+  }
+  if (c->cross_ring.size > 1) {
+    HORA_CHECK_GOTO(plan_connection(&p, cross_peer(c, 1), HORA_CONN_CROSS), rc, out);
+    HORA_CHECK_GOTO(plan_connection(&p, cross_peer(c, -1), HORA_CONN_CROSS), rc, out);
   }
   uint64_t deadline = hora__now_ns() + (uint64_t)(hora__params.CONNECT_TIMEOUT_SECONDS * 1e9);
   for (;;) {
@@ -407,9 +437,9 @@ static int connect_all(hora__comm *c) {
           m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", p.socks[i].peer);
         }
       }
-      for (int r = 0; r < c->size * 2 && m + 32 < sizeof(missing); r++) {
+      for (int r = 0; r < c->size * HORA_CONN_KINDS && m + 32 < sizeof(missing); r++) {
         if (p.want_in[r]) {
-          m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", r / 2);
+          m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", r / HORA_CONN_KINDS);
         }
       }
       rc = hora__error(HORA_ERR_PEER_LOST,
@@ -452,7 +482,7 @@ static int connect_all(hora__comm *c) {
     int fd = s->fd;
     s->fd = -1;
     HORA_CHECK_GOTO(hora__socket_tune(fd, !s->unix_socket,
-                                      s->kind == HORA_CONN_DATA ? hora__params.SOCKET_BUFFER : 0),
+                                      s->kind == HORA_CONN_CTRL ? 0 : hora__params.SOCKET_BUFFER),
                     rc, out);
     if (s->kind == HORA_CONN_CTRL) {
       c->ctrl[s->peer] = hora__ctrl_new(fd, s->peer);
@@ -462,7 +492,8 @@ static int connect_all(hora__comm *c) {
         goto out;
       }
     } else {
-      rc = hora__transport_tcp.adopt_socket(c, fd, s->peer, &c->data[s->peer]);
+      hora__conn **slot = s->kind == HORA_CONN_CROSS ? &c->cross[s->peer] : &c->data[s->peer];
+      rc = hora__transport_tcp.adopt_socket(c, fd, s->peer, slot);
       if (rc != HORA_SUCCESS) {
         close(fd);
         goto out;
@@ -480,13 +511,26 @@ out:
   return rc;
 }
 
+static int comm_connect(hora__comm *c, MPI_Comm local);
+
 static int comm_create(MPI_Comm world, hora__comm *c) {
   MPI_CHECK(MPI_Comm_dup(world, &c->mpi));
   MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
   MPI_Comm_rank(c->mpi, &c->rank);
   MPI_Comm_size(c->mpi, &c->size);
   hora__log_set_rank(c->rank);
-  HORA_CHECK(topology_from_mpi(c));
+  MPI_Comm local = MPI_COMM_NULL;
+  int rc = topology_from_mpi(c, &local);
+  if (rc == HORA_SUCCESS) {
+    rc = comm_connect(c, local);
+  }
+  if (local != MPI_COMM_NULL) {
+    MPI_Comm_free(&local);
+  }
+  return rc;
+}
+
+static int comm_connect(hora__comm *c, MPI_Comm local) {
   HORA_CHECK(make_secret(c));
 
   struct in_addr ip;
@@ -498,7 +542,8 @@ static int comm_create(MPI_Comm world, hora__comm *c) {
   c->peers = hora__calloc((size_t)c->size, sizeof(*c->peers));
   c->ctrl = hora__calloc((size_t)c->size, sizeof(*c->ctrl));
   c->data = hora__calloc((size_t)c->size, sizeof(*c->data));
-  if (!c->peers || !c->ctrl || !c->data) {
+  c->cross = hora__calloc((size_t)c->size, sizeof(*c->cross));
+  if (!c->peers || !c->ctrl || !c->data || !c->cross) {
     return HORA_ERR_NO_MEMORY;
   }
   struct hora__peer_info me;
@@ -516,11 +561,49 @@ static int comm_create(MPI_Comm world, hora__comm *c) {
   HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d", ipstr,
              ntohs(c->tcp_addr.sin_port), ifname, c->job_id, c->rank);
 
-  HORA_CHECK(connect_all(c));
-  bool all_local = c->cross_size == 1;
+  /* Hierarchical allreduce: shared memory within each host and a ring
+   * across hosts per slice; it needs the same number of ranks per host. */
   bool forced_tcp = strcmp(hora__params.TRANSPORT, "tcp") == 0;
-  c->local_transport = forced_tcp ? "tcp" : "tcp(unix)";
-  c->remote_transport = all_local ? "none" : "tcp";
+  const char *hier = hora__params.HIERARCHICAL_ALLREDUCE;
+  bool homogeneous = hosts_homogeneous(c);
+  bool hierarchical = !forced_tcp && c->cross_size > 1 && c->local_size > 1 && homogeneous &&
+                      strcmp(hier, "0") != 0;
+  if (strcmp(hier, "1") == 0 && !hierarchical && c->rank == 0) {
+    HORA_WARN("HORA_HIERARCHICAL_ALLREDUCE=1 ignored: it needs several hosts with the same number "
+              "of ranks each, and shared memory (HORA_TRANSPORT is %s)", hora__params.TRANSPORT);
+  }
+  if (hierarchical) {
+    c->cross_ring.pos = c->cross_rank;
+    c->cross_ring.size = c->cross_size;
+  }
+  HORA_CHECK(connect_all(c));
+  c->world_ring.pos = c->rank;
+  c->world_ring.size = c->size;
+  if (c->size > 1) {
+    c->world_ring.next = c->data[(c->rank + 1) % c->size];
+    c->world_ring.prev = c->data[(c->rank + c->size - 1) % c->size];
+  }
+  if (hierarchical) {
+    c->cross_ring.next = c->cross[cross_peer(c, 1)];
+    c->cross_ring.prev = c->cross[cross_peer(c, -1)];
+  }
+  if (!forced_tcp && c->local_size > 1) {
+    HORA_CHECK(hora__shm_create(c, local, &c->shm));
+  }
+  /* The algorithms must agree job-wide: if some host could not share
+   * memory, every rank uses the rings. */
+  int ok = forced_tcp || c->local_size == 1 || c->shm != NULL, all_ok = 0;
+  MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->mpi));
+  if (!all_ok) {
+    hora__shm_destroy(c->shm);
+    c->shm = NULL;
+    hierarchical = false;
+  }
+  c->algo_allreduce =
+      c->shm && (c->cross_size == 1 || hierarchical) ? HORA_ALGO_SHM : HORA_ALGO_RING;
+  c->algo_bcast = c->algo_allgather = c->shm && c->cross_size == 1 ? HORA_ALGO_SHM : HORA_ALGO_RING;
+  c->local_transport = c->shm ? "shm" : forced_tcp ? "tcp" : "tcp(unix)";
+  c->remote_transport = c->cross_size == 1 ? "none" : hierarchical ? "tcp(hierarchical)" : "tcp";
   c->chunk_bytes = hora__params.CHUNK_SIZE;
   return HORA_SUCCESS;
 }
@@ -548,14 +631,17 @@ void hora__comm_disconnect(hora__comm *c) {
       c->ctrl[r] = NULL;
     }
   }
-  if (c->data) {
-    for (int r = 0; r < c->size; r++) {
-      if (c->data[r]) {
-        c->data[r]->tp->close(c->data[r]);
-        c->data[r] = NULL;
+  for (int k = 0; k < 2; k++) {
+    hora__conn **v = k ? c->cross : c->data;
+    for (int r = 0; v && r < c->size; r++) {
+      if (v[r]) {
+        v[r]->tp->close(v[r]);
+        v[r] = NULL;
       }
     }
   }
+  c->world_ring.next = c->world_ring.prev = NULL;
+  c->cross_ring.next = c->cross_ring.prev = NULL;
   c->active = NULL;
   if (c->tcp_listen_fd >= 0) {
     close(c->tcp_listen_fd);
@@ -579,8 +665,11 @@ void hora__comm_destroy(hora__comm *c) {
       MPI_Comm_free(&c->mpi);
     }
   }
+  hora__shm_destroy(c->shm);
+  free(c->fusion);
   free(c->peers);
   free(c->ctrl);
   free(c->data);
+  free(c->cross);
   free(c);
 }

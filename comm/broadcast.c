@@ -33,17 +33,18 @@ static void bc_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scrat
   *scratch = false;
 }
 
-int hora__broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
-  int p = comm->size;
+int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *view, void *buf,
+                         size_t bytes, int root) {
+  int p = view->size;
   if (p == 1 || bytes == 0) {
     return HORA_SUCCESS;
   }
-  int pos = (comm->rank - root + p) % p;
+  int pos = (view->pos - root + p) % p;
   struct bcast_ctx b = {.buf = buf, .bytes = bytes, .chunk = (size_t)comm->chunk_bytes};
   size_t nchunks = (bytes + b.chunk - 1) / b.chunk;
   struct hora__ring ring = {
-      .next = comm->data[(comm->rank + 1) % p],
-      .prev = comm->data[(comm->rank + p - 1) % p],
+      .next = view->next,
+      .prev = view->prev,
       .nsend = pos == p - 1 ? 0 : nchunks,
       .nrecv = pos == 0 ? 0 : nchunks,
       .send_depends = pos != 0,
@@ -53,4 +54,52 @@ int hora__broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
       .recv_at = bc_recv_at,
   };
   return hora__ring_run(comm, &ring);
+}
+
+int hora__broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
+                    int root, const struct hora__coll_opts *opts) {
+  if (comm->algo_bcast == HORA_ALGO_SHM) {
+    if (opts && opts->phase) {
+      opts->phase(opts->phase_arg, "BROADCAST");
+    }
+    int rc = hora__shm_broadcast(comm, buf, nbuf, bytes, comm->peers[root].local_rank);
+    if (opts && opts->phase) {
+      opts->phase(opts->phase_arg, NULL);
+    }
+    return rc;
+  }
+  if (nbuf == 1) {
+    if (opts && opts->phase) {
+      opts->phase(opts->phase_arg, "BROADCAST");
+    }
+    int rc = hora__ring_broadcast(comm, &comm->world_ring, buf[0].base, bytes, root);
+    if (opts && opts->phase) {
+      opts->phase(opts->phase_arg, NULL);
+    }
+    return rc;
+  }
+  char *f;
+  HORA_CHECK(hora__comm_fusion_buffer(comm, bytes, &f));
+  size_t off = 0;
+  if (comm->rank == root) {
+    for (int i = 0; i < nbuf; i++) {
+      memcpy(f + off, buf[i].base, buf[i].len);
+      off += buf[i].len;
+    }
+  }
+  if (opts && opts->phase) {
+    opts->phase(opts->phase_arg, "BROADCAST");
+  }
+  int rc = hora__ring_broadcast(comm, &comm->world_ring, f, bytes, root);
+  if (opts && opts->phase) {
+    opts->phase(opts->phase_arg, NULL);
+  }
+  if (rc == HORA_SUCCESS && comm->rank != root) {
+    off = 0;
+    for (int i = 0; i < nbuf; i++) {
+      memcpy(buf[i].base, f + off, buf[i].len);
+      off += buf[i].len;
+    }
+  }
+  return rc;
 }

@@ -36,6 +36,18 @@ struct pollfd;
 typedef int (*hora__service_fn)(void *arg);
 typedef int (*hora__service_pollfds_fn)(void *arg, struct pollfd *fds, int max);
 
+/* Which algorithm family a collective uses (chosen in bootstrap.c). */
+enum hora__algo { HORA_ALGO_RING, HORA_ALGO_SHM };
+
+struct hora__shm;
+
+/* A ring over some of the ranks: this rank's position in it, its size and
+ * the connections to its neighbours. */
+struct hora__ring_view {
+  int pos, size;
+  hora__conn *next, *prev;
+};
+
 struct hora__comm {
   int rank, size;
   int local_rank, local_size;
@@ -53,8 +65,17 @@ struct hora__comm {
    * elsewhere only ctrl[0]. */
   hora__ctrl **ctrl;
   /* Data plane: data[r] is the connection to rank r, NULL where the
-   * algorithms never talk directly (today: ring neighbours only). */
+   * algorithms never talk directly (the ring neighbours only), and cross[r]
+   * the connection of the cross-host ring of the hierarchical allreduce. */
   hora__conn **data;
+  hora__conn **cross;
+  struct hora__ring_view world_ring; /* every rank, in rank order */
+  struct hora__ring_view cross_ring; /* the ranks with this local rank, one per host */
+  struct hora__shm *shm;              /* the host's shared segment, or NULL */
+  uint64_t shm_seq;                   /* pieces done over shm: picks the half */
+  enum hora__algo algo_allreduce, algo_bcast, algo_allgather;
+  char *fusion; /* the socket path's fusion buffer */
+  size_t fusion_bytes;
   const char *local_transport;  /* chosen for peers on this host */
   const char *remote_transport; /* chosen for peers on other hosts */
 
@@ -127,7 +148,8 @@ int hora__unix_address(const char *job_id, int rank, void *sun, unsigned *len);
 #define HORA_HELLO_MAGIC 0x41524f48u /* "HORA" */
 #define HORA_HELLO_VERSION 1
 #define HORA_HELLO_ACK 0x4b41u
-enum hora__conn_kind { HORA_CONN_CTRL = 1, HORA_CONN_DATA = 2 };
+enum hora__conn_kind { HORA_CONN_CTRL = 1, HORA_CONN_DATA = 2, HORA_CONN_CROSS = 3 };
+#define HORA_CONN_KINDS 3
 
 struct hora__hello {
   uint32_t magic;

@@ -44,9 +44,11 @@ struct hora__engine {
   /* A joined rank's stand-in buffers for allreduces it did not submit. */
   void *zeros, *junk;
   size_t zeros_bytes, junk_bytes;
-  /* Fusion buffer: allocated once, at HORA_FUSION_THRESHOLD, and reused. */
-  void *fusion;
-  size_t fusion_bytes;
+  struct hora__iov *iov_in, *iov_out; /* one entry per tensor of a response */
+  uint32_t iov_cap;
+  const struct hora__response *current; /* being executed, for on_phase */
+  uint64_t phase_ns, copy_ns;
+  bool phase_is_copy;
   struct hora_request **reqs;
   size_t reqs_cap;
   uint8_t *bits; /* cache bits of one REQUESTS message */
@@ -74,7 +76,8 @@ static void engine_free(struct hora__engine *e) {
   hora__wbuf_free(&e->wbuf);
   free(e->zeros);
   free(e->junk);
-  free(e->fusion);
+  free(e->iov_in);
+  free(e->iov_out);
   free(e->reqs);
   free(e);
 }
@@ -476,16 +479,6 @@ static hora_dtype wire_dtype(const struct hora__response *r) {
   return r->compression == HORA_COMPRESSION_FP16 ? HORA_FLOAT16 : HORA_BFLOAT16;
 }
 
-/* The result's last touches, in place: AVERAGE's division, then postscale. */
-static void finish_result(const struct hora__response *r, void *buf, size_t count, int size) {
-  if (r->op == HORA_AVERAGE) {
-    hora__divide((hora_dtype)r->dtype, buf, count, size);
-  }
-  if (r->postscale != 1.0) {
-    hora__scale((hora_dtype)r->dtype, buf, count, r->postscale);
-  }
-}
-
 /* Looks up the local request of every tensor; a joined rank may lack some. */
 static int gather_requests(struct hora__engine *e, const struct hora__response *r, bool *joined) {
   HORA_CHECK(grow_reqs(e, r->ntensors));
@@ -502,7 +495,7 @@ static int gather_requests(struct hora__engine *e, const struct hora__response *
 }
 
 static void account(struct hora__engine *e, const struct hora__response *r, uint64_t start_ns,
-                    uint64_t comm_ns, uint64_t copy_ns) {
+                    uint64_t comm_ns) {
   struct hora__runtime *rt = e->rt;
   size_t esize = hora_dtype_size((hora_dtype)r->dtype);
   uint64_t bytes = 0, negotiate = 0;
@@ -518,181 +511,93 @@ static void account(struct hora__engine *e, const struct hora__response *r, uint
   atomic_fetch_add(kind, r->ntensors);
   atomic_fetch_add(&rt->stats.bytes, bytes);
   atomic_fetch_add(&rt->stats.negotiate_ns, negotiate);
-  atomic_fetch_add(&rt->stats.communicate_ns, comm_ns);
-  atomic_fetch_add(&rt->stats.copy_ns, copy_ns);
+  atomic_fetch_add(&rt->stats.communicate_ns, comm_ns - HORA_MIN(comm_ns, e->copy_ns));
+  atomic_fetch_add(&rt->stats.copy_ns, e->copy_ns);
   if (r->ntensors > 1) {
     atomic_fetch_add(&rt->stats.fused_batches, 1);
     atomic_fetch_add(&rt->stats.fused_tensors, r->ntensors);
   }
 }
 
-static int fusion_buffer(struct hora__engine *e, size_t bytes) {
-  /* Sized once for the largest fused batch the threshold allows. */
-  size_t want = HORA_MAX(bytes, (size_t)hora__params.FUSION_THRESHOLD);
-  return ensure_buffer(&e->fusion, &e->fusion_bytes, e->fusion ? bytes : want, false);
+/* The algorithms report their phases: timeline rows, and the copy time. */
+static void on_phase(void *arg, const char *name) {
+  struct hora__engine *e = arg;
+  if (name) {
+    e->phase_ns = hora__now_ns();
+    e->phase_is_copy = strncmp(name, "MEMCPY", 6) == 0;
+  } else if (e->phase_is_copy) {
+    e->copy_ns += hora__now_ns() - e->phase_ns;
+    e->phase_is_copy = false;
+  }
+  timeline_all(e->current, name);
 }
 
-static int run_allreduce(struct hora__engine *e, const struct hora__response *r) {
+static int grow_iovs(struct hora__engine *e, uint32_t n) {
+  if (n <= e->iov_cap) {
+    return HORA_SUCCESS;
+  }
+  struct hora__iov *in = hora__realloc(e->iov_in, n * sizeof(*in));
+  if (!in) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  e->iov_in = in;
+  struct hora__iov *out = hora__realloc(e->iov_out, n * sizeof(*out));
+  if (!out) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  e->iov_out = out;
+  e->iov_cap = n;
+  return HORA_SUCCESS;
+}
+
+static int run_collective(struct hora__engine *e, const struct hora__response *r) {
   hora__comm *c = e->comm;
   hora_dtype dt = (hora_dtype)r->dtype;
-  hora_op op = (hora_op)r->op;
-  hora_dtype wire = wire_dtype(r);
   size_t esize = hora_dtype_size(dt);
   bool joined;
   HORA_CHECK(gather_requests(e, r, &joined));
-  uint64_t start = hora__now_ns(), copy_ns = 0;
-  size_t total = 0;
+  HORA_CHECK(grow_iovs(e, r->ntensors));
+  size_t total = 0, bytes = 0;
   for (uint32_t i = 0; i < r->ntensors; i++) {
+    size_t b = r->tensors[i].count * esize;
+    struct hora_request *q = e->reqs[i];
+    if (!q) {
+      /* Joined: contribute zeros and drop the result. */
+      HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, b, true));
+      HORA_CHECK(ensure_buffer(&e->junk, &e->junk_bytes, b, false));
+    }
+    e->iov_in[i] = (struct hora__iov){q ? (void *)(uintptr_t)q->sendbuf : e->zeros, b};
+    e->iov_out[i] = (struct hora__iov){q ? q->recvbuf : e->junk, b};
     total += r->tensors[i].count;
+    bytes += b;
   }
-  size_t bytes = total * esize;
+  struct hora__coll_opts opts = {
+      .prescale = r->prescale,
+      .divisor = r->op == HORA_AVERAGE ? c->size : 0,
+      .postscale = r->postscale,
+      .phase = on_phase,
+      .phase_arg = e,
+  };
+  e->current = r;
+  e->copy_ns = 0;
   timeline_all(r, NULL); /* QUEUE ends */
-  int rc;
-  uint64_t t_comm;
-  if (r->ntensors == 1 && e->reqs[0]) {
-    /* Alone: straight from the caller's buffers, no copy (unless prescaled,
-     * which must not touch the caller's input). */
-    struct hora_request *q = e->reqs[0];
-    const void *src = q->sendbuf;
-    if (r->prescale != 1.0) {
-      if (q->recvbuf != q->sendbuf) {
-        memcpy(q->recvbuf, q->sendbuf, bytes);
-      }
-      hora__scale(dt, q->recvbuf, total, r->prescale);
-      src = q->recvbuf;
-    }
-    timeline_all(r, "ALLREDUCE");
-    t_comm = hora__now_ns();
-    rc = hora__allreduce(c, src, q->recvbuf, total, dt, op, wire);
-    t_comm = hora__now_ns() - t_comm;
-    timeline_all(r, NULL);
-    if (rc == HORA_SUCCESS) {
-      finish_result(r, q->recvbuf, total, c->size);
-    }
-  } else if (r->ntensors == 1) {
-    /* Joined: contribute zeros, discard the result. */
-    HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, bytes, true));
-    HORA_CHECK(ensure_buffer(&e->junk, &e->junk_bytes, bytes, false));
-    t_comm = hora__now_ns();
-    rc = hora__allreduce(c, e->zeros, e->junk, total, dt, op, wire);
-    t_comm = hora__now_ns() - t_comm;
-  } else {
-    HORA_CHECK(fusion_buffer(e, bytes));
-    char *f = e->fusion;
-    uint64_t t0 = hora__now_ns();
-    timeline_all(r, HORA_PHASE_PACK);
-    size_t off = 0;
-    for (uint32_t i = 0; i < r->ntensors; i++) {
-      size_t b = r->tensors[i].count * esize;
-      if (e->reqs[i]) {
-        memcpy(f + off, e->reqs[i]->sendbuf, b);
-      } else {
-        memset(f + off, 0, b);
-      }
-      off += b;
-    }
-    if (r->prescale != 1.0) {
-      hora__scale(dt, f, total, r->prescale);
-    }
-    timeline_all(r, NULL);
-    copy_ns += hora__now_ns() - t0;
-    timeline_all(r, "ALLREDUCE");
-    t_comm = hora__now_ns();
-    rc = hora__allreduce(c, f, f, total, dt, op, wire);
-    t_comm = hora__now_ns() - t_comm;
-    timeline_all(r, NULL);
-    if (rc == HORA_SUCCESS) {
-      t0 = hora__now_ns();
-      finish_result(r, f, total, c->size);
-      timeline_all(r, HORA_PHASE_UNPACK);
-      off = 0;
-      for (uint32_t i = 0; i < r->ntensors; i++) {
-        size_t b = r->tensors[i].count * esize;
-        if (e->reqs[i]) {
-          memcpy(e->reqs[i]->recvbuf, f + off, b);
-        }
-        off += b;
-      }
-      timeline_all(r, NULL);
-      copy_ns += hora__now_ns() - t0;
-    }
-  }
-  HORA_CHECK(rc);
-  account(e, r, start, t_comm, copy_ns);
-  complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
-  return HORA_SUCCESS;
-}
-
-static int run_broadcast(struct hora__engine *e, const struct hora__response *r) {
-  hora__comm *c = e->comm;
-  size_t esize = hora_dtype_size((hora_dtype)r->dtype);
-  bool joined;
-  HORA_CHECK(gather_requests(e, r, &joined));
-  uint64_t start = hora__now_ns(), copy_ns = 0, t_comm;
-  timeline_all(r, NULL);
-  int rc;
-  if (r->ntensors == 1) {
-    timeline_all(r, "BROADCAST");
-    t_comm = hora__now_ns();
-    rc = hora__broadcast(c, e->reqs[0]->recvbuf, r->tensors[0].count * esize, r->root);
-    t_comm = hora__now_ns() - t_comm;
-    timeline_all(r, NULL);
-  } else {
-    size_t bytes = 0;
-    for (uint32_t i = 0; i < r->ntensors; i++) {
-      bytes += r->tensors[i].count * esize;
-    }
-    HORA_CHECK(fusion_buffer(e, bytes));
-    char *f = e->fusion;
-    bool root = c->rank == r->root;
-    uint64_t t0 = hora__now_ns();
-    if (root) {
-      timeline_all(r, HORA_PHASE_PACK);
-      size_t off = 0;
-      for (uint32_t i = 0; i < r->ntensors; i++) {
-        size_t b = r->tensors[i].count * esize;
-        memcpy(f + off, e->reqs[i]->recvbuf, b);
-        off += b;
-      }
-      timeline_all(r, NULL);
-    }
-    copy_ns += hora__now_ns() - t0;
-    timeline_all(r, "BROADCAST");
-    t_comm = hora__now_ns();
-    rc = hora__broadcast(c, f, bytes, r->root);
-    t_comm = hora__now_ns() - t_comm;
-    timeline_all(r, NULL);
-    if (rc == HORA_SUCCESS && !root) {
-      t0 = hora__now_ns();
-      timeline_all(r, HORA_PHASE_UNPACK);
-      size_t off = 0;
-      for (uint32_t i = 0; i < r->ntensors; i++) {
-        size_t b = r->tensors[i].count * esize;
-        memcpy(e->reqs[i]->recvbuf, f + off, b);
-        off += b;
-      }
-      timeline_all(r, NULL);
-      copy_ns += hora__now_ns() - t0;
-    }
-  }
-  HORA_CHECK(rc);
-  account(e, r, start, t_comm, copy_ns);
-  complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
-  return HORA_SUCCESS;
-}
-
-static int run_allgather(struct hora__engine *e, const struct hora__response *r) {
-  bool joined;
-  HORA_CHECK(gather_requests(e, r, &joined));
-  struct hora_request *q = e->reqs[0];
   uint64_t start = hora__now_ns();
-  timeline_all(r, NULL);
-  timeline_all(r, "ALLGATHER");
-  size_t bytes = r->tensors[0].count * hora_dtype_size((hora_dtype)r->dtype);
-  HORA_CHECK(hora__allgather(e->comm, q->sendbuf, bytes, q->recvbuf));
-  timeline_all(r, NULL);
-  account(e, r, start, hora__now_ns() - start, 0);
-  complete(e, &q, 1, HORA_SUCCESS, NULL);
+  int rc;
+  if (r->kind == HORA_KIND_ALLREDUCE) {
+    rc = hora__allreduce(c, e->iov_in, (int)r->ntensors, e->iov_out, (int)r->ntensors, total, dt,
+                         (hora_op)r->op, wire_dtype(r), &opts);
+  } else if (r->kind == HORA_KIND_BROADCAST) {
+    rc = hora__broadcast(c, e->iov_out, (int)r->ntensors, bytes, r->root, &opts);
+  } else {
+    struct hora_request *q = e->reqs[0];
+    on_phase(e, "ALLGATHER");
+    rc = hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
+    on_phase(e, NULL);
+  }
+  e->current = NULL;
+  HORA_CHECK(rc);
+  account(e, r, start, hora__now_ns() - start);
+  complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
   return HORA_SUCCESS;
 }
 
@@ -700,11 +605,9 @@ static int execute(struct hora__engine *e, const struct hora__response *r) {
   struct hora_request *q = NULL;
   switch (r->kind) {
     case HORA_KIND_ALLREDUCE:
-      return run_allreduce(e, r);
     case HORA_KIND_BROADCAST:
-      return run_broadcast(e, r);
     case HORA_KIND_ALLGATHER:
-      return run_allgather(e, r);
+      return run_collective(e, r);
     case HORA_KIND_BARRIER:
       q = lookup(e, &r->tensors[0]);
       if (!q) {

@@ -1,0 +1,201 @@
+/* The host's shared segment and its barrier. */
+#include "shm.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "../runtime/log.h"
+#include "../runtime/params.h"
+
+#define PAGE 4096
+#define SLOT_HEADER PAGE
+
+struct barrier_page {
+  _Alignas(64) atomic_uint arrived;
+  _Alignas(64) atomic_uint generation;
+  _Alignas(64) atomic_uint sleepers;
+};
+
+struct hora__shm {
+  char *base;
+  size_t bytes;
+  size_t half;      /* bytes in one half */
+  size_t slot;      /* bytes in one slot */
+  int local_size, local_rank;
+  pid_t *pids;      /* [local_size], for liveness checks */
+  int *global;      /* [local_size]: global rank of each local rank */
+  struct barrier_page *bar;
+};
+
+size_t hora__shm_half_bytes(const struct hora__shm *shm) { return shm->half; }
+
+char *hora__shm_half(const struct hora__shm *shm, int lr, int half) {
+  return shm->base + PAGE + (size_t)lr * shm->slot + SLOT_HEADER + (size_t)half * shm->half;
+}
+
+static int map_segment(struct hora__shm *s, pid_t leader_pid, int leader_fd, int my_fd) {
+  int fd = my_fd;
+  if (fd < 0) {
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)leader_pid, leader_fd);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      return hora__error_errno(HORA_ERR_SYSTEM, "open %s (the host's shared segment)", path);
+    }
+  }
+  void *p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  if (fd != my_fd) {
+    close(fd);
+  }
+  if (p == MAP_FAILED) {
+    errno = err;
+    return hora__error_errno(HORA_ERR_SYSTEM, "mmap of the %zu-byte shared segment", s->bytes);
+  }
+  s->base = p;
+  s->bar = p;
+  return HORA_SUCCESS;
+}
+
+int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
+  *out = NULL;
+  struct hora__shm *s = hora__calloc(1, sizeof(*s));
+  if (!s) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  MPI_Comm_rank(local, &s->local_rank);
+  MPI_Comm_size(local, &s->local_size);
+  size_t half = (size_t)hora__params.SHM_BUFFER_SIZE;
+  half = (half + PAGE - 1) / PAGE * PAGE;
+  s->half = half;
+  s->slot = SLOT_HEADER + 2 * half;
+  s->bytes = PAGE + (size_t)s->local_size * s->slot;
+  s->pids = hora__calloc((size_t)s->local_size, sizeof(*s->pids));
+  s->global = hora__calloc((size_t)s->local_size, sizeof(*s->global));
+  if (!s->pids || !s->global) {
+    hora__shm_destroy(s);
+    return HORA_ERR_NO_MEMORY;
+  }
+  /* The leader creates the segment; the others learn where to find it. */
+  int info[2] = {(int)getpid(), -1}, my_fd = -1, ok = 1;
+  char why[512] = "";
+  if (s->local_rank == 0) {
+    my_fd = memfd_create("hora-shm", MFD_CLOEXEC);
+    if (my_fd < 0 || ftruncate(my_fd, (off_t)s->bytes) != 0) {
+      hora__error_errno(HORA_ERR_SYSTEM, "memfd_create/ftruncate of %zu bytes", s->bytes);
+      hora__strlcpy(why, hora__error_message(), sizeof(why));
+      ok = 0;
+    }
+    info[1] = my_fd;
+  }
+  MPI_Bcast(info, 2, MPI_INT, 0, local);
+  if (info[1] >= 0 && map_segment(s, (pid_t)info[0], info[1], s->local_rank == 0 ? my_fd : -1) != HORA_SUCCESS) {
+    hora__strlcpy(why, hora__error_message(), sizeof(why));
+    ok = 0;
+  }
+  int all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, local);
+  int me = (int)getpid();
+  MPI_Allgather(&me, 1, MPI_INT, s->pids, 1, MPI_INT, local);
+  MPI_Allgather(&comm->rank, 1, MPI_INT, s->global, 1, MPI_INT, local);
+  if (my_fd >= 0) {
+    close(my_fd); /* the mappings keep the memory alive */
+  }
+  if (!all_ok) {
+    if (!ok) {
+      HORA_WARN("shared memory unavailable, using sockets within the host: %s", why);
+    }
+    hora__shm_destroy(s);
+    return HORA_SUCCESS;
+  }
+  *out = s;
+  return HORA_SUCCESS;
+}
+
+void hora__shm_destroy(struct hora__shm *s) {
+  if (!s) {
+    return;
+  }
+  if (s->base) {
+    munmap(s->base, s->bytes);
+  }
+  free(s->pids);
+  free(s->global);
+  free(s);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static long futex(atomic_uint *addr, int op, unsigned val, const struct timespec *ts) {
+  return syscall(SYS_futex, (unsigned *)addr, op, val, ts, NULL, 0);
+}
+
+/* A local peer that no longer exists will never arrive. */
+static int check_peers_alive(hora__comm *comm, struct hora__shm *s) {
+  for (int i = 0; i < s->local_size; i++) {
+    if (i != s->local_rank && kill(s->pids[i], 0) != 0 && errno == ESRCH) {
+      char name[160];
+      return hora__error(HORA_ERR_PEER_LOST, "lost %s: the process is gone",
+                         hora__peer_name(comm, s->global[i], name, sizeof(name)));
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__shm_barrier(hora__comm *comm) {
+  struct hora__shm *s = comm->shm;
+  struct barrier_page *b = s->bar;
+  unsigned gen = atomic_load_explicit(&b->generation, memory_order_acquire);
+  if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == (unsigned)s->local_size - 1) {
+    atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->generation, 1, memory_order_release);
+    if (atomic_load_explicit(&b->sleepers, memory_order_acquire) > 0) {
+      futex(&b->generation, FUTEX_WAKE, INT32_MAX, NULL);
+    }
+    return HORA_SUCCESS;
+  }
+  if (comm->spin_us > 0) {
+    uint64_t until = hora__now_ns() + (uint64_t)comm->spin_us * 1000;
+    unsigned spins = 0;
+    while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
+      if ((++spins & 63) == 0) {
+        if (hora__now_ns() >= until) {
+          break;
+        }
+        sched_yield();
+      }
+      cpu_relax();
+    }
+  }
+  uint64_t next_check = hora__now_ns() + 100 * 1000000ull;
+  while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
+    atomic_fetch_add_explicit(&b->sleepers, 1, memory_order_acq_rel);
+    struct timespec ts = {0, 20 * 1000000}; /* wake to look around now and then */
+    if (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
+      futex(&b->generation, FUTEX_WAIT, gen, &ts);
+    }
+    atomic_fetch_sub_explicit(&b->sleepers, 1, memory_order_acq_rel);
+    if (hora__now_ns() >= next_check) {
+      next_check = hora__now_ns() + 100 * 1000000ull;
+      if (comm->service) {
+        HORA_CHECK(comm->service(comm->service_arg));
+      }
+      HORA_CHECK(check_peers_alive(comm, s));
+    }
+  }
+  return HORA_SUCCESS;
+}
