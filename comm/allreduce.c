@@ -192,6 +192,10 @@ int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                     hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
   size_t esize = hora_dtype_size(dtype);
   if (comm->algo_allreduce == HORA_ALGO_SHM) {
+    if (nin == nout && opts && opts->distinct_outputs && opts->prescale == 1.0 &&
+        hora__shm_single_copy_fits(comm, nin, count * esize)) {
+      return hora__shm_allreduce_single_copy(comm, in, out, nin, count, dtype, op, opts);
+    }
     return hora__shm_allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
   }
   bool prescale = opts && opts->prescale != 1.0;

@@ -605,6 +605,7 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
   c->local_transport = c->shm ? "shm" : forced_tcp ? "tcp" : "tcp(unix)";
   c->remote_transport = c->cross_size == 1 ? "none" : hierarchical ? "tcp(hierarchical)" : "tcp";
   c->chunk_bytes = hora__params.CHUNK_SIZE;
+  c->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;
   return HORA_SUCCESS;
 }
 
@@ -667,6 +668,7 @@ void hora__comm_destroy(hora__comm *c) {
   }
   hora__shm_destroy(c->shm);
   free(c->fusion);
+  free(c->bounce);
   free(c->peers);
   free(c->ctrl);
   free(c->data);

@@ -25,6 +25,9 @@ struct hora__coll_opts {
   double prescale;  /* applied to each rank's input (1: none) */
   int divisor;      /* AVERAGE: the result is divided by this (0 or 1: none) */
   double postscale; /* applied to the result last (1: none) */
+  /* Every output is a distinct caller buffer (no stand-ins shared between
+   * tensors), so peers may read results straight out of them. */
+  bool distinct_outputs;
   /* Marks phases for the timeline: name = begin, NULL = end. May be NULL. */
   void (*phase)(void *arg, const char *name);
   void *phase_arg;
@@ -68,6 +71,13 @@ int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
 int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
                         int root_local);
 int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
+/* Single-copy allreduce (process_vm_readv), for large operations on one
+ * host; in and out list the same tensors. */
+bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes);
+int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in,
+                                    const struct hora__iov *out, int n, size_t count,
+                                    hora_dtype dtype, hora_op op,
+                                    const struct hora__coll_opts *opts);
 
 /* ---- the ring pipeline engine (ring.c) -----------------------------------
  * A sequence of sends to the next rank and receives from the previous one,

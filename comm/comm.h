@@ -76,6 +76,8 @@ struct hora__comm {
   enum hora__algo algo_allreduce, algo_bcast, algo_allgather;
   char *fusion; /* the socket path's fusion buffer */
   size_t fusion_bytes;
+  char *bounce; /* the single-copy path's cache-sized staging */
+  int64_t single_copy_min;
   const char *local_transport;  /* chosen for peers on this host */
   const char *remote_transport; /* chosen for peers on other hosts */
 

@@ -13,8 +13,16 @@
 #define OP_FMIN(x, y) (((x) != (x)) | ((y) != (y)) ? (x) + (y) : OP_MIN(x, y))
 #define OP_FMAX(x, y) (((x) != (x)) | ((y) != (y)) ? (x) + (y) : OP_MAX(x, y))
 
+/* Built for AVX-512, AVX2 and the baseline; the loader picks the best the
+ * CPU has (GNU ifunc), so one binary runs everywhere at full width. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define KERNEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KERNEL_CLONES
+#endif
+
 #define DEFINE_LOOP(fname, T, EXPR)                                                          \
-  static void fname(void *dst_, const void *a_, const void *b_, size_t n) {                  \
+  KERNEL_CLONES static void fname(void *dst_, const void *a_, const void *b_, size_t n) {    \
     T *dst = dst_;                                                                           \
     const T *a = a_;                                                                         \
     const T *b = b_;                                                                         \
@@ -48,7 +56,7 @@ DEFINE_FLOAT(f32, float)
 DEFINE_FLOAT(f64, double)
 
 #define DEFINE_HALF_LOOP(fname, TO_F, FROM_F, EXPR)                                          \
-  static void fname(void *dst_, const void *a_, const void *b_, size_t n) {                  \
+  KERNEL_CLONES static void fname(void *dst_, const void *a_, const void *b_, size_t n) {    \
     uint16_t *dst = dst_;                                                                    \
     const uint16_t *a = a_;                                                                  \
     const uint16_t *b = b_;                                                                  \

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "../runtime/log.h"
@@ -32,8 +33,34 @@ struct hora__shm {
   int local_size, local_rank;
   pid_t *pids;      /* [local_size], for liveness checks */
   int *global;      /* [local_size]: global rank of each local rank */
+  bool cma;         /* process_vm_readv works between all local ranks */
   struct barrier_page *bar;
 };
+
+pid_t hora__shm_pid(const struct hora__shm *shm, int lr) { return shm->pids[lr]; }
+bool hora__shm_cma(const struct hora__shm *shm) { return shm->cma; }
+
+/* Whether this rank can read the next local rank's memory, tried on a
+ * word whose address and value every rank knows. */
+static const uint64_t cma_probe = 0x686f7261636d6121ull; /* "hora cma!" */
+
+static bool try_cma(struct hora__shm *s, MPI_Comm local) {
+  uint64_t addr = (uint64_t)(uintptr_t)&cma_probe;
+  uint64_t *addrs = hora__calloc((size_t)s->local_size, sizeof(*addrs));
+  if (!addrs) {
+    return false;
+  }
+  MPI_Allgather(&addr, 1, MPI_UINT64_T, addrs, 1, MPI_UINT64_T, local);
+  int peer = (s->local_rank + 1) % s->local_size;
+  uint64_t got = 0;
+  struct iovec l = {&got, sizeof(got)}, r = {(void *)(uintptr_t)addrs[peer], sizeof(got)};
+  int ok = process_vm_readv(s->pids[peer], &l, 1, &r, 1, 0) == (ssize_t)sizeof(got) &&
+           got == cma_probe;
+  free(addrs);
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, local);
+  return all != 0;
+}
 
 size_t hora__shm_half_bytes(const struct hora__shm *shm) { return shm->half; }
 
@@ -116,6 +143,7 @@ int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
     hora__shm_destroy(s);
     return HORA_SUCCESS;
   }
+  s->cma = hora__params.SHM_SINGLE_COPY && try_cma(s, local);
   *out = s;
   return HORA_SUCCESS;
 }

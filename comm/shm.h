@@ -13,6 +13,7 @@
 #define HORA_SHM_H
 
 #include <mpi.h>
+#include <sys/types.h>
 
 #include "comm.h"
 
@@ -27,6 +28,12 @@ void hora__shm_destroy(struct hora__shm *shm);
 size_t hora__shm_half_bytes(const struct hora__shm *shm);
 /* Half `half` (0 or 1) of local rank lr's slot. */
 char *hora__shm_half(const struct hora__shm *shm, int lr, int half);
+
+/* The process id of local rank lr, and whether this host's ranks may read
+ * each other's memory directly (process_vm_readv: "cross-memory attach"),
+ * which every local rank checked at creation. */
+pid_t hora__shm_pid(const struct hora__shm *shm, int lr);
+bool hora__shm_cma(const struct hora__shm *shm);
 
 /* Waits until every local rank has arrived. Spins for at most
  * comm->spin_us, then sleeps on a futex; meanwhile it services control

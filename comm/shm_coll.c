@@ -142,3 +142,187 @@ int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, voi
   }
   return HORA_SUCCESS;
 }
+
+/* ---- single copy: reading the peers' buffers in place ------------------------
+ *
+ * For large allreduces, when the kernel lets the ranks of a host read each
+ * other's memory (process_vm_readv), nothing is staged:
+ *
+ *   1. each rank publishes the addresses of its tensors in its half
+ *   2. barrier
+ *   3. rank j reduces slice j: its own input, plus each peer's input read
+ *      through a small bounce buffer that stays in cache, written straight
+ *      to its own output
+ *   4. barrier
+ *   5. each rank reads slice k of every peer k's output into its own
+ *   6. barrier (the caller may reuse its buffers once this returns)
+ *
+ * Each byte crosses memory once on its way in and once on its way out,
+ * against twice each way when staged. */
+
+#include <stdlib.h>
+#include <sys/uio.h>
+
+#define BOUNCE (512 * 1024)
+#define IOV_BATCH 512
+
+/* Segments of bytes [off, off + len) of a buffer made of tensors with the
+ * given lengths and base addresses; returns how many were written (at most
+ * max) and moves the offset and length past them. */
+static int segments(const struct hora__iov *shape, int n, const uint64_t *bases, size_t *off,
+                    size_t *len, struct iovec *iov, int max) {
+  int k = 0;
+  size_t base = 0;
+  for (int i = 0; i < n && *len > 0 && k < max; i++) {
+    size_t end = base + shape[i].len;
+    if (*off < end) {
+      size_t in = *off - base;
+      size_t c = HORA_MIN(*len, shape[i].len - in);
+      iov[k].iov_base = (void *)(uintptr_t)(bases[i] + in);
+      iov[k].iov_len = c;
+      k++;
+      *off += c;
+      *len -= c;
+    }
+    base = end;
+  }
+  return k;
+}
+
+/* For the bytes [x, x + m) of the virtual buffer: out = in (op) peer when
+ * first, else out = out (op) peer; peer holds those bytes contiguously. */
+static void reduce_segments(const struct hora__iov *in, const struct hora__iov *out, int n,
+                            size_t x, size_t m, const char *peer, hora_dtype dtype, hora_op op,
+                            int first) {
+  size_t es = hora_dtype_size(dtype), base = 0;
+  for (int i = 0; i < n && m > 0; i++) {
+    size_t end = base + in[i].len;
+    if (x < end) {
+      size_t at = x - base, c = HORA_MIN(m, in[i].len - at);
+      char *o = (char *)out[i].base + at;
+      const char *a = first ? (const char *)in[i].base + at : o;
+      hora__reduce(dtype, op, o, a, peer, c / es);
+      peer += c;
+      x += c;
+      m -= c;
+    }
+    base = end;
+  }
+}
+
+static int read_peer(hora__comm *comm, int lr, struct iovec *local, int nl, struct iovec *remote,
+                     int nr, size_t bytes) {
+  struct hora__shm *s = comm->shm;
+  ssize_t got = process_vm_readv(hora__shm_pid(s, lr), local, (unsigned long)nl, remote,
+                                 (unsigned long)nr, 0);
+  if (got == (ssize_t)bytes) {
+    return HORA_SUCCESS;
+  }
+  char name[160];
+  int peer_rank = lr;
+  for (int r = 0; r < comm->size; r++) {
+    if (comm->peers[r].host_index == comm->cross_rank && comm->peers[r].local_rank == lr) {
+      peer_rank = r;
+    }
+  }
+  hora__peer_name(comm, peer_rank, name, sizeof(name));
+  if (got < 0 && errno == ESRCH) {
+    return hora__error(HORA_ERR_PEER_LOST, "lost %s: the process is gone", name);
+  }
+  if (got < 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "process_vm_readv from %s", name);
+  }
+  return hora__error(HORA_ERR_SYSTEM, "process_vm_readv from %s read %zd of %zu bytes", name, got,
+                     bytes);
+}
+
+bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes) {
+  return comm->shm && hora__shm_cma(comm->shm) && comm->cross_size == 1 &&
+         bytes >= (size_t)comm->single_copy_min && (size_t)n * 16 <= hora__shm_half_bytes(comm->shm);
+}
+
+int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in,
+                                    const struct hora__iov *out, int n, size_t count,
+                                    hora_dtype dtype, hora_op op,
+                                    const struct hora__coll_opts *opts) {
+  struct hora__shm *s = comm->shm;
+  int L = comm->local_size, me = comm->local_rank;
+  size_t es = hora_dtype_size(dtype);
+  if (!comm->bounce) {
+    comm->bounce = hora__aligned_alloc(64, 2 * BOUNCE);
+    if (!comm->bounce) {
+      return HORA_ERR_NO_MEMORY;
+    }
+  }
+  char *peer_data = comm->bounce;
+  int h = (int)(comm->shm_seq++ & 1);
+  uint64_t *mine = (uint64_t *)(void *)hora__shm_half(s, me, h);
+  for (int i = 0; i < n; i++) {
+    mine[i] = (uint64_t)(uintptr_t)in[i].base;
+    mine[n + i] = (uint64_t)(uintptr_t)out[i].base;
+  }
+  phase(opts, "ALLREDUCE");
+  HORA_CHECK(hora__shm_barrier(comm));
+  size_t a, b;
+  slice_of(count, L, me, &a, &b);
+  struct iovec remote[IOV_BATCH];
+  size_t chunk = BOUNCE / es * es;
+  for (size_t x = a * es; x < b * es; x += chunk) {
+    size_t m = HORA_MIN(chunk, b * es - x);
+    int first = 1;
+    for (int j = 0; j < L; j++) {
+      if (j == me) {
+        continue;
+      }
+      const uint64_t *theirs = (const uint64_t *)(const void *)hora__shm_half(s, j, h);
+      size_t off = x, left = m;
+      char *dst = peer_data;
+      while (left > 0) {
+        size_t before = left;
+        int k = segments(in, n, theirs, &off, &left, remote, IOV_BATCH);
+        struct iovec local = {dst, before - left};
+        HORA_CHECK(read_peer(comm, j, &local, 1, remote, k, before - left));
+        dst += before - left;
+      }
+      /* out = in (op) peer for the first peer, then out = out (op) peer:
+       * straight from the caller's buffers, with no copy of our own. */
+      reduce_segments(in, out, n, x, m, peer_data, dtype, op, first);
+      first = 0;
+    }
+    size_t off = x, left = m;
+    while (left > 0) {
+      size_t before = left;
+      int k = segments(out, n, mine + n, &off, &left, remote, IOV_BATCH);
+      for (int i = 0; i < k; i++) {
+        hora__post_apply(opts, dtype, remote[i].iov_base, remote[i].iov_len / es);
+      }
+      (void)before;
+    }
+  }
+  HORA_CHECK(hora__shm_barrier(comm));
+  phase(opts, NULL);
+  phase(opts, "MEMCPY_OUT_FUSION_BUFFER");
+  struct iovec local[IOV_BATCH];
+  for (int j = 0; j < L; j++) {
+    if (j == me) {
+      continue;
+    }
+    const uint64_t *theirs = (const uint64_t *)(const void *)hora__shm_half(s, j, h);
+    size_t ja, jb;
+    slice_of(count, L, j, &ja, &jb);
+    /* Output tensors have the same lengths on every rank, so the local and
+     * remote segment lists line up one to one. */
+    uint64_t *my_out = mine + n;
+    size_t off_l = ja * es, left_l = (jb - ja) * es, off_r = off_l, left_r = left_l;
+    while (left_r > 0) {
+      size_t before = left_r;
+      int kr = segments(out, n, theirs + n, &off_r, &left_r, remote, IOV_BATCH);
+      int kl = segments(out, n, my_out, &off_l, &left_l, local, IOV_BATCH);
+      (void)kl;
+      HORA_CHECK(read_peer(comm, j, local, kl, remote, kr, before - left_r));
+    }
+  }
+  HORA_CHECK(hora__shm_barrier(comm));
+  phase(opts, NULL);
+  return HORA_SUCCESS;
+}

@@ -558,9 +558,11 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
   HORA_CHECK(gather_requests(e, r, &joined));
   HORA_CHECK(grow_iovs(e, r->ntensors));
   size_t total = 0, bytes = 0;
+  bool all_present = true;
   for (uint32_t i = 0; i < r->ntensors; i++) {
     size_t b = r->tensors[i].count * esize;
     struct hora_request *q = e->reqs[i];
+    all_present &= q != NULL;
     if (!q) {
       /* Joined: contribute zeros and drop the result. */
       HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, b, true));
@@ -577,6 +579,7 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
       .postscale = r->postscale,
       .phase = on_phase,
       .phase_arg = e,
+      .distinct_outputs = all_present,
   };
   e->current = r;
   e->copy_ns = 0;

@@ -54,13 +54,13 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-suppressions=$srcdir/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1}"
 timeout_s=${HORA_TEST_TIMEOUT:-300}
 
-run_mpi() { # name np command...
-  name=$1 np=$2
-  shift 2
+run_mpi() { # name np settings command...
+  name=$1 np=$2 settings=$3
+  shift 3
   out="$work/out" err="$work/err"
   timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" </dev/null >"$out" 2>"$err"
   rc=$?
-  tally "np=$np " <"$out"
+  tally "np=$np ${settings:+[$settings] }" <"$out"
   if sanitizer_report "$err" "$out"; then
     echo "FAIL np=$np $name: sanitizer report" | tee -a "$results"
     rc=1
@@ -111,7 +111,7 @@ grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
       continue
     fi
-    run_mpi "$prog$args" "$np" "$builddir/tests/mpi/$prog" $args
+    run_mpi "$prog$args" "$np" "$(echo $args)" "$builddir/tests/mpi/$prog" $args
     echo "$prog $np$args" >>"$runs"
   done
 done

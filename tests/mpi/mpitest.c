@@ -18,6 +18,17 @@ void mt_fail(const char *file, int line, const char *fmt, ...) {
   failures_here++;
 }
 
+void mt_setenv_args(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    char *eq = strchr(argv[i], '=');
+    if (eq && strncmp(argv[i], "HORA_", 5) == 0) {
+      *eq = '\0';
+      setenv(argv[i], eq + 1, 1);
+      *eq = '=';
+    }
+  }
+}
+
 void mt_init(void) {
   int rc = hora_init();
   if (rc != HORA_SUCCESS) {

@@ -53,6 +53,10 @@ static inline int mt_contains(const char *hay, const char *needle) {
   return !needle || strstr(hay, needle) != NULL;
 }
 
+/* Arguments of the form HORA_X=value become environment settings, so the
+ * testlist can run one program under several configurations. */
+void mt_setenv_args(int argc, char **argv);
+
 /* hora_init, then MPI is usable for the bookkeeping. */
 void mt_init(void);
 /* Runs one test on every rank and prints its line on rank 0. */

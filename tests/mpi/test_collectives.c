@@ -327,7 +327,8 @@ static void ranks_match_mpi(void) {
   MT_CHECK(mn == mx, "ranks of one host disagree on its index (%d vs %d)", mn, mx);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  mt_setenv_args(argc, argv);
   mt_init();
   mt_run("collectives/ranks_match_mpi", ranks_match_mpi);
   mt_run("collectives/allreduce_every_dtype_and_op", allreduce_every_dtype_and_op);

@@ -4,7 +4,7 @@
  * compression), parameter broadcast, statistics, and the cycle time never
  * delaying a lone operation.
  *
- * Argument "small-cache" runs everything with HORA_CACHE_CAPACITY=8. */
+ * The testlist also runs it with HORA_CACHE_CAPACITY=8 and over sockets. */
 #include <math.h>
 #include <time.h>
 #include <unistd.h>
@@ -237,9 +237,7 @@ static void cycle_time_never_delays_a_lone_op(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 1 && strcmp(argv[1], "small-cache") == 0) {
-    setenv("HORA_CACHE_CAPACITY", "8", 1);
-  }
+  mt_setenv_args(argc, argv);
   setenv("HORA_CYCLE_TIME", "1500", 1);
   mt_init();
   const char *cap = getenv("HORA_CACHE_CAPACITY");

@@ -81,7 +81,8 @@ static void join_with_null_and_alone(void) {
   MT_CHECK(last >= 0 && last < mt_size, "last joined rank %d is out of range", last);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  mt_setenv_args(argc, argv);
   mt_init();
   mt_run("join/two_uneven_epochs", two_epochs);
   mt_run("join/null_and_simultaneous", join_with_null_and_alone);

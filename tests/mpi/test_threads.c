@@ -104,7 +104,8 @@ static void many_threads(void) {
   }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  mt_setenv_args(argc, argv);
   mt_init();
   mt_run("threads/many_threads_submit_at_once", many_threads);
   mt_run("threads/again_same_names", many_threads);

@@ -1,0 +1,244 @@
+/* hora-bench: collective bandwidth and latency, in the style of nccl-tests,
+ * side by side with MPI's own collective in the same run.
+ *
+ * For each size it prints the median time over --reps repetitions (each the
+ * mean of --iters back-to-back operations), algbw = bytes / time and busbw,
+ * which corrects algbw for what the algorithm must move per rank:
+ *   allreduce  busbw = algbw * 2(n-1)/n
+ *   allgather  busbw = algbw * (n-1)/n     (bytes = the whole gathered buffer)
+ *   broadcast  busbw = algbw
+ * then the same for MPI_Allreduce / MPI_Allgather / MPI_Bcast, and the ratio
+ * of the two busbw. Results are checked after every timed repetition.
+ *
+ *   mpirun -np 2 hora-bench -b 1M -e 256M -f 2 -o allreduce
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hora.h"
+
+enum coll { ALLREDUCE, BROADCAST, ALLGATHER };
+static const char *const coll_names[] = {"allreduce", "broadcast", "allgather"};
+
+static int rank, size;
+
+/* About 0.2 s of work per repetition at 1 GB/s, between 2 and 1000 ops. */
+#define HORA_CLAMP_ITERS(bytes) \
+  ((bytes) >= (size_t)100e6 ? 2 : (bytes) <= 200000 ? 1000 : (size_t)200e6 / (bytes))
+
+static size_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  switch (*end) {
+    case 'K': case 'k': v *= 1024; break;
+    case 'M': case 'm': v *= 1024 * 1024; break;
+    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+  }
+  return (size_t)v;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(double), cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void fail(const char *what) {
+  fprintf(stderr, "rank %d: %s: %s\n", rank, what, hora_last_error());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* Values that stay exact in float32 whatever the rank count. */
+static void fill(float *buf, size_t n, int salt) {
+  for (size_t i = 0; i < n; i++) {
+    buf[i] = (float)((rank + salt + (int)(i % 61)) % 64);
+  }
+}
+
+static size_t check(enum coll c, const float *buf, size_t n, int salt, int root) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i += 1 + n / 4096) {
+    float want;
+    if (c == ALLREDUCE) {
+      want = 0;
+      for (int r = 0; r < size; r++) {
+        want += (float)((r + salt + (int)(i % 61)) % 64);
+      }
+    } else if (c == BROADCAST) {
+      want = (float)((root + salt + (int)(i % 61)) % 64);
+    } else {
+      size_t per = n / (size_t)size;
+      int r = (int)(i / per);
+      want = (float)((r + salt + (int)((i % per) % 61)) % 64);
+    }
+    bad += buf[i] != want;
+  }
+  return bad;
+}
+
+static double run_hora(enum coll c, float *buf, float *out, size_t n, int iters) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  for (int i = 0; i < iters; i++) {
+    int rc;
+    if (c == ALLREDUCE) {
+      rc = hora_allreduce("bench", buf, out, n, HORA_FLOAT32, HORA_SUM);
+    } else if (c == BROADCAST) {
+      rc = hora_broadcast("bench", buf, n, HORA_FLOAT32, 0);
+    } else {
+      rc = hora_allgather("bench", buf, n / (size_t)size, HORA_FLOAT32, out);
+    }
+    if (rc != HORA_SUCCESS) {
+      fail(coll_names[c]);
+    }
+  }
+  return (MPI_Wtime() - t0) / iters;
+}
+
+static double run_mpi(enum coll c, float *buf, float *out, size_t n, int iters) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  for (int i = 0; i < iters; i++) {
+    if (c == ALLREDUCE) {
+      MPI_Allreduce(buf, out, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (c == BROADCAST) {
+      MPI_Bcast(buf, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    } else {
+      MPI_Allgather(buf, (int)(n / (size_t)size), MPI_FLOAT, out, (int)(n / (size_t)size),
+                    MPI_FLOAT, MPI_COMM_WORLD);
+    }
+  }
+  return (MPI_Wtime() - t0) / iters;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: hora-bench [options]\n"
+          "  -b SIZE   smallest message in bytes (default 8); K, M, G suffixes\n"
+          "  -e SIZE   largest message in bytes (default 64M)\n"
+          "  -f N      size multiplier between steps (default 4)\n"
+          "  -o OP     allreduce | broadcast | allgather | all (default all)\n"
+          "  -n N      operations per timed repetition (default: by size)\n"
+          "  -r N      repetitions; the median is printed (default 5)\n"
+          "  --no-mpi  do not run MPI's collectives beside hora's\n"
+          "float32 data; allreduce sums; broadcast from rank 0.\n");
+}
+
+int main(int argc, char **argv) {
+  size_t minb = 8, maxb = 64 << 20;
+  double factor = 4;
+  int reps = 5, fixed_iters = 0, with_mpi = 1;
+  int colls[3] = {1, 1, 1};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-b") && i + 1 < argc) {
+      minb = parse_size(argv[++i]);
+    } else if (!strcmp(a, "-e") && i + 1 < argc) {
+      maxb = parse_size(argv[++i]);
+    } else if (!strcmp(a, "-f") && i + 1 < argc) {
+      factor = atof(argv[++i]);
+    } else if (!strcmp(a, "-r") && i + 1 < argc) {
+      reps = atoi(argv[++i]);
+    } else if (!strcmp(a, "-n") && i + 1 < argc) {
+      fixed_iters = atoi(argv[++i]);
+    } else if (!strcmp(a, "-o") && i + 1 < argc) {
+      const char *o = argv[++i];
+      int all = !strcmp(o, "all");
+      for (int c = 0; c < 3; c++) {
+        colls[c] = all || !strcmp(o, coll_names[c]);
+      }
+    } else if (!strcmp(a, "--no-mpi")) {
+      with_mpi = 0;
+    } else {
+      usage();
+      return a[0] == '-' && a[1] == 'h' ? 0 : 2;
+    }
+  }
+  if (factor <= 1 || reps < 1 || minb < 4 || maxb < minb) {
+    usage();
+    return 2;
+  }
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (hora_init() != HORA_SUCCESS) {
+    fprintf(stderr, "hora_init: %s\n", hora_last_error());
+    return 1;
+  }
+  rank = hora_rank();
+  size = hora_size();
+  size_t maxn = maxb / 4 + (size_t)size;
+  float *buf = malloc(maxn * 4), *out = malloc(maxn * 4);
+  if (!buf || !out) {
+    fprintf(stderr, "out of memory\n");
+    return 1;
+  }
+  memset(buf, 0, maxn * 4);
+  memset(out, 0, maxn * 4);
+  double *th = calloc((size_t)reps, sizeof(double)), *tm = calloc((size_t)reps, sizeof(double));
+  long errors = 0;
+  for (int c = 0; c < 3; c++) {
+    if (!colls[c]) {
+      continue;
+    }
+    double bus = c == ALLREDUCE ? 2.0 * (size - 1) / size : c == ALLGATHER ? (double)(size - 1) / size : 1.0;
+    if (rank == 0) {
+      printf("# %s, %d ranks, float32, median of %d repetitions\n", coll_names[c], size, reps);
+      printf("# %12s %10s | %10s %8s %8s | %10s %8s %8s | %7s %6s\n", "bytes", "count", "hora us",
+             "algbw", "busbw", "MPI us", "algbw", "busbw", "hora/MPI", "errors");
+    }
+    for (double bd = (double)minb; bd <= (double)maxb * 1.0001; bd *= factor) {
+      size_t n = (size_t)bd / 4;
+      if (c == ALLGATHER) {
+        n = n / (size_t)size * (size_t)size;
+      }
+      if (n == 0) {
+        continue;
+      }
+      size_t bytes = n * 4;
+      int iters = fixed_iters ? fixed_iters
+                              : (int)HORA_CLAMP_ITERS(bytes);
+      size_t bad = 0;
+      for (int r = 0; r < reps + 1; r++) { /* the first is a warm-up */
+        fill(buf, c == ALLGATHER ? n / (size_t)size : n, r);
+        double t = run_hora((enum coll)c, buf, c == BROADCAST ? buf : out, n, iters);
+        /* A single op with fresh data checks the result. */
+        fill(buf, c == ALLGATHER ? n / (size_t)size : n, r);
+        run_hora((enum coll)c, buf, c == BROADCAST ? buf : out, n, 1);
+        bad += check((enum coll)c, c == BROADCAST ? buf : out, n, r, 0);
+        double tmpi = with_mpi ? run_mpi((enum coll)c, buf, out, n, iters) : 0;
+        if (r > 0) {
+          th[r - 1] = t;
+          tm[r - 1] = tmpi;
+        }
+      }
+      long all_bad = 0, mine = (long)bad;
+      MPI_Allreduce(&mine, &all_bad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+      errors += all_bad;
+      double mh = median(th, reps), mm = with_mpi ? median(tm, reps) : 0;
+      double ah = (double)bytes / mh / 1e9, am = with_mpi ? (double)bytes / mm / 1e9 : 0;
+      if (rank == 0) {
+        if (with_mpi) {
+          printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10.2f %8.3f %8.3f | %7.2fx %6ld\n", bytes, n,
+                 mh * 1e6, ah, ah * bus, mm * 1e6, am, am * bus, ah / am, all_bad);
+        } else {
+          printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10s %8s %8s | %8s %6ld\n", bytes, n,
+                 mh * 1e6, ah, ah * bus, "-", "-", "-", "-", all_bad);
+        }
+        fflush(stdout);
+      }
+    }
+  }
+  if (rank == 0) {
+    printf("# %s: %ld wrong results\n", errors ? "FAILED" : "results checked", errors);
+  }
+  hora_finalize();
+  MPI_Finalize();
+  return errors ? 1 : 0;
+}
