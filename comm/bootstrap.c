@@ -602,7 +602,7 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
   c->algo_allreduce =
       c->shm && (c->cross_size == 1 || hierarchical) ? HORA_ALGO_SHM : HORA_ALGO_RING;
   c->algo_bcast = c->algo_allgather = c->shm && c->cross_size == 1 ? HORA_ALGO_SHM : HORA_ALGO_RING;
-  c->local_transport = c->shm ? "shm" : forced_tcp ? "tcp" : "tcp(unix)";
+  c->local_transport = c->local_size == 1 ? "none" : c->shm ? "shm" : forced_tcp ? "tcp" : "tcp(unix)";
   c->remote_transport = c->cross_size == 1 ? "none" : hierarchical ? "tcp(hierarchical)" : "tcp";
   c->chunk_bytes = hora__params.CHUNK_SIZE;
   c->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;

@@ -150,15 +150,16 @@ int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, voi
  *
  *   1. each rank publishes the addresses of its tensors in its half
  *   2. barrier
- *   3. rank j reduces slice j: its own input, plus each peer's input read
- *      through a small bounce buffer that stays in cache, written straight
- *      to its own output
- *   4. barrier
- *   5. each rank reads slice k of every peer k's output into its own
- *   6. barrier (the caller may reuse its buffers once this returns)
+ *   3. rank j reduces slice j, chunk by chunk: its own input plus each
+ *      peer's input, read through a bounce buffer that stays in cache,
+ *      into its own output; then writes the finished chunk, still in
+ *      cache, into every peer's output (process_vm_writev)
+ *   4. barrier: every output is complete, and no rank reads another's
+ *      buffers any more, so the callers may reuse them
  *
  * Each byte crosses memory once on its way in and once on its way out,
- * against twice each way when staged. */
+ * against twice each way when staged, with two barriers per operation.
+ * Only rank j touches slice j of any buffer, so in-place works. */
 
 #include <stdlib.h>
 #include <sys/uio.h>
@@ -210,11 +211,12 @@ static void reduce_segments(const struct hora__iov *in, const struct hora__iov *
   }
 }
 
-static int read_peer(hora__comm *comm, int lr, struct iovec *local, int nl, struct iovec *remote,
-                     int nr, size_t bytes) {
+static int cma(hora__comm *comm, int lr, bool write, struct iovec *local, int nl,
+               struct iovec *remote, int nr, size_t bytes) {
   struct hora__shm *s = comm->shm;
-  ssize_t got = process_vm_readv(hora__shm_pid(s, lr), local, (unsigned long)nl, remote,
-                                 (unsigned long)nr, 0);
+  pid_t pid = hora__shm_pid(s, lr);
+  ssize_t got = write ? process_vm_writev(pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0)
+                      : process_vm_readv(pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0);
   if (got == (ssize_t)bytes) {
     return HORA_SUCCESS;
   }
@@ -230,10 +232,11 @@ static int read_peer(hora__comm *comm, int lr, struct iovec *local, int nl, stru
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: the process is gone", name);
   }
   if (got < 0) {
-    return hora__error_errno(HORA_ERR_SYSTEM, "process_vm_readv from %s", name);
+    return hora__error_errno(HORA_ERR_SYSTEM, "%s %s",
+                             write ? "process_vm_writev to" : "process_vm_readv from", name);
   }
-  return hora__error(HORA_ERR_SYSTEM, "process_vm_readv from %s read %zd of %zu bytes", name, got,
-                     bytes);
+  return hora__error(HORA_ERR_SYSTEM, "%s %s moved %zd of %zu bytes",
+                     write ? "process_vm_writev to" : "process_vm_readv from", name, got, bytes);
 }
 
 bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes) {
@@ -249,7 +252,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   int L = comm->local_size, me = comm->local_rank;
   size_t es = hora_dtype_size(dtype);
   if (!comm->bounce) {
-    comm->bounce = hora__aligned_alloc(64, 2 * BOUNCE);
+    comm->bounce = hora__aligned_alloc(64, BOUNCE);
     if (!comm->bounce) {
       return HORA_ERR_NO_MEMORY;
     }
@@ -265,7 +268,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   HORA_CHECK(hora__shm_barrier(comm));
   size_t a, b;
   slice_of(count, L, me, &a, &b);
-  struct iovec remote[IOV_BATCH];
+  struct iovec remote[IOV_BATCH], local[IOV_BATCH];
   size_t chunk = BOUNCE / es * es;
   for (size_t x = a * es; x < b * es; x += chunk) {
     size_t m = HORA_MIN(chunk, b * es - x);
@@ -280,8 +283,8 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       while (left > 0) {
         size_t before = left;
         int k = segments(in, n, theirs, &off, &left, remote, IOV_BATCH);
-        struct iovec local = {dst, before - left};
-        HORA_CHECK(read_peer(comm, j, &local, 1, remote, k, before - left));
+        struct iovec flat = {dst, before - left};
+        HORA_CHECK(cma(comm, j, false, &flat, 1, remote, k, before - left));
         dst += before - left;
       }
       /* out = in (op) peer for the first peer, then out = out (op) peer:
@@ -291,35 +294,26 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
     }
     size_t off = x, left = m;
     while (left > 0) {
-      size_t before = left;
-      int k = segments(out, n, mine + n, &off, &left, remote, IOV_BATCH);
+      int k = segments(out, n, mine + n, &off, &left, local, IOV_BATCH);
       for (int i = 0; i < k; i++) {
-        hora__post_apply(opts, dtype, remote[i].iov_base, remote[i].iov_len / es);
+        hora__post_apply(opts, dtype, local[i].iov_base, local[i].iov_len / es);
       }
-      (void)before;
     }
-  }
-  HORA_CHECK(hora__shm_barrier(comm));
-  phase(opts, NULL);
-  phase(opts, "MEMCPY_OUT_FUSION_BUFFER");
-  struct iovec local[IOV_BATCH];
-  for (int j = 0; j < L; j++) {
-    if (j == me) {
-      continue;
-    }
-    const uint64_t *theirs = (const uint64_t *)(const void *)hora__shm_half(s, j, h);
-    size_t ja, jb;
-    slice_of(count, L, j, &ja, &jb);
-    /* Output tensors have the same lengths on every rank, so the local and
-     * remote segment lists line up one to one. */
-    uint64_t *my_out = mine + n;
-    size_t off_l = ja * es, left_l = (jb - ja) * es, off_r = off_l, left_r = left_l;
-    while (left_r > 0) {
-      size_t before = left_r;
-      int kr = segments(out, n, theirs + n, &off_r, &left_r, remote, IOV_BATCH);
-      int kl = segments(out, n, my_out, &off_l, &left_l, local, IOV_BATCH);
-      (void)kl;
-      HORA_CHECK(read_peer(comm, j, local, kl, remote, kr, before - left_r));
+    /* The finished chunk is still in cache: hand it to every peer now.
+     * Outputs have the same lengths on every rank, so the local and remote
+     * segment lists line up. */
+    for (int j = 0; j < L; j++) {
+      if (j == me) {
+        continue;
+      }
+      const uint64_t *theirs = (const uint64_t *)(const void *)hora__shm_half(s, j, h);
+      size_t off_l = x, left_l = m, off_r = x, left_r = m;
+      while (left_r > 0) {
+        size_t before = left_r;
+        int kl = segments(out, n, mine + n, &off_l, &left_l, local, IOV_BATCH);
+        int kr = segments(out, n, theirs + n, &off_r, &left_r, remote, IOV_BATCH);
+        HORA_CHECK(cma(comm, j, true, local, kl, remote, kr, before - left_r));
+      }
     }
   }
   HORA_CHECK(hora__shm_barrier(comm));
