@@ -147,6 +147,9 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     tail -n 20 "$work/out"
   fi
 
+  echo "== multi-host (network namespaces)"
+  sh "$srcdir/tests/netns/check-netns.sh" "$builddir" | tally ""
+
   echo "== timeline"
   for np in 1 4; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then

@@ -1,0 +1,61 @@
+#!/bin/sh
+# Multi-host correctness on fake hosts made of network namespaces
+# (../shared/netns): 4 hosts x 1 rank (rings over TCP) and 2 hosts x 2 ranks
+# (hierarchical allreduce: shared memory within a host, TCP across), also
+# with the flat ring forced. Prints PASS/FAIL/SKIP lines.
+# usage: check-netns.sh BUILDDIR
+set -u
+builddir=$(cd "$1" && pwd)
+srcdir=$(cd "$(dirname "$0")/../.." && pwd)
+netns=
+for d in "${HORA_SHARED_DIR:-}" "$srcdir/../shared" /work/shared; do
+  if [ -n "$d" ] && [ -x "$d/netns/netns-cluster.sh" ]; then
+    netns="$d/netns"
+    break
+  fi
+done
+progs="test_collectives test_engine test_join"
+if [ "$(id -u)" -ne 0 ] || [ -z "$netns" ] || ! command -v ip >/dev/null 2>&1; then
+  for p in $progs; do
+    echo "SKIP netns/$p: needs root, iproute2 and ../shared/netns (set HORA_SHARED_DIR)"
+  done
+  exit 0
+fi
+# A name of our own, so a cluster someone else left up does not collide.
+export NETNS_PREFIX="hn$$x"
+work=$(mktemp -d)
+cleanup() {
+  "$netns/netns-cluster.sh" down >/dev/null 2>&1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+if ! "$netns/netns-cluster.sh" up 4 >"$work/up.log" 2>&1; then
+  echo "FAIL netns/cluster_up"
+  tail -n 5 "$work/up.log"
+  exit 1
+fi
+printf '%s0 slots=1\n%s1 slots=1\n%s2 slots=1\n%s3 slots=1\n' "$NETNS_PREFIX" "$NETNS_PREFIX" \
+  "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts41"
+printf '%s0 slots=2\n%s1 slots=2\n' "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts22"
+
+run() { # label hostfile program args...
+  label=$1 hosts=$2 prog=$3
+  shift 3
+  timeout -k 10 300 "$netns/mpirun-netns.sh" "$hosts" -np 4 "$builddir/tests/mpi/$prog" "$@" \
+    </dev/null >"$work/out" 2>"$work/err"
+  rc=$?
+  sed -n -E "s#^(PASS|FAIL|SKIP) #\\1 netns-$label/#p" "$work/out"
+  if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$work/out"; then
+    echo "FAIL netns-$label/$prog: exit status $rc"
+  fi
+  if [ $rc -ne 0 ]; then
+    tail -n 20 "$work/err"
+  fi
+}
+
+for p in $progs; do
+  run 4x1 "$work/hosts41" "$p"
+  run 2x2 "$work/hosts22" "$p"
+done
+run 2x2-flat "$work/hosts22" test_collectives HORA_HIERARCHICAL_ALLREDUCE=0
