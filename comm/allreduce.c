@@ -192,7 +192,8 @@ int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                     hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
   size_t esize = hora_dtype_size(dtype);
   if (comm->algo_allreduce == HORA_ALGO_SHM) {
-    if (nin == nout && opts && opts->distinct_outputs && opts->prescale == 1.0 &&
+    /* Decided from what every rank sees alike, so all take the same path. */
+    if (nin == nout && opts && opts->prescale == 1.0 &&
         hora__shm_single_copy_fits(comm, nin, count * esize)) {
       return hora__shm_allreduce_single_copy(comm, in, out, nin, count, dtype, op, opts);
     }

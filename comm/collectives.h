@@ -25,9 +25,6 @@ struct hora__coll_opts {
   double prescale;  /* applied to each rank's input (1: none) */
   int divisor;      /* AVERAGE: the result is divided by this (0 or 1: none) */
   double postscale; /* applied to the result last (1: none) */
-  /* Every output is a distinct caller buffer (no stand-ins shared between
-   * tensors), so peers may read results straight out of them. */
-  bool distinct_outputs;
   /* Marks phases for the timeline: name = begin, NULL = end. May be NULL. */
   void (*phase)(void *arg, const char *name);
   void *phase_arg;
@@ -39,7 +36,8 @@ void hora__post_apply(const struct hora__coll_opts *o, hora_dtype dtype, void *b
  * once, regrown only for a batch larger than any before. */
 int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out);
 
-/* recv = op over every rank's input. wire: HORA_FLOAT16/BFLOAT16 narrows
+/* recv = op over every rank's input. Every rank must pass lists of the same
+ * shape (lengths), each entry its own memory. wire: HORA_FLOAT16/BFLOAT16 narrows
  * float32/float64 data on socket links (pass dtype for none). AVERAGE
  * reduces as a sum; opts->divisor divides. */
 int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,

@@ -557,19 +557,31 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
   bool joined;
   HORA_CHECK(gather_requests(e, r, &joined));
   HORA_CHECK(grow_iovs(e, r->ntensors));
-  size_t total = 0, bytes = 0;
-  bool all_present = true;
+  /* A joined rank stands in with zeros for what it did not submit, each
+   * tensor in its own place: the algorithm must see the same shape of
+   * buffers on every rank, and peers may read any of them. */
+  size_t missing = 0;
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    if (!e->reqs[i]) {
+      missing += r->tensors[i].count * esize;
+    }
+  }
+  if (missing) {
+    HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, missing, true));
+    HORA_CHECK(ensure_buffer(&e->junk, &e->junk_bytes, missing, false));
+  }
+  size_t total = 0, bytes = 0, stand_in = 0;
   for (uint32_t i = 0; i < r->ntensors; i++) {
     size_t b = r->tensors[i].count * esize;
     struct hora_request *q = e->reqs[i];
-    all_present &= q != NULL;
-    if (!q) {
-      /* Joined: contribute zeros and drop the result. */
-      HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, b, true));
-      HORA_CHECK(ensure_buffer(&e->junk, &e->junk_bytes, b, false));
+    if (q) {
+      e->iov_in[i] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, b};
+      e->iov_out[i] = (struct hora__iov){q->recvbuf, b};
+    } else {
+      e->iov_in[i] = (struct hora__iov){(char *)e->zeros + stand_in, b};
+      e->iov_out[i] = (struct hora__iov){(char *)e->junk + stand_in, b};
+      stand_in += b;
     }
-    e->iov_in[i] = (struct hora__iov){q ? (void *)(uintptr_t)q->sendbuf : e->zeros, b};
-    e->iov_out[i] = (struct hora__iov){q ? q->recvbuf : e->junk, b};
     total += r->tensors[i].count;
     bytes += b;
   }
@@ -579,7 +591,6 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
       .postscale = r->postscale,
       .phase = on_phase,
       .phase_arg = e,
-      .distinct_outputs = all_present,
   };
   e->current = r;
   e->copy_ns = 0;

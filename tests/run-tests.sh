@@ -158,6 +158,11 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     sh "$srcdir/tests/timeline/check-timeline.sh" "$builddir" $np | tally "np=$np "
   done
 
+  echo "== trainer"
+  mode=
+  [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ] && mode=quick
+  sh "$srcdir/tests/train/check-train.sh" "$builddir" $mode | tally ""
+
   echo "== examples"
   for np in 1 4; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then

@@ -59,3 +59,25 @@ for p in $progs; do
   run 2x2 "$work/hosts22" "$p"
 done
 run 2x2-flat "$work/hosts22" test_collectives HORA_HIERARCHICAL_ALLREDUCE=0
+
+# The trainer across two hosts of two ranks reaches the accuracy of the same
+# job on one host (same seed; only the order of floating-point sums differs).
+if [ -x "$builddir/examples/train" ] && [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  timeout -k 10 600 "$netns/mpirun-netns.sh" "$work/hosts22" -np 4 "$builddir/examples/train" \
+    --epochs 1 --checkpoint "$work/a.ckpt" </dev/null >"$work/train22" 2>&1
+  . "$builddir/tests/config.sh"
+  flags=
+  [ "$MPI_FLAVOR" = openmpi ] && flags="--oversubscribe --bind-to none --allow-run-as-root"
+  timeout -k 10 600 "$MPIEXEC" $flags -np 4 "$builddir/examples/train" --epochs 1 \
+    --checkpoint "$work/b.ckpt" </dev/null >"$work/train4" 2>&1
+  a=$(sed -n 's/^test_accuracy=//p' "$work/train22")
+  b=$(sed -n 's/^test_accuracy=//p' "$work/train4")
+  if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN {d = a - b; exit !(d < 0.01 && d > -0.01 && a > 0.8)}'; then
+    echo "PASS netns-2x2/train_same_accuracy (2 hosts x 2: $a, one host x 4: $b)"
+  else
+    echo "FAIL netns-2x2/train_same_accuracy (2 hosts x 2: '$a', one host x 4: '$b')"
+    tail -n 10 "$work/train22"
+  fi
+else
+  echo "SKIP netns-2x2/train_same_accuracy: examples/train or Fashion-MNIST missing"
+fi

@@ -39,7 +39,7 @@ finish() {
 
 if [ "$(id -u)" -ne 0 ] || [ -z "$slurm_local" ]; then
   why="needs root and ../shared/slurm-local (set HORA_SHARED_DIR)"
-  for t in srun_direct_np4 srun_direct_np16 sbatch_mpirun_np4 srun_info_line; do
+  for t in srun_direct_np4 srun_direct_np16 sbatch_mpirun_np4 srun_info_line srun_train sbatch_train; do
     result "SKIP slurm/$t: $why"
   done
   finish
@@ -90,6 +90,34 @@ if [ -n "$jid" ] && grep -q "^PASS contract/np4" "$work/job.out" 2>/dev/null &&
 else
   result "FAIL slurm/sbatch_mpirun_np4 (job '${jid:-none}')"
   cat "$work/sbatch.err" "$work/job.out" 2>/dev/null | tail -n 20
+fi
+
+# The trainer, launched directly by srun and through the batch template.
+if [ -x "$builddir/examples/train" ]; then
+  if (cd "$work" && timeout 600 srun -O -n 4 --mpi=$mpi_plugin "$builddir/examples/train" --epochs 1 \
+        >"$work/train.out" 2>&1) && grep -q '^test_accuracy=0\.[89]' "$work/train.out"; then
+    result "PASS slurm/srun_train ($(grep '^test_accuracy' "$work/train.out"))"
+  else
+    result "FAIL slurm/srun_train"
+    tail -n 20 "$work/train.out"
+  fi
+  jid=$(cd "$builddir" && sbatch --parsable --output="$work/sbatch-train.out" \
+        "$srcdir/scripts/slurm/train.sbatch" --epochs 1 2>"$work/sbatch.err")
+  waited=0
+  while [ -n "$jid" ] && squeue -h -j "$jid" 2>/dev/null | grep -q . && [ $waited -lt 600 ]; do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  rm -f "$builddir/train-$jid.ckpt"
+  if [ -n "$jid" ] && grep -q '^test_accuracy=0\.[89]' "$work/sbatch-train.out" 2>/dev/null; then
+    result "PASS slurm/sbatch_train (scripts/slurm/train.sbatch, $(grep '^test_accuracy' "$work/sbatch-train.out"))"
+  else
+    result "FAIL slurm/sbatch_train (job '${jid:-none}')"
+    cat "$work/sbatch.err" "$work/sbatch-train.out" 2>/dev/null | tail -n 20
+  fi
+else
+  result "SKIP slurm/srun_train: examples/train was not built"
+  result "SKIP slurm/sbatch_train: examples/train was not built"
 fi
 
 # Local rank and host index come from MPI, whatever the launcher.

@@ -1,0 +1,652 @@
+/* train: a data-parallel multilayer perceptron on Fashion-MNIST, with hora.
+ *
+ * Model 784-512-256-10 (ReLU, softmax cross-entropy), SGD with momentum,
+ * matrix work in OpenBLAS. What it shows of the runtime:
+ *   - every rank starts from different random weights; rank 0's are
+ *     broadcast to all in one fused step (hora_broadcast_parameters)
+ *   - each global batch is split into one shard per rank
+ *   - during the backward pass each layer's gradients are handed to
+ *     hora_allreduce_async as soon as they exist, so communication overlaps
+ *     the rest of backprop and the engine fuses them
+ *   - the optimizer waits for them and steps; the learning rate is scaled
+ *     by the number of ranks, with a linear warm-up
+ *   - the last, uneven batch of an epoch: ranks without samples call
+ *     hora_join; the last rank to join then broadcasts the final state
+ *   - --accum-steps K allreduces once per K micro-batches
+ *   - --fp16-allreduce sends gradients as fp16
+ *   - rank 0 evaluates on the test set every epoch and writes a checkpoint
+ *     that --resume continues from
+ *
+ *   mpirun -np 16 examples/train
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "hora.h"
+
+/* ---- options -------------------------------------------------------------- */
+
+struct options {
+  int epochs;
+  int batch;        /* samples per rank per micro-batch */
+  double lr;        /* per-rank base learning rate, scaled by the rank count */
+  double momentum;
+  int warmup_steps; /* optimizer steps of linear warm-up */
+  int accum_steps;
+  int fp16;
+  unsigned seed;
+  const char *data_dir;
+  const char *checkpoint;
+  int resume;
+  int print_steps; /* print the loss of the first N steps (for testing) */
+  int max_steps;   /* stop after N optimizer steps (0: no limit) */
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: train [options]   (run under mpirun/srun for several ranks)\n"
+          "  --epochs N            passes over the training set (default 5)\n"
+          "  --batch N             samples per rank per step (default 32)\n"
+          "  --lr X                learning rate for one rank; it is multiplied by the number\n"
+          "                        of ranks, reached by a linear warm-up (default 0.02)\n"
+          "  --momentum X          SGD momentum (default 0.9)\n"
+          "  --warmup-steps N      optimizer steps of warm-up (default 100)\n"
+          "  --accum-steps K       accumulate gradients over K micro-batches, allreduce once\n"
+          "                        per K (default 1)\n"
+          "  --fp16-allreduce      send gradients as fp16 (reduced in float32)\n"
+          "  --seed N              seed of initial weights and data order (default 42)\n"
+          "  --data-dir DIR        Fashion-MNIST gzipped IDX files\n"
+          "                        (default /usr/share/datasets/fashion-mnist)\n"
+          "  --checkpoint PATH     written by rank 0 after every epoch (default train.ckpt)\n"
+          "  --resume              continue from --checkpoint\n"
+          "  --print-steps N       print the global loss of the first N steps\n"
+          "  --max-steps N         stop after N optimizer steps\n"
+          "  --help                this text\n"
+          "Rank 0 prints one line per epoch; the last line is test_accuracy=0.XXXX.\n");
+}
+
+static int parse_options(int argc, char **argv, struct options *o) {
+  *o = (struct options){.epochs = 5,
+                        .batch = 32,
+                        .lr = 0.02,
+                        .momentum = 0.9,
+                        .warmup_steps = 100,
+                        .accum_steps = 1,
+                        .seed = 42,
+                        .data_dir = "/usr/share/datasets/fashion-mnist",
+                        .checkpoint = "train.ckpt"};
+  static const struct option longopts[] = {
+      {"epochs", required_argument, 0, 'e'},      {"batch", required_argument, 0, 'b'},
+      {"lr", required_argument, 0, 'l'},          {"momentum", required_argument, 0, 'm'},
+      {"warmup-steps", required_argument, 0, 'w'}, {"accum-steps", required_argument, 0, 'k'},
+      {"fp16-allreduce", no_argument, 0, 'f'},    {"seed", required_argument, 0, 's'},
+      {"data-dir", required_argument, 0, 'd'},    {"checkpoint", required_argument, 0, 'c'},
+      {"resume", no_argument, 0, 'r'},            {"print-steps", required_argument, 0, 'p'},
+      {"max-steps", required_argument, 0, 'x'},   {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    switch (c) {
+      case 'e': o->epochs = atoi(optarg); break;
+      case 'b': o->batch = atoi(optarg); break;
+      case 'l': o->lr = atof(optarg); break;
+      case 'm': o->momentum = atof(optarg); break;
+      case 'w': o->warmup_steps = atoi(optarg); break;
+      case 'k': o->accum_steps = atoi(optarg); break;
+      case 'f': o->fp16 = 1; break;
+      case 's': o->seed = (unsigned)strtoul(optarg, NULL, 10); break;
+      case 'd': o->data_dir = optarg; break;
+      case 'c': o->checkpoint = optarg; break;
+      case 'r': o->resume = 1; break;
+      case 'p': o->print_steps = atoi(optarg); break;
+      case 'x': o->max_steps = atoi(optarg); break;
+      case 'h': usage(stdout); exit(0);
+      default: usage(stderr); return -1;
+    }
+  }
+  if (optind < argc || o->epochs < 1 || o->batch < 1 || o->lr <= 0 || o->accum_steps < 1 ||
+      o->warmup_steps < 0 || o->momentum < 0 || o->momentum >= 1) {
+    usage(stderr);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- errors ----------------------------------------------------------------- */
+
+static int rank = -1, nranks = 1;
+
+#define CHECK(call)                                                                          \
+  do {                                                                                       \
+    int rc_ = (call);                                                                        \
+    if (rc_ != HORA_SUCCESS) {                                                               \
+      fprintf(stderr, "train: rank %d: %s failed: %s (%s)\n", rank, #call, hora_strerror(rc_), \
+              hora_last_error());                                                            \
+      hora_abort(hora_last_error());                                                         \
+      exit(1);                                                                               \
+    }                                                                                        \
+  } while (0)
+
+static void die(const char *fmt, const char *arg) {
+  fprintf(stderr, "train: rank %d: ", rank);
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n");
+  if (hora_initialized()) {
+    hora_abort("train: fatal error on one rank (see its log)");
+  }
+  exit(1);
+}
+
+static void *xmalloc(size_t n) {
+  void *p = calloc(1, n ? n : 1);
+  if (!p) {
+    die("out of memory (%s)", "calloc");
+  }
+  return p;
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* ---- data --------------------------------------------------------------------- */
+
+struct dataset {
+  int n, dim;
+  uint8_t *x; /* n x dim pixels */
+  uint8_t *y; /* n labels */
+};
+
+static uint32_t be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Reads a gzipped IDX file (images: magic 2051, labels: 2049). */
+static uint8_t *read_idx(const char *dir, const char *name, uint32_t magic, int *n, int *dim) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  gzFile f = gzopen(path, "rb");
+  if (!f) {
+    die("cannot open %s (install dataset-fashion-mnist, or pass --data-dir)", path);
+  }
+  uint8_t head[16];
+  int hlen = magic == 2051 ? 16 : 8;
+  if (gzread(f, head, (unsigned)hlen) != hlen || be32(head) != magic) {
+    die("%s is not a gzipped IDX file of the expected kind", path);
+  }
+  *n = (int)be32(head + 4);
+  *dim = magic == 2051 ? (int)(be32(head + 8) * be32(head + 12)) : 1;
+  size_t bytes = (size_t)*n * (size_t)*dim;
+  uint8_t *data = xmalloc(bytes);
+  if (gzread(f, data, (unsigned)bytes) != (int)bytes) {
+    die("%s is truncated", path);
+  }
+  gzclose(f);
+  return data;
+}
+
+static void load(const char *dir, const char *prefix, struct dataset *d) {
+  char name[64];
+  int n2, one;
+  snprintf(name, sizeof(name), "%s-images-idx3-ubyte.gz", prefix);
+  d->x = read_idx(dir, name, 2051, &d->n, &d->dim);
+  snprintf(name, sizeof(name), "%s-labels-idx1-ubyte.gz", prefix);
+  d->y = read_idx(dir, name, 2049, &n2, &one);
+  if (n2 != d->n) {
+    die("image and label counts differ in %s", dir);
+  }
+}
+
+/* Pixels to roughly zero mean and unit variance (Fashion-MNIST statistics). */
+static void batch_input(const struct dataset *d, const int *idx, int n, float *x) {
+  for (int i = 0; i < n; i++) {
+    const uint8_t *src = d->x + (size_t)idx[i] * (size_t)d->dim;
+    for (int j = 0; j < d->dim; j++) {
+      x[(size_t)i * (size_t)d->dim + (size_t)j] = ((float)src[j] / 255.0f - 0.2860f) / 0.3530f;
+    }
+  }
+}
+
+/* xorshift64*: the same sequence on every rank for the same seed. */
+static uint64_t rng_next(uint64_t *s) {
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 2685821657736338717ull;
+}
+
+static double rng_normal(uint64_t *s) {
+  double u1 = ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
+  double u2 = ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static void shuffle(int *perm, int n, unsigned seed, int epoch) {
+  uint64_t s = 0x9e3779b97f4a7c15ull ^ ((uint64_t)seed << 20) ^ (uint64_t)(epoch + 1);
+  for (int i = 0; i < n; i++) {
+    perm[i] = i;
+  }
+  for (int i = n - 1; i > 0; i--) {
+    int j = (int)(rng_next(&s) % (uint64_t)(i + 1));
+    int t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+}
+
+/* ---- model ---------------------------------------------------------------------- */
+
+#define NLAYERS 3
+static const int widths[NLAYERS + 1] = {784, 512, 256, 10};
+
+struct layer {
+  int in, out;
+  float *w, *b;   /* parameters: w is in x out, row-major */
+  float *gw, *gb; /* gradients (accumulated over micro-batches) */
+  float *vw, *vb; /* momentum */
+};
+
+struct model {
+  struct layer l[NLAYERS];
+  float *act[NLAYERS + 1]; /* activations of one batch: act[0] is the input */
+  float *delta;            /* gradient w.r.t. a layer's output, reused */
+  float *delta2;
+  int cap;                 /* batch capacity of the buffers */
+};
+
+static void model_init(struct model *m, int cap, unsigned seed) {
+  uint64_t s = 0x2545f4914f6cdd1dull ^ ((uint64_t)seed * 7919);
+  for (int k = 0; k < NLAYERS; k++) {
+    struct layer *L = &m->l[k];
+    L->in = widths[k];
+    L->out = widths[k + 1];
+    size_t nw = (size_t)L->in * (size_t)L->out;
+    L->w = xmalloc(nw * 4);
+    L->gw = xmalloc(nw * 4);
+    L->vw = xmalloc(nw * 4);
+    L->b = xmalloc((size_t)L->out * 4);
+    L->gb = xmalloc((size_t)L->out * 4);
+    L->vb = xmalloc((size_t)L->out * 4);
+    double scale = sqrt(2.0 / L->in); /* He initialisation */
+    for (size_t i = 0; i < nw; i++) {
+      L->w[i] = (float)(rng_normal(&s) * scale);
+    }
+  }
+  m->cap = cap;
+  for (int k = 0; k <= NLAYERS; k++) {
+    m->act[k] = xmalloc((size_t)cap * (size_t)widths[k] * 4);
+  }
+  m->delta = xmalloc((size_t)cap * 512 * 4);
+  m->delta2 = xmalloc((size_t)cap * 512 * 4);
+}
+
+/* act[k+1] = relu(act[k] w + b), the last layer without relu. */
+static void forward(struct model *m, int n) {
+  for (int k = 0; k < NLAYERS; k++) {
+    struct layer *L = &m->l[k];
+    float *out = m->act[k + 1];
+    for (int i = 0; i < n; i++) {
+      memcpy(out + (size_t)i * (size_t)L->out, L->b, (size_t)L->out * 4);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, L->out, L->in, 1.0f, m->act[k],
+                L->in, L->w, L->out, 1.0f, out, L->out);
+    if (k < NLAYERS - 1) {
+      size_t total = (size_t)n * (size_t)L->out;
+      for (size_t i = 0; i < total; i++) {
+        out[i] = out[i] > 0 ? out[i] : 0;
+      }
+    }
+  }
+}
+
+/* Softmax cross-entropy over the logits; returns the mean loss, leaves the
+ * gradient w.r.t. the logits (already divided by n) in m->delta. */
+static double softmax_xent(struct model *m, const uint8_t *labels, const int *idx, int n,
+                           int *correct) {
+  const float *z = m->act[NLAYERS];
+  double loss = 0;
+  int ok = 0;
+  for (int i = 0; i < n; i++) {
+    const float *zi = z + (size_t)i * 10;
+    float *di = m->delta + (size_t)i * 10;
+    float mx = zi[0];
+    int arg = 0;
+    for (int c = 1; c < 10; c++) {
+      if (zi[c] > mx) {
+        mx = zi[c];
+        arg = c;
+      }
+    }
+    double sum = 0;
+    for (int c = 0; c < 10; c++) {
+      di[c] = expf(zi[c] - mx);
+      sum += di[c];
+    }
+    int y = labels[idx[i]];
+    loss += -(double)(zi[y] - mx) + log(sum);
+    ok += arg == y;
+    for (int c = 0; c < 10; c++) {
+      di[c] = (float)(di[c] / sum) / (float)n;
+    }
+    di[y] -= 1.0f / (float)n;
+  }
+  if (correct) {
+    *correct = ok;
+  }
+  return loss / n;
+}
+
+/* ---- gradient exchange ------------------------------------------------------------ */
+
+static const char *const grad_names[NLAYERS][2] = {
+    {"grad/fc1.weight", "grad/fc1.bias"}, {"grad/fc2.weight", "grad/fc2.bias"},
+    {"grad/fc3.weight", "grad/fc3.bias"}};
+
+struct exchange {
+  hora_request *req[NLAYERS][2];
+  hora_allreduce_options opts;
+  double wait_seconds;
+};
+
+static void submit_layer(struct exchange *x, struct layer *L, int k) {
+  CHECK(hora_allreduce_async_ex(grad_names[k][0], L->gw, L->gw, (size_t)L->in * (size_t)L->out,
+                                HORA_FLOAT32, HORA_AVERAGE, &x->opts, &x->req[k][0]));
+  CHECK(hora_allreduce_async_ex(grad_names[k][1], L->gb, L->gb, (size_t)L->out, HORA_FLOAT32,
+                                HORA_AVERAGE, &x->opts, &x->req[k][1]));
+}
+
+static void wait_all(struct exchange *x) {
+  double t0 = now();
+  for (int k = NLAYERS - 1; k >= 0; k--) {
+    for (int j = 0; j < 2; j++) {
+      if (x->req[k][j]) {
+        CHECK(hora_wait(&x->req[k][j]));
+      }
+    }
+  }
+  x->wait_seconds += now() - t0;
+}
+
+/* Backward pass over n samples of act[0]; gradients add to gw/gb. When
+ * `submit`, each layer's gradients go to hora the moment they are done,
+ * while the layers below are still being computed. */
+static void backward(struct model *m, int n, int accum, struct exchange *x, int submit) {
+  float *d = m->delta, *d2 = m->delta2;
+  float s = 1.0f / (float)accum; /* a micro-batch's share of the step's gradient */
+  for (int k = NLAYERS - 1; k >= 0; k--) {
+    struct layer *L = &m->l[k];
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L->in, L->out, n, s, m->act[k], L->in, d,
+                L->out, 1.0f, L->gw, L->out);
+    for (int i = 0; i < n; i++) {
+      const float *di = d + (size_t)i * (size_t)L->out;
+      for (int o = 0; o < L->out; o++) {
+        L->gb[o] += s * di[o];
+      }
+    }
+    if (submit) {
+      submit_layer(x, L, k);
+    }
+    if (k > 0) {
+      /* d2 = d w^T, masked by the relu of the layer below. */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, L->in, L->out, 1.0f, d, L->out, L->w,
+                  L->out, 0.0f, d2, L->in);
+      const float *a = m->act[k];
+      size_t total = (size_t)n * (size_t)L->in;
+      for (size_t i = 0; i < total; i++) {
+        if (a[i] <= 0) {
+          d2[i] = 0;
+        }
+      }
+      float *t = d;
+      d = d2;
+      d2 = t;
+    }
+  }
+}
+
+static void sgd_step(struct model *m, double lr, double momentum) {
+  for (int k = 0; k < NLAYERS; k++) {
+    struct layer *L = &m->l[k];
+    size_t nw = (size_t)L->in * (size_t)L->out;
+    float mu = (float)momentum, eta = (float)lr;
+    for (size_t i = 0; i < nw; i++) {
+      L->vw[i] = mu * L->vw[i] + L->gw[i];
+      L->w[i] -= eta * L->vw[i];
+      L->gw[i] = 0;
+    }
+    for (int o = 0; o < L->out; o++) {
+      L->vb[o] = mu * L->vb[o] + L->gb[o];
+      L->b[o] -= eta * L->vb[o];
+      L->gb[o] = 0;
+    }
+  }
+}
+
+/* Parameters and momentum as one named list, for the broadcast helper. */
+static size_t state_tensors(struct model *m, hora_tensor *t) {
+  static const char *const names[NLAYERS][4] = {
+      {"state/fc1.weight", "state/fc1.bias", "state/fc1.weight.momentum", "state/fc1.bias.momentum"},
+      {"state/fc2.weight", "state/fc2.bias", "state/fc2.weight.momentum", "state/fc2.bias.momentum"},
+      {"state/fc3.weight", "state/fc3.bias", "state/fc3.weight.momentum", "state/fc3.bias.momentum"}};
+  size_t n = 0;
+  for (int k = 0; k < NLAYERS; k++) {
+    struct layer *L = &m->l[k];
+    size_t nw = (size_t)L->in * (size_t)L->out;
+    t[n++] = (hora_tensor){names[k][0], L->w, nw, HORA_FLOAT32};
+    t[n++] = (hora_tensor){names[k][1], L->b, (size_t)L->out, HORA_FLOAT32};
+    t[n++] = (hora_tensor){names[k][2], L->vw, nw, HORA_FLOAT32};
+    t[n++] = (hora_tensor){names[k][3], L->vb, (size_t)L->out, HORA_FLOAT32};
+  }
+  return n;
+}
+
+/* ---- checkpoint ------------------------------------------------------------------- */
+
+#define CKPT_MAGIC 0x746b6368726f6801ull /* "hora" checkpoint, version 1 */
+
+static void save_checkpoint(struct model *m, const char *path, int32_t next_epoch, int64_t step) {
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    fprintf(stderr, "train: cannot write checkpoint %s: %s\n", tmp, strerror(errno));
+    return;
+  }
+  uint64_t magic = CKPT_MAGIC;
+  int ok = fwrite(&magic, 8, 1, f) == 1 && fwrite(&next_epoch, 4, 1, f) == 1 &&
+           fwrite(&step, 8, 1, f) == 1;
+  hora_tensor t[4 * NLAYERS];
+  size_t n = state_tensors(m, t);
+  for (size_t i = 0; i < n && ok; i++) {
+    ok = fwrite(t[i].buf, 4, t[i].count, f) == t[i].count;
+  }
+  if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
+    fprintf(stderr, "train: writing checkpoint %s failed: %s\n", path, strerror(errno));
+  }
+}
+
+/* Rank 0 reads; every rank gets the result through broadcasts. */
+static void load_checkpoint(struct model *m, const char *path, int32_t *next_epoch, int64_t *step) {
+  int64_t meta[2] = {0, 0};
+  int ok = 1;
+  hora_tensor t[4 * NLAYERS];
+  size_t n = state_tensors(m, t);
+  if (rank == 0) {
+    FILE *f = fopen(path, "rb");
+    uint64_t magic = 0;
+    int32_t e = 0;
+    ok = f && fread(&magic, 8, 1, f) == 1 && magic == CKPT_MAGIC && fread(&e, 4, 1, f) == 1 &&
+         fread(&meta[1], 8, 1, f) == 1;
+    for (size_t i = 0; i < n && ok; i++) {
+      ok = fread(t[i].buf, 4, t[i].count, f) == t[i].count;
+    }
+    if (f) {
+      fclose(f);
+    }
+    meta[0] = ok ? e : -1;
+  }
+  CHECK(hora_broadcast("checkpoint/meta", meta, 2, HORA_INT64, 0));
+  if (meta[0] < 0) {
+    die("cannot resume: %s is missing or not a checkpoint of this trainer", path);
+  }
+  CHECK(hora_broadcast_parameters(t, n, 0));
+  *next_epoch = (int32_t)meta[0];
+  *step = meta[1];
+}
+
+/* ---- evaluation --------------------------------------------------------------------- */
+
+static double evaluate(struct model *m, const struct dataset *test, int cap) {
+  int *idx = xmalloc((size_t)cap * sizeof(int));
+  int correct = 0;
+  for (int at = 0; at < test->n; at += cap) {
+    int n = test->n - at < cap ? test->n - at : cap;
+    for (int i = 0; i < n; i++) {
+      idx[i] = at + i;
+    }
+    batch_input(test, idx, n, m->act[0]);
+    forward(m, n);
+    int ok;
+    softmax_xent(m, test->y, idx, n, &ok);
+    correct += ok;
+  }
+  free(idx);
+  return (double)correct / test->n;
+}
+
+/* ---- training ------------------------------------------------------------------------ */
+
+int main(int argc, char **argv) {
+  struct options o;
+  if (parse_options(argc, argv, &o) != 0) {
+    return 2;
+  }
+  CHECK(hora_init());
+  rank = hora_rank();
+  nranks = hora_size();
+  /* One BLAS thread per rank: the ranks already fill the cores. */
+  openblas_set_num_threads(1);
+
+  struct dataset train, test;
+  load(o.data_dir, "train", &train);
+  load(o.data_dir, "t10k", &test);
+
+  int cap = o.batch > 1000 ? o.batch : 1000;
+  struct model m;
+  model_init(&m, cap, o.seed + (unsigned)rank * 1000003u); /* different on every rank */
+  hora_tensor state[4 * NLAYERS];
+  size_t nstate = state_tensors(&m, state);
+  CHECK(hora_broadcast_parameters(state, nstate, 0)); /* ... and rank 0's win */
+
+  int32_t first_epoch = 0;
+  int64_t step = 0;
+  if (o.resume) {
+    load_checkpoint(&m, o.checkpoint, &first_epoch, &step);
+    if (rank == 0) {
+      printf("resumed from %s at epoch %d, step %lld\n", o.checkpoint, first_epoch + 1,
+             (long long)step);
+    }
+  }
+
+  struct exchange x;
+  memset(&x, 0, sizeof(x));
+  x.opts = (hora_allreduce_options)HORA_ALLREDUCE_OPTIONS_INIT;
+  x.opts.compression = o.fp16 ? HORA_COMPRESSION_FP16 : HORA_COMPRESSION_NONE;
+  int *perm = xmalloc((size_t)train.n * sizeof(int));
+  const int global = o.batch * nranks; /* samples per micro-batch, all ranks */
+  const double peak_lr = o.lr * nranks;
+  double accuracy = 0;
+  int stop = 0;
+  if (rank == 0) {
+    printf("train: %d ranks, %d samples per rank per step (global %d), %d accumulation step(s), "
+           "lr %.4g -> %.4g, %s allreduce\n",
+           nranks, o.batch, global * o.accum_steps, o.accum_steps, o.lr, peak_lr,
+           o.fp16 ? "fp16" : "float32");
+    fflush(stdout);
+  }
+  for (int epoch = first_epoch; epoch < o.epochs && !stop; epoch++) {
+    shuffle(perm, train.n, o.seed, epoch);
+    double t0 = now(), loss_sum = 0;
+    int loss_count = 0, micro = 0;
+    long samples = 0;
+    x.wait_seconds = 0;
+    for (int at = 0; at < train.n; at += global) {
+      /* This rank's shard of the global batch; the last one is uneven. */
+      int begin = at + rank * o.batch;
+      int n = begin >= train.n ? 0 : (train.n - begin < o.batch ? train.n - begin : o.batch);
+      if (n == 0) {
+        break; /* out of data: join below and serve the others */
+      }
+      batch_input(&train, perm + begin, n, m.act[0]);
+      forward(&m, n);
+      double loss = softmax_xent(&m, train.y, perm + begin, n, NULL);
+      int last_micro = ++micro == o.accum_steps || at + global >= train.n;
+      backward(&m, n, o.accum_steps, &x, last_micro);
+      samples += n;
+      /* The global loss: the mean of the ranks' means, like the gradients. */
+      double gloss = loss;
+      hora_request *lreq;
+      CHECK(hora_allreduce_async("loss", &loss, &gloss, 1, HORA_FLOAT64, HORA_AVERAGE, &lreq));
+      if (!last_micro) {
+        CHECK(hora_wait(&lreq));
+        loss_sum += gloss;
+        loss_count++;
+        continue;
+      }
+      wait_all(&x);
+      CHECK(hora_wait(&lreq));
+      loss_sum += gloss;
+      loss_count++;
+      micro = 0;
+      double warm = o.warmup_steps ? (double)(step + 1) / o.warmup_steps : 1.0;
+      sgd_step(&m, peak_lr * (warm < 1 ? warm : 1), o.momentum);
+      step++;
+      if (rank == 0 && step <= o.print_steps) {
+        printf("step %lld loss %.9g\n", (long long)step, gloss);
+      }
+      if (o.max_steps && step >= o.max_steps) {
+        stop = 1;
+        break;
+      }
+    }
+    /* Everyone ends the epoch here; ranks that ran out early have been
+     * serving the others' allreduces with zeros. Joined ranks missed the
+     * last steps, so the last rank to join has the final state. */
+    int last = -1;
+    CHECK(hora_join(&last));
+    CHECK(hora_broadcast_parameters(state, nstate, last));
+    long all_samples = 0;
+    CHECK(hora_allreduce("epoch/samples", &samples, &all_samples, 1, HORA_INT64, HORA_SUM));
+    double seconds = now() - t0;
+    double wait_share = x.wait_seconds / seconds, mean_share = 0;
+    CHECK(hora_allreduce("epoch/wait", &wait_share, &mean_share, 1, HORA_FLOAT64, HORA_AVERAGE));
+    if (rank == 0) {
+      accuracy = evaluate(&m, &test, cap);
+      printf("epoch %d  loss %.4f  test_accuracy %.4f  %.0f samples/s  waiting for "
+             "communication %.0f%% of step time\n",
+             epoch + 1, loss_count ? loss_sum / loss_count : 0, accuracy,
+             (double)all_samples / seconds, 100 * mean_share);
+      fflush(stdout);
+      save_checkpoint(&m, o.checkpoint, epoch + 1, step);
+    }
+  }
+  if (rank == 0) {
+    if (o.resume && first_epoch >= o.epochs) {
+      accuracy = evaluate(&m, &test, cap);
+    }
+    printf("test_accuracy=%.4f\n", accuracy);
+  }
+  CHECK(hora_finalize());
+  return 0;
+}
