@@ -19,6 +19,16 @@ results=$(mktemp)
 work=$(mktemp -d)
 trap 'rm -rf "$work" "$results"' EXIT
 
+# Section headers with the time the previous section took.
+section_start=$(date +%s)
+section() {
+  now=$(date +%s)
+  [ -n "${section_name:-}" ] && echo "   ($section_name: $((now - section_start)) s)"
+  section_name=$1
+  section_start=$now
+  echo "== $1"
+}
+
 tally() { # reads PASS/FAIL/SKIP lines on stdin, prefixing them with $1
   while IFS= read -r line; do
     case "$line" in
@@ -80,7 +90,7 @@ run_mpi() { # name np settings command...
 # A sanitizer report anywhere is a failure, whatever the exit status says.
 sanitizer_report() { grep -qE 'runtime error:|ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer' "$@"; }
 
-echo "== unit tests"
+section "unit tests"
 "$builddir/tests/unit/unit_tests" >"$work/unit" 2>&1
 rc=$?
 tally "" <"$work/unit"
@@ -92,7 +102,7 @@ elif sanitizer_report "$work/unit"; then
   grep -A5 -E 'runtime error:|Sanitizer' "$work/unit" | head -n 30
 fi
 
-echo "== multi-rank tests ($MPIEXEC, $MPI_FLAVOR)"
+section "multi-rank tests ($MPIEXEC, $MPI_FLAVOR)"
 runs="$work/runs"
 : >"$runs"
 grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
@@ -124,7 +134,7 @@ if [ "$(wc -l <"$runs")" -ne "$expected" ]; then
 fi
 
 if [ -z "${HORA_TEST_ONLY:-}" ]; then
-  echo "== launch without a launcher, and bad settings"
+  section "launch without a launcher, and bad settings"
   # A plain process: no mpirun, no launcher variables at all.
   env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK -u SLURM_PROCID timeout 120 \
     "$builddir/tests/mpi/test_contract" >"$work/out" 2>&1
@@ -147,10 +157,10 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     tail -n 20 "$work/out"
   fi
 
-  echo "== multi-host (network namespaces)"
+  section "multi-host (network namespaces)"
   sh "$srcdir/tests/netns/check-netns.sh" "$builddir" | tally ""
 
-  echo "== timeline"
+  section "timeline"
   for np in 1 4; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
       continue
@@ -158,12 +168,12 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     sh "$srcdir/tests/timeline/check-timeline.sh" "$builddir" $np | tally "np=$np "
   done
 
-  echo "== trainer"
+  section "trainer"
   mode=
   [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ] && mode=quick
   sh "$srcdir/tests/train/check-train.sh" "$builddir" $mode | tally ""
 
-  echo "== examples"
+  section "examples"
   for np in 1 4; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
       continue
@@ -179,7 +189,7 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     fi
   done
 
-  echo "== install and pkg-config"
+  section "install and pkg-config"
   if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
     echo "SKIP install/pkg_config_contract: sanitizer build (checked in the plain build)" | tee -a "$results"
   elif make -C "$builddir" install DESTDIR="$work/dest" >"$work/install.log" 2>&1 &&
@@ -204,7 +214,7 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     tail -n 20 "$work/install.log"
   fi
 
-  echo "== docs"
+  section "docs"
   if "$builddir/hora-info" --settings-md >"$work/table.md" &&
      awk '/<!-- settings-table-begin -->/{on=1;next}/<!-- settings-table-end -->/{on=0}on' \
        "$srcdir/README.md" | diff -u "$work/table.md" - >"$work/diff"; then
@@ -215,6 +225,7 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
   fi
 fi
 
+section done
 passed=$(grep -c '^PASS' "$results")
 failed=$(grep -c '^FAIL' "$results")
 skipped=$(grep -c '^SKIP' "$results")

