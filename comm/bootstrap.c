@@ -318,6 +318,14 @@ static int step(struct plan *p, struct pending *s) {
   }
 }
 
+static int by_peer_and_kind(const void *a, const void *b) {
+  const struct pending *x = a, *y = b;
+  if (x->peer != y->peer) {
+    return x->peer < y->peer ? -1 : 1;
+  }
+  return x->kind < y->kind ? -1 : x->kind > y->kind;
+}
+
 static int accept_from(struct plan *p, int lfd, bool unix_socket) {
   for (;;) {
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -474,6 +482,11 @@ static int connect_all(hora__comm *c) {
     }
   }
 
+  /* Sockets become control connections or data connections. RDMA ones
+   * swap queue-pair details over their socket, each waiting for the other
+   * side: done in one global order (by peer, then kind) so none waits on
+   * a peer that waits on someone else. */
+  qsort(p.socks, (size_t)p.nsocks, sizeof(*p.socks), by_peer_and_kind);
   for (int i = 0; i < p.nsocks; i++) {
     struct pending *s = &p.socks[i];
     if (s->fd < 0 || s->peer < 0) {
@@ -491,13 +504,19 @@ static int connect_all(hora__comm *c) {
         rc = HORA_ERR_NO_MEMORY;
         goto out;
       }
-    } else {
-      hora__conn **slot = s->kind == HORA_CONN_CROSS ? &c->cross[s->peer] : &c->data[s->peer];
-      rc = hora__transport_tcp.adopt_socket(c, fd, s->peer, slot);
-      if (rc != HORA_SUCCESS) {
-        close(fd);
-        goto out;
-      }
+      continue;
+    }
+    hora__conn **slot = s->kind == HORA_CONN_CROSS ? &c->cross[s->peer] : &c->data[s->peer];
+    const struct hora__transport *tp = &hora__transport_tcp;
+#if HORA_HAVE_VERBS
+    if (c->ib_all || (c->ib_remote && !same_host(c, s->peer))) {
+      tp = &hora__transport_ib;
+    }
+#endif
+    rc = tp->adopt_socket(c, fd, s->peer, slot);
+    if (rc != HORA_SUCCESS) {
+      close(fd);
+      goto out;
     }
   }
 out:
@@ -561,9 +580,31 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
   HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d", ipstr,
              ntohs(c->tcp_addr.sin_port), ifname, c->job_id, c->rank);
 
+  /* RDMA: forced (also within hosts) or, by default, between hosts when
+   * every host has an active port. The ranks must agree. */
+  bool forced_ib = strcmp(hora__params.TRANSPORT, "ib") == 0;
+  bool auto_transport = strcmp(hora__params.TRANSPORT, "auto") == 0;
+  int ib_here = 0, ib_everywhere = 0;
+#if HORA_HAVE_VERBS
+  if (forced_ib || (auto_transport && c->cross_size > 1)) {
+    ib_here = hora__ib_available();
+  }
+#endif
+  MPI_CHECK(MPI_Allreduce(&ib_here, &ib_everywhere, 1, MPI_INT, MPI_MIN, c->mpi));
+  if (forced_ib && !ib_everywhere) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED,
+                       "HORA_TRANSPORT=ib, but %s%s",
+                       HORA_HAVE_VERBS ? "" : "this build has no verbs support (configure --with-verbs)",
+                       HORA_HAVE_VERBS ? (ib_here ? "another rank's host has no active RDMA port"
+                                                  : "this host has no active RDMA port")
+                                       : "");
+  }
+  c->ib_all = forced_ib;
+  c->ib_remote = forced_ib || (auto_transport && ib_everywhere);
+
   /* Hierarchical allreduce: shared memory within each host and a ring
    * across hosts per slice; it needs the same number of ranks per host. */
-  bool forced_tcp = strcmp(hora__params.TRANSPORT, "tcp") == 0;
+  bool forced_tcp = strcmp(hora__params.TRANSPORT, "tcp") == 0 || forced_ib;
   const char *hier = hora__params.HIERARCHICAL_ALLREDUCE;
   bool homogeneous = hosts_homogeneous(c);
   bool hierarchical = !forced_tcp && c->cross_size > 1 && c->local_size > 1 && homogeneous &&
@@ -602,8 +643,15 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
   c->algo_allreduce =
       c->shm && (c->cross_size == 1 || hierarchical) ? HORA_ALGO_SHM : HORA_ALGO_RING;
   c->algo_bcast = c->algo_allgather = c->shm && c->cross_size == 1 ? HORA_ALGO_SHM : HORA_ALGO_RING;
-  c->local_transport = c->local_size == 1 ? "none" : c->shm ? "shm" : forced_tcp ? "tcp" : "tcp(unix)";
-  c->remote_transport = c->cross_size == 1 ? "none" : hierarchical ? "tcp(hierarchical)" : "tcp";
+  c->local_transport = c->local_size == 1 ? "none"
+                      : c->shm             ? "shm"
+                      : forced_ib          ? "ib"
+                      : forced_tcp         ? "tcp"
+                                           : "tcp(unix)";
+  const char *remote = c->ib_remote ? "ib" : "tcp";
+  c->remote_transport = c->cross_size == 1 ? "none"
+                        : hierarchical     ? (c->ib_remote ? "ib(hierarchical)" : "tcp(hierarchical)")
+                                           : remote;
   c->chunk_bytes = hora__params.CHUNK_SIZE;
   c->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;
   return HORA_SUCCESS;

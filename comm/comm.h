@@ -78,6 +78,8 @@ struct hora__comm {
   size_t fusion_bytes;
   char *bounce; /* the single-copy path's cache-sized staging */
   int64_t single_copy_min;
+  bool ib_remote; /* RDMA for data connections to other hosts */
+  bool ib_all;    /* RDMA for every data connection (HORA_TRANSPORT=ib) */
   const char *local_transport;  /* chosen for peers on this host */
   const char *remote_transport; /* chosen for peers on other hosts */
 

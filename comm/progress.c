@@ -54,14 +54,24 @@ int hora__progress_wait(hora__comm *comm) {
     return HORA_SUCCESS;
   }
   if (comm->spin_us > 0) {
+    /* Bounded: a pause between tries, a yield now and then (a syscall per
+     * try would cost more than the message). */
     uint64_t until = hora__now_ns() + (uint64_t)comm->spin_us * 1000;
-    do {
-      sched_yield();
+    for (unsigned tries = 1;; tries++) {
       HORA_CHECK(hora__progress(comm, &progressed));
       if (progressed || !comm->active) {
         return HORA_SUCCESS;
       }
-    } while (hora__now_ns() < until);
+      if ((tries & 63) == 0) {
+        if (hora__now_ns() >= until) {
+          break;
+        }
+        sched_yield();
+      }
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
   }
   for (;;) {
     struct pollfd fds[MAX_POLL];

@@ -54,5 +54,10 @@ struct hora__transport {
 };
 
 extern const struct hora__transport hora__transport_tcp;
+#if HORA_HAVE_VERBS
+extern const struct hora__transport hora__transport_ib;
+/* Whether this machine has an active RDMA port (for HORA_TRANSPORT=auto). */
+bool hora__ib_available(void);
+#endif
 
 #endif

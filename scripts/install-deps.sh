@@ -13,6 +13,7 @@ PACKAGES="
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   clang libclang-rt-14-dev
   iproute2 procps psmisc python3 valgrind
+  qemu-system-x86 kmod xz-utils util-linux
 "
 
 missing=

@@ -32,6 +32,8 @@ make -j2 >/dev/null || { echo "make failed"; make 2>&1 | tail -30; exit 1; }
 HORA_TEST_SUMMARY=$summary make check || status=1
 note "Slurm: srun and sbatch on a one-host cluster"
 HORA_TEST_SUMMARY=$summary make check-slurm || status=1
+note "RDMA: the verbs transport on soft-RoCE, in a VM"
+HORA_TEST_SUMMARY=$summary make check-rdma || status=1
 
 # Sanitizer builds work on a copy: a source tree configured in place cannot
 # also host out-of-tree builds.

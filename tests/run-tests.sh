@@ -157,6 +157,23 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     tail -n 20 "$work/out"
   fi
 
+  section "rdma (verbs)"
+  if command -v ibv_devinfo >/dev/null 2>&1 && ibv_devinfo 2>/dev/null | grep -q PORT_ACTIVE; then
+    HORA_TRANSPORT=ib run_mpi test_collectives 2 "HORA_TRANSPORT=ib" "$builddir/tests/mpi/test_collectives"
+  else
+    echo "SKIP rdma/collectives: no active RDMA port on this machine (make check-rdma runs them in the soft-RoCE VM)" | tee -a "$results"
+    # Asking for RDMA without a device is a clear error on every rank, not a hang.
+    HORA_TRANSPORT=ib timeout -k 10 120 "$MPIEXEC" $(launcher_flags) -np 2 \
+      "$builddir/tests/mpi/test_contract" </dev/null >"$work/out" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'HORA_TRANSPORT=ib, but' "$work/out")" -ge 2 ]; then
+      echo "PASS rdma/clear_error_without_a_device" | tee -a "$results"
+    else
+      echo "FAIL rdma/clear_error_without_a_device: exit status $rc" | tee -a "$results"
+      tail -n 10 "$work/out"
+    fi
+  fi
+
   section "multi-host (network namespaces)"
   sh "$srcdir/tests/netns/check-netns.sh" "$builddir" | tally ""
 

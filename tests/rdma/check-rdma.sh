@@ -1,0 +1,79 @@
+#!/bin/sh
+# The RDMA transport on a real (soft-RoCE) device. Runs INSIDE the rxe-vm
+# guest (`make check-rdma` boots it): the multi-rank collective tests with
+# HORA_TRANSPORT=ib at 2 and 4 ranks, then hora's point-to-point bandwidth
+# and latency next to perftest's ib_write_bw / ib_write_lat on rxe0.
+# usage: check-rdma.sh BUILDDIR
+set -u
+builddir=$(cd "$1" && pwd)
+. "$builddir/tests/config.sh"
+results=$(mktemp)
+result() { echo "$*" | tee -a "$results"; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+flags="--oversubscribe --bind-to none"
+dev=${RXE_VM_DEVICE:-rxe0}
+gid=${RXE_VM_GID_INDEX:-1}
+
+if ! ibv_devinfo -d "$dev" 2>/dev/null | grep -q PORT_ACTIVE; then
+  result "FAIL rdma/device: $dev has no active port (is this the rxe-vm guest?)"
+else
+  result "PASS rdma/device ($dev active, GID index $gid)"
+  export HORA_TRANSPORT=ib HORA_IB_DEVICE=$dev
+  for spec in "test_collectives 2" "test_collectives 4" "test_join 2" "test_engine 2"; do
+    set -- $spec
+    out=$(mktemp)
+    timeout -k 10 900 "$MPIEXEC" $flags -np "$2" "$builddir/tests/mpi/$1" </dev/null >"$out" 2>&1
+    rc=$?
+    sed -n -E "s#^(PASS|FAIL|SKIP) #\\1 rdma-np$2/#p" "$out" | tee -a "$results"
+    if [ $rc -ne 0 ]; then
+      result "FAIL rdma-np$2/$1: exit status $rc"
+      tail -n 20 "$out"
+    fi
+    rm -f "$out"
+  done
+
+  # Point to point: hora's ib transport against perftest on the same device,
+  # five times each, alternating, medians compared. The guest runs about
+  # 15 times slower than hardware (TCG), so hora's bounded poll before it
+  # sleeps (HORA_SPIN_TIME_US, 50 us by default) is scaled to match.
+  pair() { # server/client of a perftest program, client output on stdout
+    "$@" >/tmp/perf.server 2>&1 &
+    spid=$!
+    for try in $(seq 1 60); do
+      sleep 1
+      if timeout 300 "$@" 127.0.0.1 >/tmp/perf.client 2>&1; then
+        break
+      fi
+    done
+    wait $spid
+    cat /tmp/perf.client
+  }
+  median() { sort -n | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'; }
+  : >/tmp/hbw; : >/tmp/hlat; : >/tmp/pbw; : >/tmp/plat
+  for round in 1 2 3 4 5; do
+    bench=$(HORA_SPIN_TIME_US=1000 timeout 600 "$MPIEXEC" $flags -np 2 \
+      "$builddir/tests/rdma/p2p_bench" 2000 100 </dev/null 2>&1 | grep '^transport=')
+    echo "hora round $round: $bench"
+    echo "$bench" | sed -n 's/.*bandwidth_gbps=\([0-9.]*\).*/\1/p' >>/tmp/hbw
+    echo "$bench" | sed -n 's/.*latency_us=\([0-9.]*\).*/\1/p' >>/tmp/hlat
+    pair ib_write_bw -d "$dev" -x "$gid" -F --report_gbits -s 1048576 -n 100 | awk '/^ *1048576 /{print $4}' >>/tmp/pbw
+    pair ib_write_lat -d "$dev" -x "$gid" -F -s 8 -n 2000 | awk '/^ *8 /{print $6}' >>/tmp/plat
+    echo "perftest round $round: ib_write_bw $(tail -n 1 /tmp/pbw) Gb/s, ib_write_lat t_avg $(tail -n 1 /tmp/plat) us"
+  done
+  hbw=$(median </tmp/hbw) hlat=$(median </tmp/hlat) bw=$(median </tmp/pbw) lat=$(median </tmp/plat)
+  echo "medians: hora $hbw Gb/s, $hlat us; perftest $bw Gb/s, $lat us"
+  if [ -n "$hbw" ] && [ -n "$bw" ] && awk -v h="$hbw" -v p="$bw" 'BEGIN {exit !(h >= 0.8 * p)}'; then
+    result "PASS rdma/p2p_bandwidth (hora $hbw Gb/s, ib_write_bw $bw Gb/s: $(awk -v h="$hbw" -v p="$bw" 'BEGIN {printf "%.0f%%", 100 * h / p}'))"
+  else
+    result "FAIL rdma/p2p_bandwidth (hora '$hbw' Gb/s, ib_write_bw '$bw' Gb/s; want >= 80%)"
+  fi
+  if [ -n "$hlat" ] && [ -n "$lat" ] && awk -v h="$hlat" -v p="$lat" 'BEGIN {exit !(h <= 1.5 * p)}'; then
+    result "PASS rdma/p2p_latency (hora $hlat us, ib_write_lat $lat us: $(awk -v h="$hlat" -v p="$lat" 'BEGIN {printf "%.2fx", h / p}'))"
+  else
+    result "FAIL rdma/p2p_latency (hora '$hlat' us, ib_write_lat '$lat' us; want <= 1.5x)"
+  fi
+fi
+p=$(grep -c '^PASS' "$results") f=$(grep -c '^FAIL' "$results") s=$(grep -c '^SKIP' "$results")
+echo "$p passed, $f failed, $s skipped"
+rm -f "$results"
+[ "$f" -eq 0 ]
