@@ -654,6 +654,7 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
                                            : remote;
   c->chunk_bytes = hora__params.CHUNK_SIZE;
   c->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;
+  c->stall_ns = (uint64_t)(hora__params.STALL_SHUTDOWN_TIME_SECONDS * 1e9);
   return HORA_SUCCESS;
 }
 

@@ -85,6 +85,7 @@ struct hora__comm {
 
   hora__conn *active; /* connections with queued transfers */
   int spin_us;        /* bounded polling before sleeping */
+  uint64_t stall_ns;  /* a collective with no progress this long fails (0: never) */
   int64_t chunk_bytes;
 
   hora__service_fn service;
@@ -135,6 +136,9 @@ int hora__ctrl_read(hora__ctrl *c);
  * longer than HORA_CTRL_MAX_FRAME is a protocol error. */
 int hora__ctrl_next(hora__ctrl *c, bool *got, uint16_t *type, const uint8_t **payload,
                     size_t *len);
+/* When bytes last came in, and when a frame was last queued out. */
+uint64_t hora__ctrl_last_in(const hora__ctrl *c);
+uint64_t hora__ctrl_last_out(const hora__ctrl *c);
 /* Blocking send for shutdown paths: writes the frame within `timeout_s`. */
 int hora__ctrl_send_blocking(hora__ctrl *c, uint16_t type, const void *payload, size_t len,
                              double timeout_s);

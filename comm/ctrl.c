@@ -16,6 +16,7 @@
 struct hora__ctrl {
   int fd;
   int peer;
+  uint64_t last_in_ns, last_out_ns; /* for heartbeats */
   uint8_t *in;
   size_t in_len, in_cap, in_off; /* parsed up to in_off */
   uint8_t *out;
@@ -27,6 +28,7 @@ hora__ctrl *hora__ctrl_new(int fd, int peer) {
   if (c) {
     c->fd = fd;
     c->peer = peer;
+    c->last_in_ns = c->last_out_ns = hora__now_ns();
   }
   return c;
 }
@@ -107,6 +109,7 @@ int hora__ctrl_send(hora__ctrl *c, uint16_t type, const void *payload, size_t le
     memcpy(h + FRAME_HEADER, payload, len);
   }
   c->out_len += FRAME_HEADER + len;
+  c->last_out_ns = hora__now_ns();
   return hora__ctrl_flush(c);
 }
 
@@ -142,6 +145,7 @@ int hora__ctrl_read(hora__ctrl *c) {
     ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
     if (n > 0) {
       c->in_len += (size_t)n;
+      c->last_in_ns = hora__now_ns();
       if (c->in_len < c->in_cap) {
         return HORA_SUCCESS; /* short read: nothing more now */
       }
@@ -185,3 +189,6 @@ int hora__ctrl_next(hora__ctrl *c, bool *got, uint16_t *type, const uint8_t **pa
   *got = true;
   return HORA_SUCCESS;
 }
+
+uint64_t hora__ctrl_last_in(const hora__ctrl *c) { return c->last_in_ns; }
+uint64_t hora__ctrl_last_out(const hora__ctrl *c) { return c->last_out_ns; }

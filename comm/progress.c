@@ -73,7 +73,17 @@ int hora__progress_wait(hora__comm *comm) {
 #endif
     }
   }
+  uint64_t waiting_since = hora__now_ns();
   for (;;) {
+    if (comm->stall_ns && hora__now_ns() - waiting_since > comm->stall_ns) {
+      char name[160];
+      return hora__error(HORA_ERR_TIMEOUT,
+                         "a collective stalled: nothing moved for %.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS), "
+                         "waiting for %s",
+                         (double)comm->stall_ns * 1e-9,
+                         comm->active ? hora__peer_name(comm, comm->active->peer, name, sizeof(name))
+                                      : "a peer");
+    }
     struct pollfd fds[MAX_POLL];
     int n = 0;
     for (hora__conn *c = comm->active; c && n < MAX_POLL - 1; c = c->active_next) {

@@ -210,7 +210,14 @@ int hora__shm_barrier(hora__comm *comm) {
     }
   }
   uint64_t next_check = hora__now_ns() + 100 * 1000000ull;
+  uint64_t waiting_since = hora__now_ns();
   while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
+    if (comm->stall_ns && hora__now_ns() - waiting_since > comm->stall_ns) {
+      return hora__error(HORA_ERR_TIMEOUT,
+                         "a shared-memory collective stalled: %u of %d local ranks arrived within "
+                         "%.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS)",
+                         atomic_load(&b->arrived), s->local_size, (double)comm->stall_ns * 1e-9);
+    }
     atomic_fetch_add_explicit(&b->sleepers, 1, memory_order_acq_rel);
     struct timespec ts = {0, 20 * 1000000}; /* wake to look around now and then */
     if (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {

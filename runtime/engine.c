@@ -238,6 +238,8 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
       }
     } else if (type == HORA_MSG_RESEND && !e->ctl) {
       HORA_CHECK(on_resend(e, p, n));
+    } else if (type == HORA_MSG_HEARTBEAT) {
+      /* Arriving was the point. */
     } else {
       return hora__error(HORA_ERR_PEER_LOST, "%s sent an unexpected control message (type %u)",
                          hora__peer_name(e->comm, peer, name, sizeof(name)), type);
@@ -270,7 +272,9 @@ static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) 
   char original[1024];
   hora__strlcpy(original, hora__error_message(), sizeof(original));
   int why = read_ctrl(e, c);
-  if (why != HORA_SUCCESS && why != HORA_ERR_PEER_LOST) {
+  /* An abort frame explains the broken connection, whatever its code, and
+   * an EOF names the lost peer's host and pid, which the errno does not. */
+  if (why != HORA_SUCCESS) {
     return why;
   }
   return hora__error(rc, "%s", original);
@@ -279,6 +283,28 @@ static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) 
 static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
                      size_t n) {
   return explain_write_failure(e, c, hora__ctrl_send(c, type, p, n));
+}
+
+/* Heartbeats: each end of a control connection writes at least every
+ * quarter of HORA_PEER_TIMEOUT_SECONDS, so silence for the whole of it
+ * means the peer is stuck (stopped, hung, or its host gone quiet). */
+static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
+  uint64_t limit = (uint64_t)(hora__params.PEER_TIMEOUT_SECONDS * 1e9);
+  if (limit == 0 || e->shutting_down) {
+    return HORA_SUCCESS;
+  }
+  uint64_t now = hora__now_ns();
+  if (now - hora__ctrl_last_out(c) >= limit / 4) {
+    HORA_CHECK(ctrl_send(e, c, HORA_MSG_HEARTBEAT, NULL, 0));
+  }
+  if (now - hora__ctrl_last_in(c) >= limit) {
+    char name[160];
+    return hora__error(HORA_ERR_PEER_LOST,
+                       "lost %s: nothing heard from it for %.0f s (HORA_PEER_TIMEOUT_SECONDS)",
+                       hora__peer_name(e->comm, hora__ctrl_peer(c), name, sizeof(name)),
+                       (double)(now - hora__ctrl_last_in(c)) * 1e-9);
+  }
+  return HORA_SUCCESS;
 }
 
 static int service(void *arg) {
@@ -290,6 +316,7 @@ static int service(void *arg) {
     }
     if (c->ctrl[r] && !e->shutting_down) {
       HORA_CHECK(explain_write_failure(e, c->ctrl[r], hora__ctrl_flush(c->ctrl[r])));
+      HORA_CHECK(heartbeat(e, c->ctrl[r]));
     }
   }
   return HORA_SUCCESS;

@@ -392,7 +392,7 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
       uint64_t cnt;
       if (slot1 > 0) {
         const struct hora__cache_entry *e =
-            cache && cacheable(kind) ? hora__cache_entry(cache, (int32_t)slot1 - 1) : NULL;
+            cache && cacheable(kind) ? hora__cache_entry(cache, (int32_t)(slot1 - 1u)) : NULL;
         if (rb.bad || !e) {
           rc = hora__error(HORA_ERR_INVALID_ARG, "response %u refers to empty cache slot %u", i,
                            slot1 - 1);

@@ -13,6 +13,7 @@ enum hora__msg_type {
   HORA_MSG_RESPONSES = 2, /* rank 0 -> ranks: what to run, in order */
   HORA_MSG_ABORT = 3,     /* either way: a fatal error, to every rank */
   HORA_MSG_RESEND = 4,    /* rank 0 -> rank: cache bits it could not resolve */
+  HORA_MSG_HEARTBEAT = 5, /* either way, empty: "still here" */
 };
 
 /* What a request or response is about. */

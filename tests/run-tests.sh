@@ -157,6 +157,13 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     tail -n 20 "$work/out"
   fi
 
+  section "faults: lost and stopped peers"
+  if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
+    echo "SKIP faults/peer_loss: sanitizer build (a crashing victim is the point; checked in the plain build)" | tee -a "$results"
+  else
+    sh "$srcdir/tests/faults/check-peer-loss.sh" "$builddir" | tally ""
+  fi
+
   section "rdma (verbs)"
   if command -v ibv_devinfo >/dev/null 2>&1 && ibv_devinfo 2>/dev/null | grep -q PORT_ACTIVE; then
     HORA_TRANSPORT=ib run_mpi test_collectives 2 "HORA_TRANSPORT=ib" "$builddir/tests/mpi/test_collectives"

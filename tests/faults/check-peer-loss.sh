@@ -1,0 +1,61 @@
+#!/bin/sh
+# Peer loss: a rank dies (_exit, SIGKILL, SIGSEGV) in the middle of
+# training, under mpirun told to leave the survivors running; each survivor
+# must report HORA_ERR_PEER_LOST naming the dead rank within 10 s. Over
+# shared memory and over sockets, with a worker and with rank 0 as victim.
+# A stopped (SIGSTOP) rank instead makes the survivors time out through
+# the stall shutdown.
+# usage: check-peer-loss.sh BUILDDIR    (prints PASS/FAIL lines)
+set -u
+builddir=$(cd "$1" && pwd)
+. "$builddir/tests/config.sh"
+prog="$builddir/tests/mpi/test_peer_loss"
+if [ "$MPI_FLAVOR" != openmpi ]; then
+  echo "SKIP faults/peer_loss: written for Open MPI's mpirun options"
+  exit 0
+fi
+flags="--oversubscribe --bind-to none --mca orte_abort_on_non_zero_status 0"
+[ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+np=4
+
+scenario() { # label expected-survivor-lines args...
+  label=$1 want=$2
+  shift 2
+  "$MPIEXEC" $flags -np $np "$prog" "$@" </dev/null >"$work/out" 2>"$work/err" &
+  mpid=$!
+  # Wait for every survivor's report (each ends in _exit), then clear away
+  # what is left: a stopped victim, an mpirun waiting for it.
+  for i in $(seq 1 600); do
+    [ "$(grep -c '^\(PASS\|FAIL\) peer_loss' "$work/out")" -ge "$want" ] && break
+    kill -0 $mpid 2>/dev/null || break
+    sleep 0.1
+  done
+  sleep 0.5
+  pkill -CONT -f "$prog" 2>/dev/null
+  pkill -KILL -f "$prog" 2>/dev/null
+  for i in $(seq 1 100); do
+    kill -0 $mpid 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL $mpid 2>/dev/null
+  wait $mpid 2>/dev/null
+  grep -E '^(PASS|FAIL) ' "$work/out"
+  got=$(grep -c '^PASS peer_loss/[a-z]*/victim[0-9]*/rank[0-9]* ' "$work/out")
+  if [ "$got" -ne "$want" ]; then
+    echo "FAIL faults/$label: $got of $want survivors reported the loss in time"
+    tail -n 15 "$work/err"
+  fi
+}
+
+for transport in auto tcp; do
+  for victim in 1 0; do
+    for mode in exit kill segv; do
+      scenario "$transport/$mode/victim$victim" $((np - 1)) "$victim" "$mode" HORA_TRANSPORT=$transport
+    done
+  done
+done
+# Alive but silent: the stall shutdown turns it into HORA_ERR_TIMEOUT.
+scenario "stop/victim2" $((np - 1)) 2 stop HORA_STALL_CHECK_TIME_SECONDS=1 HORA_STALL_SHUTDOWN_TIME_SECONDS=3
+exit 0

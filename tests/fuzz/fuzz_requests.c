@@ -1,0 +1,26 @@
+/* A REQUESTS message from a rank: requests and cache bits. */
+#include "../../runtime/message.h"
+
+static int on_request(void *arg, const struct hora__wire_request *r) {
+  (void)arg;
+  if (r->key_len < 1 || r->key_len > HORA_KEY_MAX || r->meta.kind > HORA_KIND_SHUTDOWN) {
+    __builtin_trap();
+  }
+  return HORA_SUCCESS;
+}
+
+static int on_bit(void *arg, uint32_t version, uint32_t slot) {
+  (void)arg;
+  (void)version;
+  if (slot >= (1u << 23)) {
+    __builtin_trap();
+  }
+  return HORA_SUCCESS;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  struct hora__request_sink sink = {on_request, on_bit, NULL};
+  (void)hora__decode_requests(data, size, &sink);
+  return 0;
+}

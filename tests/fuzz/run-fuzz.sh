@@ -1,0 +1,55 @@
+#!/bin/sh
+# Builds every fuzz target with clang's libFuzzer (+ AddressSanitizer and
+# UBSan) and runs each for SECONDS, starting from seeds that make-seeds
+# encodes with the runtime's own encoders (so they follow the wire format
+# as it changes), in a scratch directory. Prints one line per target and the usual
+# closing line.
+# usage: run-fuzz.sh BUILDDIR [SECONDS]
+set -u
+builddir=$(cd "$1" && pwd)
+seconds=${2:-20}
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+results="$work/results"
+: >"$results"
+cc=${FUZZ_CC:-clang}
+if ! command -v "$cc" >/dev/null 2>&1; then
+  echo "SKIP fuzz/all: $cc is not installed (scripts/install-deps.sh)" | tee -a "$results"
+else
+  mpi_cflags=$(mpicc --showme:compile 2>/dev/null || mpicc -show 2>/dev/null | sed 's/^[^ ]* //; s/ -l[^ ]*//g; s/ -L[^ ]*//g; s/ -Wl[^ ]*//g')
+  sources="runtime/error.c runtime/dtype.c runtime/log.c runtime/params.c runtime/wire.c
+           runtime/table.c runtime/message.c runtime/cache.c comm/socket.c comm/ctrl.c"
+  flags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$src/include -I$builddir $mpi_cflags"
+  if ! (cd "$src" && $cc $flags tests/fuzz/make-seeds.c $sources -o "$work/make-seeds" -lm) \
+       >"$work/seeds.build" 2>&1 || ! "$work/make-seeds" "$work/corpus" >"$work/seeds.log" 2>&1; then
+    echo "FAIL fuzz/seeds: make-seeds does not build or run" | tee -a "$results"
+    tail -n 10 "$work/seeds.build" "$work/seeds.log"
+  fi
+  for t in fuzz_hello fuzz_requests fuzz_responses fuzz_small fuzz_frames; do
+    if ! (cd "$src" && $cc $flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+          tests/fuzz/$t.c $sources -o "$work/$t" -lm) >"$work/$t.build" 2>&1; then
+      echo "FAIL fuzz/$t: does not build" | tee -a "$results"
+      tail -n 10 "$work/$t.build"
+      continue
+    fi
+    mkdir -p "$work/corpus/$t"
+    if "$work/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=1024 -print_final_stats=1 \
+         -artifact_prefix="$work/$t-" "$work/corpus/$t" >"$work/$t.log" 2>&1; then
+      runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t.log" | grep -o '[0-9]*$')
+      [ -z "$runs" ] && runs=$(grep -o '#[0-9]*' "$work/$t.log" | tail -n 1 | tr -d '#')
+      echo "PASS fuzz/$t (${runs:-?} inputs in ${seconds}s)" | tee -a "$results"
+    else
+      echo "FAIL fuzz/$t: crash or leak, reproducer below" | tee -a "$results"
+      grep -E 'ERROR|SUMMARY|runtime error|Test unit written' "$work/$t.log" | head -n 10
+      for a in "$work/$t"-*; do
+        [ -f "$a" ] && od -A d -t x1 "$a" | head -n 8
+      done
+    fi
+  done
+fi
+p=$(grep -c '^PASS' "$results") f=$(grep -c '^FAIL' "$results") s=$(grep -c '^SKIP' "$results")
+[ -n "${HORA_TEST_SUMMARY:-}" ] && echo "$p $f $s" >>"$HORA_TEST_SUMMARY"
+echo "$p passed, $f failed, $s skipped"
+[ "$f" -eq 0 ]

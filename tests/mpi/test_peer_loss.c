@@ -1,0 +1,111 @@
+/* A rank dies in the middle of training; every survivor must get
+ * HORA_ERR_PEER_LOST, naming the lost rank and its host, within 10 s.
+ * Run under a launcher that leaves the survivors alone (mpirun --mca
+ * orte_abort_on_non_zero_status 0, srun --kill-on-bad-exit=0).
+ *
+ * usage: test_peer_loss VICTIM exit|kill|segv|stop [HORA_X=value ...]
+ * Each survivor prints its own line: PASS|FAIL peer_loss/... (seconds).
+ * ("stop" sends the victim SIGSTOP: alive but silent; survivors must then
+ * get HORA_ERR_TIMEOUT from the stall shutdown the caller configures.) */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hora.h"
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void die(const char *mode) {
+  fflush(stdout);
+  if (!strcmp(mode, "exit")) {
+    _exit(3);
+  } else if (!strcmp(mode, "kill")) {
+    raise(SIGKILL);
+  } else if (!strcmp(mode, "segv")) {
+    signal(SIGSEGV, SIG_DFL);
+    int *volatile nowhere = NULL; /* a real fault, not raise() */
+    *nowhere = 1;
+  } else if (!strcmp(mode, "stop")) {
+    raise(SIGSTOP);
+  }
+  _exit(4);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: test_peer_loss VICTIM exit|kill|segv|stop [HORA_X=value ...]\n");
+    return 2;
+  }
+  for (int i = 3; i < argc; i++) {
+    char *eq = strchr(argv[i], '=');
+    if (eq) {
+      *eq = '\0';
+      setenv(argv[i], eq + 1, 1);
+    }
+  }
+  int victim = atoi(argv[1]);
+  const char *mode = argv[2];
+  if (hora_init() != HORA_SUCCESS) {
+    printf("FAIL peer_loss/%s: hora_init: %s\n", mode, hora_last_error());
+    return 1;
+  }
+  int rank = hora_rank(), size = hora_size();
+  enum { N = 300000 }; /* 1.2 MB: big enough for every data path */
+  float *buf = malloc(N * sizeof(float));
+  int expect = !strcmp(mode, "stop") ? HORA_ERR_TIMEOUT : HORA_ERR_PEER_LOST;
+  double last_ok = now();
+  for (int step = 0; step < 100000; step++) {
+    if (rank == victim && step == 20) {
+      die(mode);
+    }
+    for (int i = 0; i < N; i += 1000) {
+      buf[i] = (float)(rank + step);
+    }
+    int rc = hora_allreduce(step % 2 ? "grad/a" : "grad/b", buf, buf, N, HORA_FLOAT32, HORA_SUM);
+    if (rc == HORA_SUCCESS) {
+      float want = (float)(size * step + size * (size - 1) / 2);
+      if (buf[0] != want) {
+        printf("FAIL peer_loss/%s/victim%d/rank%d: wrong result %g at step %d\n", mode, victim,
+               rank, (double)buf[0], step);
+        fflush(stdout);
+        _exit(1);
+      }
+      last_ok = now();
+      continue;
+    }
+    double dt = now() - last_ok;
+    char who[64], who_list[64], host[300];
+    snprintf(who, sizeof(who), "rank %d", victim);
+    snprintf(who_list, sizeof(who_list), "rank(s) %d", victim);
+    char hostname[256] = "";
+    gethostname(hostname, sizeof(hostname));
+    snprintf(host, sizeof(host), "host %s", hostname);
+    const char *msg = hora_last_error();
+    int ok = rc == expect && dt < 10.0 && (strstr(msg, who) || strstr(msg, who_list)) &&
+             (expect == HORA_ERR_TIMEOUT || strstr(msg, host));
+    printf("%s peer_loss/%s/victim%d/rank%d (%s after %.2f s: %s)\n", ok ? "PASS" : "FAIL", mode,
+           victim, rank, hora_strerror(rc), dt, msg);
+    fflush(stdout);
+    /* Later calls fail the same way, and finalize does not hang. */
+    double t0 = now();
+    int later = hora_barrier(), fin = hora_finalize();
+    if (later != rc || fin != rc || now() - t0 > 5) {
+      printf("FAIL peer_loss/%s/victim%d/rank%d/afterwards (barrier %d, finalize %d, %.1f s)\n",
+             mode, victim, rank, later, fin, now() - t0);
+    }
+    fflush(stdout);
+    /* Linger: a survivor that exits early can make the launcher kill the
+     * others before they report. The caller kills what is left. */
+    sleep(30);
+    _exit(0);
+  }
+  printf("FAIL peer_loss/%s/victim%d/rank%d: no error after 100000 steps\n", mode, victim, rank);
+  return 1;
+}
