@@ -1,8 +1,9 @@
 #!/bin/sh
 # Builds every fuzz target with clang's libFuzzer (+ AddressSanitizer and
-# UBSan) and runs each for SECONDS, starting from seeds that make-seeds
-# encodes with the runtime's own encoders (so they follow the wire format
-# as it changes), in a scratch directory. Prints one line per target and the usual
+# UBSan) and runs each for SECONDS, in a scratch directory, starting from
+# the committed corpus (tests/fuzz/corpus/TARGET: seeds and inputs that
+# once failed) plus fresh seeds that make-seeds encodes with the runtime's
+# own encoders, so they follow the wire format as it changes. Prints one line per target and the usual
 # closing line.
 # usage: run-fuzz.sh BUILDDIR [SECONDS]
 set -u
@@ -35,6 +36,7 @@ else
       continue
     fi
     mkdir -p "$work/corpus/$t"
+    cp "$here/corpus/$t"/* "$work/corpus/$t/" 2>/dev/null
     if "$work/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=1024 -print_final_stats=1 \
          -artifact_prefix="$work/$t-" "$work/corpus/$t" >"$work/$t.log" 2>&1; then
       runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t.log" | grep -o '[0-9]*$')
