@@ -28,6 +28,7 @@
 #include "log.h"
 #include "params.h"
 #include "runtime.h"
+#include "verify.h"
 #include "timeline.h"
 
 struct hora__engine {
@@ -577,6 +578,38 @@ static int grow_iovs(struct hora__engine *e, uint32_t n) {
   return HORA_SUCCESS;
 }
 
+/* HORA_VERIFY: every rank checks that it holds the same result bits. */
+static int verify(struct hora__engine *e, const struct hora__response *r, size_t bytes) {
+  const struct hora__iov *out = e->iov_out;
+  int n = (int)r->ntensors;
+  struct hora__iov gathered;
+  if (r->kind == HORA_KIND_ALLGATHER) {
+    gathered = (struct hora__iov){e->reqs[0]->recvbuf, bytes * (size_t)e->comm->size};
+    out = &gathered;
+    n = 1;
+  }
+  if (hora__params.VERIFY_CORRUPT_RANK == e->rt->rank) {
+    for (int i = 0; i < n; i++) {
+      if (out[i].len) {
+        ((uint8_t *)out[i].base)[out[i].len / 2] ^= 0x10;
+        break;
+      }
+    }
+  }
+  char name[160], what[256];
+  hora__key_display(r->tensors[0].key, r->tensors[0].key_len, name, sizeof(name));
+  if (r->ntensors > 1) {
+    snprintf(what, sizeof(what), "%s %s (fused with %u more)", hora__kind_name(r->kind), name,
+             r->ntensors - 1);
+  } else {
+    snprintf(what, sizeof(what), "%s %s", hora__kind_name(r->kind), name);
+  }
+  on_phase(e, "VERIFY");
+  int rc = hora__verify_result(e->comm, out, n, what);
+  on_phase(e, NULL);
+  return rc;
+}
+
 static int run_collective(struct hora__engine *e, const struct hora__response *r) {
   hora__comm *c = e->comm;
   hora_dtype dt = (hora_dtype)r->dtype;
@@ -634,6 +667,9 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
     on_phase(e, "ALLGATHER");
     rc = hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
     on_phase(e, NULL);
+  }
+  if (rc == HORA_SUCCESS && hora__params.VERIFY) {
+    rc = verify(e, r, bytes);
   }
   e->current = NULL;
   HORA_CHECK(rc);

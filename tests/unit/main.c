@@ -35,7 +35,8 @@ int test_skipped;
   X(message_responses_use_the_cache)                                                         \
   X(cache_lru_and_versions)                                                                  \
   X(compression_roundtrip_and_reduce)                                                        \
-  X(message_minimal_sizes)
+  X(message_minimal_sizes)                                                                   \
+  X(checksum_stream_and_sensitivity)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)

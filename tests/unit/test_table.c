@@ -5,6 +5,7 @@
 
 #include "../../runtime/negotiate.h"
 #include "../../runtime/table.h"
+#include "../../runtime/verify.h"
 #include "../runner.h"
 
 TEST(table_put_get_remove_grow) {
@@ -35,7 +36,7 @@ TEST(strerror_covers_every_code) {
   const int codes[] = {HORA_SUCCESS,        HORA_ERR_INVALID_ARG, HORA_ERR_INVALID_USAGE,
                        HORA_ERR_MISMATCH,   HORA_ERR_NO_MEMORY,   HORA_ERR_SYSTEM,
                        HORA_ERR_PEER_LOST,  HORA_ERR_TIMEOUT,     HORA_ERR_ABORTED,
-                       HORA_ERR_NOT_SUPPORTED};
+                       HORA_ERR_NOT_SUPPORTED, HORA_ERR_CORRUPT};
   for (int i = 0; i < (int)(sizeof(codes) / sizeof(codes[0])); i++) {
     ASSERT_EQ_INT(codes[i], i); /* the order API.md fixes */
     const char *s = hora_strerror(codes[i]);
@@ -233,4 +234,37 @@ TEST(controller_cycle_policy) {
   free_list(take_all(c));
   ASSERT(!hora__controller_should_send(c, now, 5000000000ull, 1 << 20, &wake)); /* nothing ready */
   hora__controller_destroy(c);
+}
+
+/* HORA_VERIFY's checksum reads buffers as one stream: any split gives the
+ * same sum; any flipped bit, swapped word or change of length changes it. */
+TEST(checksum_stream_and_sensitivity) {
+  enum { N = 1000 };
+  static uint8_t a[N];
+  for (int i = 0; i < N; i++) {
+    a[i] = (uint8_t)(i * 131 + 7);
+  }
+  struct hora__iov whole = {a, N};
+  uint64_t h = hora__checksum(&whole, 1);
+  for (size_t cut1 = 0; cut1 < 70; cut1 += 3) {
+    for (size_t cut2 = cut1; cut2 < N; cut2 += 97) {
+      struct hora__iov parts[3] = {{a, cut1}, {a + cut1, cut2 - cut1}, {a + cut2, N - cut2}};
+      ASSERT(hora__checksum(parts, 3) == h);
+    }
+  }
+  for (int byte = 0; byte < N; byte += 37) {
+    for (int bit = 0; bit < 8; bit++) {
+      a[byte] ^= (uint8_t)(1u << bit);
+      ASSERT(hora__checksum(&whole, 1) != h);
+      a[byte] ^= (uint8_t)(1u << bit);
+    }
+  }
+  uint8_t b[N];
+  memcpy(b, a, N);
+  memcpy(b, a + 8, 8);
+  memcpy(b + 8, a, 8);
+  struct hora__iov swapped = {b, N}, shorter = {a, N - 1};
+  ASSERT(hora__checksum(&swapped, 1) != h);
+  ASSERT(hora__checksum(&shorter, 1) != h);
+  ASSERT(hora__checksum(&whole, 1) == h);
 }
