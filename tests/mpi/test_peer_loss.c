@@ -7,6 +7,7 @@
  * Each survivor prints its own line: PASS|FAIL peer_loss/... (seconds).
  * ("stop" sends the victim SIGSTOP: alive but silent; survivors must then
  * get HORA_ERR_TIMEOUT from the stall shutdown the caller configures.) */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,36 @@ static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* What hora leaves behind: threads named hora-*, mappings of its shared
+ * memory. (MPI's own threads and sockets stay: hora started MPI and, after
+ * a fatal error, leaves it alone.) */
+static int hora_leftovers(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *de;
+  while (d && (de = readdir(d))) {
+    char path[300], name[64] = "";
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", de->d_name);
+    FILE *f = de->d_name[0] != '.' ? fopen(path, "r") : NULL;
+    if (f) {
+      n += fgets(name, sizeof(name), f) && !strncmp(name, "hora", 4);
+      fclose(f);
+    }
+  }
+  if (d) {
+    closedir(d);
+  }
+  FILE *f = fopen("/proc/self/maps", "r");
+  char line[1024];
+  while (f && fgets(line, sizeof(line), f)) {
+    n += strstr(line, "memfd:hora") != NULL;
+  }
+  if (f) {
+    fclose(f);
+  }
+  return n;
 }
 
 static void die(const char *mode) {
@@ -95,10 +126,11 @@ int main(int argc, char **argv) {
     fflush(stdout);
     /* Later calls fail the same way, and finalize does not hang. */
     double t0 = now();
-    int later = hora_barrier(), fin = hora_finalize();
-    if (later != rc || fin != rc || now() - t0 > 5) {
-      printf("FAIL peer_loss/%s/victim%d/rank%d/afterwards (barrier %d, finalize %d, %.1f s)\n",
-             mode, victim, rank, later, fin, now() - t0);
+    int later = hora_barrier(), fin = hora_finalize(), left = hora_leftovers();
+    if (later != rc || fin != rc || now() - t0 > 5 || left) {
+      printf("FAIL peer_loss/%s/victim%d/rank%d/afterwards (barrier %d, finalize %d, %.1f s, "
+             "%d hora threads or mappings left)\n",
+             mode, victim, rank, later, fin, now() - t0, left);
     }
     fflush(stdout);
     /* Linger: a survivor that exits early can make the launcher kill the
