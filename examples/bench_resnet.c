@@ -10,9 +10,15 @@
  *      resident set size as it goes.
  *
  * Every result is checked. Times are medians over --reps repetitions.
+ * --soak SECONDS runs only the gradient set, step after step, checking
+ * every element of every result, and fails when the resident set or the
+ * count of open file descriptors of any rank grows after warm-up
+ * (scripts/soak.sh).
  *
  *   mpirun -np 2 hora-bench-resnet [--reps 7] [--lat-iters 20000] [--steady 100000]
+ *   mpirun -np 4 hora-bench-resnet --soak 600
  */
+#include <dirent.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,9 +142,94 @@ static double hora_step(int iter) {
   return dt;
 }
 
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  while (d && readdir(d)) {
+    n++;
+  }
+  if (d) {
+    closedir(d);
+  }
+  return n;
+}
+
+/* Element i of tensor t on rank r in step s holds (r + s + t + i % 17) % 64:
+ * small integers, so every sum is exact and every element is checked. */
+static long soak_step(long s, const float *sum_of) {
+  hora_request *reqs[MAX_TENSORS];
+  for (int t = 0; t < ntensors; t++) {
+    for (size_t i = 0; i < sizes[t]; i++) {
+      bufs[t][i] = (float)((rank + s + t + (long)(i % 17)) % 64);
+    }
+  }
+  for (int t = ntensors - 1; t >= 0; t--) {
+    CHECK(hora_allreduce_async(names[t], bufs[t], bufs[t], sizes[t], HORA_FLOAT32, HORA_SUM,
+                               &reqs[t]));
+  }
+  long bad = 0;
+  for (int t = ntensors - 1; t >= 0; t--) {
+    CHECK(hora_wait(&reqs[t]));
+    for (size_t i = 0; i < sizes[t]; i++) {
+      bad += bufs[t][i] != sum_of[(s + t + (long)(i % 17)) % 64];
+    }
+  }
+  return bad;
+}
+
+static int soak(double seconds) {
+  float sum_of[64]; /* sum over ranks of (r + k) % 64 */
+  for (int k = 0; k < 64; k++) {
+    sum_of[k] = 0;
+    for (int r = 0; r < size; r++) {
+      sum_of[k] += (float)((r + k) % 64);
+    }
+  }
+  double warmup = seconds / 10 < 10 ? 10 : seconds / 10;
+  double t0 = MPI_Wtime(), next_report = t0;
+  long rss0 = 0, fds0 = 0, bad = 0, s = 0, worst[2] = {0, 0};
+  int go = 1, warmed = 0;
+  for (; go; s++) {
+    bad += soak_step(s, sum_of);
+    double now = MPI_Wtime();
+    long mine[2] = {rss_kib(), count_fds()}, max[2];
+    if (!warmed && now - t0 >= warmup) {
+      rss0 = mine[0];
+      fds0 = mine[1];
+      warmed = 1;
+    }
+    if (warmed) {
+      long growth[2] = {mine[0] - rss0, mine[1] - fds0}, g[2];
+      MPI_Allreduce(growth, g, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+      worst[0] = g[0] > worst[0] ? g[0] : worst[0];
+      worst[1] = g[1] > worst[1] ? g[1] : worst[1];
+    }
+    MPI_Allreduce(mine, max, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    if (rank == 0 && now >= next_report) {
+      printf("soak %6.0f s  step %7ld  RSS (largest rank) %ld KiB  open fds %ld%s\n", now - t0, s,
+             max[0], max[1], warmed ? "" : "  (warming up)");
+      fflush(stdout);
+      next_report += seconds / 20 > 5 ? seconds / 20 : 5;
+    }
+    go = now - t0 < seconds;
+    MPI_Bcast(&go, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  }
+  long all_bad = 0;
+  MPI_Allreduce(&bad, &all_bad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  /* Flat: allocator noise aside (1 MiB), nothing grows after warm-up. */
+  int ok = all_bad == 0 && worst[0] <= 1024 && worst[1] == 0;
+  if (rank == 0) {
+    printf("soak: %s: %d ranks, %ld steps of %d tensors in %.0f s, %ld wrong elements; after "
+           "warm-up the worst rank grew RSS by %ld KiB and open fds by %ld\n",
+           ok ? "PASS" : "FAIL", size, s, ntensors, MPI_Wtime() - t0, all_bad, worst[0], worst[1]);
+  }
+  return ok;
+}
+
 int main(int argc, char **argv) {
   int reps = 7, lat_iters = 20000;
   long steady = 0;
+  double soak_seconds = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = atoi(argv[++i]);
@@ -146,8 +237,11 @@ int main(int argc, char **argv) {
       lat_iters = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--steady") && i + 1 < argc) {
       steady = atol(argv[++i]);
+    } else if (!strcmp(argv[i], "--soak") && i + 1 < argc) {
+      soak_seconds = atof(argv[++i]);
     } else {
-      fprintf(stderr, "usage: %s [--reps N] [--lat-iters N] [--steady STEPS]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--reps N] [--lat-iters N] [--steady STEPS] | --soak SECONDS\n",
+              argv[0]);
       return 2;
     }
   }
@@ -170,6 +264,12 @@ int main(int argc, char **argv) {
   if (rank == 0) {
     printf("# hora-bench-resnet: %d ranks; ResNet-50 set: %d float32 tensors, %zu elements (%.1f MB)\n",
            size, ntensors, total, (double)total * 4 / 1e6);
+  }
+  if (soak_seconds > 0) {
+    int ok = soak(soak_seconds);
+    CHECK(hora_finalize());
+    MPI_Finalize();
+    return ok ? 0 : 1;
   }
   double *th = calloc((size_t)reps, sizeof(double)), *t1 = calloc((size_t)reps, sizeof(double)),
          *tn = calloc((size_t)reps, sizeof(double));

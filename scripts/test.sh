@@ -4,7 +4,8 @@
 #   2. builds in the source tree and runs `make check`
 #   3. builds a copy with AddressSanitizer + UBSan and runs `make check`
 #   4. builds a copy with ThreadSanitizer and runs the threaded tests
-#   (between them: Slurm, RDMA in a VM, and fuzzing of the wire decoders)
+#   (between them: Slurm, RDMA in a VM, valgrind, and fuzzing of the wire
+#   decoders)
 # and ends with one line: N passed, N failed, N skipped.
 #
 # usage: scripts/test.sh [--quick]    (--quick: step 2 only)
@@ -36,6 +37,8 @@ HORA_TEST_SUMMARY=$summary make check-slurm || status=1
 note "RDMA: the verbs transport on soft-RoCE, in a VM"
 HORA_TEST_SUMMARY=$summary make check-rdma || status=1
 
+note "valgrind: no leak or memory error from hora"
+HORA_TEST_SUMMARY=$summary make check-valgrind || status=1
 note "fuzzing the wire decoders (libFuzzer, ${HORA_FUZZ_SECONDS:-20} s per target)"
 HORA_TEST_SUMMARY=$summary make check-fuzz FUZZ_SECONDS="${HORA_FUZZ_SECONDS:-20}" || status=1
 

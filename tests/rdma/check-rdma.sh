@@ -1,7 +1,8 @@
 #!/bin/sh
 # The RDMA transport on a real (soft-RoCE) device. Runs INSIDE the rxe-vm
 # guest (`make check-rdma` boots it): the multi-rank collective tests with
-# HORA_TRANSPORT=ib at 2 and 4 ranks, then hora's point-to-point bandwidth
+# HORA_TRANSPORT=ib at 2 and 4 ranks, peer loss over ib, then hora's
+# point-to-point bandwidth
 # and latency next to perftest's ib_write_bw / ib_write_lat on rxe0.
 # usage: check-rdma.sh BUILDDIR
 set -u
@@ -31,6 +32,10 @@ else
     fi
     rm -f "$out"
   done
+
+  # A rank lost mid-training over RDMA: every survivor names it.
+  sh "$(dirname "$0")/../faults/check-peer-loss.sh" "$builddir" ib |
+    sed -n -E "s#^(PASS|FAIL|SKIP) (peer_loss|faults)#\\1 rdma-\\2#p" | tee -a "$results"
 
   # Point to point: hora's ib transport against perftest on the same device,
   # five times each, alternating, medians compared. The guest runs about

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Runs hora under Slurm on the one-host cluster of ../shared/slurm-local:
-# direct launch with `srun` (PMIx) and a batch job with `mpirun` inside.
+# direct launch with `srun` (PMIx) and a batch job with `mpirun` inside,
+# and a rank lost under `srun --kill-on-bad-exit=0`.
 # Starts the cluster when it is not running and stops it again at the end.
 # Prints one line per check, then "N passed, N failed, N skipped".
 #
@@ -39,7 +40,8 @@ finish() {
 
 if [ "$(id -u)" -ne 0 ] || [ -z "$slurm_local" ]; then
   why="needs root and ../shared/slurm-local (set HORA_SHARED_DIR)"
-  for t in srun_direct_np4 srun_direct_np16 sbatch_mpirun_np4 srun_info_line srun_train sbatch_train; do
+  for t in srun_direct_np4 srun_direct_np16 sbatch_mpirun_np4 srun_info_line srun_train sbatch_train \
+           srun_peer_loss_exit srun_peer_loss_kill srun_peer_loss_segv; do
     result "SKIP slurm/$t: $why"
   done
   finish
@@ -128,4 +130,28 @@ else
   result "FAIL slurm/srun_info_line"
   tail -n 20 "$work/out"
 fi
+
+# Peer loss under srun told to leave the survivors running: every survivor
+# reports the lost rank itself, within seconds.
+for mode in exit kill segv; do
+  srun -O -n 4 --kill-on-bad-exit=0 --mpi=$mpi_plugin "$builddir/tests/mpi/test_peer_loss" 1 $mode \
+    >"$work/loss.out" 2>&1 &
+  spid=$!
+  for i in $(seq 1 600); do
+    [ "$(grep -c '^\(PASS\|FAIL\) peer_loss' "$work/loss.out")" -ge 3 ] && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -INT $spid 2>/dev/null; sleep 0.3; kill -INT $spid 2>/dev/null # srun: two ^C end the step
+  sleep 1
+  kill -KILL $spid 2>/dev/null
+  wait $spid 2>/dev/null
+  got=$(grep -c '^PASS peer_loss/[a-z]*/victim1/rank[0-9]* ' "$work/loss.out")
+  if [ "$got" -eq 3 ] && ! grep -q '^FAIL' "$work/loss.out"; then
+    result "PASS slurm/srun_peer_loss_$mode (survivors' errors $(grep -o 'after [0-9.]* s' "$work/loss.out" | tr '\n' ' ')after the loss)"
+  else
+    result "FAIL slurm/srun_peer_loss_$mode: $got of 3 survivors reported the loss"
+    tail -n 20 "$work/loss.out"
+  fi
+done
 finish

@@ -1,0 +1,82 @@
+#!/bin/sh
+# valgrind memcheck over the unit tests and multi-rank tests at np=2: no
+# leak (definite or indirect) and no memory error may come from hora.
+# MPI, PMIx and libevent report their own lost blocks and uninitialised
+# bytes at every run; a report counts as hora's when one of its first frames
+# past the allocator is a hora function (hora_*, hora__*) or a test's code.
+# Prints PASS/FAIL lines and "N passed, N failed, N skipped".
+# usage: check-valgrind.sh BUILDDIR
+set -u
+builddir=$(cd "$1" && pwd)
+. "$builddir/tests/config.sh"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+results="$work/results"
+: >"$results"
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_mca_base_component_disable_dlclose=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+vg="valgrind --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=none -q"
+
+# Prints the reports of a valgrind log that belong to hora.
+ours() {
+  awk '
+    function flush() {
+      if (n && mine) { print rec; found++ }
+      rec = ""; n = 0; mine = 0; frames = 0
+    }
+    { sub(/^==[0-9]+== ?/, "") }
+    /^$/ { flush(); next }
+    {
+      rec = rec $0 "\n"; n++
+      if ($0 ~ /^ *(at|by) 0x/) {
+        if ($0 ~ /vgpreload|[(](strdup|malloc|calloc|realloc)[.]c|: (malloc|calloc|realloc|strdup|strndup|posix_memalign|aligned_alloc) /) next
+        frames++
+        if (frames <= 3 && $0 ~ /: (hora_|hora__|mt_|test_|main )|tests\//) mine = 1
+      }
+    }
+    END { flush() }' "$@"
+}
+
+check() { # name log...
+  name=$1
+  shift
+  if [ "$(ours "$@" | wc -l)" -eq 0 ]; then
+    echo "PASS valgrind/$name" | tee -a "$results"
+  else
+    echo "FAIL valgrind/$name: hora's own reports follow" | tee -a "$results"
+    ours "$@" | head -n 60
+  fi
+}
+
+if ! command -v valgrind >/dev/null 2>&1; then
+  echo "SKIP valgrind/all: valgrind is not installed (scripts/install-deps.sh)" | tee -a "$results"
+else
+  $vg --log-file="$work/unit.log" "$builddir/tests/unit/unit_tests" >"$work/unit.out" 2>&1
+  if grep -q ' 0 failed' "$work/unit.out"; then
+    check unit_tests "$work/unit.log"
+  else
+    echo "FAIL valgrind/unit_tests: the tests failed under valgrind" | tee -a "$results"
+    tail -n 20 "$work/unit.out"
+  fi
+  flags="--oversubscribe --bind-to none"
+  [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
+  for t in "test_collectives" "test_engine" "test_join" "test_shutdown" "test_shutdown fatal" \
+           "test_collectives HORA_TRANSPORT=tcp"; do
+    label=$(echo "$t" | tr ' =' '_-')
+    rm -f "$work"/vg.*.log
+    # shellcheck disable=SC2086
+    timeout 600 "$MPIEXEC" $flags -np 2 $vg --log-file="$work/vg.%p.log" \
+      "$builddir/tests/mpi/"$t </dev/null >"$work/out" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] || grep -q '^FAIL' "$work/out"; then
+      echo "FAIL valgrind/$label: exit status $rc under valgrind" | tee -a "$results"
+      tail -n 20 "$work/out"
+    else
+      check "$label" "$work"/vg.*.log
+    fi
+  done
+fi
+p=$(grep -c '^PASS' "$results") f=$(grep -c '^FAIL' "$results") s=$(grep -c '^SKIP' "$results")
+[ -n "${HORA_TEST_SUMMARY:-}" ] && echo "$p $f $s" >>"$HORA_TEST_SUMMARY"
+echo "$p passed, $f failed, $s skipped"
+[ "$f" -eq 0 ]
