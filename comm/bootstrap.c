@@ -486,7 +486,9 @@ static int connect_all(hora__comm *c) {
    * swap queue-pair details over their socket, each waiting for the other
    * side: done in one global order (by peer, then kind) so none waits on
    * a peer that waits on someone else. */
-  qsort(p.socks, (size_t)p.nsocks, sizeof(*p.socks), by_peer_and_kind);
+  if (p.nsocks > 1) {
+    qsort(p.socks, (size_t)p.nsocks, sizeof(*p.socks), by_peer_and_kind);
+  }
   for (int i = 0; i < p.nsocks; i++) {
     struct pending *s = &p.socks[i];
     if (s->fd < 0 || s->peer < 0) {
