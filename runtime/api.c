@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../comm/comm.h"
+#include "../comm/gpu.h"
 #include "log.h"
 #include "params.h"
 #include "runtime.h"
@@ -297,6 +298,8 @@ static struct hora_request *request_new(uint8_t kind) {
 
 static void request_free(struct hora_request *r) {
   if (r) {
+    hora__gpu_event_destroy(r->ready_event);
+    hora__gpu_event_destroy(r->done_event);
     free(r->error);
     free(r);
   }
@@ -315,11 +318,43 @@ static int check_name(const char *name) {
 
 /* Names the request, rejects a name already in flight, and hands the
  * request to the coordinator. Takes ownership of r on every path. */
+/* Host or device memory: both buffers of an operation must agree. A
+ * caller's stream asks for device memory, and the runtime's stream will
+ * wait for the work already queued on it. */
+static int classify_memory(struct hora_request *r, const char *call) {
+  uint8_t k = r->meta.kind;
+  if (k != HORA_KIND_ALLREDUCE && k != HORA_KIND_BROADCAST && k != HORA_KIND_ALLGATHER) {
+    return HORA_SUCCESS;
+  }
+  bool send_dev = false, recv_dev = false;
+  HORA_CHECK(hora__gpu_is_device(r->sendbuf, &send_dev));
+  HORA_CHECK(hora__gpu_is_device(r->recvbuf, &recv_dev));
+  if (r->meta.count > 0 && send_dev != recv_dev) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: %s is device memory but %s is host memory", call,
+                       send_dev ? "sendbuf" : "recvbuf", send_dev ? "recvbuf" : "sendbuf");
+  }
+  r->meta.device = send_dev || recv_dev;
+  if (r->stream) {
+    if (!r->meta.device && r->meta.count > 0) {
+      return hora__error(HORA_ERR_INVALID_ARG,
+                         "%s: a stream is given, but the buffers are host memory", call);
+    }
+    HORA_CHECK(hora__gpu_record_event(r->stream, &r->ready_event));
+    HORA_CHECK(hora__gpu_event_create(&r->done_event));
+  }
+  return HORA_SUCCESS;
+}
+
 static int submit(struct hora__runtime *rt, struct hora_request *r, const char *name,
                   hora_request **out) {
   int rc = HORA_SUCCESS;
   char shown[300];
   r->submit_ns = hora__now_ns();
+  rc = classify_memory(r, hora__kind_name(r->meta.kind));
+  if (rc != HORA_SUCCESS) {
+    request_free(r);
+    return rc;
+  }
   pthread_mutex_lock(&rt->mu);
   if (!rt->accepting || atomic_load(&rt->fatal_code) != HORA_SUCCESS) {
     rc = hora__runtime_fatal(rt);
@@ -395,6 +430,16 @@ fail:
 static int finish(hora_request **req) {
   struct hora_request *r = *req;
   int status = r->status;
+  /* A stream-ordered request completes once queued on the GPU; a plain
+   * wait also waits for its results (the host sleeps meanwhile). */
+  if (status == HORA_SUCCESS && r->done_event) {
+    status = hora__gpu_event_sync(r->done_event);
+    if (status != HORA_SUCCESS) {
+      request_free(r);
+      *req = NULL;
+      return status;
+    }
+  }
   if (status != HORA_SUCCESS) {
     hora__error_set_message(r->error);
   }
@@ -447,12 +492,12 @@ HORA_EXTERN int hora_test(hora_request **req, int *done) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_test: %s is NULL",
                        !req ? "req" : !*req ? "*req" : "done");
   }
-  if (!atomic_load_explicit(&(*req)->done, memory_order_acquire)) {
-    *done = 0;
-    return HORA_SUCCESS;
+  bool happened = atomic_load_explicit(&(*req)->done, memory_order_acquire);
+  if (happened && (*req)->status == HORA_SUCCESS && (*req)->done_event) {
+    HORA_CHECK(hora__gpu_event_query((*req)->done_event, &happened));
   }
-  *done = 1;
-  return finish(req);
+  *done = happened;
+  return happened ? finish(req) : HORA_SUCCESS;
 }
 
 /* ---- collectives ----------------------------------------------------------------- */
@@ -486,6 +531,12 @@ static int compression_setting(void) {
 HORA_EXTERN int hora_allreduce_async_ex(const char *name, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype dtype, hora_op op,
                                         const hora_allreduce_options *opts, hora_request **req) {
+  return hora__allreduce_submit(name, sendbuf, recvbuf, count, dtype, op, opts, NULL, req);
+}
+
+int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
+                           hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
+                           void *stream, hora_request **req) {
   hora__error_clear();
   HORA_CHECK(check_common("hora_allreduce_async", name, count, dtype, req, 1));
   if (!hora__op_valid((int)op)) {
@@ -534,6 +585,7 @@ HORA_EXTERN int hora_allreduce_async_ex(const char *name, const void *sendbuf, v
   r->meta.compression = (uint8_t)(dtype == HORA_FLOAT32 || dtype == HORA_FLOAT64 ? compression : 0);
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
+  r->stream = stream;
   return submit(rt, r, name, req);
 }
 
@@ -545,6 +597,11 @@ HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void
 
 HORA_EXTERN int hora_broadcast_async(const char *name, void *buf, size_t count, hora_dtype dtype,
                                      int root, hora_request **req) {
+  return hora__broadcast_submit(name, buf, count, dtype, root, NULL, req);
+}
+
+int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype dtype, int root,
+                           void *stream, hora_request **req) {
   hora__error_clear();
   HORA_CHECK(check_common("hora_broadcast_async", name, count, dtype, req, 1));
   if (count > 0 && !buf) {
@@ -569,11 +626,17 @@ HORA_EXTERN int hora_broadcast_async(const char *name, void *buf, size_t count, 
   r->meta.root = root;
   r->sendbuf = buf;
   r->recvbuf = buf;
+  r->stream = stream;
   return submit(rt, r, name, req);
 }
 
 HORA_EXTERN int hora_allgather_async(const char *name, const void *sendbuf, size_t count,
                                      hora_dtype dtype, void *recvbuf, hora_request **req) {
+  return hora__allgather_submit(name, sendbuf, count, dtype, recvbuf, NULL, req);
+}
+
+int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, hora_dtype dtype,
+                           void *recvbuf, void *stream, hora_request **req) {
   hora__error_clear();
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt = running(&rc, "hora_allgather_async");
@@ -596,7 +659,42 @@ HORA_EXTERN int hora_allgather_async(const char *name, const void *sendbuf, size
   r->meta.count = count;
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
+  r->stream = stream;
   return submit(rt, r, name, req);
+}
+
+/* hora_wait_stream (hora_cuda.h): the caller's stream waits for the
+ * results; the host waits only until the operation is queued. */
+int hora__wait_stream(hora_request **req, void *stream) {
+  hora__error_clear();
+  if (!req || !*req) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_wait_stream: %s is NULL", req ? "*req" : "req");
+  }
+  struct hora_request *r = *req;
+  if (!r->done_event) {
+    return hora_wait(req); /* not stream-ordered: a plain wait */
+  }
+  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    int rc = HORA_SUCCESS;
+    struct hora__runtime *rt = running(&rc, "hora_wait_stream");
+    if (!rt) {
+      return rc;
+    }
+    pthread_mutex_lock(&rt->mu);
+    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+      pthread_cond_wait(&rt->done_cv, &rt->mu);
+    }
+    pthread_mutex_unlock(&rt->mu);
+  }
+  int status = r->status;
+  if (status == HORA_SUCCESS) {
+    status = hora__gpu_stream_wait_event(stream, r->done_event);
+  } else {
+    hora__error_set_message(r->error);
+  }
+  request_free(r);
+  *req = NULL;
+  return status;
 }
 
 HORA_EXTERN int hora_allreduce(const char *name, const void *sendbuf, void *recvbuf, size_t count,

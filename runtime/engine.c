@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "../comm/collectives.h"
+#include "../comm/gpu.h"
 #include "../comm/reduce.h"
 #include "cache.h"
 #include "log.h"
@@ -59,6 +60,9 @@ struct hora__engine {
   uint64_t frames_in;  /* control frames handled so far */
   bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
   uint64_t seen_seq;   /* rt->submit_seq when the queue was last taken */
+  struct hora__gpu *gpu; /* device data plane, set up by the first device op */
+  void **ready, **done;  /* per tensor of a device response */
+  uint32_t events_cap;
 };
 
 static void engine_free(struct hora__engine *e) {
@@ -80,6 +84,9 @@ static void engine_free(struct hora__engine *e) {
   free(e->iov_in);
   free(e->iov_out);
   free(e->reqs);
+  hora__gpu_destroy(e->gpu);
+  free(e->ready);
+  free(e->done);
   free(e);
 }
 
@@ -610,6 +617,71 @@ static int verify(struct hora__engine *e, const struct hora__response *r, size_t
   return rc;
 }
 
+/* Device buffers: the device data plane, on the runtime's stream. A
+ * joined rank's stand-ins are device memory there (NULL entries here). */
+static int run_device_collective(struct hora__engine *e, const struct hora__response *r,
+                                 size_t total, size_t bytes) {
+  hora__comm *c = e->comm;
+  if (e->events_cap < r->ntensors) {
+    void **ready = realloc(e->ready, r->ntensors * sizeof(void *));
+    void **done = ready ? realloc(e->done, r->ntensors * sizeof(void *)) : NULL;
+    if (ready) {
+      e->ready = ready;
+    }
+    if (!ready || !done) {
+      return hora__error(HORA_ERR_NO_MEMORY, "event lists of %u tensors", r->ntensors);
+    }
+    e->done = done;
+    e->events_cap = r->ntensors;
+  }
+  bool wait = false;
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    struct hora_request *q = e->reqs[i];
+    if (!q) {
+      e->iov_in[i].base = e->iov_out[i].base = NULL;
+    }
+    e->ready[i] = q ? q->ready_event : NULL;
+    e->done[i] = q ? q->done_event : NULL;
+    wait = wait || !q || !q->done_event;
+  }
+  struct hora__coll_opts opts = {
+      .prescale = r->prescale,
+      .divisor = r->op == HORA_AVERAGE ? c->size : 0,
+      .postscale = r->postscale,
+      .phase = on_phase,
+      .phase_arg = e,
+  };
+  struct hora__gpu_op op = {
+      .kind = r->kind,
+      .in = e->iov_in,
+      .out = e->iov_out,
+      .n = (int)r->ntensors,
+      .count = total,
+      .dtype = (hora_dtype)r->dtype,
+      .op = (hora_op)r->op,
+      .root = r->root,
+      .opts = &opts,
+      .ready = e->ready,
+      .done = e->done,
+      .wait = wait,
+  };
+  if (r->kind == HORA_KIND_ALLGATHER) {
+    struct hora_request *q = e->reqs[0];
+    e->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
+    e->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
+  }
+  e->current = r;
+  e->copy_ns = 0;
+  timeline_all(r, NULL);
+  uint64_t start = hora__now_ns();
+  int rc = hora__gpu_collective(c, &e->gpu, &op);
+  e->current = NULL;
+  HORA_CHECK(rc);
+  account(e, r, start, hora__now_ns() - start);
+  complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
+  return HORA_SUCCESS;
+}
+
 static int run_collective(struct hora__engine *e, const struct hora__response *r) {
   hora__comm *c = e->comm;
   hora_dtype dt = (hora_dtype)r->dtype;
@@ -644,6 +716,9 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
     }
     total += r->tensors[i].count;
     bytes += b;
+  }
+  if (r->device) {
+    return run_device_collective(e, r, total, bytes);
   }
   struct hora__coll_opts opts = {
       .prescale = r->prescale,

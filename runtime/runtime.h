@@ -26,6 +26,11 @@ struct hora_request {
   const void *sendbuf;
   void *recvbuf;
   uint64_t submit_ns;
+  /* Device buffers given with a caller's stream (hora_cuda.h): the runtime
+   * stream waits for `ready`; the request completes once the operation is
+   * queued on the GPU, and `done` marks when its results are written. */
+  void *stream;
+  void *ready_event, *done_event;
   /* Coordinator only: how this rank announced it (cache slot and version,
    * or -1 when sent in full), to answer rank 0's RESEND. */
   int32_t sent_slot;
@@ -91,6 +96,17 @@ int hora__runtime_fatal(struct hora__runtime *rt);
  * from the in-flight table and publishes the result. */
 void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
                                    const char *msg);
+
+/* api.c: the collectives, with an optional caller's stream (a
+ * cudaStream_t; NULL for none), for api_cuda.c. */
+int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
+                           hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
+                           void *stream, hora_request **req);
+int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype dtype, int root,
+                           void *stream, hora_request **req);
+int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, hora_dtype dtype,
+                           void *recvbuf, void *stream, hora_request **req);
+int hora__wait_stream(hora_request **req, void *stream);
 
 /* engine.c */
 int hora__engine_start(struct hora__runtime *rt);
