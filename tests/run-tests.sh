@@ -67,6 +67,10 @@ timeout_s=${HORA_TEST_TIMEOUT:-300}
 run_mpi() { # name np settings command...
   name=$1 np=$2 settings=$3
   shift 3
+  if [ ! -x "$1" ] && [ "${1##*/}" = test_gpu ] && [ "$HAVE_CUDA" != yes ]; then
+    echo "SKIP np=$np $name: configure found no CUDA, so the device tests were not built" | tee -a "$results"
+    return
+  fi
   out="$work/out" err="$work/err"
   timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" </dev/null >"$out" 2>"$err"
   rc=$?
