@@ -16,6 +16,8 @@
  *   - --fp16-allreduce sends gradients as fp16
  *   - rank 0 evaluates on the test set every epoch and writes a checkpoint
  *     that --resume continues from
+ *   - --device cuda (builds with CUDA) keeps the model on the GPU (cuBLAS)
+ *     and allreduces device buffers, ordered on the trainer's stream
  *
  *   mpirun -np 16 examples/train
  */
@@ -32,6 +34,9 @@
 #include <zlib.h>
 
 #include "hora.h"
+#if HORA_TRAIN_CUDA
+#include "train_gpu.h"
+#endif
 
 /* ---- options -------------------------------------------------------------- */
 
@@ -49,6 +54,7 @@ struct options {
   int resume;
   int print_steps; /* print the loss of the first N steps (for testing) */
   int max_steps;   /* stop after N optimizer steps (0: no limit) */
+  int cuda;        /* --device cuda */
 };
 
 static void usage(FILE *f) {
@@ -70,6 +76,8 @@ static void usage(FILE *f) {
           "  --resume              continue from --checkpoint\n"
           "  --print-steps N       print the global loss of the first N steps\n"
           "  --max-steps N         stop after N optimizer steps\n"
+          "  --device cpu|cuda     where the model lives (default cpu; cuda needs a build\n"
+          "                        with CUDA and a GPU per rank, or ranks sharing one)\n"
           "  --help                this text\n"
           "Rank 0 prints one line per epoch; the last line is test_accuracy=0.XXXX.\n");
 }
@@ -92,6 +100,7 @@ static int parse_options(int argc, char **argv, struct options *o) {
       {"data-dir", required_argument, 0, 'd'},    {"checkpoint", required_argument, 0, 'c'},
       {"resume", no_argument, 0, 'r'},            {"print-steps", required_argument, 0, 'p'},
       {"max-steps", required_argument, 0, 'x'},   {"help", no_argument, 0, 'h'},
+      {"device", required_argument, 0, 'g'},
       {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -109,6 +118,13 @@ static int parse_options(int argc, char **argv, struct options *o) {
       case 'r': o->resume = 1; break;
       case 'p': o->print_steps = atoi(optarg); break;
       case 'x': o->max_steps = atoi(optarg); break;
+      case 'g':
+        if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
+          usage(stderr);
+          return -1;
+        }
+        o->cuda = strcmp(optarg, "cuda") == 0;
+        break;
       case 'h': usage(stdout); exit(0);
       default: usage(stderr); return -1;
     }
@@ -124,6 +140,7 @@ static int parse_options(int argc, char **argv, struct options *o) {
 /* ---- errors ----------------------------------------------------------------- */
 
 static int rank = -1, nranks = 1;
+static int on_gpu; /* the model's buffers are device memory */
 
 #define CHECK(call)                                                                          \
   do {                                                                                       \
@@ -263,6 +280,7 @@ struct model {
   float *delta;            /* gradient w.r.t. a layer's output, reused */
   float *delta2;
   int cap;                 /* batch capacity of the buffers */
+  float *host_in;          /* on the GPU: the batch is built here, then copied */
 };
 
 static void model_init(struct model *m, int cap, unsigned seed) {
@@ -293,6 +311,15 @@ static void model_init(struct model *m, int cap, unsigned seed) {
 
 /* act[k+1] = relu(act[k] w + b), the last layer without relu. */
 static void forward(struct model *m, int n) {
+#if HORA_TRAIN_CUDA
+  if (on_gpu) {
+    for (int k = 0; k < NLAYERS; k++) {
+      struct layer *L = &m->l[k];
+      gpu_dense_forward(m->act[k], L->w, L->b, m->act[k + 1], n, L->in, L->out, k < NLAYERS - 1);
+    }
+    return;
+  }
+#endif
   for (int k = 0; k < NLAYERS; k++) {
     struct layer *L = &m->l[k];
     float *out = m->act[k + 1];
@@ -314,6 +341,17 @@ static void forward(struct model *m, int n) {
  * gradient w.r.t. the logits (already divided by n) in m->delta. */
 static double softmax_xent(struct model *m, const uint8_t *labels, const int *idx, int n,
                            int *correct) {
+#if HORA_TRAIN_CUDA
+  if (on_gpu) {
+    uint8_t *y = xmalloc((size_t)n);
+    for (int i = 0; i < n; i++) {
+      y[i] = labels[idx[i]];
+    }
+    double loss = gpu_softmax_xent(m->act[NLAYERS], y, n, m->delta, correct);
+    free(y);
+    return loss;
+  }
+#endif
   const float *z = m->act[NLAYERS];
   double loss = 0;
   int ok = 0;
@@ -360,6 +398,14 @@ struct exchange {
 };
 
 static void submit_layer(struct exchange *x, struct layer *L, int k) {
+#if HORA_TRAIN_CUDA
+  if (on_gpu) {
+    CHECK(gpu_allreduce_async(grad_names[k][0], L->gw, (size_t)L->in * (size_t)L->out, &x->opts,
+                              &x->req[k][0]));
+    CHECK(gpu_allreduce_async(grad_names[k][1], L->gb, (size_t)L->out, &x->opts, &x->req[k][1]));
+    return;
+  }
+#endif
   CHECK(hora_allreduce_async_ex(grad_names[k][0], L->gw, L->gw, (size_t)L->in * (size_t)L->out,
                                 HORA_FLOAT32, HORA_AVERAGE, &x->opts, &x->req[k][0]));
   CHECK(hora_allreduce_async_ex(grad_names[k][1], L->gb, L->gb, (size_t)L->out, HORA_FLOAT32,
@@ -384,6 +430,21 @@ static void wait_all(struct exchange *x) {
 static void backward(struct model *m, int n, int accum, struct exchange *x, int submit) {
   float *d = m->delta, *d2 = m->delta2;
   float s = 1.0f / (float)accum; /* a micro-batch's share of the step's gradient */
+#if HORA_TRAIN_CUDA
+  if (on_gpu) {
+    for (int k = NLAYERS - 1; k >= 0; k--) {
+      struct layer *L = &m->l[k];
+      gpu_dense_backward(m->act[k], d, L->w, L->gw, L->gb, k > 0 ? d2 : NULL, n, L->in, L->out, s);
+      if (submit) {
+        submit_layer(x, L, k); /* ordered after the kernels above on the stream */
+      }
+      float *t = d;
+      d = d2;
+      d2 = t;
+    }
+    return;
+  }
+#endif
   for (int k = NLAYERS - 1; k >= 0; k--) {
     struct layer *L = &m->l[k];
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L->in, L->out, n, s, m->act[k], L->in, d,
@@ -420,6 +481,13 @@ static void sgd_step(struct model *m, double lr, double momentum) {
     struct layer *L = &m->l[k];
     size_t nw = (size_t)L->in * (size_t)L->out;
     float mu = (float)momentum, eta = (float)lr;
+#if HORA_TRAIN_CUDA
+    if (on_gpu) {
+      gpu_sgd(L->w, L->vw, L->gw, nw, eta, mu);
+      gpu_sgd(L->b, L->vb, L->gb, (size_t)L->out, eta, mu);
+      continue;
+    }
+#endif
     for (size_t i = 0; i < nw; i++) {
       L->vw[i] = mu * L->vw[i] + L->gw[i];
       L->w[i] -= eta * L->vw[i];
@@ -455,6 +523,58 @@ static size_t state_tensors(struct model *m, hora_tensor *t) {
 
 #define CKPT_MAGIC 0x746b6368726f6801ull /* "hora" checkpoint, version 1 */
 
+/* A tensor's values in host memory: its own buffer, or a copy from the GPU. */
+static float *host_copy(const hora_tensor *t) {
+#if HORA_TRAIN_CUDA
+  if (on_gpu) {
+    float *h = xmalloc(t->count * 4);
+    gpu_download(h, t->buf, t->count);
+    return h;
+  }
+#endif
+  return t->buf;
+}
+
+/* The model's buffers move to the GPU (weights as initialised here). */
+static void model_to_gpu(struct model *m) {
+#if HORA_TRAIN_CUDA
+  for (int k = 0; k < NLAYERS; k++) {
+    struct layer *L = &m->l[k];
+    size_t nw = (size_t)L->in * (size_t)L->out, nb = (size_t)L->out;
+    float **host[6] = {&L->w, &L->b, &L->gw, &L->gb, &L->vw, &L->vb};
+    size_t len[6] = {nw, nb, nw, nb, nw, nb};
+    for (int j = 0; j < 6; j++) {
+      float *d = gpu_upload(*host[j], len[j]);
+      free(*host[j]);
+      *host[j] = d;
+    }
+  }
+  m->host_in = m->act[0];
+  for (int k = 0; k <= NLAYERS; k++) {
+    m->act[k] = gpu_zeros((size_t)m->cap * (size_t)widths[k]);
+  }
+  free(m->delta);
+  free(m->delta2);
+  m->delta = gpu_zeros((size_t)m->cap * 512);
+  m->delta2 = gpu_zeros((size_t)m->cap * 512);
+  on_gpu = 1;
+#else
+  (void)m;
+#endif
+}
+
+/* The batch's inputs into act[0] (through host_in on the GPU). */
+static void load_batch(struct model *m, const struct dataset *d, const int *idx, int n) {
+#if HORA_TRAIN_CUDA
+  if (on_gpu) {
+    batch_input(d, idx, n, m->host_in);
+    gpu_copy_in(m->act[0], m->host_in, (size_t)n * (size_t)d->dim);
+    return;
+  }
+#endif
+  batch_input(d, idx, n, m->act[0]);
+}
+
 static void save_checkpoint(struct model *m, const char *path, int32_t next_epoch, int64_t step) {
   char tmp[4200];
   snprintf(tmp, sizeof(tmp), "%s.tmp", path);
@@ -469,7 +589,11 @@ static void save_checkpoint(struct model *m, const char *path, int32_t next_epoc
   hora_tensor t[4 * NLAYERS];
   size_t n = state_tensors(m, t);
   for (size_t i = 0; i < n && ok; i++) {
-    ok = fwrite(t[i].buf, 4, t[i].count, f) == t[i].count;
+    float *h = host_copy(&t[i]);
+    ok = fwrite(h, 4, t[i].count, f) == t[i].count;
+    if (h != t[i].buf) {
+      free(h);
+    }
   }
   if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
     fprintf(stderr, "train: writing checkpoint %s failed: %s\n", path, strerror(errno));
@@ -489,7 +613,14 @@ static void load_checkpoint(struct model *m, const char *path, int32_t *next_epo
     ok = f && fread(&magic, 8, 1, f) == 1 && magic == CKPT_MAGIC && fread(&e, 4, 1, f) == 1 &&
          fread(&meta[1], 8, 1, f) == 1;
     for (size_t i = 0; i < n && ok; i++) {
-      ok = fread(t[i].buf, 4, t[i].count, f) == t[i].count;
+      float *h = on_gpu ? xmalloc(t[i].count * 4) : t[i].buf;
+      ok = fread(h, 4, t[i].count, f) == t[i].count;
+#if HORA_TRAIN_CUDA
+      if (on_gpu) {
+        gpu_copy_in(t[i].buf, h, t[i].count);
+        free(h);
+      }
+#endif
     }
     if (f) {
       fclose(f);
@@ -515,7 +646,7 @@ static double evaluate(struct model *m, const struct dataset *test, int cap) {
     for (int i = 0; i < n; i++) {
       idx[i] = at + i;
     }
-    batch_input(test, idx, n, m->act[0]);
+    load_batch(m, test, idx, n);
     forward(m, n);
     int ok;
     softmax_xent(m, test->y, idx, n, &ok);
@@ -537,6 +668,16 @@ int main(int argc, char **argv) {
   nranks = hora_size();
   /* One BLAS thread per rank: the ranks already fill the cores. */
   openblas_set_num_threads(1);
+  if (o.cuda) {
+#if HORA_TRAIN_CUDA
+    char why[256];
+    if (gpu_setup(hora_local_rank(), why, sizeof(why)) != 0) {
+      die("--device cuda: %s", why);
+    }
+#else
+    die("--device cuda: %s", "this build has no CUDA (configure found none)");
+#endif
+  }
 
   struct dataset train, test;
   load(o.data_dir, "train", &train);
@@ -545,6 +686,9 @@ int main(int argc, char **argv) {
   int cap = o.batch > 1000 ? o.batch : 1000;
   struct model m;
   model_init(&m, cap, o.seed + (unsigned)rank * 1000003u); /* different on every rank */
+  if (o.cuda) {
+    model_to_gpu(&m);
+  }
   hora_tensor state[4 * NLAYERS];
   size_t nstate = state_tensors(&m, state);
   CHECK(hora_broadcast_parameters(state, nstate, 0)); /* ... and rank 0's win */
@@ -570,9 +714,9 @@ int main(int argc, char **argv) {
   int stop = 0;
   if (rank == 0) {
     printf("train: %d ranks, %d samples per rank per step (global %d), %d accumulation step(s), "
-           "lr %.4g -> %.4g, %s allreduce\n",
+           "lr %.4g -> %.4g, %s allreduce, model on the %s\n",
            nranks, o.batch, global * o.accum_steps, o.accum_steps, o.lr, peak_lr,
-           o.fp16 ? "fp16" : "float32");
+           o.fp16 ? "fp16" : "float32", on_gpu ? "GPU" : "CPU");
     fflush(stdout);
   }
   for (int epoch = first_epoch; epoch < o.epochs && !stop; epoch++) {
@@ -588,7 +732,7 @@ int main(int argc, char **argv) {
       if (n == 0) {
         break; /* out of data: join below and serve the others */
       }
-      batch_input(&train, perm + begin, n, m.act[0]);
+      load_batch(&m, &train, perm + begin, n);
       forward(&m, n);
       double loss = softmax_xent(&m, train.y, perm + begin, n, NULL);
       int last_micro = ++micro == o.accum_steps || at + global >= train.n;
@@ -624,6 +768,11 @@ int main(int argc, char **argv) {
      * serving the others' allreduces with zeros. Joined ranks missed the
      * last steps, so the last rank to join has the final state. */
     int last = -1;
+#if HORA_TRAIN_CUDA
+    if (on_gpu) {
+      gpu_sync(); /* the optimizer's kernels: the broadcast below reads the weights */
+    }
+#endif
     CHECK(hora_join(&last));
     CHECK(hora_broadcast_parameters(state, nstate, last));
     long all_samples = 0;
@@ -648,5 +797,10 @@ int main(int argc, char **argv) {
     printf("test_accuracy=%.4f\n", accuracy);
   }
   CHECK(hora_finalize());
+#if HORA_TRAIN_CUDA
+  if (on_gpu) {
+    gpu_teardown();
+  }
+#endif
   return 0;
 }
