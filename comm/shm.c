@@ -78,7 +78,10 @@ static int map_segment(struct hora__shm *s, pid_t leader_pid, int leader_fd, int
       return hora__error_errno(HORA_ERR_SYSTEM, "open %s (the host's shared segment)", path);
     }
   }
-  void *p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  /* Every page mapped now: no page faults in the first collectives, and
+   * the resident set does not creep up later as bigger pieces first reach
+   * further into the segment. */
+  void *p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   if (fd != my_fd) {
     close(fd);

@@ -39,8 +39,8 @@ HORA_TEST_SUMMARY=$summary make check-rdma || status=1
 
 note "valgrind: no leak or memory error from hora"
 HORA_TEST_SUMMARY=$summary make check-valgrind || status=1
-note "fuzzing the wire decoders (libFuzzer, ${HORA_FUZZ_SECONDS:-20} s per target)"
-HORA_TEST_SUMMARY=$summary make check-fuzz FUZZ_SECONDS="${HORA_FUZZ_SECONDS:-20}" || status=1
+note "fuzzing the wire decoders (libFuzzer, ${HORA_FUZZ_SECONDS:-10} s per target)"
+HORA_TEST_SUMMARY=$summary make check-fuzz FUZZ_SECONDS="${HORA_FUZZ_SECONDS:-10}" || status=1
 
 # Sanitizer builds work on a copy: a source tree configured in place cannot
 # also host out-of-tree builds.

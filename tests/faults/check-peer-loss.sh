@@ -4,11 +4,12 @@
 # must report HORA_ERR_PEER_LOST naming the dead rank within 10 s. Over
 # shared memory and over sockets, with a worker and with rank 0 as victim.
 # A stopped (SIGSTOP) rank instead makes the survivors time out through
-# the stall shutdown.
-# usage: check-peer-loss.sh BUILDDIR [TRANSPORTS]   (prints PASS/FAIL lines)
+# the stall shutdown, or, without one, be found lost by the heartbeats.
+# usage: check-peer-loss.sh BUILDDIR [TRANSPORTS [MODES]]   (prints PASS/FAIL lines)
 #        TRANSPORTS: HORA_TRANSPORT values to try (default "auto tcp"; the
 #        RDMA check runs "ib" in the soft-RoCE VM); the stopped-rank case
-#        runs with the default transports only.
+#        runs with the default transports only. MODES: ways to die (default
+#        "exit kill segv").
 set -u
 builddir=$(cd "$1" && pwd)
 . "$builddir/tests/config.sh"
@@ -55,7 +56,7 @@ scenario() { # label expected-survivor-lines args...
 transports=${2:-auto tcp}
 for transport in $transports; do
   for victim in 1 0; do
-    for mode in exit kill segv; do
+    for mode in ${3:-exit kill segv}; do
       scenario "$transport/$mode/victim$victim" $((np - 1)) "$victim" "$mode" HORA_TRANSPORT=$transport
     done
   done
@@ -63,4 +64,7 @@ done
 # Alive but silent: the stall shutdown turns it into HORA_ERR_TIMEOUT.
 [ -n "${2:-}" ] && exit 0
 scenario "stop/victim2" $((np - 1)) 2 stop HORA_STALL_CHECK_TIME_SECONDS=1 HORA_STALL_SHUTDOWN_TIME_SECONDS=3
+# Alive but silent, no stall shutdown: the heartbeats find it lost.
+scenario "silent/victim2" $((np - 1)) 2 silent HORA_PEER_TIMEOUT_SECONDS=4
+scenario "silent/victim0" $((np - 1)) 0 silent HORA_PEER_TIMEOUT_SECONDS=4
 exit 0

@@ -3,10 +3,12 @@
  * Run under a launcher that leaves the survivors alone (mpirun --mca
  * orte_abort_on_non_zero_status 0, srun --kill-on-bad-exit=0).
  *
- * usage: test_peer_loss VICTIM exit|kill|segv|stop [HORA_X=value ...]
+ * usage: test_peer_loss VICTIM exit|kill|segv|stop|silent [HORA_X=value ...]
  * Each survivor prints its own line: PASS|FAIL peer_loss/... (seconds).
  * ("stop" sends the victim SIGSTOP: alive but silent; survivors must then
- * get HORA_ERR_TIMEOUT from the stall shutdown the caller configures.) */
+ * get HORA_ERR_TIMEOUT from the stall shutdown the caller configures;
+ * "silent" stops it too, and the survivors must find it lost through the
+ * heartbeats, HORA_PEER_TIMEOUT_SECONDS.) */
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,8 +28,10 @@ static double now(void) {
 /* What hora leaves behind: threads named hora-*, mappings of its shared
  * memory. (MPI's own threads and sockets stay: hora started MPI and, after
  * a fatal error, leaves it alone.) */
-static int hora_leftovers(void) {
-  int n = 0;
+static int hora_leftovers(char *what, size_t n) {
+  int count = 0;
+  size_t used = 0;
+  what[0] = '\0';
   DIR *d = opendir("/proc/self/task");
   struct dirent *de;
   while (d && (de = readdir(d))) {
@@ -35,7 +39,11 @@ static int hora_leftovers(void) {
     snprintf(path, sizeof(path), "/proc/self/task/%s/comm", de->d_name);
     FILE *f = de->d_name[0] != '.' ? fopen(path, "r") : NULL;
     if (f) {
-      n += fgets(name, sizeof(name), f) && !strncmp(name, "hora", 4);
+      if (fgets(name, sizeof(name), f) && !strncmp(name, "hora", 4)) {
+        count++;
+        name[strcspn(name, "\n")] = '\0';
+        used += (size_t)snprintf(what + used, used < n ? n - used : 0, "thread %s; ", name);
+      }
       fclose(f);
     }
   }
@@ -45,12 +53,16 @@ static int hora_leftovers(void) {
   FILE *f = fopen("/proc/self/maps", "r");
   char line[1024];
   while (f && fgets(line, sizeof(line), f)) {
-    n += strstr(line, "memfd:hora") != NULL;
+    if (strstr(line, "memfd:hora")) {
+      count++;
+      line[strcspn(line, "\n")] = '\0';
+      used += (size_t)snprintf(what + used, used < n ? n - used : 0, "mapping %s; ", line);
+    }
   }
   if (f) {
     fclose(f);
   }
-  return n;
+  return count;
 }
 
 static void die(const char *mode) {
@@ -63,7 +75,7 @@ static void die(const char *mode) {
     signal(SIGSEGV, SIG_DFL);
     int *volatile nowhere = NULL; /* a real fault, not raise() */
     *nowhere = 1;
-  } else if (!strcmp(mode, "stop")) {
+  } else if (!strcmp(mode, "stop") || !strcmp(mode, "silent")) {
     raise(SIGSTOP);
   }
   _exit(4);
@@ -71,7 +83,7 @@ static void die(const char *mode) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_peer_loss VICTIM exit|kill|segv|stop [HORA_X=value ...]\n");
+    fprintf(stderr, "usage: test_peer_loss VICTIM exit|kill|segv|stop|silent [HORA_X=value ...]\n");
     return 2;
   }
   for (int i = 3; i < argc; i++) {
@@ -126,11 +138,18 @@ int main(int argc, char **argv) {
     fflush(stdout);
     /* Later calls fail the same way, and finalize does not hang. */
     double t0 = now();
-    int later = hora_barrier(), fin = hora_finalize(), left = hora_leftovers();
+    char what[1024];
+    int later = hora_barrier(), fin = hora_finalize(), left = hora_leftovers(what, sizeof(what));
+    /* A joined thread can stay listed in /proc for a moment while the
+     * kernel finishes its exit: look again for up to a second. */
+    for (int i = 0; left && i < 100; i++) {
+      usleep(10000);
+      left = hora_leftovers(what, sizeof(what));
+    }
     if (later != rc || fin != rc || now() - t0 > 5 || left) {
       printf("FAIL peer_loss/%s/victim%d/rank%d/afterwards (barrier %d, finalize %d, %.1f s, "
-             "%d hora threads or mappings left)\n",
-             mode, victim, rank, later, fin, now() - t0, left);
+             "%d hora threads or mappings left: %s)\n",
+             mode, victim, rank, later, fin, now() - t0, left, what);
     }
     fflush(stdout);
     /* Linger: a survivor that exits early can make the launcher kill the
