@@ -8,15 +8,19 @@
 
 #include "common.h"
 
-/* Four independent multiply-accumulate lanes keep the multiplier busy
- * (about one 8-byte word per cycle); the lanes and the length are mixed at
- * the end. Position matters: swapped words change the sum. */
+/* Fletcher-style sums over four interleaved lanes of 64-bit words: s1 sums
+ * the words (any flipped bit changes it), s2 sums the running s1 (words in
+ * the wrong place change it). Two adds per word and no multiply, so the
+ * check runs at memory speed; the lanes, sums and length are mixed once at
+ * the end. */
 static inline uint64_t mix(uint64_t h, uint64_t w) {
-  return (h ^ w) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  h ^= w;
+  h *= 0x9E3779B97F4A7C15ull;
+  return h ^ (h >> 29);
 }
 
 uint64_t hora__checksum(const struct hora__iov *v, int n) {
-  uint64_t lane[4] = {1, 2, 3, 4};
+  uint64_t s1[4] = {1, 2, 3, 4}, s2[4] = {0, 0, 0, 0};
   uint64_t total = 0;
   uint8_t tail[32];
   size_t tail_len = 0;
@@ -32,7 +36,8 @@ uint64_t hora__checksum(const struct hora__iov *v, int n) {
         for (int k = 0; k < 4; k++) {
           uint64_t w;
           memcpy(&w, tail + 8 * k, 8);
-          lane[k] = mix(lane[k], w);
+          s1[k] += w;
+          s2[k] += s1[k];
         }
         tail_len = 0;
       }
@@ -41,7 +46,8 @@ uint64_t hora__checksum(const struct hora__iov *v, int n) {
       for (int k = 0; k < 4; k++) {
         uint64_t w;
         memcpy(&w, p + 8 * k, 8);
-        lane[k] = mix(lane[k], w);
+        s1[k] += w;
+        s2[k] += s1[k];
       }
     }
     memcpy(tail + tail_len, p, len);
@@ -52,8 +58,8 @@ uint64_t hora__checksum(const struct hora__iov *v, int n) {
     h = mix(h, tail[i]);
   }
   for (int k = 0; k < 4; k++) {
-    h = mix(h, lane[k]);
-    h ^= h >> 29;
+    h = mix(h, s1[k]);
+    h = mix(h, s2[k]);
   }
   return h;
 }
