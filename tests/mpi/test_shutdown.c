@@ -68,6 +68,18 @@ static void take(struct snapshot *s) {
 static struct snapshot before, after;
 static int fatal;
 
+/* HORA_TEST_LINGER=N: print "<what> pid=P" and wait N seconds, so that the
+ * RDMA check can list this process's queue pairs and memory regions from
+ * outside (rdma resource show), while running and after hora_finalize. */
+static void linger(const char *what) {
+  const char *s = getenv("HORA_TEST_LINGER");
+  if (s && atoi(s) > 0) {
+    printf("%s pid=%d\n", what, (int)getpid());
+    fflush(stdout);
+    sleep((unsigned)atoi(s));
+  }
+}
+
 static void work(void) {
   enum { BIG = 4 << 20 };
   float *x = calloc(BIG, sizeof(float));
@@ -75,6 +87,7 @@ static void work(void) {
   MT_OK(hora_allreduce("shutdown/big", x, x, BIG, HORA_FLOAT32, HORA_SUM)); /* rings, shm */
   MT_OK(hora_allreduce("shutdown/small", small, small, 16, HORA_FLOAT32, HORA_SUM));
   MT_OK(hora_broadcast("shutdown/bcast", x, 1000, HORA_FLOAT32, 0));
+  linger("HOLD"); /* RDMA check: resources are held now */
   if (fatal) {
     if (mt_rank == mt_size - 1) {
       MT_OK(hora_abort("shutdown test"));
@@ -121,6 +134,7 @@ int main(int argc, char **argv) {
   }
   mt_run(fatal ? "shutdown/nothing_left_after_fatal_error" : "shutdown/nothing_left_after_finalize",
          nothing_left);
+  linger("LINGER"); /* ... and released now */
   int failures = mt_total_failures();
   MPI_Finalize();
   return failures ? 1 : 0;

@@ -38,6 +38,49 @@ else
   sh "$(dirname "$0")/../faults/check-peer-loss.sh" "$builddir" ib "kill segv" |
     sed -n -E "s#^(PASS|FAIL|SKIP) (peer_loss|faults)#\\1 rdma-\\2#p" | tee -a "$results"
 
+  # Registered memory: while hora runs, `rdma resource show` lists the
+  # processes' queue pairs, memory regions, CQs and PDs; after
+  # hora_finalize (the process still alive) none may be left.
+  count_res() { # pids -> number of qp/mr/cq/pd entries they own
+    n=0
+    for p in $1; do
+      for r in qp mr cq pd; do
+        n=$((n + $(rdma resource show $r 2>/dev/null | grep -cE " pid $p( |$)")))
+      done
+    done
+    echo $n
+  }
+  wait_lines() { # file word count
+    for i in $(seq 1 600); do
+      [ "$(grep -c "^$2 pid=" "$1")" -ge "$3" ] && return 0
+      sleep 0.5
+    done
+    return 1
+  }
+  if ! rdma resource show qp >/dev/null 2>&1; then
+    result "SKIP rdma/resources_released_at_finalize: the rdma tool cannot list resources here"
+  else
+    lout=$(mktemp)
+    HORA_TEST_LINGER=15 "$MPIEXEC" $flags -np 2 "$builddir/tests/mpi/test_shutdown" </dev/null >"$lout" 2>&1 &
+    lpid=$!
+    held=-1 left=-1
+    if wait_lines "$lout" HOLD 2; then
+      held=$(count_res "$(sed -n 's/^HOLD pid=//p' "$lout")")
+      if wait_lines "$lout" LINGER 2; then
+        left=$(count_res "$(sed -n 's/^LINGER pid=//p' "$lout")")
+      fi
+    fi
+    wait $lpid
+    lrc=$?
+    if [ "$held" -gt 0 ] && [ "$left" -eq 0 ] && [ $lrc -eq 0 ] && ! grep -q '^FAIL' "$lout"; then
+      result "PASS rdma/resources_released_at_finalize ($held qp/mr/cq/pd entries while running, 0 after hora_finalize)"
+    else
+      result "FAIL rdma/resources_released_at_finalize (while running $held, after finalize $left, exit $lrc)"
+      tail -n 20 "$lout"
+    fi
+    rm -f "$lout"
+  fi
+
   # Point to point: hora's ib transport against perftest on the same device,
   # five times each, alternating, medians compared. The guest runs about
   # 15 times slower than hardware (TCG), so hora's bounded poll before it

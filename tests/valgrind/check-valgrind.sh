@@ -5,7 +5,7 @@
 # bytes at every run; a report counts as hora's when one of its first frames
 # past the allocator is a hora function (hora_*, hora__*) or a test's code.
 # Prints PASS/FAIL lines and "N passed, N failed, N skipped".
-# usage: check-valgrind.sh BUILDDIR
+# usage: check-valgrind.sh BUILDDIR   (HORA_VALGRIND_ALL=1: every testlist line)
 set -u
 builddir=$(cd "$1" && pwd)
 . "$builddir/tests/config.sh"
@@ -60,8 +60,19 @@ else
   fi
   flags="--oversubscribe --bind-to none"
   [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
-  for t in "test_collectives" "test_engine" "test_join" "test_shutdown" "test_shutdown fatal" \
-           "test_collectives HORA_TRANSPORT=tcp"; do
+  runs="test_collectives|test_engine|test_join|test_shutdown|test_shutdown fatal|test_collectives HORA_TRANSPORT=tcp"
+  if [ -n "${HORA_VALGRIND_ALL:-}" ]; then
+    # Every line of the testlist once, at np=2 (minutes: not in CI).
+    srcdir=$(cd "$(dirname "$0")/../.." && pwd)
+    runs=$(grep -v '^#' "$srcdir/tests/mpi/testlist" | awk 'NF {
+      line = $1; for (i = 2; i <= NF; i++) if ($i !~ /^[0-9]+$/) line = line " " $i; print line }' |
+      sort -u | grep -v '^test_gpu' | paste -sd '|' -)
+  fi
+  IFS_SAVE=$IFS
+  IFS='|'
+  set -- $runs
+  IFS=$IFS_SAVE
+  for t in "$@"; do
     label=$(echo "$t" | tr ' =' '_-')
     rm -f "$work"/vg.*.log
     # shellcheck disable=SC2086
