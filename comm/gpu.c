@@ -458,7 +458,6 @@ static ncclRedOp_t nccl_op(hora_op op) {
   } while (0)
 
 static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op) {
-  size_t esize = hora_dtype_size(op->dtype);
   const struct hora__coll_opts *o = op->opts;
   if (op->kind == HORA_KIND_ALLGATHER) {
     phase(op, "NCCL_ALLGATHER");
@@ -508,7 +507,6 @@ static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_o
     HORA_CHECK(pack(c, g, op->out, op->n, buf, false));
     phase(op, NULL);
   }
-  (void)esize;
   return HORA_SUCCESS;
 }
 #endif

@@ -448,8 +448,8 @@ static int finish(hora_request **req) {
   return status;
 }
 
-static int wait_request(struct hora__runtime *rt, hora_request **req) {
-  struct hora_request *r = *req;
+/* Until the coordinator has completed r. */
+static void wait_done(struct hora__runtime *rt, struct hora_request *r) {
   /* A short bounded poll catches fast completions without a sleep and a
    * wake-up; oversubscribed hosts skip it (spin_us is 0 there). */
   if (rt && rt->comm->spin_us > 0 && !atomic_load_explicit(&r->done, memory_order_acquire)) {
@@ -465,6 +465,10 @@ static int wait_request(struct hora__runtime *rt, hora_request **req) {
     }
     pthread_mutex_unlock(&rt->mu);
   }
+}
+
+static int wait_request(struct hora__runtime *rt, hora_request **req) {
+  wait_done(rt, *req);
   return finish(req);
 }
 
@@ -680,11 +684,7 @@ int hora__wait_stream(hora_request **req, void *stream) {
     if (!rt) {
       return rc;
     }
-    pthread_mutex_lock(&rt->mu);
-    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
-      pthread_cond_wait(&rt->done_cv, &rt->mu);
-    }
-    pthread_mutex_unlock(&rt->mu);
+    wait_done(rt, r);
   }
   int status = r->status;
   if (status == HORA_SUCCESS) {

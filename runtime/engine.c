@@ -619,8 +619,8 @@ static int verify(struct hora__engine *e, const struct hora__response *r, size_t
 
 /* Device buffers: the device data plane, on the runtime's stream. A
  * joined rank's stand-ins are device memory there (NULL entries here). */
-static int run_device_collective(struct hora__engine *e, const struct hora__response *r,
-                                 size_t total, size_t bytes) {
+static int run_on_device(struct hora__engine *e, const struct hora__response *r, size_t total,
+                         size_t bytes, const struct hora__coll_opts *opts) {
   hora__comm *c = e->comm;
   if (e->events_cap < r->ntensors) {
     void **ready = realloc(e->ready, r->ntensors * sizeof(void *));
@@ -637,20 +637,15 @@ static int run_device_collective(struct hora__engine *e, const struct hora__resp
   bool wait = false;
   for (uint32_t i = 0; i < r->ntensors; i++) {
     struct hora_request *q = e->reqs[i];
-    if (!q) {
-      e->iov_in[i].base = e->iov_out[i].base = NULL;
-    }
     e->ready[i] = q ? q->ready_event : NULL;
     e->done[i] = q ? q->done_event : NULL;
     wait = wait || !q || !q->done_event;
   }
-  struct hora__coll_opts opts = {
-      .prescale = r->prescale,
-      .divisor = r->op == HORA_AVERAGE ? c->size : 0,
-      .postscale = r->postscale,
-      .phase = on_phase,
-      .phase_arg = e,
-  };
+  if (r->kind == HORA_KIND_ALLGATHER) {
+    struct hora_request *q = e->reqs[0];
+    e->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
+    e->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
+  }
   struct hora__gpu_op op = {
       .kind = r->kind,
       .in = e->iov_in,
@@ -660,40 +655,47 @@ static int run_device_collective(struct hora__engine *e, const struct hora__resp
       .dtype = (hora_dtype)r->dtype,
       .op = (hora_op)r->op,
       .root = r->root,
-      .opts = &opts,
+      .opts = opts,
       .ready = e->ready,
       .done = e->done,
       .wait = wait,
   };
-  if (r->kind == HORA_KIND_ALLGATHER) {
+  return hora__gpu_collective(c, &e->gpu, &op);
+}
+
+static int run_on_host(struct hora__engine *e, const struct hora__response *r, size_t total,
+                       size_t bytes, const struct hora__coll_opts *opts) {
+  hora__comm *c = e->comm;
+  int rc;
+  if (r->kind == HORA_KIND_ALLREDUCE) {
+    rc = hora__allreduce(c, e->iov_in, (int)r->ntensors, e->iov_out, (int)r->ntensors, total,
+                         (hora_dtype)r->dtype, (hora_op)r->op, wire_dtype(r), opts);
+  } else if (r->kind == HORA_KIND_BROADCAST) {
+    rc = hora__broadcast(c, e->iov_out, (int)r->ntensors, bytes, r->root, opts);
+  } else {
     struct hora_request *q = e->reqs[0];
-    e->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
-    e->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
+    on_phase(e, "ALLGATHER");
+    rc = hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
+    on_phase(e, NULL);
   }
-  e->current = r;
-  e->copy_ns = 0;
-  timeline_all(r, NULL);
-  uint64_t start = hora__now_ns();
-  int rc = hora__gpu_collective(c, &e->gpu, &op);
-  e->current = NULL;
-  HORA_CHECK(rc);
-  account(e, r, start, hora__now_ns() - start);
-  complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
-  return HORA_SUCCESS;
+  if (rc == HORA_SUCCESS && hora__params.VERIFY) {
+    rc = verify(e, r, bytes);
+  }
+  return rc;
 }
 
 static int run_collective(struct hora__engine *e, const struct hora__response *r) {
   hora__comm *c = e->comm;
-  hora_dtype dt = (hora_dtype)r->dtype;
-  size_t esize = hora_dtype_size(dt);
+  size_t esize = hora_dtype_size((hora_dtype)r->dtype);
   bool joined;
   HORA_CHECK(gather_requests(e, r, &joined));
   HORA_CHECK(grow_iovs(e, r->ntensors));
   /* A joined rank stands in with zeros for what it did not submit, each
    * tensor in its own place: the algorithm must see the same shape of
-   * buffers on every rank, and peers may read any of them. */
+   * buffers on every rank, and peers may read any of them. (The device
+   * data plane keeps its own stand-ins.) */
   size_t missing = 0;
-  for (uint32_t i = 0; i < r->ntensors; i++) {
+  for (uint32_t i = 0; i < r->ntensors && !r->device; i++) {
     if (!e->reqs[i]) {
       missing += r->tensors[i].count * esize;
     }
@@ -709,6 +711,8 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
     if (q) {
       e->iov_in[i] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, b};
       e->iov_out[i] = (struct hora__iov){q->recvbuf, b};
+    } else if (r->device) {
+      e->iov_in[i] = e->iov_out[i] = (struct hora__iov){NULL, b};
     } else {
       e->iov_in[i] = (struct hora__iov){(char *)e->zeros + stand_in, b};
       e->iov_out[i] = (struct hora__iov){(char *)e->junk + stand_in, b};
@@ -716,9 +720,6 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
     }
     total += r->tensors[i].count;
     bytes += b;
-  }
-  if (r->device) {
-    return run_device_collective(e, r, total, bytes);
   }
   struct hora__coll_opts opts = {
       .prescale = r->prescale,
@@ -731,21 +732,8 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
   e->copy_ns = 0;
   timeline_all(r, NULL); /* QUEUE ends */
   uint64_t start = hora__now_ns();
-  int rc;
-  if (r->kind == HORA_KIND_ALLREDUCE) {
-    rc = hora__allreduce(c, e->iov_in, (int)r->ntensors, e->iov_out, (int)r->ntensors, total, dt,
-                         (hora_op)r->op, wire_dtype(r), &opts);
-  } else if (r->kind == HORA_KIND_BROADCAST) {
-    rc = hora__broadcast(c, e->iov_out, (int)r->ntensors, bytes, r->root, &opts);
-  } else {
-    struct hora_request *q = e->reqs[0];
-    on_phase(e, "ALLGATHER");
-    rc = hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
-    on_phase(e, NULL);
-  }
-  if (rc == HORA_SUCCESS && hora__params.VERIFY) {
-    rc = verify(e, r, bytes);
-  }
+  int rc = r->device ? run_on_device(e, r, total, bytes, &opts)
+                     : run_on_host(e, r, total, bytes, &opts);
   e->current = NULL;
   HORA_CHECK(rc);
   account(e, r, start, hora__now_ns() - start);

@@ -29,6 +29,31 @@ void mt_setenv_args(int argc, char **argv) {
   }
 }
 
+void mt_shared_dir(const char *prefix, char *dir, size_t n) {
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    snprintf(dir, n, "/tmp/%s-XXXXXX", prefix);
+    if (!mkdtemp(dir)) {
+      dir[0] = '\0';
+    }
+  }
+  MPI_Bcast(dir, (int)n, MPI_CHAR, 0, MPI_COMM_WORLD);
+}
+
+void mt_remove_shared_dir(const char *dir) {
+  int rank;
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0 && dir[0]) {
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) {
+      fprintf(stderr, "could not remove %s\n", dir);
+    }
+  }
+}
+
 void mt_init(void) {
   int rc = hora_init();
   if (rc != HORA_SUCCESS) {

@@ -57,6 +57,13 @@ static inline int mt_contains(const char *hay, const char *needle) {
  * testlist can run one program under several configurations. */
 void mt_setenv_args(int argc, char **argv);
 
+/* For programs that start MPI themselves: rank 0 makes a fresh directory
+ * /tmp/PREFIX-XXXXXX and every rank gets its name in dir (empty on
+ * failure); mt_remove_shared_dir deletes it again (rank 0, after a
+ * barrier). */
+void mt_shared_dir(const char *prefix, char *dir, size_t n);
+void mt_remove_shared_dir(const char *dir);
+
 /* hora_init, then MPI is usable for the bookkeeping. */
 void mt_init(void);
 /* Runs one test on every rank and prints its line on rank 0. */

@@ -204,15 +204,7 @@ static void under_attack(void) {
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    snprintf(logdir, sizeof(logdir), "/tmp/hora-hostile-XXXXXX");
-    if (!mkdtemp(logdir)) {
-      logdir[0] = '\0';
-    }
-  }
-  MPI_Bcast(logdir, sizeof(logdir), MPI_CHAR, 0, MPI_COMM_WORLD);
+  mt_shared_dir("hora-hostile", logdir, sizeof(logdir));
   char pattern[300];
   snprintf(pattern, sizeof(pattern), "%s/log.%%r", logdir);
   setenv("HORA_LOG_FILE", pattern, 1);
@@ -221,14 +213,7 @@ int main(int argc, char **argv) {
   mt_run("hostile/connections_refused_training_goes_on", under_attack);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (rank == 0 && logdir[0]) {
-    char cmd[320];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", logdir);
-    if (system(cmd) != 0) {
-      fprintf(stderr, "could not remove %s\n", logdir);
-    }
-  }
+  mt_remove_shared_dir(logdir);
   MPI_Finalize();
   return failures ? 1 : 0;
 }

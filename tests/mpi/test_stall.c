@@ -52,15 +52,7 @@ static void stall_is_warned_then_shut_down(void) {
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    snprintf(logdir, sizeof(logdir), "/tmp/hora-stall-XXXXXX");
-    if (!mkdtemp(logdir)) {
-      logdir[0] = '\0';
-    }
-  }
-  MPI_Bcast(logdir, sizeof(logdir), MPI_CHAR, 0, MPI_COMM_WORLD);
+  mt_shared_dir("hora-stall", logdir, sizeof(logdir));
   char pattern[300];
   snprintf(pattern, sizeof(pattern), "%s/stall.%%r.log", logdir);
   setenv("HORA_LOG_FILE", pattern, 1);
@@ -69,14 +61,7 @@ int main(int argc, char **argv) {
   mt_init();
   mt_run("stall/warned_then_shut_down", stall_is_warned_then_shut_down);
   int failures = mt_total_failures();
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (rank == 0 && logdir[0]) {
-    char cmd[320];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", logdir);
-    if (system(cmd) != 0) {
-      fprintf(stderr, "could not remove %s\n", logdir);
-    }
-  }
+  mt_remove_shared_dir(logdir);
   MPI_Finalize();
   return failures ? 1 : 0;
 }
