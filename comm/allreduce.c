@@ -175,13 +175,16 @@ static void phase(const struct hora__coll_opts *o, const char *name) {
 
 int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out) {
   if (comm->fusion_bytes < bytes) {
-    void *p = hora__aligned_alloc(64, bytes);
+    /* Page-aligned: RDMA registers whole pages. */
+    void *p = hora__aligned_alloc(4096, bytes);
     if (!p) {
       return HORA_ERR_NO_MEMORY;
     }
+    hora__comm_deregister(comm, &comm->fusion_reg);
     free(comm->fusion);
     comm->fusion = p;
     comm->fusion_bytes = bytes;
+    hora__comm_register(comm, p, bytes, &comm->fusion_reg);
   }
   *out = comm->fusion;
   return HORA_SUCCESS;

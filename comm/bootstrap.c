@@ -705,11 +705,40 @@ void hora__comm_disconnect(hora__comm *c) {
   }
 }
 
+void hora__comm_register(hora__comm *c, void *buf, size_t len, void **handle) {
+  *handle = NULL;
+#if HORA_HAVE_VERBS
+  if ((c->ib_all || c->ib_remote) && len > 0 &&
+      hora__transport_ib.reg_mem(c, buf, len, handle) != HORA_SUCCESS) {
+    HORA_WARN("RDMA registration of a %zu-byte buffer failed (%s); transfers into it are copied",
+              len, hora_last_error());
+    *handle = NULL;
+  }
+#else
+  (void)c;
+  (void)buf;
+  (void)len;
+#endif
+}
+
+void hora__comm_deregister(hora__comm *c, void **handle) {
+#if HORA_HAVE_VERBS
+  if (*handle) {
+    hora__transport_ib.dereg_mem(c, *handle);
+  }
+#else
+  (void)c;
+#endif
+  *handle = NULL;
+}
+
 void hora__comm_destroy(hora__comm *c) {
   if (!c) {
     return;
   }
   hora__comm_disconnect(c);
+  hora__comm_deregister(c, &c->fusion_reg);
+  hora__comm_deregister(c, &c->scratch_reg);
   if (c->mpi != MPI_COMM_NULL) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -719,6 +748,7 @@ void hora__comm_destroy(hora__comm *c) {
   }
   hora__shm_destroy(c->shm);
   free(c->fusion);
+  free(c->scratch);
   free(c->bounce);
   free(c->peers);
   free(c->ctrl);

@@ -76,6 +76,10 @@ struct hora__comm {
   enum hora__algo algo_allreduce, algo_bcast, algo_allgather;
   char *fusion; /* the socket path's fusion buffer */
   size_t fusion_bytes;
+  void *fusion_reg;    /* its RDMA registration, or NULL */
+  char *scratch;       /* the ring's staging for chunks in flight */
+  size_t scratch_bytes;
+  void *scratch_reg;
   char *bounce; /* the single-copy path's cache-sized staging */
   int64_t single_copy_min;
   bool ib_remote; /* RDMA for data connections to other hosts */
@@ -100,6 +104,12 @@ void hora__comm_destroy(hora__comm *comm);
 /* Closes every connection and listener (peers see EOF at once); the
  * communicator stays allocated until hora__comm_destroy. */
 void hora__comm_disconnect(hora__comm *comm);
+
+/* Long-lived data-plane buffers (fusion, ring staging) registered with the
+ * RDMA device, so large transfers move straight into and out of them. A
+ * no-op without RDMA; a failed registration only costs a copy. */
+void hora__comm_register(hora__comm *comm, void *buf, size_t len, void **handle);
+void hora__comm_deregister(hora__comm *comm, void **handle);
 
 /* Describe a peer for messages: "rank 3 (host h1, pid 1234)". */
 const char *hora__peer_name(const hora__comm *comm, int rank, char *buf, size_t n);

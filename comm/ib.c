@@ -13,6 +13,18 @@
  * out, in order, into the posted receives, and gives each slot back with a
  * credit: a zero-byte write whose immediate counts the slots returned.
  *
+ * Zero copy: a receive of at least HORA_IB_ZERO_COPY_MIN bytes first tells
+ * the sender where it goes, with a descriptor written into the sender's
+ * control array. Inside registered memory (the fusion buffer, the ring's
+ * staging) that is the address and rkey, and the sender writes the bytes
+ * straight there: from its own registered memory with no copy at all, else
+ * through its send slots. Elsewhere the descriptor says "use the ring".
+ * Both sides apply the same size test to transfers of the same length, so
+ * they always agree on which transfers carry a descriptor.
+ *
+ *   receiver --descriptor(addr, rkey, len)--> sender's control array
+ *   sender   --RDMA_WRITE ... RDMA_WRITE_WITH_IMM(done)--> receive buffer
+ *
  *   sender                                   receiver
  *   send slot k --RDMA_WRITE_WITH_IMM(k,len)--> ring slot k  -> irecv buffer
  *               <--credits n, riding on the receiver's own data writes,
@@ -43,18 +55,44 @@
 
 #define SLOTS 16              /* ring slots per direction and connection */
 #define SLOT (256 * 1024)     /* bytes per slot (fits the 21-bit length field) */
-#define RECV_DEPTH (2 * SLOTS) /* receive WRs kept posted: data and credits */
-#define SEND_DEPTH (2 * SLOTS)
+#define RTR_SLOTS 8           /* receive descriptors in flight per connection */
+#define RECV_DEPTH (2 * SLOTS + 2 * RTR_SLOTS) /* receive WRs kept posted */
+#define SEND_DEPTH (2 * SLOTS + 2 * RTR_SLOTS)
+#define ZC_PIECE (1u << 30)   /* largest single RDMA write */
 #define SIGNAL_EVERY 8 /* ask for a send completion on every 8th write */
 /* Immediate data: a data write carries its slot and length and the
- * credits its sender owes the other way; a bare credit write only those.
- *   bit 31: bare credit | bits 26-30: credits | bits 21-25: slot | 0-20: length */
+ * credits its sender owes the other way; a bare write carries credits and
+ * its kind (credits only, a descriptor, or the end of a direct write).
+ *   data: bit 31 = 0 | bits 26-30: credits | bits 21-25: slot | 0-20: length
+ *   bare: bit 31 = 1 | bits 26-30: credits | bits 21-25: kind */
 #define INLINE_MAX 128 /* small writes travel inside the work request */
 #define IMM_CREDIT 0x80000000u
 #define IMM_CREDITS_SHIFT 26
 #define IMM_SLOT_SHIFT 21
 #define IMM_LEN_MASK 0x001fffffu
 #define IMM_FIELD_MASK 0x1fu
+enum { KIND_CREDIT = 0, KIND_DESCRIPTOR = 1, KIND_DIRECT_DONE = 2 };
+
+/* Where a receive wants its bytes; len 0: through the ring. */
+struct ib_descriptor {
+  uint64_t addr;
+  uint64_t len;
+  uint32_t rkey;
+  uint32_t pad;
+};
+
+/* hora__xfer.mode of a receive: decided when its descriptor goes out. */
+enum { RECV_UNDECIDED = 0, RECV_RING, RECV_DIRECT };
+/* How the send at the head of the queue travels. */
+enum { SEND_UNDECIDED = 0, SEND_RING, SEND_DIRECT, SEND_DIRECT_VIA_SLOTS };
+
+/* A buffer registered by hora__comm_register: big transfers into or out
+ * of it move without a copy. */
+struct ib_region {
+  char *base;
+  size_t len;
+  struct ibv_mr *mr;
+};
 
 /* The device, shared by every connection of the process. */
 struct ib_ctx {
@@ -73,10 +111,19 @@ struct ib_ctx {
   int refs;
   struct ib_conn **conns; /* by slot in the table below, for completion dispatch */
   int nconns, capconns;
+  struct ib_region *regions;
+  int nregions, capregions;
+  /* Bytes sent each way, logged (info) when the device closes. */
+  uint64_t bytes_direct, bytes_via_slots, bytes_ring;
   char name[64];
 };
 
 static struct ib_ctx *dev; /* coordinator thread only */
+
+static uint64_t zero_copy_min(void) {
+  int64_t v = hora__params.IB_ZERO_COPY_MIN;
+  return v > 0 ? (uint64_t)v : UINT64_MAX;
+}
 
 /* What one side tells the other. Plain fixed-size data, sent as bytes. */
 struct ib_wire {
@@ -89,7 +136,9 @@ struct ib_wire {
   uint8_t gid[16];
   uint64_t ring_addr;
   uint32_t ring_rkey;
-  uint32_t pad2;
+  uint32_t ctl_rkey;
+  uint64_t ctl_addr; /* the descriptor array this side reads */
+  uint64_t zero_copy_min; /* HORA_IB_ZERO_COPY_MIN; the larger of the two applies */
 };
 #define IB_WIRE_MAGIC 0x48524942u /* "HRIB" */
 
@@ -101,10 +150,32 @@ struct ib_conn {
   struct ibv_mr *send_mr, *ring_mr;
   uint64_t remote_ring;
   uint32_t remote_rkey;
+  /* Descriptors: ctl[0..RTR_SLOTS) are the peer's, for our sends;
+   * ctl[RTR_SLOTS..) stage ours when they cannot go inline. */
+  struct ib_descriptor *ctl;
+  struct ibv_mr *ctl_mr;
+  uint64_t remote_ctl;
+  uint32_t remote_ctl_rkey;
+  hora__xfer *desc_cursor; /* first receive not yet decided */
+  uint32_t desc_sent;      /* descriptors written (slot index at the peer) */
+  uint32_t desc_live;      /* of those, receives not yet complete */
+  uint32_t direct_done;    /* direct writes finished, not yet booked */
+  uint32_t desc_got, desc_used; /* the peer's descriptors arrived / consumed */
+  size_t zc_min;           /* transfers this big or bigger carry a descriptor */
+  int head_mode;           /* SEND_* of the send at the head */
+  uint64_t head_raddr;     /* where its next byte goes (direct) */
+  uint32_t head_rkey, head_lkey;
+  /* Direct sends posted, waiting for their last write to complete. */
+  struct {
+    hora__xfer *x;
+    uint64_t seq;
+  } direct_wait[RTR_SLOTS];
+  uint32_t direct_wait_head, direct_wait_n;
   /* Sending: slots are used round-robin; a slot is free again when its
    * write completed locally, and the peer has room when it returned the
    * matching credit. */
-  uint32_t send_next;      /* next slot to write (local and remote index) */
+  uint32_t send_next;      /* next remote ring slot to write */
+  uint32_t local_next;     /* next local send slot to fill */
   uint32_t send_busy;      /* data writes posted, not yet completed locally */
   uint32_t sq_used;        /* all writes (data and credits) not yet completed */
   /* Only some writes are signalled; a completion retires every write up to
@@ -112,7 +183,6 @@ struct ib_conn {
   uint64_t posted, retired, last_signaled;
   uint8_t is_data[SEND_DEPTH];
   uint32_t credits;        /* remote slots we may write */
-  size_t send_off;         /* bytes of the head send xfer already posted */
   /* Receiving: ring slots that arrived, in order, from ring_head. */
   uint32_t ring_head;
   uint32_t ring_ready;     /* slots arrived, not yet fully copied out */
@@ -248,6 +318,10 @@ static void dev_put(void) {
   if (!dev || --dev->refs > 0) {
     return;
   }
+  HORA_INFO("rdma: sent %llu bytes straight from registered memory into the peer's, %llu through "
+            "send slots into the peer's registered memory, %llu through the receive ring",
+            (unsigned long long)dev->bytes_direct, (unsigned long long)dev->bytes_via_slots,
+            (unsigned long long)dev->bytes_ring);
   if (dev->cq) {
     ibv_destroy_cq(dev->cq);
   }
@@ -264,6 +338,7 @@ static void dev_put(void) {
     close(dev->kick_fd);
   }
   free(dev->conns);
+  free(dev->regions);
   free(dev);
   dev = NULL;
 }
@@ -462,7 +537,8 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
   int rc;
   c->send_buf = hora__aligned_alloc(4096, (size_t)SLOTS * SLOT);
   c->ring = hora__aligned_alloc(4096, (size_t)SLOTS * SLOT);
-  if (!c->send_buf || !c->ring) {
+  c->ctl = hora__aligned_alloc(4096, 2 * RTR_SLOTS * sizeof(*c->ctl));
+  if (!c->send_buf || !c->ring || !c->ctl) {
     rc = HORA_ERR_NO_MEMORY;
     goto fail;
   }
@@ -470,6 +546,8 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
   c->send_mr = ibv_reg_mr(dev->pd, c->send_buf, (size_t)SLOTS * SLOT, IBV_ACCESS_LOCAL_WRITE);
   c->ring_mr = ibv_reg_mr(dev->pd, c->ring, (size_t)SLOTS * SLOT,
                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  c->ctl_mr = ibv_reg_mr(dev->pd, c->ctl, 2 * RTR_SLOTS * sizeof(*c->ctl),
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   /* Unsignalled writes need the QP to allow it. */
   struct ibv_qp_init_attr qa = {
       .sq_sig_all = 0,
@@ -482,11 +560,12 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
               .max_inline_data = INLINE_MAX},
       .qp_type = IBV_QPT_RC,
   };
-  c->qp = c->send_mr && c->ring_mr ? ibv_create_qp(dev->pd, &qa) : NULL;
+  bool mrs = c->send_mr && c->ring_mr && c->ctl_mr;
+  c->qp = mrs ? ibv_create_qp(dev->pd, &qa) : NULL;
   if (!c->qp) {
     /* Some devices take no inline data: try again without. */
     qa.cap.max_inline_data = 0;
-    c->qp = c->send_mr && c->ring_mr ? ibv_create_qp(dev->pd, &qa) : NULL;
+    c->qp = mrs ? ibv_create_qp(dev->pd, &qa) : NULL;
   }
   c->max_inline = qa.cap.max_inline_data;
   if (!c->qp) {
@@ -500,7 +579,10 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
                        .lid = dev->lid,
                        .mtu = (uint8_t)dev->mtu,
                        .ring_addr = (uint64_t)(uintptr_t)c->ring,
-                       .ring_rkey = c->ring_mr->rkey};
+                       .ring_rkey = c->ring_mr->rkey,
+                       .ctl_rkey = c->ctl_mr->rkey,
+                       .ctl_addr = (uint64_t)(uintptr_t)c->ctl,
+                       .zero_copy_min = zero_copy_min()};
   memcpy(me.gid, dev->gid.raw, 16);
   struct ib_wire them;
   HORA_CHECK_GOTO(sock_exchange(fd, &me, &them, sizeof(me), hora__params.CONNECT_TIMEOUT_SECONDS),
@@ -511,6 +593,10 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
   }
   c->remote_ring = them.ring_addr;
   c->remote_rkey = them.ring_rkey;
+  c->remote_ctl = them.ctl_addr;
+  c->remote_ctl_rkey = them.ctl_rkey;
+  /* Both ends must agree on which transfers carry a descriptor. */
+  c->zc_min = (size_t)HORA_MAX(me.zero_copy_min, them.zero_copy_min);
   HORA_CHECK_GOTO(connect_qp(c, &them, psn), rc, fail);
   /* Make sure both QPs are ready to receive before anyone writes. */
   uint8_t ready = 1, peer_ready = 0;
@@ -547,19 +633,38 @@ static void enqueue(hora__xfer **head, hora__xfer **tail, hora__xfer *x) {
   *tail = x;
 }
 
-static void pop(hora__xfer **head, hora__xfer **tail) {
+/* Takes the head off its queue; the caller decides when it is done. */
+static hora__xfer *unlink_head(hora__xfer **head, hora__xfer **tail) {
   hora__xfer *x = *head;
-  x->done = true;
   *head = x->next;
   if (!*head) {
     *tail = NULL;
   }
+  return x;
+}
+
+static void pop(hora__xfer **head, hora__xfer **tail) {
+  unlink_head(head, tail)->done = true;
+}
+
+
+/* The registered region holding all of [p, p + len), if any. */
+static const struct ib_region *region_of(const void *p, size_t len) {
+  const char *a = p;
+  for (int i = 0; i < dev->nregions; i++) {
+    const struct ib_region *r = &dev->regions[i];
+    if (a >= r->base && len <= r->len && (size_t)(a - r->base) <= r->len - len) {
+      return r;
+    }
+  }
+  return NULL;
 }
 
 static int ib_isend(hora__conn *conn, const void *buf, size_t len, hora__xfer *x) {
   x->ptr = (char *)(uintptr_t)buf;
   x->left = len;
   x->done = len == 0;
+  x->mode = 0;
   if (!x->done) {
     enqueue(&conn->send_head, &conn->send_tail, x);
   }
@@ -567,13 +672,29 @@ static int ib_isend(hora__conn *conn, const void *buf, size_t len, hora__xfer *x
 }
 
 static int ib_irecv(hora__conn *conn, void *buf, size_t len, hora__xfer *x) {
+  struct ib_conn *c = (struct ib_conn *)conn;
   x->ptr = buf;
   x->left = len;
   x->done = len == 0;
+  x->mode = RECV_UNDECIDED;
   if (!x->done) {
     enqueue(&conn->recv_head, &conn->recv_tail, x);
+    if (!c->desc_cursor) {
+      c->desc_cursor = x;
+    }
   }
   return HORA_SUCCESS;
+}
+
+static void recv_complete(struct ib_conn *c) {
+  hora__xfer *x = c->base.recv_head;
+  if (x->mode != RECV_UNDECIDED) {
+    c->desc_live--; /* the sender has read its descriptor: the slot is free */
+  }
+  if (c->desc_cursor == x) {
+    c->desc_cursor = x->next;
+  }
+  pop(&c->base.recv_head, &c->base.recv_tail);
 }
 
 static int conn_failed(hora__comm *comm, struct ib_conn *c) {
@@ -620,10 +741,14 @@ static int drain_cq(bool *progressed) {
       if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         uint32_t imm = ntohl(wc[i].imm_data);
         c->credits += (imm >> IMM_CREDITS_SHIFT) & IMM_FIELD_MASK;
+        uint32_t field = (imm >> IMM_SLOT_SHIFT) & IMM_FIELD_MASK;
         if (!(imm & IMM_CREDIT)) {
-          uint32_t slot = (imm >> IMM_SLOT_SHIFT) & IMM_FIELD_MASK;
-          c->ring_len[slot] = imm & IMM_LEN_MASK;
+          c->ring_len[field] = imm & IMM_LEN_MASK;
           c->ring_ready++;
+        } else if (field == KIND_DESCRIPTOR) {
+          c->desc_got++;
+        } else if (field == KIND_DIRECT_DONE) {
+          c->direct_done++;
         }
         HORA_CHECK(post_recv(c));
       } else if (wc[i].opcode == IBV_WC_RDMA_WRITE) {
@@ -633,29 +758,39 @@ static int drain_cq(bool *progressed) {
           c->sq_used--;
           c->send_busy -= c->is_data[c->retired % SEND_DEPTH];
         }
+        /* Direct sends whose last write is among them: the caller may
+         * have its memory back. */
+        while (c->direct_wait_n > 0 && c->direct_wait[c->direct_wait_head].seq <= c->retired) {
+          c->direct_wait[c->direct_wait_head].x->done = true;
+          c->direct_wait_head = (c->direct_wait_head + 1) % RTR_SLOTS;
+          c->direct_wait_n--;
+          c->base.pending--;
+        }
       }
     }
   }
 }
 
-static int post_write(struct ib_conn *c, uint32_t slot, uint32_t len, uint32_t imm, int data) {
+/* One RDMA write of len bytes at local (lkey) to raddr (rkey); with an
+ * immediate when with_imm. data: it fills a send slot. */
+static int post_write(struct ib_conn *c, const void *local, uint32_t lkey, uint32_t len,
+                      uint64_t raddr, uint32_t rkey, bool with_imm, uint32_t imm, int data,
+                      bool must_signal) {
   uint64_t seq = c->posted;
   c->is_data[seq % SEND_DEPTH] = (uint8_t)data;
   /* Signal often enough that a completion freeing room is always on its
    * way before slots or queue entries could run out. */
-  bool signal = seq + 1 - c->last_signaled >= SIGNAL_EVERY || c->send_busy + 1 >= SLOTS / 2 ||
-                c->sq_used + 1 >= SEND_DEPTH / 2;
-  struct ibv_sge sge = {.addr = (uintptr_t)(c->send_buf + (size_t)slot * SLOT),
-                        .length = len,
-                        .lkey = c->send_mr->lkey};
+  bool signal = must_signal || seq + 1 - c->last_signaled >= SIGNAL_EVERY ||
+                c->send_busy + 1 >= SLOTS / 2 || c->sq_used + 1 >= SEND_DEPTH / 2;
+  struct ibv_sge sge = {.addr = (uintptr_t)local, .length = len, .lkey = lkey};
   struct ibv_send_wr wr = {
       .wr_id = seq + 1,
       .sg_list = len ? &sge : NULL,
       .num_sge = len ? 1 : 0,
-      .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+      .opcode = with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
       .send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (len <= c->max_inline ? IBV_SEND_INLINE : 0),
       .imm_data = htonl(imm),
-      .wr = {.rdma = {.remote_addr = c->remote_ring + (uint64_t)slot * SLOT, .rkey = c->remote_rkey}},
+      .wr = {.rdma = {.remote_addr = raddr, .rkey = rkey}},
   }, *bad;
   if (ibv_post_send(c->qp, &wr, &bad) != 0) {
     return verbs_error("ibv_post_send");
@@ -664,6 +799,180 @@ static int post_write(struct ib_conn *c, uint32_t slot, uint32_t len, uint32_t i
   c->sq_used++;
   if (signal) {
     c->last_signaled = c->posted;
+  }
+  return HORA_SUCCESS;
+}
+
+static uint32_t bare_imm(struct ib_conn *c, uint32_t kind) {
+  uint32_t imm = IMM_CREDIT | c->credits_owed << IMM_CREDITS_SHIFT | kind << IMM_SLOT_SHIFT;
+  c->credits_owed = 0;
+  return imm;
+}
+
+/* Receives, in posting order, tell the sender where big ones go. */
+static int post_descriptors(struct ib_conn *c, size_t zc_min, bool *progressed) {
+  while (c->desc_cursor && c->desc_live < RTR_SLOTS && c->sq_used < SEND_DEPTH) {
+    hora__xfer *x = c->desc_cursor;
+    if (x->left >= zc_min) {
+      const struct ib_region *r = region_of(x->ptr, x->left);
+      uint32_t i = c->desc_sent % RTR_SLOTS;
+      struct ib_descriptor *d = &c->ctl[RTR_SLOTS + i];
+      *d = (struct ib_descriptor){.addr = r ? (uintptr_t)x->ptr : 0,
+                                  .len = r ? x->left : 0,
+                                  .rkey = r ? r->mr->rkey : 0};
+      x->mode = r ? RECV_DIRECT : RECV_RING;
+      HORA_CHECK(post_write(c, d, c->ctl_mr->lkey, sizeof(*d),
+                            c->remote_ctl + i * sizeof(*d), c->remote_ctl_rkey, true,
+                            bare_imm(c, KIND_DESCRIPTOR), 0, false));
+      c->desc_sent++;
+      c->desc_live++;
+      *progressed = true;
+    }
+    c->desc_cursor = x->next;
+  }
+  return HORA_SUCCESS;
+}
+
+/* Received bytes into posted receives, in order: ring slots are copied
+ * out; a direct receive is complete when its sender says so. */
+static void deliver_received(struct ib_conn *c, bool *progressed) {
+  hora__conn *conn = &c->base;
+  while (conn->recv_head) {
+    hora__xfer *x = conn->recv_head;
+    if (x->mode == RECV_DIRECT) {
+      if (c->direct_done == 0) {
+        return;
+      }
+      c->direct_done--;
+      x->ptr += x->left;
+      x->left = 0;
+      recv_complete(c);
+      *progressed = true;
+      continue;
+    }
+    if (c->ring_ready == 0) {
+      return;
+    }
+    uint32_t slot = c->ring_head % SLOTS;
+    uint32_t avail = c->ring_len[slot] - c->head_off;
+    size_t n = HORA_MIN((size_t)avail, x->left);
+    memcpy(x->ptr, c->ring + (size_t)slot * SLOT + c->head_off, n);
+    x->ptr += n;
+    x->left -= n;
+    c->head_off += (uint32_t)n;
+    *progressed = true;
+    if (c->head_off == c->ring_len[slot]) {
+      c->ring_head++;
+      c->ring_ready--;
+      c->head_off = 0;
+      c->credits_owed++;
+    }
+    if (x->left == 0) {
+      recv_complete(c);
+    }
+  }
+}
+
+/* How the send at the head travels; false while its descriptor is still
+ * on the way. */
+static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_t zc_min,
+                       bool *decided) {
+  *decided = true;
+  if (c->head_mode != SEND_UNDECIDED) {
+    return HORA_SUCCESS;
+  }
+  if (x->left < zc_min) {
+    c->head_mode = SEND_RING;
+    return HORA_SUCCESS;
+  }
+  if (c->desc_used == c->desc_got) {
+    *decided = false;
+    return HORA_SUCCESS;
+  }
+  struct ib_descriptor d = c->ctl[c->desc_used++ % RTR_SLOTS];
+  if (d.len == 0) {
+    c->head_mode = SEND_RING;
+    return HORA_SUCCESS;
+  }
+  if (d.len != x->left) {
+    char name[160];
+    return hora__error(HORA_ERR_SYSTEM,
+                       "RDMA transfer to %s out of step: it expects %llu bytes, this send has %zu",
+                       hora__peer_name(comm, c->base.peer, name, sizeof(name)),
+                       (unsigned long long)d.len, x->left);
+  }
+  c->head_raddr = d.addr;
+  c->head_rkey = d.rkey;
+  const struct ib_region *r = region_of(x->ptr, x->left);
+  c->head_mode = r ? SEND_DIRECT : SEND_DIRECT_VIA_SLOTS;
+  c->head_lkey = r ? r->mr->lkey : 0;
+  return HORA_SUCCESS;
+}
+
+/* Queued sends, in order, each the way its receiver asked for. */
+static int post_sends(hora__comm *comm, struct ib_conn *c, size_t zc_min, bool *progressed) {
+  hora__conn *conn = &c->base;
+  while (conn->send_head && c->sq_used < SEND_DEPTH) {
+    hora__xfer *x = conn->send_head;
+    bool decided;
+    HORA_CHECK(decide_send(comm, c, x, zc_min, &decided));
+    if (!decided) {
+      return HORA_SUCCESS;
+    }
+    size_t n;
+    bool last;
+    if (c->head_mode == SEND_DIRECT) {
+      /* Straight from the caller's registered memory: the send is done
+       * when its last write completes here. */
+      if (c->direct_wait_n == RTR_SLOTS) {
+        return HORA_SUCCESS;
+      }
+      n = HORA_MIN(x->left, (size_t)ZC_PIECE);
+      last = n == x->left;
+      HORA_CHECK(post_write(c, x->ptr, c->head_lkey, (uint32_t)n, c->head_raddr, c->head_rkey, last,
+                            last ? bare_imm(c, KIND_DIRECT_DONE) : 0, 0, last));
+    } else {
+      if (c->send_busy >= SLOTS || (c->head_mode == SEND_RING && c->credits == 0)) {
+        return HORA_SUCCESS;
+      }
+      char *slot = c->send_buf + (size_t)(c->local_next++ % SLOTS) * SLOT;
+      n = HORA_MIN(x->left, (size_t)SLOT);
+      last = n == x->left;
+      memcpy(slot, x->ptr, n);
+      if (c->head_mode == SEND_RING) {
+        /* Into the next slot of the receiver's ring; also gives back the
+         * slots we have emptied. */
+        uint32_t rs = c->send_next++ % SLOTS;
+        uint32_t imm = c->credits_owed << IMM_CREDITS_SHIFT | rs << IMM_SLOT_SHIFT | (uint32_t)n;
+        c->credits_owed = 0;
+        c->credits--;
+        HORA_CHECK(post_write(c, slot, c->send_mr->lkey, (uint32_t)n,
+                              c->remote_ring + (uint64_t)rs * SLOT, c->remote_rkey, true, imm, 1,
+                              false));
+      } else {
+        HORA_CHECK(post_write(c, slot, c->send_mr->lkey, (uint32_t)n, c->head_raddr, c->head_rkey,
+                              last, last ? bare_imm(c, KIND_DIRECT_DONE) : 0, 1, false));
+      }
+      c->send_busy++;
+    }
+    x->ptr += n;
+    x->left -= n;
+    c->head_raddr += n;
+    *(c->head_mode == SEND_DIRECT     ? &dev->bytes_direct
+      : c->head_mode == SEND_RING     ? &dev->bytes_ring
+                                      : &dev->bytes_via_slots) += n;
+    *progressed = true;
+    if (last) {
+      if (c->head_mode == SEND_DIRECT) {
+        uint32_t w = (c->direct_wait_head + c->direct_wait_n++) % RTR_SLOTS;
+        c->direct_wait[w].x = unlink_head(&conn->send_head, &conn->send_tail);
+        c->direct_wait[w].seq = c->posted;
+        conn->pending++;
+      } else {
+        pop(&conn->send_head, &conn->send_tail);
+      }
+      c->head_mode = SEND_UNDECIDED;
+    }
   }
   return HORA_SUCCESS;
 }
@@ -682,53 +991,15 @@ static int ib_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
   if (c->error) {
     return conn_failed(comm, c);
   }
-  /* Received slots into posted receives, in order. */
-  while (conn->recv_head && c->ring_ready > 0) {
-    hora__xfer *x = conn->recv_head;
-    uint32_t slot = c->ring_head % SLOTS;
-    uint32_t avail = c->ring_len[slot] - c->head_off;
-    size_t n = HORA_MIN((size_t)avail, x->left);
-    memcpy(x->ptr, c->ring + (size_t)slot * SLOT + c->head_off, n);
-    x->ptr += n;
-    x->left -= n;
-    c->head_off += (uint32_t)n;
-    *progressed = true;
-    if (c->head_off == c->ring_len[slot]) {
-      c->ring_head++;
-      c->ring_ready--;
-      c->head_off = 0;
-      c->credits_owed++;
-    }
-    if (x->left == 0) {
-      pop(&conn->recv_head, &conn->recv_tail);
-    }
-  }
-  /* Queued sends into free slots, while the receiver has room; each also
-   * gives back the slots we have emptied. */
-  while (conn->send_head && c->credits > 0 && c->send_busy < SLOTS && c->sq_used < SEND_DEPTH) {
-    hora__xfer *x = conn->send_head;
-    uint32_t slot = c->send_next % SLOTS;
-    size_t n = HORA_MIN(x->left, (size_t)SLOT);
-    memcpy(c->send_buf + (size_t)slot * SLOT, x->ptr, n);
-    uint32_t imm = c->credits_owed << IMM_CREDITS_SHIFT | slot << IMM_SLOT_SHIFT | (uint32_t)n;
-    HORA_CHECK(post_write(c, slot, (uint32_t)n, imm, 1));
-    c->credits_owed = 0;
-    c->send_next++;
-    c->send_busy++;
-    c->credits--;
-    x->ptr += n;
-    x->left -= n;
-    *progressed = true;
-    if (x->left == 0) {
-      pop(&conn->send_head, &conn->send_tail);
-    }
-  }
+  HORA_CHECK(post_descriptors(c, c->zc_min, progressed));
+  deliver_received(c, progressed);
+  HORA_CHECK(post_sends(comm, c, c->zc_min, progressed));
   /* With nothing to carry them, return slots alone once half the ring is
    * owed: a sender never waits on fewer than half the slots, and the
    * receiver, wanting more data, always empties enough to get there. */
   if (c->credits_owed >= SLOTS / 2 && c->sq_used < SEND_DEPTH) {
-    HORA_CHECK(post_write(c, 0, 0, IMM_CREDIT | c->credits_owed << IMM_CREDITS_SHIFT, 0));
-    c->credits_owed = 0;
+    HORA_CHECK(post_write(c, NULL, 0, 0, c->remote_ring, c->remote_rkey, true,
+                          bare_imm(c, KIND_CREDIT), 0, false));
   }
   return HORA_SUCCESS;
 }
@@ -759,22 +1030,49 @@ static int ib_poll_fd(hora__conn *conn, short *events) {
   return dev->channel->fd;
 }
 
+/* Registered for the life of the buffer (hora__comm_register): the fusion
+ * buffer and the ring's staging. Each region keeps the device open. */
 static int ib_reg_mem(hora__comm *comm, void *buf, size_t len, void **handle) {
-  (void)comm;
+  *handle = NULL;
+  HORA_CHECK(dev_get(comm));
+  if (dev->nregions == dev->capregions) {
+    int cap = dev->capregions ? 2 * dev->capregions : 4;
+    struct ib_region *p = hora__realloc(dev->regions, (size_t)cap * sizeof(*p));
+    if (!p) {
+      dev_put();
+      return HORA_ERR_NO_MEMORY;
+    }
+    dev->regions = p;
+    dev->capregions = cap;
+  }
   struct ibv_mr *mr = ibv_reg_mr(dev->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr) {
-    return hora__error_errno(HORA_ERR_SYSTEM, "ibv_reg_mr of %zu bytes", len);
+    int rc = hora__error_errno(HORA_ERR_SYSTEM, "ibv_reg_mr of %zu bytes", len);
+    dev_put();
+    return rc;
   }
+  dev->regions[dev->nregions++] = (struct ib_region){.base = buf, .len = len, .mr = mr};
   *handle = mr;
   return HORA_SUCCESS;
 }
 
 static int ib_dereg_mem(hora__comm *comm, void *handle) {
   (void)comm;
-  if (handle && ibv_dereg_mr(handle) != 0) {
-    return hora__error_errno(HORA_ERR_SYSTEM, "ibv_dereg_mr");
+  if (!handle || !dev) {
+    return HORA_SUCCESS;
   }
-  return HORA_SUCCESS;
+  for (int i = 0; i < dev->nregions; i++) {
+    if (dev->regions[i].mr == handle) {
+      dev->regions[i] = dev->regions[--dev->nregions];
+      break;
+    }
+  }
+  int rc = HORA_SUCCESS;
+  if (ibv_dereg_mr(handle) != 0) {
+    rc = hora__error_errno(HORA_ERR_SYSTEM, "ibv_dereg_mr");
+  }
+  dev_put();
+  return rc;
 }
 
 /* Teardown in the order verbs requires: QP, then its memory regions; the
@@ -798,8 +1096,12 @@ static void ib_close(hora__conn *conn) {
   if (c->ring_mr) {
     ibv_dereg_mr(c->ring_mr);
   }
+  if (c->ctl_mr) {
+    ibv_dereg_mr(c->ctl_mr);
+  }
   free(c->send_buf);
   free(c->ring);
+  free(c->ctl);
   if (c->fd >= 0) {
     close(c->fd);
   }

@@ -35,7 +35,7 @@ int hora__progress(hora__comm *comm, bool *progressed) {
   while (*link) {
     hora__conn *c = *link;
     HORA_CHECK(c->tp->progress(comm, c, progressed));
-    if (!c->send_head && !c->recv_head) {
+    if (!c->send_head && !c->recv_head && !c->pending) {
       c->active = false;
       *link = c->active_next;
     } else {

@@ -10,32 +10,22 @@
 
 #define RING_WINDOW 4
 
-struct ring_scratch {
-  void *buf;
-  size_t bytes;
-};
-
-static struct ring_scratch scratch; /* coordinator thread only */
-
-static int scratch_get(size_t bytes, void **out) {
-  if (scratch.bytes < bytes) {
-    void *p = hora__aligned_alloc(64, bytes);
+/* The staging of chunks in flight lives in the communicator, registered
+ * with the RDMA device like the fusion buffer. */
+static int scratch_get(hora__comm *comm, size_t bytes, void **out) {
+  if (comm->scratch_bytes < bytes) {
+    void *p = hora__aligned_alloc(4096, bytes);
     if (!p) {
       return HORA_ERR_NO_MEMORY;
     }
-    free(scratch.buf);
-    scratch.buf = p;
-    scratch.bytes = bytes;
+    hora__comm_deregister(comm, &comm->scratch_reg);
+    free(comm->scratch);
+    comm->scratch = p;
+    comm->scratch_bytes = bytes;
+    hora__comm_register(comm, p, bytes, &comm->scratch_reg);
   }
-  *out = scratch.buf;
+  *out = comm->scratch;
   return HORA_SUCCESS;
-}
-
-void hora__ring_release_scratch(void);
-void hora__ring_release_scratch(void) {
-  free(scratch.buf);
-  scratch.buf = NULL;
-  scratch.bytes = 0;
 }
 
 int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
@@ -48,7 +38,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
   char *stage = NULL;
   if (ring->nrecv > 0 || ring->fill_send) {
     void *p;
-    HORA_CHECK(scratch_get(stage_bytes * RING_WINDOW * 2, &p));
+    HORA_CHECK(scratch_get(comm, stage_bytes * RING_WINDOW * 2, &p));
     stage = p;
     send_stage = stage + stage_bytes * RING_WINDOW;
   }

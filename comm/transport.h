@@ -22,6 +22,7 @@ typedef struct hora__xfer {
   char *ptr;          /* next byte to move */
   size_t left;        /* bytes still to move */
   bool done;
+  uint8_t mode;            /* the transport's own bookkeeping */
   struct hora__xfer *next; /* the connection's FIFO */
 } hora__xfer;
 
@@ -33,6 +34,9 @@ struct hora__conn {
   hora__xfer *recv_head, *recv_tail;
   struct hora__conn *active_next; /* on the comm's list of busy connections */
   bool active;
+  /* Transfers already off the queues whose completion the transport still
+   * owes (an RDMA write straight from the caller's memory). */
+  unsigned pending;
 };
 
 struct hora__transport {
@@ -47,7 +51,8 @@ struct hora__transport {
   int (*progress)(hora__comm *comm, hora__conn *conn, bool *progressed);
   /* The fd to poll and the events that mean "progress is possible now". */
   int (*poll_fd)(hora__conn *conn, short *events);
-  /* Registration of long-lived buffers (a no-op for sockets). */
+  /* Registration of long-lived buffers (a no-op for sockets). Transfers
+   * into and out of registered memory may move without a copy. */
   int (*reg_mem)(hora__comm *comm, void *buf, size_t len, void **handle);
   int (*dereg_mem)(hora__comm *comm, void *handle);
   void (*close)(hora__conn *conn);

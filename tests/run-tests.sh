@@ -71,6 +71,11 @@ run_mpi() { # name np settings command...
     echo "SKIP np=$np $name: configure found no CUDA, so the device tests were not built" | tee -a "$results"
     return
   fi
+  if [ "${1##*/}" = test_gpu ] && ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+    # Saves an MPI launch per line: without a device node CUDA sees no GPU.
+    echo "SKIP np=$np $name: no GPU on this machine (no /dev/nvidia* device)" | tee -a "$results"
+    return
+  fi
   out="$work/out" err="$work/err"
   timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" </dev/null >"$out" 2>"$err"
   rc=$?

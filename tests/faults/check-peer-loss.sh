@@ -9,7 +9,7 @@
 #        TRANSPORTS: HORA_TRANSPORT values to try (default "auto tcp"; the
 #        RDMA check runs "ib" in the soft-RoCE VM); the stopped-rank case
 #        runs with the default transports only. MODES: ways to die (default
-#        "exit kill segv").
+#        "exit kill segv"), each for victims 1 and 0, or MODE:VICTIM for one.
 set -u
 builddir=$(cd "$1" && pwd)
 . "$builddir/tests/config.sh"
@@ -56,7 +56,9 @@ scenario() { # label expected-survivor-lines args...
 transports=${2:-auto tcp}
 for transport in $transports; do
   for victim in 1 0; do
-    for mode in ${3:-exit kill segv}; do
+    for spec in ${3:-exit kill segv}; do
+      mode=${spec%%:*}
+      case "$spec" in *:*) [ "${spec#*:}" = "$victim" ] || continue ;; esac
       scenario "$transport/$mode/victim$victim" $((np - 1)) "$victim" "$mode" HORA_TRANSPORT=$transport
     done
   done

@@ -1,7 +1,8 @@
 /* Point-to-point speed of hora's transports, without the engine: two ranks
  * bootstrap a communicator (so HORA_TRANSPORT picks the transport) and
  * time 8-byte ping-pongs (one-way latency = round trip / 2) and a stream of
- * 1 MiB messages. Prints one line:
+ * 1 MiB messages from and into a registered buffer, as the fusion buffer
+ * is (so the ib transport writes them without a copy). Prints one line:
  *   transport=ib latency_us=... bandwidth_gbps=...
  * Used by tests/rdma/check-rdma.sh next to perftest's ib_write_lat/_bw. */
 #include <mpi.h>
@@ -57,7 +58,13 @@ int main(int argc, char **argv) {
     lat = (MPI_Wtime() - t0) / iters / 2;
   }
   const size_t sz = 1 << 20;
-  char *buf = calloc(1, sz);
+  char *buf = hora__aligned_alloc(4096, sz);
+  if (!buf) {
+    die("allocation");
+  }
+  memset(buf, 0, sz);
+  void *reg;
+  hora__comm_register(c, buf, sz, &reg);
   hora__xfer *xs = calloc((size_t)msgs, sizeof(*xs));
   hora__xfer **xps = calloc((size_t)msgs, sizeof(*xps));
   double bw = 0;
@@ -86,6 +93,7 @@ int main(int argc, char **argv) {
   if (c->rank == 0) {
     printf("transport=%s latency_us=%.2f bandwidth_gbps=%.3f\n", peer->tp->name, lat * 1e6, bw);
   }
+  hora__comm_deregister(c, &reg);
   hora__comm_destroy(c);
   free(buf);
   free(xs);
