@@ -66,7 +66,9 @@ sanitized() { # dir, configure flag, then environment settings for make check
 
 if [ "$quick" = no ]; then
   # 16 sanitized ranks on 2 cores take minutes; the plain build runs np=16.
-  sanitized "$src/build/asan" --enable-sanitizers HORA_TEST_NPS="1 2 4"
+  # The variants of a test (other transports, settings) run once, at their
+  # smallest rank count.
+  sanitized "$src/build/asan" --enable-sanitizers HORA_TEST_NPS="1 2 4" HORA_TEST_VARIANTS_ONCE=1
   sanitized "$src/build/tsan" --enable-sanitizers=thread HORA_TEST_NPS="1 2 4" \
     HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall"
 fi

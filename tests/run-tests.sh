@@ -7,6 +7,8 @@
 #
 # usage: tests/run-tests.sh BUILDDIR
 # environment: HORA_TEST_NPS   only these rank counts, e.g. "1 2 4"
+#              HORA_TEST_VARIANTS_ONCE=1  lines that carry settings or
+#                              arguments run at their first rank count only
 #              HORA_TEST_ONLY  only multi-rank programs matching this regex
 #              HORA_TEST_TIMEOUT  seconds per mpirun (default 300)
 set -u
@@ -126,17 +128,26 @@ grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
       *) args="$args $w" ;;
     esac
   done
+  once=no
+  [ -n "$args" ] && [ "${HORA_TEST_VARIANTS_ONCE:-0}" = 1 ] && once=yes
   for np in $nps; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
       continue
     fi
     run_mpi "$prog$args" "$np" "$(echo $args)" "$builddir/tests/mpi/$prog" $args
     echo "$prog $np$args" >>"$runs"
+    [ $once = yes ] && break
   done
 done
 # Every line of the list must have run (a launcher reading stdin once ate it).
-expected=$(grep -v '^#' "$srcdir/tests/mpi/testlist" | awk -v only="${HORA_TEST_ONLY:-}" -v nps=" ${HORA_TEST_NPS:-} " '
-  NF && (only == "" || $1 ~ only) { for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/ && (nps == "  " || index(nps, " " $i " "))) n++ }
+expected=$(grep -v '^#' "$srcdir/tests/mpi/testlist" | awk -v only="${HORA_TEST_ONLY:-}" \
+  -v nps=" ${HORA_TEST_NPS:-} " -v once="${HORA_TEST_VARIANTS_ONCE:-0}" '
+  NF && (only == "" || $1 ~ only) {
+    m = 0
+    for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/ && (nps == "  " || index(nps, " " $i " "))) m++
+    if (once == 1 && $NF !~ /^[0-9]+$/ && m > 1) m = 1
+    n += m
+  }
   END { print n + 0 }')
 if [ "$(wc -l <"$runs")" -ne "$expected" ]; then
   echo "FAIL runner/testlist: ran $(wc -l <"$runs") of $expected multi-rank runs" | tee -a "$results"
