@@ -721,6 +721,24 @@ void hora__comm_register(hora__comm *c, void *buf, size_t len, void **handle) {
 #endif
 }
 
+int hora__comm_register_device(hora__comm *c, void *buf, size_t len, int fd, uint64_t offset,
+                               void **handle) {
+  *handle = NULL;
+#if HORA_HAVE_VERBS
+  if (!c->ib_all && !c->ib_remote) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED, "no RDMA connections to register GPU memory with");
+  }
+  return hora__transport_ib.reg_dmabuf(c, buf, len, fd, offset, handle);
+#else
+  (void)c;
+  (void)buf;
+  (void)len;
+  (void)fd;
+  (void)offset;
+  return hora__error(HORA_ERR_NOT_SUPPORTED, "built without RDMA (libibverbs)");
+#endif
+}
+
 void hora__comm_deregister(hora__comm *c, void **handle) {
 #if HORA_HAVE_VERBS
   if (*handle) {

@@ -110,6 +110,10 @@ void hora__comm_disconnect(hora__comm *comm);
  * no-op without RDMA; a failed registration only costs a copy. */
 void hora__comm_register(hora__comm *comm, void *buf, size_t len, void **handle);
 void hora__comm_deregister(hora__comm *comm, void **handle);
+/* GPU memory exported as a dma-buf (fd, and buf's offset in it), for
+ * GPUDirect RDMA. Fails where no connection is RDMA or the NIC cannot. */
+int hora__comm_register_device(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,
+                               void **handle);
 
 /* Describe a peer for messages: "rank 3 (host h1, pid 1234)". */
 const char *hora__peer_name(const hora__comm *comm, int rank, char *buf, size_t n);

@@ -2,8 +2,10 @@
  * it, and the staged path through pinned host memory. */
 #include "gpu.h"
 
+#include <cuda.h> /* driver API types; its entry points come through cudart */
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,8 +119,11 @@ struct hora__gpu {
 #endif
   void *fusion; /* device */
   size_t fusion_bytes;
+  void *fusion_reg; /* its GPUDirect RDMA registration */
+  int direct;       /* GPUDirect for this fusion buffer: 0 untried, 1 yes, -1 no */
   void *stage, *stage_dev; /* pinned mapped host memory and its device alias */
   size_t stage_bytes;
+  void *stage_reg; /* its RDMA registration (zero-copy transfers) */
   /* Descriptors of the batched copies, in pinned mapped memory the kernel
    * reads: used as a ring, so a pack never waits for the previous one. */
   struct hora__copy_desc *descs, *descs_dev;
@@ -143,11 +148,12 @@ static int grow_device(void **p, size_t *have, size_t need) {
   return HORA_SUCCESS;
 }
 
-static int grow_stage(struct hora__gpu *g, size_t need) {
+static int grow_stage(hora__comm *c, struct hora__gpu *g, size_t need) {
   if (g->stage_bytes >= need) {
     return HORA_SUCCESS;
   }
   if (g->stage) {
+    hora__comm_deregister(c, &g->stage_reg);
     cudaFreeHost(g->stage);
     g->stage = g->stage_dev = NULL;
     g->stage_bytes = 0;
@@ -155,7 +161,19 @@ static int grow_stage(struct hora__gpu *g, size_t need) {
   CUDA_CHECK(cudaHostAlloc(&g->stage, need, cudaHostAllocMapped | cudaHostAllocPortable));
   CUDA_CHECK(cudaHostGetDevicePointer(&g->stage_dev, g->stage, 0));
   g->stage_bytes = need;
+  hora__comm_register(c, g->stage, need, &g->stage_reg);
   return HORA_SUCCESS;
+}
+
+/* The device fusion buffer, in whole 2 MiB pages (what a dma-buf exports). */
+static int grow_fusion(hora__comm *c, struct hora__gpu *g, size_t need) {
+  if (g->fusion_bytes >= need) {
+    return HORA_SUCCESS;
+  }
+  hora__comm_deregister(c, &g->fusion_reg);
+  g->direct = 0;
+  size_t page = (size_t)2 << 20;
+  return grow_device(&g->fusion, &g->fusion_bytes, (need + page - 1) / page * page);
 }
 
 static int wait_stream(hora__comm *c, struct hora__gpu *g);
@@ -334,10 +352,13 @@ static int gpu_open(hora__comm *c, struct hora__gpu **out) {
   return HORA_SUCCESS;
 }
 
-void hora__gpu_destroy(struct hora__gpu *g) {
+void hora__gpu_destroy(hora__comm *c, struct hora__gpu *g) {
   if (!g) {
     return;
   }
+  /* Registrations go before the memory they cover. */
+  hora__comm_deregister(c, &g->fusion_reg);
+  hora__comm_deregister(c, &g->stage_reg);
 #if HORA_HAVE_NCCL
   if (g->nccl) {
     ncclCommDestroy(g->nccl);
@@ -479,7 +500,7 @@ static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_o
                                  g->stream));
     }
   } else {
-    HORA_CHECK(grow_device(&g->fusion, &g->fusion_bytes, bytes));
+    HORA_CHECK(grow_fusion(c, g, bytes));
     buf = g->fusion;
     if (op->kind == HORA_KIND_ALLREDUCE || c->rank == op->root) {
       phase(op, "MEMCPY_IN_FUSION_BUFFER");
@@ -513,10 +534,85 @@ static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_o
 
 /* ---- staged path -------------------------------------------------------------------- */
 
+/* GPUDirect RDMA: the NIC reads and writes the device fusion buffer itself.
+ * Only for broadcasts (an allreduce is reduced by the CPU, in host memory),
+ * and only when every connection of the ring is RDMA: shared memory and
+ * sockets reach host memory only. */
+typedef CUresult (*get_handle_fn)(void *handle, CUdeviceptr ptr, size_t size,
+                                  CUmemRangeHandleType type, unsigned long long flags);
+
+static int register_fusion_dmabuf(hora__comm *c, struct hora__gpu *g) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 12000,
+                                       cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || !fn) {
+    (void)cudaGetLastError();
+    return hora__error(HORA_ERR_NOT_SUPPORTED, "the CUDA driver cannot export dma-bufs");
+  }
+  int fd = -1;
+  CUresult r = ((get_handle_fn)fn)(&fd, (CUdeviceptr)(uintptr_t)g->fusion, g->fusion_bytes,
+                                   CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  if (r != CUDA_SUCCESS || fd < 0) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED,
+                       "cuMemGetHandleForAddressRange(DMA_BUF_FD) failed with CUresult %d", (int)r);
+  }
+  int rc = hora__comm_register_device(c, g->fusion, g->fusion_bytes, fd, 0, &g->fusion_reg);
+  close(fd); /* the registration holds the dma-buf */
+  return rc;
+}
+
+static bool direct_usable(hora__comm *c, struct hora__gpu *g, size_t bytes) {
+  bool rdma_ring = c->ib_all || (c->ib_remote && c->local_size == 1);
+  if (!hora__params.GPU_DIRECT || c->size == 1 || c->algo_bcast != HORA_ALGO_RING || !rdma_ring) {
+    return false;
+  }
+  if (grow_fusion(c, g, bytes) != HORA_SUCCESS) {
+    return false;
+  }
+  if (g->direct == 0) {
+    int32_t ok = register_fusion_dmabuf(c, g) == HORA_SUCCESS;
+    if (!ok) {
+      HORA_INFO("GPUDirect RDMA not available here (%s)", hora_last_error());
+    }
+    /* Every rank must take the same path (device memory must be at both
+     * ends of a transfer): the ranks agree, once per fusion buffer. */
+    struct hora__iov v = {&ok, sizeof(ok)};
+    if (hora__allreduce(c, &v, 1, &v, 1, 1, HORA_INT32, HORA_MIN, HORA_INT32, NULL) != HORA_SUCCESS) {
+      return false;
+    }
+    g->direct = ok ? 1 : -1;
+    if (!ok) {
+      hora__comm_deregister(c, &g->fusion_reg);
+    }
+  }
+  return g->direct > 0;
+}
+
+static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op,
+                            size_t bytes) {
+  bool root = c->rank == op->root;
+  if (root) {
+    phase(op, "MEMCPY_IN_FUSION_BUFFER");
+    HORA_CHECK(pack(c, g, op->out, op->n, g->fusion, true));
+    HORA_CHECK(wait_stream(c, g)); /* the NIC reads what the kernel wrote */
+    phase(op, NULL);
+  }
+  phase(op, "BROADCAST");
+  HORA_CHECK(hora__ring_broadcast(c, &c->world_ring, g->fusion, bytes, op->root));
+  phase(op, NULL);
+  if (!root) {
+    phase(op, "MEMCPY_OUT_FUSION_BUFFER");
+    HORA_CHECK(pack(c, g, op->out, op->n, g->fusion, false));
+    phase(op, NULL);
+  }
+  return HORA_SUCCESS;
+}
+
 static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op) {
   if (op->kind == HORA_KIND_ALLGATHER) {
     size_t bytes = op->in[0].len;
-    HORA_CHECK(grow_stage(g, bytes * (size_t)(c->size + 1)));
+    HORA_CHECK(grow_stage(c, g, bytes * (size_t)(c->size + 1)));
     char *mine = (char *)g->stage + bytes * (size_t)c->size;
     phase(op, "MEMCPY_DEVICE_TO_HOST");
     CUDA_CHECK(cudaMemcpyAsync(mine, op->in[0].base, bytes, cudaMemcpyDeviceToHost, g->stream));
@@ -530,7 +626,10 @@ static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu
     return HORA_SUCCESS;
   }
   size_t bytes = total_len(op->out, op->n);
-  HORA_CHECK(grow_stage(g, bytes));
+  if (op->kind == HORA_KIND_BROADCAST && direct_usable(c, g, bytes)) {
+    return direct_broadcast(c, g, op, bytes);
+  }
+  HORA_CHECK(grow_stage(c, g, bytes));
   bool fill = op->kind == HORA_KIND_ALLREDUCE || c->rank == op->root;
   if (fill) {
     phase(op, "MEMCPY_DEVICE_TO_HOST");

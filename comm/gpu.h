@@ -60,7 +60,7 @@ int hora__gpu_collective(hora__comm *comm, struct hora__gpu **gpu, const struct 
 /* Which path the job chose ("nccl" or "staged"), or NULL before the first
  * device operation. */
 const char *hora__gpu_path(const struct hora__gpu *gpu);
-void hora__gpu_destroy(struct hora__gpu *gpu);
+void hora__gpu_destroy(hora__comm *comm, struct hora__gpu *gpu);
 
 /* For the GPU check: the batched copy kernel against cudaMemcpy
  * device-to-device on n tensors of `bytes` each; GB/s of both. */

@@ -46,7 +46,10 @@ const char *hora__gpu_path(const struct hora__gpu *gpu) {
   (void)gpu;
   return NULL;
 }
-void hora__gpu_destroy(struct hora__gpu *gpu) { (void)gpu; }
+void hora__gpu_destroy(hora__comm *comm, struct hora__gpu *gpu) {
+  (void)comm;
+  (void)gpu;
+}
 
 int hora__gpu_copy_bandwidth(size_t bytes, int n, int reps, double *kernel_gbs, double *memcpy_gbs) {
   (void)bytes, (void)n, (void)reps;

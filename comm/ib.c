@@ -22,6 +22,10 @@
  * Both sides apply the same size test to transfers of the same length, so
  * they always agree on which transfers carry a descriptor.
  *
+ * GPUDirect: device memory registered through its dma-buf (reg_dmabuf) is
+ * never touched by the CPU, so every transfer into or out of it is direct,
+ * whatever its size; the algorithms use device memory at both ends.
+ *
  *   receiver --descriptor(addr, rkey, len)--> sender's control array
  *   sender   --RDMA_WRITE ... RDMA_WRITE_WITH_IMM(done)--> receive buffer
  *
@@ -82,7 +86,7 @@ struct ib_descriptor {
 };
 
 /* hora__xfer.mode of a receive: decided when its descriptor goes out. */
-enum { RECV_UNDECIDED = 0, RECV_RING, RECV_DIRECT };
+enum { RECV_UNDECIDED = 0, RECV_RING, RECV_DIRECT, RECV_FLUSHING };
 /* How the send at the head of the queue travels. */
 enum { SEND_UNDECIDED = 0, SEND_RING, SEND_DIRECT, SEND_DIRECT_VIA_SLOTS };
 
@@ -92,6 +96,7 @@ struct ib_region {
   char *base;
   size_t len;
   struct ibv_mr *mr;
+  bool device; /* GPU memory: direct transfers only */
 };
 
 /* The device, shared by every connection of the process. */
@@ -113,6 +118,14 @@ struct ib_ctx {
   int nconns, capconns;
   struct ib_region *regions;
   int nregions, capregions;
+  /* GPUDirect: a queue pair connected to itself, whose 1-byte RDMA READ
+   * of GPU memory after a direct write into it makes the NIC's writes
+   * visible to the GPU before anyone reads them. */
+  struct ibv_qp *flush_qp;
+  struct ibv_mr *flush_mr;
+  char *flush_buf;
+  uint64_t flush_posted, flush_done;
+  char flush_error[160];
   /* Bytes sent each way, logged (info) when the device closes. */
   uint64_t bytes_direct, bytes_via_slots, bytes_ring;
   char name[64];
@@ -161,6 +174,7 @@ struct ib_conn {
   uint32_t desc_live;      /* of those, receives not yet complete */
   uint32_t direct_done;    /* direct writes finished, not yet booked */
   uint32_t desc_got, desc_used; /* the peer's descriptors arrived / consumed */
+  uint64_t flush_seq;      /* the flush the head receive waits for */
   size_t zc_min;           /* transfers this big or bigger carry a descriptor */
   int head_mode;           /* SEND_* of the send at the head */
   uint64_t head_raddr;     /* where its next byte goes (direct) */
@@ -322,6 +336,13 @@ static void dev_put(void) {
             "send slots into the peer's registered memory, %llu through the receive ring",
             (unsigned long long)dev->bytes_direct, (unsigned long long)dev->bytes_via_slots,
             (unsigned long long)dev->bytes_ring);
+  if (dev->flush_qp) {
+    ibv_destroy_qp(dev->flush_qp);
+  }
+  if (dev->flush_mr) {
+    ibv_dereg_mr(dev->flush_mr);
+  }
+  free(dev->flush_buf);
   if (dev->cq) {
     ibv_destroy_cq(dev->cq);
   }
@@ -473,17 +494,20 @@ static int post_recv(struct ib_conn *c) {
   return HORA_SUCCESS;
 }
 
-static int connect_qp(struct ib_conn *c, const struct ib_wire *peer, uint32_t my_psn) {
+/* INIT -> RTR -> RTS towards peer; c (when given) gets its receives posted
+ * before the QP can receive. */
+static int connect_qp(struct ibv_qp *qp, struct ib_conn *c, const struct ib_wire *peer,
+                      uint32_t my_psn) {
   struct ibv_qp_attr a;
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_INIT;
   a.port_num = (uint8_t)dev->port;
   a.pkey_index = 0;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-  if (ibv_modify_qp(c->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
     return verbs_error("ibv_modify_qp(INIT)");
   }
-  for (int i = 0; i < RECV_DEPTH; i++) {
+  for (int i = 0; c && i < RECV_DEPTH; i++) {
     HORA_CHECK(post_recv(c));
   }
   memset(&a, 0, sizeof(a));
@@ -501,7 +525,7 @@ static int connect_qp(struct ib_conn *c, const struct ib_wire *peer, uint32_t my
     a.ah_attr.grh.sgid_index = (uint8_t)dev->gid_index;
     a.ah_attr.grh.hop_limit = 64;
   }
-  if (ibv_modify_qp(c->qp, &a,
+  if (ibv_modify_qp(qp, &a,
                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
     return verbs_error("ibv_modify_qp(RTR)");
@@ -513,7 +537,7 @@ static int connect_qp(struct ib_conn *c, const struct ib_wire *peer, uint32_t my
   a.rnr_retry = 7;
   a.sq_psn = my_psn;
   a.max_rd_atomic = 1;
-  if (ibv_modify_qp(c->qp, &a,
+  if (ibv_modify_qp(qp, &a,
                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
     return verbs_error("ibv_modify_qp(RTS)");
@@ -597,7 +621,7 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
   c->remote_ctl_rkey = them.ctl_rkey;
   /* Both ends must agree on which transfers carry a descriptor. */
   c->zc_min = (size_t)HORA_MAX(me.zero_copy_min, them.zero_copy_min);
-  HORA_CHECK_GOTO(connect_qp(c, &them, psn), rc, fail);
+  HORA_CHECK_GOTO(connect_qp(c->qp, c, &them, psn), rc, fail);
   /* Make sure both QPs are ready to receive before anyone writes. */
   uint8_t ready = 1, peer_ready = 0;
   HORA_CHECK_GOTO(sock_exchange(fd, &ready, &peer_ready, 1, hora__params.CONNECT_TIMEOUT_SECONDS),
@@ -726,6 +750,14 @@ static int drain_cq(bool *progressed) {
     }
     *progressed = true;
     for (int i = 0; i < n; i++) {
+      if (dev->flush_qp && wc[i].qp_num == dev->flush_qp->qp_num) {
+        if (wc[i].status != IBV_WC_SUCCESS && !dev->flush_error[0]) {
+          snprintf(dev->flush_error, sizeof(dev->flush_error), "RDMA flush of GPU memory on %s: %s",
+                   dev->name, ibv_wc_status_str(wc[i].status));
+        }
+        dev->flush_done = HORA_MAX(dev->flush_done, (uint64_t)wc[i].wr_id);
+        continue;
+      }
       struct ib_conn *c = conn_of_qp(wc[i].qp_num);
       if (!c) {
         continue; /* a connection already closed */
@@ -809,12 +841,57 @@ static uint32_t bare_imm(struct ib_conn *c, uint32_t kind) {
   return imm;
 }
 
+/* Reads one byte of GPU memory just written by the NIC, through the
+ * loopback queue pair: the read completes only after those writes. */
+static int post_flush(const struct ib_region *r, const char *at, uint64_t *seq) {
+  struct ibv_sge sge = {.addr = (uintptr_t)dev->flush_buf, .length = 1, .lkey = dev->flush_mr->lkey};
+  struct ibv_send_wr wr = {
+      .wr_id = dev->flush_posted + 1,
+      .sg_list = &sge,
+      .num_sge = 1,
+      .opcode = IBV_WR_RDMA_READ,
+      .send_flags = IBV_SEND_SIGNALED,
+      .wr = {.rdma = {.remote_addr = (uintptr_t)at, .rkey = r->mr->rkey}},
+  }, *bad;
+  if (ibv_post_send(dev->flush_qp, &wr, &bad) != 0) {
+    return verbs_error("ibv_post_send(flush read)");
+  }
+  *seq = ++dev->flush_posted;
+  return HORA_SUCCESS;
+}
+
+/* The loopback queue pair of the flushes, made with the first device region. */
+static int open_flush_qp(void) {
+  if (dev->flush_qp) {
+    return HORA_SUCCESS;
+  }
+  dev->flush_buf = hora__aligned_alloc(64, 64);
+  dev->flush_mr = dev->flush_buf ? ibv_reg_mr(dev->pd, dev->flush_buf, 64, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  /* One flush in flight per connection at most. */
+  struct ibv_qp_init_attr qa = {
+      .send_cq = dev->cq,
+      .recv_cq = dev->cq,
+      .cap = {.max_send_wr = (uint32_t)HORA_MAX(2 * dev->nconns, 64), .max_recv_wr = 1,
+              .max_send_sge = 1, .max_recv_sge = 1},
+      .qp_type = IBV_QPT_RC,
+  };
+  dev->flush_qp = dev->flush_mr ? ibv_create_qp(dev->pd, &qa) : NULL;
+  if (!dev->flush_qp) {
+    return verbs_error("setting up the GPUDirect flush queue pair");
+  }
+  uint32_t psn = (uint32_t)(hora__now_ns() & 0xffffff);
+  struct ib_wire self = {.qpn = dev->flush_qp->qp_num, .psn = psn, .lid = dev->lid,
+                         .mtu = (uint8_t)dev->mtu};
+  memcpy(self.gid, dev->gid.raw, 16);
+  return connect_qp(dev->flush_qp, NULL, &self, psn);
+}
+
 /* Receives, in posting order, tell the sender where big ones go. */
 static int post_descriptors(struct ib_conn *c, size_t zc_min, bool *progressed) {
   while (c->desc_cursor && c->desc_live < RTR_SLOTS && c->sq_used < SEND_DEPTH) {
     hora__xfer *x = c->desc_cursor;
-    if (x->left >= zc_min) {
-      const struct ib_region *r = region_of(x->ptr, x->left);
+    const struct ib_region *r = region_of(x->ptr, x->left);
+    if (x->left >= zc_min || (r && r->device)) {
       uint32_t i = c->desc_sent % RTR_SLOTS;
       struct ib_descriptor *d = &c->ctl[RTR_SLOTS + i];
       *d = (struct ib_descriptor){.addr = r ? (uintptr_t)x->ptr : 0,
@@ -835,15 +912,46 @@ static int post_descriptors(struct ib_conn *c, size_t zc_min, bool *progressed) 
 
 /* Received bytes into posted receives, in order: ring slots are copied
  * out; a direct receive is complete when its sender says so. */
-static void deliver_received(struct ib_conn *c, bool *progressed) {
+static int deliver_received(hora__comm *comm, struct ib_conn *c, bool *progressed) {
   hora__conn *conn = &c->base;
   while (conn->recv_head) {
     hora__xfer *x = conn->recv_head;
     if (x->mode == RECV_DIRECT) {
       if (c->direct_done == 0) {
-        return;
+        if (c->ring_ready > 0) {
+          /* Writes arrive in order: ring data ahead of the direct write's
+           * end means the sender did not take the descriptor. */
+          char name[160];
+          return hora__error(HORA_ERR_SYSTEM,
+                             "RDMA transfer from %s out of step: %zu bytes came through the ring "
+                             "for a receive into registered %s memory",
+                             hora__peer_name(comm, c->base.peer, name, sizeof(name)),
+                             (size_t)c->ring_len[c->ring_head % SLOTS],
+                             region_of(x->ptr, x->left) && region_of(x->ptr, x->left)->device
+                                 ? "device" : "host");
+        }
+        return HORA_SUCCESS;
       }
       c->direct_done--;
+      *progressed = true;
+      const struct ib_region *r = region_of(x->ptr, x->left);
+      if (r && r->device) {
+        HORA_CHECK(post_flush(r, x->ptr, &c->flush_seq));
+        x->mode = RECV_FLUSHING;
+        continue;
+      }
+      x->ptr += x->left;
+      x->left = 0;
+      recv_complete(c);
+      continue;
+    }
+    if (x->mode == RECV_FLUSHING) {
+      if (dev->flush_error[0]) {
+        return hora__error(HORA_ERR_SYSTEM, "%s", dev->flush_error);
+      }
+      if (dev->flush_done < c->flush_seq) {
+        return HORA_SUCCESS;
+      }
       x->ptr += x->left;
       x->left = 0;
       recv_complete(c);
@@ -851,7 +959,7 @@ static void deliver_received(struct ib_conn *c, bool *progressed) {
       continue;
     }
     if (c->ring_ready == 0) {
-      return;
+      return HORA_SUCCESS;
     }
     uint32_t slot = c->ring_head % SLOTS;
     uint32_t avail = c->ring_len[slot] - c->head_off;
@@ -871,6 +979,7 @@ static void deliver_received(struct ib_conn *c, bool *progressed) {
       recv_complete(c);
     }
   }
+  return HORA_SUCCESS;
 }
 
 /* How the send at the head travels; false while its descriptor is still
@@ -881,7 +990,9 @@ static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_
   if (c->head_mode != SEND_UNDECIDED) {
     return HORA_SUCCESS;
   }
-  if (x->left < zc_min) {
+  const struct ib_region *r = region_of(x->ptr, x->left);
+  bool device = r && r->device;
+  if (x->left < zc_min && !device) {
     c->head_mode = SEND_RING;
     return HORA_SUCCESS;
   }
@@ -890,12 +1001,18 @@ static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_
     return HORA_SUCCESS;
   }
   struct ib_descriptor d = c->ctl[c->desc_used++ % RTR_SLOTS];
+  char name[160];
+  if (d.len == 0 && device) {
+    return hora__error(HORA_ERR_SYSTEM,
+                       "RDMA transfer to %s: device memory can only be written straight into "
+                       "registered device memory, and the receiver's buffer is not",
+                       hora__peer_name(comm, c->base.peer, name, sizeof(name)));
+  }
   if (d.len == 0) {
     c->head_mode = SEND_RING;
     return HORA_SUCCESS;
   }
   if (d.len != x->left) {
-    char name[160];
     return hora__error(HORA_ERR_SYSTEM,
                        "RDMA transfer to %s out of step: it expects %llu bytes, this send has %zu",
                        hora__peer_name(comm, c->base.peer, name, sizeof(name)),
@@ -903,7 +1020,6 @@ static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_
   }
   c->head_raddr = d.addr;
   c->head_rkey = d.rkey;
-  const struct ib_region *r = region_of(x->ptr, x->left);
   c->head_mode = r ? SEND_DIRECT : SEND_DIRECT_VIA_SLOTS;
   c->head_lkey = r ? r->mr->lkey : 0;
   return HORA_SUCCESS;
@@ -992,7 +1108,7 @@ static int ib_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
     return conn_failed(comm, c);
   }
   HORA_CHECK(post_descriptors(c, c->zc_min, progressed));
-  deliver_received(c, progressed);
+  HORA_CHECK(deliver_received(comm, c, progressed));
   HORA_CHECK(post_sends(comm, c, c->zc_min, progressed));
   /* With nothing to carry them, return slots alone once half the ring is
    * owed: a sender never waits on fewer than half the slots, and the
@@ -1032,7 +1148,8 @@ static int ib_poll_fd(hora__conn *conn, short *events) {
 
 /* Registered for the life of the buffer (hora__comm_register): the fusion
  * buffer and the ring's staging. Each region keeps the device open. */
-static int ib_reg_mem(hora__comm *comm, void *buf, size_t len, void **handle) {
+static int add_region(hora__comm *comm, void *buf, size_t len, int dmabuf_fd, uint64_t offset,
+                      void **handle) {
   *handle = NULL;
   HORA_CHECK(dev_get(comm));
   if (dev->nregions == dev->capregions) {
@@ -1045,15 +1162,38 @@ static int ib_reg_mem(hora__comm *comm, void *buf, size_t len, void **handle) {
     dev->regions = p;
     dev->capregions = cap;
   }
-  struct ibv_mr *mr = ibv_reg_mr(dev->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  if (dmabuf_fd >= 0) {
+    int rc = open_flush_qp();
+    if (rc != HORA_SUCCESS) {
+      dev_put();
+      return rc;
+    }
+    access |= IBV_ACCESS_REMOTE_READ; /* the flush reads it */
+  }
+  struct ibv_mr *mr = dmabuf_fd >= 0
+                          ? ibv_reg_dmabuf_mr(dev->pd, offset, len, (uintptr_t)buf, dmabuf_fd, access)
+                          : ibv_reg_mr(dev->pd, buf, len, access);
   if (!mr) {
-    int rc = hora__error_errno(HORA_ERR_SYSTEM, "ibv_reg_mr of %zu bytes", len);
+    int rc = hora__error_errno(HORA_ERR_SYSTEM, "%s of %zu bytes on %s",
+                               dmabuf_fd >= 0 ? "ibv_reg_dmabuf_mr" : "ibv_reg_mr", len, dev->name);
     dev_put();
     return rc;
   }
-  dev->regions[dev->nregions++] = (struct ib_region){.base = buf, .len = len, .mr = mr};
+  dev->regions[dev->nregions++] =
+      (struct ib_region){.base = buf, .len = len, .mr = mr, .device = dmabuf_fd >= 0};
   *handle = mr;
   return HORA_SUCCESS;
+}
+
+static int ib_reg_mem(hora__comm *comm, void *buf, size_t len, void **handle) {
+  return add_region(comm, buf, len, -1, 0, handle);
+}
+
+/* GPU memory, through the dma-buf its driver exported for [buf, buf+len). */
+static int ib_reg_dmabuf(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,
+                         void **handle) {
+  return add_region(comm, buf, len, fd, offset, handle);
 }
 
 static int ib_dereg_mem(hora__comm *comm, void *handle) {
@@ -1117,6 +1257,7 @@ const struct hora__transport hora__transport_ib = {
     .progress = ib_progress,
     .poll_fd = ib_poll_fd,
     .reg_mem = ib_reg_mem,
+    .reg_dmabuf = ib_reg_dmabuf,
     .dereg_mem = ib_dereg_mem,
     .close = ib_close,
 };

@@ -54,6 +54,11 @@ struct hora__transport {
   /* Registration of long-lived buffers (a no-op for sockets). Transfers
    * into and out of registered memory may move without a copy. */
   int (*reg_mem)(hora__comm *comm, void *buf, size_t len, void **handle);
+  /* Device (GPU) memory exported as a dma-buf: fd and the offset of buf in
+   * it. NULL where the transport cannot reach device memory. Device memory
+   * must be used at both ends of a transfer. */
+  int (*reg_dmabuf)(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,
+                    void **handle);
   int (*dereg_mem)(hora__comm *comm, void *handle);
   void (*close)(hora__conn *conn);
 };

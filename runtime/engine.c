@@ -84,7 +84,7 @@ static void engine_free(struct hora__engine *e) {
   free(e->iov_in);
   free(e->iov_out);
   free(e->reqs);
-  hora__gpu_destroy(e->gpu);
+  hora__gpu_destroy(e->comm, e->gpu);
   free(e->ready);
   free(e->done);
   free(e);
