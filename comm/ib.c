@@ -112,6 +112,7 @@ struct ib_ctx {
   enum ibv_mtu mtu;
   bool roce;
   int kick_fd; /* eventfd: "completions are already waiting, do not sleep" */
+  uint64_t async_checked; /* when async events were last read */
   bool armed;
   int refs;
   struct ib_conn **conns; /* by slot in the table below, for completion dispatch */
@@ -1096,13 +1097,19 @@ static int post_sends(hora__comm *comm, struct ib_conn *c, size_t zc_min, bool *
 static int ib_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
   struct ib_conn *c = (struct ib_conn *)conn;
   HORA_CHECK(drain_cq(progressed));
+  /* Port and device events, at most once a millisecond: each look is a
+   * system call, and a polling loop must stay cheap. */
+  uint64_t now = hora__now_ns();
   struct ibv_async_event ev;
-  while (ibv_get_async_event(dev->ctx, &ev) == 0) {
+  while (now - dev->async_checked > 1000000 && ibv_get_async_event(dev->ctx, &ev) == 0) {
     enum ibv_event_type t = ev.event_type;
     ibv_ack_async_event(&ev);
     if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_DEVICE_FATAL || t == IBV_EVENT_QP_FATAL) {
       return hora__error(HORA_ERR_PEER_LOST, "RDMA device %s: %s", dev->name, ibv_event_type_str(t));
     }
+  }
+  if (now - dev->async_checked > 1000000) {
+    dev->async_checked = now;
   }
   if (c->error) {
     return conn_failed(comm, c);

@@ -54,22 +54,26 @@ copy_tree() {
   fi
 }
 
-sanitized() { # dir, configure flag, then environment settings for make check
-  dir=$1 flag=$2
+sanitized() { # dir, configure flags, then environment settings for make check
+  dir=$1 flags=$2
   shift 2
-  note "sanitizer build ($flag): $dir"
+  note "sanitizer build ($flags): $dir"
   copy_tree "$dir"
-  (cd "$dir" && ./autogen.sh >/dev/null 2>&1 && ./configure "$flag" >/dev/null &&
-     make -j2 >/dev/null) || { echo "FAIL build with $flag"; echo "0 1 0" >>"$summary"; status=1; return; }
+  # shellcheck disable=SC2086
+  (cd "$dir" && ./autogen.sh >/dev/null 2>&1 && ./configure $flags >/dev/null &&
+     make -j2 >/dev/null) || { echo "FAIL build with $flags"; echo "0 1 0" >>"$summary"; status=1; return; }
   (cd "$dir" && env HORA_TEST_SUMMARY="$summary" "$@" make check) || status=1
 }
 
 if [ "$quick" = no ]; then
   # 16 sanitized ranks on 2 cores take minutes; the plain build runs np=16.
   # The variants of a test (other transports, settings) run once, at their
-  # smallest rank count.
-  sanitized "$src/build/asan" --enable-sanitizers HORA_TEST_NPS="1 2 4" HORA_TEST_VARIANTS_ONCE=1
-  sanitized "$src/build/tsan" --enable-sanitizers=thread HORA_TEST_NPS="1 2 4" \
+  # smallest rank count. The device code is built by the plain build; its
+  # tests need a GPU, so the sanitizer builds leave it out unless one is here.
+  cuda=--without-cuda
+  ls /dev/nvidia[0-9]* >/dev/null 2>&1 && cuda=
+  sanitized "$src/build/asan" "--enable-sanitizers $cuda" HORA_TEST_NPS="1 2 4" HORA_TEST_VARIANTS_ONCE=1
+  sanitized "$src/build/tsan" "--enable-sanitizers=thread $cuda" HORA_TEST_NPS="1 2 4" HORA_TEST_VARIANTS_ONCE=1 \
     HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall"
 fi
 
