@@ -567,6 +567,10 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
     rc = HORA_ERR_NO_MEMORY;
     goto fail;
   }
+  /* The NIC writes the ring and the descriptors behind the compiler's (and
+   * valgrind's) back: start them defined. */
+  memset(c->ring, 0, (size_t)SLOTS * SLOT);
+  memset(c->ctl, 0, 2 * RTR_SLOTS * sizeof(*c->ctl));
   /* Registered once, for the life of the connection. */
   c->send_mr = ibv_reg_mr(dev->pd, c->send_buf, (size_t)SLOTS * SLOT, IBV_ACCESS_LOCAL_WRITE);
   c->ring_mr = ibv_reg_mr(dev->pd, c->ring, (size_t)SLOTS * SLOT,

@@ -98,6 +98,25 @@ else
   fi
   took "resources"
 
+  # On request (minutes in the emulated guest): valgrind over an ib run,
+  # connection to teardown, with zero-copy and ring transfers.
+  if [ -n "${HORA_RDMA_VALGRIND:-}" ]; then
+    vdir=$(mktemp -d)
+    timeout 1200 "$MPIEXEC" $flags -np 2 valgrind --leak-check=full \
+      --show-leak-kinds=definite,indirect --errors-for-leak-kinds=none -q \
+      --log-file="$vdir/vg.%p.log" "$builddir/tests/rdma/p2p_bench" 20 4 </dev/null >"$vdir/out" 2>&1
+    vrc=$?
+    reports=$(awk -f "$(dirname "$0")/../valgrind/hora-reports.awk" "$vdir"/vg.*.log | wc -l)
+    if [ $vrc -eq 0 ] && grep -q '^transport=ib' "$vdir/out" && [ "$reports" -eq 0 ]; then
+      result "PASS rdma/valgrind_p2p (no leak or memory error from hora over ib)"
+    else
+      result "FAIL rdma/valgrind_p2p: exit status $vrc, $reports report lines from hora"
+      awk -f "$(dirname "$0")/../valgrind/hora-reports.awk" "$vdir"/vg.*.log | head -n 40
+    fi
+    rm -rf "$vdir"
+    took "valgrind"
+  fi
+
   # Point to point: hora's ib transport against perftest on the same device,
   # five times each, alternating, medians compared. The guest runs about
   # 15 times slower than hardware (TCG), so hora's bounded poll before it

@@ -17,25 +17,8 @@ export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_mca_base_component_disable_dlclos
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 vg="valgrind --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=none -q"
 
-# Prints the reports of a valgrind log that belong to hora.
-ours() {
-  awk '
-    function flush() {
-      if (n && mine) { print rec; found++ }
-      rec = ""; n = 0; mine = 0; frames = 0
-    }
-    { sub(/^==[0-9]+== ?/, "") }
-    /^$/ { flush(); next }
-    {
-      rec = rec $0 "\n"; n++
-      if ($0 ~ /^ *(at|by) 0x/) {
-        if ($0 ~ /vgpreload|[(](strdup|malloc|calloc|realloc)[.]c|: (malloc|calloc|realloc|strdup|strndup|posix_memalign|aligned_alloc) /) next
-        frames++
-        if (frames <= 3 && $0 ~ /: (hora_|hora__|mt_|test_|main )|tests\//) mine = 1
-      }
-    }
-    END { flush() }' "$@"
-}
+# Prints the reports of valgrind logs that belong to hora.
+ours() { awk -f "$(dirname "$0")/hora-reports.awk" "$@"; }
 
 check() { # name log...
   name=$1
