@@ -654,6 +654,12 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
   c->remote_transport = c->cross_size == 1 ? "none"
                         : hierarchical     ? (c->ib_remote ? "ib(hierarchical)" : "tcp(hierarchical)")
                                            : remote;
+  if (hierarchical && c->ib_remote) {
+    /* The cross-host rings reduce in this rank's two shared halves: with
+     * them registered, slices move between hosts without a copy. */
+    hora__comm_register(c, hora__shm_half(c->shm, c->local_rank, 0),
+                        2 * hora__shm_half_bytes(c->shm), &c->shm_reg);
+  }
   c->chunk_bytes = hora__params.CHUNK_SIZE;
   c->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;
   c->stall_ns = (uint64_t)(hora__params.STALL_SHUTDOWN_TIME_SECONDS * 1e9);
@@ -757,6 +763,7 @@ void hora__comm_destroy(hora__comm *c) {
   hora__comm_disconnect(c);
   hora__comm_deregister(c, &c->fusion_reg);
   hora__comm_deregister(c, &c->scratch_reg);
+  hora__comm_deregister(c, &c->shm_reg);
   if (c->mpi != MPI_COMM_NULL) {
     int finalized = 0;
     MPI_Finalized(&finalized);

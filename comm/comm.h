@@ -80,6 +80,7 @@ struct hora__comm {
   char *scratch;       /* the ring's staging for chunks in flight */
   size_t scratch_bytes;
   void *scratch_reg;
+  void *shm_reg; /* this rank's shared halves (hierarchical over RDMA) */
   char *bounce; /* the single-copy path's cache-sized staging */
   int64_t single_copy_min;
   bool ib_remote; /* RDMA for data connections to other hosts */
