@@ -9,7 +9,8 @@
  *     hora_allreduce_async as soon as they exist, so communication overlaps
  *     the rest of backprop and the engine fuses them
  *   - the optimizer waits for them and steps; the learning rate is scaled
- *     by the number of ranks, with a linear warm-up
+ *     by the number of ranks, with a linear warm-up and a cosine decay to
+ *     zero at the end of the run (a steady final accuracy)
  *   - the last, uneven batch of an epoch: ranks without samples call
  *     hora_join; the last rank to join then broadcasts the final state
  *   - --accum-steps K allreduces once per K micro-batches
@@ -63,7 +64,8 @@ static void usage(FILE *f) {
           "  --epochs N            passes over the training set (default 5)\n"
           "  --batch N             samples per rank per step (default 32)\n"
           "  --lr X                learning rate for one rank; it is multiplied by the number\n"
-          "                        of ranks, reached by a linear warm-up (default 0.02)\n"
+          "                        of ranks, reached by a linear warm-up, and decays to zero\n"
+          "                        along a cosine by the end of the last epoch (default 0.02)\n"
           "  --momentum X          SGD momentum (default 0.9)\n"
           "  --warmup-steps N      optimizer steps of warm-up (default 100)\n"
           "  --accum-steps K       accumulate gradients over K micro-batches, allreduce once\n"
@@ -476,6 +478,20 @@ static void backward(struct model *m, int n, int accum, struct exchange *x, int 
   }
 }
 
+/* Linear warm-up over the first steps, then a cosine from the peak to zero
+ * at the last step of the run. */
+static double learning_rate(double peak, long step, int warmup, long total) {
+  if (warmup > 0 && step < warmup) {
+    return peak * (double)(step + 1) / warmup;
+  }
+  long span = total - warmup;
+  if (span <= 0) {
+    return peak;
+  }
+  double progress = (double)(step - warmup) / (double)span;
+  return peak * 0.5 * (1.0 + cos(M_PI * (progress < 1 ? progress : 1)));
+}
+
 static void sgd_step(struct model *m, double lr, double momentum) {
   for (int k = 0; k < NLAYERS; k++) {
     struct layer *L = &m->l[k];
@@ -710,6 +726,9 @@ int main(int argc, char **argv) {
   int *perm = xmalloc((size_t)train.n * sizeof(int));
   const int global = o.batch * nranks; /* samples per micro-batch, all ranks */
   const double peak_lr = o.lr * nranks;
+  /* Optimizer steps per epoch: the last micro-batch of an epoch always steps. */
+  const long micro_per_epoch = (train.n + global - 1) / global;
+  const long steps_per_epoch = (micro_per_epoch + o.accum_steps - 1) / o.accum_steps;
   double accuracy = 0;
   int stop = 0;
   if (rank == 0) {
@@ -753,8 +772,11 @@ int main(int argc, char **argv) {
       loss_sum += gloss;
       loss_count++;
       micro = 0;
-      double warm = o.warmup_steps ? (double)(step + 1) / o.warmup_steps : 1.0;
-      sgd_step(&m, peak_lr * (warm < 1 ? warm : 1), o.momentum);
+      /* The schedule's step comes from the position in the data, which
+       * every rank with data agrees on (joined ranks skip steps). */
+      long s = (long)epoch * steps_per_epoch + (at / global) / o.accum_steps;
+      sgd_step(&m, learning_rate(peak_lr, s, o.warmup_steps, (long)o.epochs * steps_per_epoch),
+               o.momentum);
       step++;
       if (rank == 0 && step <= o.print_steps) {
         printf("step %lld loss %.9g\n", (long long)step, gloss);
