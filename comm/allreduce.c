@@ -174,18 +174,8 @@ static void phase(const struct hora__coll_opts *o, const char *name) {
 }
 
 int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out) {
-  if (comm->fusion_bytes < bytes) {
-    /* Page-aligned: RDMA registers whole pages. */
-    void *p = hora__aligned_alloc(4096, bytes);
-    if (!p) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    hora__comm_deregister(comm, &comm->fusion_reg);
-    free(comm->fusion);
-    comm->fusion = p;
-    comm->fusion_bytes = bytes;
-    hora__comm_register(comm, p, bytes, &comm->fusion_reg);
-  }
+  HORA_CHECK(
+      hora__comm_grow_registered(comm, &comm->fusion, &comm->fusion_bytes, &comm->fusion_reg, bytes));
   *out = comm->fusion;
   return HORA_SUCCESS;
 }

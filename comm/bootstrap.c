@@ -756,6 +756,24 @@ void hora__comm_deregister(hora__comm *c, void **handle) {
   *handle = NULL;
 }
 
+int hora__comm_grow_registered(hora__comm *c, char **buf, size_t *bytes, void **handle,
+                               size_t need) {
+  if (*bytes >= need) {
+    return HORA_SUCCESS;
+  }
+  /* Page-aligned: RDMA registers whole pages. */
+  char *p = hora__aligned_alloc(4096, need);
+  if (!p) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  hora__comm_deregister(c, handle);
+  free(*buf);
+  *buf = p;
+  *bytes = need;
+  hora__comm_register(c, p, need, handle);
+  return HORA_SUCCESS;
+}
+
 void hora__comm_destroy(hora__comm *c) {
   if (!c) {
     return;

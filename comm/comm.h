@@ -111,6 +111,9 @@ void hora__comm_disconnect(hora__comm *comm);
  * no-op without RDMA; a failed registration only costs a copy. */
 void hora__comm_register(hora__comm *comm, void *buf, size_t len, void **handle);
 void hora__comm_deregister(hora__comm *comm, void **handle);
+/* Grows *buf (page-aligned, registered as above) to at least need bytes. */
+int hora__comm_grow_registered(hora__comm *comm, char **buf, size_t *bytes, void **handle,
+                               size_t need);
 /* GPU memory exported as a dma-buf (fd, and buf's offset in it), for
  * GPUDirect RDMA. Fails where no connection is RDMA or the NIC cannot. */
 int hora__comm_register_device(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,

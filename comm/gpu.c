@@ -5,11 +5,11 @@
 #include <cuda.h> /* driver API types; its entry points come through cudart */
 #include <cuda_runtime.h>
 #include <pthread.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../runtime/log.h"
 #include "../runtime/message.h"

@@ -927,13 +927,13 @@ static int deliver_received(hora__comm *comm, struct ib_conn *c, bool *progresse
           /* Writes arrive in order: ring data ahead of the direct write's
            * end means the sender did not take the descriptor. */
           char name[160];
+          const struct ib_region *r = region_of(x->ptr, x->left);
           return hora__error(HORA_ERR_SYSTEM,
                              "RDMA transfer from %s out of step: %zu bytes came through the ring "
                              "for a receive into registered %s memory",
                              hora__peer_name(comm, c->base.peer, name, sizeof(name)),
                              (size_t)c->ring_len[c->ring_head % SLOTS],
-                             region_of(x->ptr, x->left) && region_of(x->ptr, x->left)->device
-                                 ? "device" : "host");
+                             r && r->device ? "device" : "host");
         }
         return HORA_SUCCESS;
       }
@@ -1104,16 +1104,17 @@ static int ib_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
   /* Port and device events, at most once a millisecond: each look is a
    * system call, and a polling loop must stay cheap. */
   uint64_t now = hora__now_ns();
-  struct ibv_async_event ev;
-  while (now - dev->async_checked > 1000000 && ibv_get_async_event(dev->ctx, &ev) == 0) {
-    enum ibv_event_type t = ev.event_type;
-    ibv_ack_async_event(&ev);
-    if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_DEVICE_FATAL || t == IBV_EVENT_QP_FATAL) {
-      return hora__error(HORA_ERR_PEER_LOST, "RDMA device %s: %s", dev->name, ibv_event_type_str(t));
-    }
-  }
   if (now - dev->async_checked > 1000000) {
     dev->async_checked = now;
+    struct ibv_async_event ev;
+    while (ibv_get_async_event(dev->ctx, &ev) == 0) {
+      enum ibv_event_type t = ev.event_type;
+      ibv_ack_async_event(&ev);
+      if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_DEVICE_FATAL || t == IBV_EVENT_QP_FATAL) {
+        return hora__error(HORA_ERR_PEER_LOST, "RDMA device %s: %s", dev->name,
+                           ibv_event_type_str(t));
+      }
+    }
   }
   if (c->error) {
     return conn_failed(comm, c);

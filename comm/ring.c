@@ -12,18 +12,9 @@
 
 /* The staging of chunks in flight lives in the communicator, registered
  * with the RDMA device like the fusion buffer. */
-static int scratch_get(hora__comm *comm, size_t bytes, void **out) {
-  if (comm->scratch_bytes < bytes) {
-    void *p = hora__aligned_alloc(4096, bytes);
-    if (!p) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    hora__comm_deregister(comm, &comm->scratch_reg);
-    free(comm->scratch);
-    comm->scratch = p;
-    comm->scratch_bytes = bytes;
-    hora__comm_register(comm, p, bytes, &comm->scratch_reg);
-  }
+static int scratch_get(hora__comm *comm, size_t bytes, char **out) {
+  HORA_CHECK(hora__comm_grow_registered(comm, &comm->scratch, &comm->scratch_bytes,
+                                        &comm->scratch_reg, bytes));
   *out = comm->scratch;
   return HORA_SUCCESS;
 }
@@ -37,9 +28,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
   size_t stage_bytes = (size_t)comm->chunk_bytes;
   char *stage = NULL;
   if (ring->nrecv > 0 || ring->fill_send) {
-    void *p;
-    HORA_CHECK(scratch_get(comm, stage_bytes * RING_WINDOW * 2, &p));
-    stage = p;
+    HORA_CHECK(scratch_get(comm, stage_bytes * RING_WINDOW * 2, &stage));
     send_stage = stage + stage_bytes * RING_WINDOW;
   }
   for (;;) {
