@@ -7,7 +7,7 @@
  *      total size and against 161 separate MPI_Allreduce calls.
  *   2. A lone 8-byte allreduce, submit and wait, against MPI_Allreduce.
  *   3. Optionally (--steady N), N steps of the gradient set, printing the
- *      resident set size as it goes.
+ *      resident set size and the bytes held from malloc as it goes.
  *
  * Every result is checked. Times are medians over --reps repetitions.
  * --soak SECONDS runs only the gradient set, step after step, checking
@@ -145,9 +145,13 @@ static double hora_step(int iter) {
 
 /* Bytes the program holds from malloc (glibc): a leak grows this, pages
  * touched for the first time only grow RSS. */
-static long heap_kib(void) {
+static long heap_bytes(void) {
   struct mallinfo2 mi = mallinfo2();
-  return (long)((mi.uordblks + mi.hblkhd) / 1024);
+  return (long)(mi.uordblks + mi.hblkhd);
+}
+
+static long heap_kib(void) {
+  return heap_bytes() / 1024;
 }
 
 static int count_fds(void) {
@@ -338,25 +342,26 @@ int main(int argc, char **argv) {
   }
 
   if (steady > 0) {
-    long first = 0, warm = 0;
+    long rss_warm = 0, heap_warm = 0;
     for (long s = 0; s < steady; s++) {
       hora_step((int)(s % 1000));
-      if (s == 100) {
-        warm = rss_kib();
-      }
-      if (s == 0) {
-        first = rss_kib();
+      if (s == 0 || s == 100) {
+        rss_warm = rss_kib();
+        heap_warm = heap_bytes();
       }
       if (rank == 0 && (s % (steady / 10 > 0 ? steady / 10 : 1) == 0 || s == steady - 1)) {
-        printf("steady step %7ld  RSS %ld KiB (after warm-up %ld KiB)\n", s, rss_kib(), warm);
+        printf("steady step %7ld  RSS %ld KiB (after warm-up %ld KiB)  heap in use %ld bytes "
+               "(after warm-up %ld)\n",
+               s, rss_kib(), rss_warm, heap_bytes(), heap_warm);
         fflush(stdout);
       }
     }
-    long end = rss_kib();
-    long growth = end - (warm ? warm : first), all = 0;
-    MPI_Allreduce(&growth, &all, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    long growth[2] = {rss_kib() - rss_warm, heap_bytes() - heap_warm}, worst[2];
+    MPI_Allreduce(growth, worst, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0) {
-      printf("steady state: %ld steps, RSS growth after warm-up, worst rank: %ld KiB\n", steady, all);
+      printf("steady state: %ld steps; growth after warm-up, worst rank: RSS %ld KiB, heap in use "
+             "%ld bytes\n",
+             steady, worst[0], worst[1]);
     }
   }
   CHECK(hora_finalize());

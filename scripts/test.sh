@@ -20,7 +20,15 @@ summary=$(mktemp)
 trap 'rm -f "$summary"' EXIT
 status=0
 
-note() { printf '\n==== %s\n' "$*"; }
+# Stage headers, each closing the previous stage with its wall time.
+suite_start=$(date +%s) stage_start=$suite_start stage=
+note() {
+  now=$(date +%s)
+  [ -n "$stage" ] && printf '==== (%s: %d s)\n' "$stage" $((now - stage_start))
+  stage=$*
+  stage_start=$now
+  [ $# -gt 0 ] && printf '\n==== %s\n' "$*"
+}
 
 # The plain build lives in the source tree, as the README builds it.
 note "plain build: $src"
@@ -77,5 +85,7 @@ if [ "$quick" = no ]; then
     HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall"
 fi
 
+note
+echo "==== (whole suite: $(($(date +%s) - suite_start)) s)"
 awk '{p+=$1; f+=$2; s+=$3} END {printf "\n%d passed, %d failed, %d skipped\n", p, f, s}' "$summary"
 exit $status
