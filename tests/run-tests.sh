@@ -259,13 +259,23 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
   fi
 
   section "docs"
+  awk '/<!-- settings-table-begin -->/{on=1;next}/<!-- settings-table-end -->/{on=0}on' \
+    "$srcdir/README.md" >"$work/readme-table.md"
   if "$builddir/hora-info" --settings-md >"$work/table.md" &&
-     awk '/<!-- settings-table-begin -->/{on=1;next}/<!-- settings-table-end -->/{on=0}on' \
-       "$srcdir/README.md" | diff -u "$work/table.md" - >"$work/diff"; then
+     head -n "$(wc -l <"$work/table.md")" "$work/readme-table.md" | diff -u "$work/table.md" - >"$work/diff"; then
     echo "PASS docs/readme_settings_table_matches_params_def" | tee -a "$results"
   else
     echo "FAIL docs/readme_settings_table_matches_params_def: README.md differs from hora-info --settings-md" | tee -a "$results"
     head -n 20 "$work/diff"
+  fi
+  # Every HORA_* variable a test script or program reads is in the table too.
+  missing=$(find "$srcdir/tests" "$srcdir/scripts" "$srcdir/examples" -name '*.sh' -o -name '*.c' |
+    xargs grep -ohE '[$][{]HORA_[A-Z0-9_]+|getenv[(]"HORA_[A-Z0-9_]+' | sed 's/.*HORA_/HORA_/' | sort -u |
+    while read -r v; do grep -q "^| \`$v\` |" "$work/readme-table.md" || echo "$v"; done)
+  if [ -z "$missing" ]; then
+    echo "PASS docs/readme_settings_table_names_every_test_setting" | tee -a "$results"
+  else
+    echo "FAIL docs/readme_settings_table_names_every_test_setting: not in README.md's table:" $missing | tee -a "$results"
   fi
 fi
 
