@@ -789,6 +789,8 @@ void hora__comm_destroy(hora__comm *c) {
       MPI_Comm_free(&c->mpi);
     }
   }
+  hora__peer_maps_free(c->peer_maps, c->local_size);
+  free(c->peer_ptrs);
   hora__shm_destroy(c->shm);
   free(c->fusion);
   free(c->scratch);

@@ -82,6 +82,10 @@ struct hora__comm {
   void *scratch_reg;
   void *shm_reg; /* this rank's shared halves (hierarchical over RDMA) */
   char *bounce; /* the single-copy path's cache-sized staging */
+  struct hora__peer_maps *peer_maps; /* local peers' hora_mem_alloc blocks mapped here */
+  char **peer_ptrs;                  /* the single-copy path's peer addresses */
+  size_t peer_ptrs_cap;
+  uint64_t direct_bytes; /* allreduce bytes moved with loads and stores only (atomic) */
   int64_t single_copy_min;
   bool ib_remote; /* RDMA for data connections to other hosts */
   bool ib_all;    /* RDMA for every data connection (HORA_TRANSPORT=ib) */

@@ -40,4 +40,34 @@ bool hora__shm_cma(const struct hora__shm *shm);
  * traffic and fails with HORA_ERR_PEER_LOST if a local peer process is gone. */
 int hora__shm_barrier(hora__comm *comm);
 
+/* ---- hora_mem_alloc blocks (shm_mem.c) ---- */
+
+/* Where a buffer lies in a block: what a peer needs to map the block. id 0:
+ * the buffer is not inside one block. */
+struct hora__mem_ref {
+  uint64_t id; /* unique in this process, never reused */
+  uint64_t fd;
+  uint64_t ino;
+  uint64_t len; /* of the whole block */
+  uint64_t offset;
+};
+
+int hora__mem_alloc(size_t bytes, void **ptr);
+int hora__mem_free(void *ptr);
+/* Whether [p, p + len) lies inside one block; fills *ref either way. */
+bool hora__mem_find(const void *p, size_t len, struct hora__mem_ref *ref);
+/* How many blocks this process has freed so far. */
+uint64_t hora__mem_frees(void);
+
+/* This rank's mappings of its local peers' blocks, one set per local rank. */
+struct hora__peer_maps;
+struct hora__peer_maps *hora__peer_maps_new(int local_size);
+void hora__peer_maps_free(struct hora__peer_maps *maps, int local_size);
+/* This process's address for the peer's buffer that *ref describes, mapping
+ * the block on first use; NULL when it cannot be mapped (the caller copies
+ * through the kernel instead). peer_frees is the peer's hora__mem_frees():
+ * when it moved, every old mapping of that peer's blocks is dropped first. */
+char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t peer_frees,
+                     const struct hora__mem_ref *ref);
+
 #endif

@@ -230,6 +230,12 @@ int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, voi
  *
  * Each byte crosses memory once on its way in and once on its way out,
  * against twice each way when staged, with two barriers per operation.
+ *
+ * Where a peer's buffers lie in hora_mem_alloc blocks (shm_mem.c), each rank
+ * publishes where, and the others map those blocks and reduce straight out
+ * of the peer's input and store straight into its output: no bounce buffer,
+ * no system call, no page pinning. Each rank chooses per peer and side, on
+ * its own: a peer it cannot map is served through the kernel as above.
  * Only rank j touches slice j of any buffer, so in-place works. */
 
 #include <stdlib.h>
@@ -310,9 +316,84 @@ static int cma(hora__comm *comm, int lr, bool write, struct iovec *local, int nl
                      write ? "process_vm_writev to" : "process_vm_readv from", name, got, bytes);
 }
 
+/* What each rank publishes in its half: the addresses of its n inputs and n
+ * outputs, where each lies in a hora_mem_alloc block, and its count of frees. */
+struct published {
+  uint64_t frees;
+  uint64_t pad;
+  /* then uint64_t addr[2n] and struct hora__mem_ref ref[2n] */
+};
+
+static size_t published_bytes(int n) {
+  return sizeof(struct published) + (size_t)n * 2 * (sizeof(uint64_t) + sizeof(struct hora__mem_ref));
+}
+
+static uint64_t *published_addrs(char *half) { return (uint64_t *)(void *)(half + sizeof(struct published)); }
+
+static struct hora__mem_ref *published_refs(char *half, int n) {
+  return (struct hora__mem_ref *)(void *)(published_addrs(half) + 2 * (size_t)n);
+}
+
 bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes) {
   return comm->shm && hora__shm_cma(comm->shm) && comm->cross_size == 1 &&
-         bytes >= (size_t)comm->single_copy_min && (size_t)n * 16 <= hora__shm_half_bytes(comm->shm);
+         bytes >= (size_t)comm->single_copy_min && published_bytes(n) <= hora__shm_half_bytes(comm->shm);
+}
+
+/* Fills ptrs[0..2n) with this process's addresses of local rank j's inputs
+ * and outputs. A side that cannot be mapped whole gets ptrs[0] (inputs) or
+ * ptrs[n] (outputs) NULL: it goes through the kernel. */
+static void map_peer(hora__comm *comm, int j, char *half, int n, char **ptrs) {
+  const struct published *pub = (const struct published *)(const void *)half;
+  const struct hora__mem_ref *refs = published_refs(half, n);
+  pid_t pid = hora__shm_pid(comm->shm, j);
+  for (int side = 0; side < 2; side++) {
+    char **p = ptrs + (size_t)side * (size_t)n;
+    const struct hora__mem_ref *r = refs + (size_t)side * (size_t)n;
+    for (int i = 0; i < n; i++) {
+      p[i] = r[i].id ? hora__peer_mem(comm->peer_maps, j, pid, pub->frees, &r[i]) : NULL;
+      if (!p[i]) {
+        p[0] = NULL;
+        break;
+      }
+    }
+  }
+}
+
+/* For the bytes [x, x + m) of the virtual buffer: out = in (op) peer when
+ * first, else out = out (op) peer; peer[i] is this process's address of the
+ * peer's tensor i. */
+static void reduce_direct(const struct hora__iov *in, const struct hora__iov *out, int n,
+                          size_t x, size_t m, char *const *peer, hora_dtype dtype, hora_op op,
+                          int first) {
+  size_t es = hora_dtype_size(dtype), base = 0;
+  for (int i = 0; i < n && m > 0; i++) {
+    size_t end = base + in[i].len;
+    if (x < end) {
+      size_t at = x - base, c = HORA_MIN(m, in[i].len - at);
+      char *o = (char *)out[i].base + at;
+      const char *a = first ? (const char *)in[i].base + at : o;
+      hora__reduce(dtype, op, o, a, peer[i] + at, c / es);
+      x += c;
+      m -= c;
+    }
+    base = end;
+  }
+}
+
+/* Copies the bytes [x, x + m) of our outputs into the peer's, whose
+ * addresses here are peer[i]. */
+static void store_direct(const struct hora__iov *out, int n, size_t x, size_t m, char *const *peer) {
+  size_t base = 0;
+  for (int i = 0; i < n && m > 0; i++) {
+    size_t end = base + out[i].len;
+    if (x < end) {
+      size_t at = x - base, c = HORA_MIN(m, out[i].len - at);
+      memcpy(peer[i] + at, (const char *)out[i].base + at, c);
+      x += c;
+      m -= c;
+    }
+    base = end;
+  }
 }
 
 int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in,
@@ -328,15 +409,49 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       return HORA_ERR_NO_MEMORY;
     }
   }
+  if (!comm->peer_maps) {
+    comm->peer_maps = hora__peer_maps_new(L);
+    if (!comm->peer_maps) {
+      return HORA_ERR_NO_MEMORY;
+    }
+  }
+  size_t nptrs = (size_t)L * 2 * (size_t)n;
+  if (comm->peer_ptrs_cap < nptrs) {
+    char **p = realloc(comm->peer_ptrs, nptrs * sizeof(*p));
+    if (!p) {
+      return hora__error(HORA_ERR_NO_MEMORY, "out of memory for %zu peer addresses", nptrs);
+    }
+    comm->peer_ptrs = p;
+    comm->peer_ptrs_cap = nptrs;
+  }
   char *peer_data = comm->bounce;
   int h = (int)(comm->shm_seq++ & 1);
-  uint64_t *mine = (uint64_t *)(void *)hora__shm_half(s, me, h);
+  char *my_half = hora__shm_half(s, me, h);
+  struct published *pub = (struct published *)(void *)my_half;
+  uint64_t *mine = published_addrs(my_half);
+  struct hora__mem_ref *my_refs = published_refs(my_half, n);
+  pub->frees = hora__mem_frees();
   for (int i = 0; i < n; i++) {
     mine[i] = (uint64_t)(uintptr_t)in[i].base;
     mine[n + i] = (uint64_t)(uintptr_t)out[i].base;
+    hora__mem_find(in[i].base, in[i].len, &my_refs[i]);
+    hora__mem_find(out[i].base, out[i].len, &my_refs[n + i]);
   }
   phase(opts, "ALLREDUCE");
   HORA_CHECK(hora__shm_barrier(comm));
+  /* Per peer and side: this process's addresses of its buffers, or a NULL
+   * first address where they go through the kernel. */
+  bool all_direct = true;
+  for (int j = 0; j < L; j++) {
+    if (j != me) {
+      char **p = comm->peer_ptrs + (size_t)j * 2 * (size_t)n;
+      map_peer(comm, j, hora__shm_half(s, j, h), n, p);
+      all_direct = all_direct && p[0] && p[n];
+    }
+  }
+  if (all_direct) {
+    __atomic_fetch_add(&comm->direct_bytes, (uint64_t)(count * es), __ATOMIC_RELAXED);
+  }
   size_t a, b;
   slice_of(count, L, me, &a, &b);
   struct iovec remote[IOV_BATCH], local[IOV_BATCH];
@@ -348,7 +463,13 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       if (j == me) {
         continue;
       }
-      const uint64_t *theirs = (const uint64_t *)(const void *)hora__shm_half(s, j, h);
+      char **direct = comm->peer_ptrs + (size_t)j * 2 * (size_t)n;
+      if (direct[0]) {
+        reduce_direct(in, out, n, x, m, direct, dtype, op, first);
+        first = 0;
+        continue;
+      }
+      const uint64_t *theirs = published_addrs(hora__shm_half(s, j, h));
       size_t off = x, left = m;
       char *dst = peer_data;
       while (left > 0) {
@@ -377,7 +498,12 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       if (j == me) {
         continue;
       }
-      const uint64_t *theirs = (const uint64_t *)(const void *)hora__shm_half(s, j, h);
+      char **direct = comm->peer_ptrs + (size_t)j * 2 * (size_t)n + n;
+      if (direct[0]) {
+        store_direct(out, n, x, m, direct);
+        continue;
+      }
+      const uint64_t *theirs = published_addrs(hora__shm_half(s, j, h));
       size_t off_l = x, left_l = m, off_r = x, left_r = m;
       while (left_r > 0) {
         size_t before = left_r;

@@ -11,6 +11,9 @@
  * of the two busbw. Results are checked after every timed repetition.
  *
  *   mpirun -np 2 hora-bench -b 1M -e 256M -f 2 -o allreduce
+ *
+ * With --hora-mem the buffers come from hora_mem_alloc, and MPI's
+ * collectives use the same buffers.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -128,13 +131,14 @@ static void usage(void) {
           "  -n N      operations per timed repetition (default: by size)\n"
           "  -r N      repetitions; the median is printed (default 5)\n"
           "  --no-mpi  do not run MPI's collectives beside hora's\n"
+          "  --hora-mem  buffers from hora_mem_alloc (host-shared; MPI uses them too)\n"
           "float32 data; allreduce sums; broadcast from rank 0.\n");
 }
 
 int main(int argc, char **argv) {
   size_t minb = 8, maxb = 64 << 20;
   double factor = 4;
-  int reps = 5, fixed_iters = 0, with_mpi = 1;
+  int reps = 5, fixed_iters = 0, with_mpi = 1, hora_mem = 0;
   int colls[3] = {1, 1, 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -156,6 +160,8 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(a, "--no-mpi")) {
       with_mpi = 0;
+    } else if (!strcmp(a, "--hora-mem")) {
+      hora_mem = 1;
     } else {
       usage();
       return a[0] == '-' && a[1] == 'h' ? 0 : 2;
@@ -174,7 +180,16 @@ int main(int argc, char **argv) {
   rank = hora_rank();
   size = hora_size();
   size_t maxn = maxb / 4 + (size_t)size;
-  float *buf = malloc(maxn * 4), *out = malloc(maxn * 4);
+  float *buf = NULL, *out = NULL;
+  if (hora_mem) {
+    if (hora_mem_alloc(maxn * 4, (void **)&buf) != HORA_SUCCESS ||
+        hora_mem_alloc(maxn * 4, (void **)&out) != HORA_SUCCESS) {
+      fail("hora_mem_alloc");
+    }
+  } else {
+    buf = malloc(maxn * 4);
+    out = malloc(maxn * 4);
+  }
   if (!buf || !out) {
     fprintf(stderr, "out of memory\n");
     return 1;
@@ -189,7 +204,8 @@ int main(int argc, char **argv) {
     }
     double bus = c == ALLREDUCE ? 2.0 * (size - 1) / size : c == ALLGATHER ? (double)(size - 1) / size : 1.0;
     if (rank == 0) {
-      printf("# %s, %d ranks, float32, median of %d repetitions\n", coll_names[c], size, reps);
+      printf("# %s, %d ranks, float32, median of %d repetitions%s\n", coll_names[c], size, reps,
+             hora_mem ? ", buffers from hora_mem_alloc" : "");
       printf("# %12s %10s | %10s %8s %8s | %10s %8s %8s | %7s %6s\n", "bytes", "count", "hora us",
              "algbw", "busbw", "MPI us", "algbw", "busbw", "hora/MPI", "errors");
     }
@@ -237,6 +253,13 @@ int main(int argc, char **argv) {
   }
   if (rank == 0) {
     printf("# %s: %ld wrong results\n", errors ? "FAILED" : "results checked", errors);
+  }
+  if (hora_mem) {
+    hora_mem_free(buf);
+    hora_mem_free(out);
+  } else {
+    free(buf);
+    free(out);
   }
   hora_finalize();
   MPI_Finalize();

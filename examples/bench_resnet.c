@@ -15,7 +15,11 @@
  * count of open file descriptors of any rank grows after warm-up
  * (scripts/soak.sh).
  *
- *   mpirun -np 2 hora-bench-resnet [--reps 7] [--lat-iters 20000] [--steady 100000]
+ * --hora-mem carves every tensor, and MPI's single buffer, out of blocks from
+ * hora_mem_alloc, as a trainer with a flat gradient arena would; MPI's
+ * calls use the same buffers.
+ *
+ *   mpirun -np 2 hora-bench-resnet [--reps 7] [--lat-iters 20000] [--steady 100000] [--hora-mem]
  *   mpirun -np 4 hora-bench-resnet --soak 600
  */
 #include <dirent.h>
@@ -246,6 +250,7 @@ int main(int argc, char **argv) {
   int reps = 7, lat_iters = 20000;
   long steady = 0;
   double soak_seconds = 0;
+  int hora_mem = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = atoi(argv[++i]);
@@ -255,8 +260,11 @@ int main(int argc, char **argv) {
       steady = atol(argv[++i]);
     } else if (!strcmp(argv[i], "--soak") && i + 1 < argc) {
       soak_seconds = atof(argv[++i]);
+    } else if (!strcmp(argv[i], "--hora-mem")) {
+      hora_mem = 1;
     } else {
-      fprintf(stderr, "usage: %s [--reps N] [--lat-iters N] [--steady STEPS] | --soak SECONDS\n",
+      fprintf(stderr,
+              "usage: %s [--reps N] [--lat-iters N] [--steady STEPS] [--hora-mem] | --soak SECONDS\n",
               argv[0]);
       return 2;
     }
@@ -270,16 +278,32 @@ int main(int argc, char **argv) {
   rank = hora_rank();
   size = hora_size();
   resnet50_shapes();
-  size_t total = 0;
+  size_t total = 0, arena_floats = 0;
   for (int t = 0; t < ntensors; t++) {
     total += sizes[t];
-    bufs[t] = malloc(sizes[t] * sizeof(float));
+    arena_floats += (sizes[t] + 15) / 16 * 16; /* each tensor 64-byte aligned */
+  }
+  float *arena = NULL, *flat = NULL;
+  if (hora_mem) {
+    CHECK(hora_mem_alloc(arena_floats * sizeof(float), (void **)&arena));
+    CHECK(hora_mem_alloc(total * sizeof(float), (void **)&flat));
+  } else {
+    flat = malloc(total * sizeof(float));
+  }
+  for (int t = 0, at = 0; t < ntensors; t++) {
+    if (hora_mem) {
+      bufs[t] = arena + at;
+      at += (int)((sizes[t] + 15) / 16 * 16);
+    } else {
+      bufs[t] = malloc(sizes[t] * sizeof(float));
+    }
     memset(bufs[t], 0, sizes[t] * sizeof(float));
     snprintf(names[t], sizeof(names[t]), "resnet50/param%03d", t);
   }
   if (rank == 0) {
-    printf("# hora-bench-resnet: %d ranks; ResNet-50 set: %d float32 tensors, %zu elements (%.1f MB)\n",
-           size, ntensors, total, (double)total * 4 / 1e6);
+    printf("# hora-bench-resnet: %d ranks; ResNet-50 set: %d float32 tensors, %zu elements (%.1f MB)%s\n",
+           size, ntensors, total, (double)total * 4 / 1e6,
+           hora_mem ? "; buffers from hora_mem_alloc" : "");
   }
   if (soak_seconds > 0) {
     int ok = soak(soak_seconds);
@@ -289,7 +313,6 @@ int main(int argc, char **argv) {
   }
   double *th = calloc((size_t)reps, sizeof(double)), *t1 = calloc((size_t)reps, sizeof(double)),
          *tn = calloc((size_t)reps, sizeof(double));
-  float *flat = malloc(total * sizeof(float));
   memset(flat, 0, total * sizeof(float));
   hora_step(-1); /* warm-up: connections, caches, fusion buffer */
   for (int r = 0; r < reps; r++) {

@@ -151,6 +151,19 @@ HORA_EXTERN size_t hora_dtype_size(hora_dtype dtype);
 HORA_EXTERN const char *hora_dtype_name(hora_dtype dtype);
 HORA_EXTERN const char *hora_op_name(hora_op op);
 
+/* ---- Host-shared memory ----------------------------------------------------
+ * A block the other ranks of this host can map, like MPI_Alloc_mem or
+ * ncclMemAlloc. Any buffer works with every call; an allreduce whose buffers
+ * come from these blocks on every rank of a host reduces them with plain loads
+ * and stores instead of copying them through the kernel, which is faster from
+ * about 1 MiB up. The block is page-aligned and zeroed. Both calls work
+ * before hora_init and after hora_finalize. A child made by fork() shares the
+ * block with its parent instead of getting a copy. */
+HORA_EXTERN int hora_mem_alloc(size_t bytes, void **ptr);
+/* Frees a block from hora_mem_alloc (NULL is a no-op). Anything else is
+ * HORA_ERR_INVALID_ARG. Not while an operation on the block is in flight. */
+HORA_EXTERN int hora_mem_free(void *ptr);
+
 /* "0.1.0" */
 HORA_EXTERN const char *hora_version(void);
 
@@ -211,6 +224,8 @@ typedef struct hora_stats {
   double negotiate_seconds; /* summed over operations: from submission to the start of its run */
   double communicate_seconds; /* coordinator time spent in collectives */
   double copy_seconds;      /* coordinator time packing and unpacking fusion buffers */
+  uint64_t direct_bytes;    /* allreduce bytes reduced straight between the host's
+                               hora_mem_alloc blocks, with no copy through the kernel */
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */

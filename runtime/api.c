@@ -11,6 +11,7 @@
 
 #include "../comm/comm.h"
 #include "../comm/gpu.h"
+#include "../comm/shm.h"
 #include "log.h"
 #include "params.h"
 #include "runtime.h"
@@ -818,6 +819,7 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   s.negotiate_seconds = (double)atomic_load(&rt->stats.negotiate_ns) * 1e-9;
   s.communicate_seconds = (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
   s.copy_seconds = (double)atomic_load(&rt->stats.copy_ns) * 1e-9;
+  s.direct_bytes = rt->comm ? __atomic_load_n(&rt->comm->direct_bytes, __ATOMIC_RELAXED) : 0;
   size_t keep = stats->struct_size;
   memcpy(stats, &s, HORA_MIN(keep, sizeof(s)));
   stats->struct_size = keep;
@@ -832,3 +834,7 @@ HORA_EXTERN int hora_join(int *last_joined_rank) {
   }
   return rc;
 }
+
+HORA_EXTERN int hora_mem_alloc(size_t bytes, void **ptr) { return hora__mem_alloc(bytes, ptr); }
+
+HORA_EXTERN int hora_mem_free(void *ptr) { return hora__mem_free(ptr); }
