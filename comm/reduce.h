@@ -10,6 +10,10 @@
  * NaN, so the result does not depend on the order of reduction. */
 void hora__reduce(hora_dtype dtype, hora_op op, void *dst, const void *a, const void *b,
                   size_t n);
+/* The same without the run-time choice of CPU-specific float16/bfloat16
+ * loops: what a CPU without AVX2 and F16C runs (tested on every CPU). */
+void hora__reduce_portable(hora_dtype dtype, hora_op op, void *dst, const void *a, const void *b,
+                           size_t n);
 
 /* buf[i] /= divisor: floats divide, integers round toward zero. */
 void hora__divide(hora_dtype dtype, void *buf, size_t n, int divisor);

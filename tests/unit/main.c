@@ -35,6 +35,7 @@ int test_skipped;
   X(message_responses_use_the_cache)                                                         \
   X(cache_lru_and_versions)                                                                  \
   X(compression_roundtrip_and_reduce)                                                        \
+  X(compression_matches_scalar_conversions)                                                  \
   X(message_minimal_sizes)                                                                   \
   X(checksum_stream_and_sensitivity)
 

@@ -141,21 +141,28 @@ static void fill_random(hora_dtype dt, void *p, size_t n) {
   }
 }
 
+/* The dispatching entry point and the portable loops alike: on a CPU with
+ * AVX2 and F16C the first runs other code for float16 and bfloat16. */
+typedef void (*reduce_entry)(hora_dtype, hora_op, void *, const void *, const void *, size_t);
+static const reduce_entry entries[2] = {hora__reduce, hora__reduce_portable};
+static const char *const entry_names[2] = {"hora__reduce", "hora__reduce_portable"};
+
 TEST(reduce_matches_reference) {
   enum { N = 1037 };
   static uint8_t a[N * 8], b[N * 8], got[N * 8], want[N * 8];
+  for (int e = 0; e < 2; e++)
   for (int dt = HORA_UINT8; dt <= HORA_FLOAT64; dt++) {
     for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
       for (size_t n = 1; n <= N; n = n < 40 ? n + 1 : n * 3 + 1) {
         size_t m = HORA_MIN(n, (size_t)N);
         fill_random((hora_dtype)dt, a, m);
         fill_random((hora_dtype)dt, b, m);
-        hora__reduce((hora_dtype)dt, (hora_op)op, got, a, b, m);
+        entries[e]((hora_dtype)dt, (hora_op)op, got, a, b, m);
         hora__reduce_reference((hora_dtype)dt, (hora_op)op, want, a, b, m);
         for (size_t i = 0; i < m; i++) {
           if (!same_value((hora_dtype)dt, got, want, i)) {
-            FAIL("%s %s n=%zu: element %zu differs from the reference", hora_dtype_name((hora_dtype)dt),
-                 hora_op_name((hora_op)op), m, i);
+            FAIL("%s: %s %s n=%zu: element %zu differs from the reference", entry_names[e],
+                 hora_dtype_name((hora_dtype)dt), hora_op_name((hora_op)op), m, i);
           }
         }
       }
@@ -194,13 +201,15 @@ TEST(reduce_nan_inf_and_edges) {
         }
       }
     }
+    for (int e = 0; e < 2; e++)
     for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
-      hora__reduce((hora_dtype)dt, (hora_op)op, got, a, b, S * S);
+      entries[e]((hora_dtype)dt, (hora_op)op, got, a, b, S * S);
       hora__reduce_reference((hora_dtype)dt, (hora_op)op, want, a, b, S * S);
       for (size_t k = 0; k < S * S; k++) {
         if (!same_value((hora_dtype)dt, got, want, k)) {
-          FAIL("%s %s: %g (op) %g differs from the reference", hora_dtype_name((hora_dtype)dt),
-               hora_op_name((hora_op)op), specials[k / S], specials[k % S]);
+          FAIL("%s: %s %s: %g (op) %g differs from the reference", entry_names[e],
+               hora_dtype_name((hora_dtype)dt), hora_op_name((hora_op)op), specials[k / S],
+               specials[k % S]);
         }
       }
     }
@@ -309,4 +318,54 @@ TEST(compression_roundtrip_and_reduce) {
   hora__compress(HORA_FLOAT16, wire, HORA_FLOAT32, &one, 1);
   hora__decompress(HORA_FLOAT32, back, HORA_FLOAT16, wire, 1);
   ASSERT(back[0] == 1.0f);
+}
+
+/* The compression calls against the one-value conversions, on random bit
+ * patterns (NaN, infinities, subnormals, every rounding case among them),
+ * for every op of the reducing form. */
+TEST(compression_matches_scalar_conversions) {
+  enum { N = 4099 };
+  static float f[N], acc[N], got_acc[N];
+  static uint16_t wire[N];
+  for (int i = 0; i < N; i++) {
+    uint32_t u = (uint32_t)rnd();
+    memcpy(&f[i], &u, sizeof(u));
+    acc[i] = (float)((int)(rnd() % 2001) - 1000) / 3.0f;
+  }
+  for (int w = 0; w < 2; w++) {
+    hora_dtype wd = w ? HORA_BFLOAT16 : HORA_FLOAT16;
+    hora__compress(wd, wire, HORA_FLOAT32, f, N);
+    for (int i = 0; i < N; i++) {
+      uint16_t want = w ? hora__f32_to_bf16(f[i]) : hora__f32_to_f16(f[i]);
+      if (wire[i] != want) {
+        FAIL("%s compress of 0x%08x: 0x%04x, expected 0x%04x", hora_dtype_name(wd),
+             hora__f32_bits(f[i]), wire[i], want);
+      }
+    }
+    float back[N];
+    hora__decompress(HORA_FLOAT32, back, wd, wire, N);
+    for (int i = 0; i < N; i++) {
+      float want = w ? hora__bf16_to_f32(wire[i]) : hora__f16_to_f32(wire[i]);
+      if (!(back[i] == want || (isnan(back[i]) && isnan(want)))) {
+        FAIL("%s decompress of 0x%04x: %g, expected %g", hora_dtype_name(wd), wire[i],
+             (double)back[i], (double)want);
+      }
+    }
+    for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
+      hora__reduce_wire(HORA_FLOAT32, (hora_op)op, got_acc, wd, wire, acc, N);
+      for (int i = 0; i < N; i++) {
+        float x = w ? hora__bf16_to_f32(wire[i]) : hora__f16_to_f32(wire[i]), y = acc[i], want;
+        switch (op) {
+          case HORA_MIN: want = isnan(x) || isnan(y) ? x + y : x < y ? x : y; break;
+          case HORA_MAX: want = isnan(x) || isnan(y) ? x + y : x > y ? x : y; break;
+          case HORA_PRODUCT: want = x * y; break;
+          default: want = x + y; break;
+        }
+        if (!(got_acc[i] == want || (isnan(got_acc[i]) && isnan(want)))) {
+          FAIL("%s %s wire reduce at %d: %g, expected %g", hora_dtype_name(wd),
+               hora_op_name((hora_op)op), i, (double)got_acc[i], (double)want);
+        }
+      }
+    }
+  }
 }
