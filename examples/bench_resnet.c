@@ -79,13 +79,15 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static long rss_kib(void) {
+/* A "Name:   N kB" line of /proc/self/status, in KiB. */
+static long status_kib(const char *field) {
   FILE *f = fopen("/proc/self/status", "r");
   char line[256];
   long kib = -1;
+  size_t len = strlen(field);
   while (f && fgets(line, sizeof(line), f)) {
-    if (strncmp(line, "VmRSS:", 6) == 0) {
-      kib = atol(line + 6);
+    if (strncmp(line, field, len) == 0) {
+      kib = atol(line + len);
     }
   }
   if (f) {
@@ -93,6 +95,13 @@ static long rss_kib(void) {
   }
   return kib;
 }
+
+static long rss_kib(void) { return status_kib("VmRSS:"); }
+
+/* Resident pages of shared mappings: the host segment, and with --hora-mem
+ * this rank's blocks and the peers' blocks it has touched so far. A peer's
+ * pages join this count as the slices this rank reduces move over them. */
+static long shmem_kib(void) { return status_kib("RssShmem:"); }
 
 #define CHECK(call)                                                                          \
   do {                                                                                       \
@@ -365,26 +374,30 @@ int main(int argc, char **argv) {
   }
 
   if (steady > 0) {
-    long rss_warm = 0, heap_warm = 0;
+    long rss_warm = 0, priv_warm = 0, heap_warm = 0;
     for (long s = 0; s < steady; s++) {
       hora_step((int)(s % 1000));
       if (s == 0 || s == 100) {
         rss_warm = rss_kib();
+        priv_warm = rss_warm - shmem_kib();
         heap_warm = heap_bytes();
       }
       if (rank == 0 && (s % (steady / 10 > 0 ? steady / 10 : 1) == 0 || s == steady - 1)) {
-        printf("steady step %7ld  RSS %ld KiB (after warm-up %ld KiB)  heap in use %ld bytes "
-               "(after warm-up %ld)\n",
-               s, rss_kib(), rss_warm, heap_bytes(), heap_warm);
+        long rss = rss_kib();
+        printf("steady step %7ld  RSS %ld KiB (after warm-up %ld), not shared memory %ld KiB "
+               "(after warm-up %ld)  heap in use %ld bytes (after warm-up %ld)\n",
+               s, rss, rss_warm, rss - shmem_kib(), priv_warm, heap_bytes(), heap_warm);
         fflush(stdout);
       }
     }
-    long growth[2] = {rss_kib() - rss_warm, heap_bytes() - heap_warm}, worst[2];
-    MPI_Allreduce(growth, worst, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    long rss = rss_kib();
+    long growth[3] = {rss - rss_warm, rss - shmem_kib() - priv_warm, heap_bytes() - heap_warm},
+         worst[3];
+    MPI_Allreduce(growth, worst, 3, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0) {
-      printf("steady state: %ld steps; growth after warm-up, worst rank: RSS %ld KiB, heap in use "
-             "%ld bytes\n",
-             steady, worst[0], worst[1]);
+      printf("steady state: %ld steps; growth after warm-up, worst rank: RSS %ld KiB, RSS outside "
+             "shared memory %ld KiB, heap in use %ld bytes\n",
+             steady, worst[0], worst[1], worst[2]);
     }
   }
   CHECK(hora_finalize());
