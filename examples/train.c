@@ -285,6 +285,16 @@ struct model {
   float *host_in;          /* on the GPU: the batch is built here, then copied */
 };
 
+/* Gradients live in host-shared blocks: the ranks of a host then reduce
+ * them straight out of each other's buffers instead of through the kernel. */
+static float *grad_alloc(size_t floats) {
+  void *p = NULL;
+  if (hora_mem_alloc(floats * 4, &p) != HORA_SUCCESS) {
+    die("gradient buffers: %s", hora_last_error());
+  }
+  return p;
+}
+
 static void model_init(struct model *m, int cap, unsigned seed) {
   uint64_t s = 0x2545f4914f6cdd1dull ^ ((uint64_t)seed * 7919);
   for (int k = 0; k < NLAYERS; k++) {
@@ -293,10 +303,10 @@ static void model_init(struct model *m, int cap, unsigned seed) {
     L->out = widths[k + 1];
     size_t nw = (size_t)L->in * (size_t)L->out;
     L->w = xmalloc(nw * 4);
-    L->gw = xmalloc(nw * 4);
+    L->gw = grad_alloc(nw);
     L->vw = xmalloc(nw * 4);
     L->b = xmalloc((size_t)L->out * 4);
-    L->gb = xmalloc((size_t)L->out * 4);
+    L->gb = grad_alloc((size_t)L->out);
     L->vb = xmalloc((size_t)L->out * 4);
     double scale = sqrt(2.0 / L->in); /* He initialisation */
     for (size_t i = 0; i < nw; i++) {
@@ -561,7 +571,11 @@ static void model_to_gpu(struct model *m) {
     size_t len[6] = {nw, nb, nw, nb, nw, nb};
     for (int j = 0; j < 6; j++) {
       float *d = gpu_upload(*host[j], len[j]);
-      free(*host[j]);
+      if (j == 2 || j == 3) {
+        hora_mem_free(*host[j]);
+      } else {
+        free(*host[j]);
+      }
       *host[j] = d;
     }
   }
