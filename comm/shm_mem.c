@@ -156,6 +156,7 @@ struct peer_map {
 
 struct hora__peer_maps {
   uint64_t frees_seen;
+  uint64_t failed_id; /* the last block that could not be mapped: not tried again */
   int n;
   bool warned;
   struct peer_map m[PEER_MAPS_MAX];
@@ -192,6 +193,9 @@ char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t p
     drop_all(pm);
     pm->frees_seen = peer_frees;
   }
+  if (ref->id == pm->failed_id) {
+    return NULL;
+  }
   for (int i = 0; i < pm->n; i++) {
     if (pm->m[i].id == ref->id) {
       return pm->m[i].base + ref->offset;
@@ -213,6 +217,7 @@ char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t p
     close(fd);
   }
   if (p == MAP_FAILED) {
+    pm->failed_id = ref->id;
     if (!pm->warned) {
       pm->warned = true;
       HORA_INFO("cannot map local rank %d's hora_mem_alloc block through %s (%s); "
