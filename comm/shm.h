@@ -66,8 +66,10 @@ void hora__peer_maps_free(struct hora__peer_maps *maps, int local_size);
 /* This process's address for the peer's buffer that *ref describes, mapping
  * the block on first use; NULL when it cannot be mapped (the caller copies
  * through the kernel instead). peer_frees is the peer's hora__mem_frees():
- * when it moved, every old mapping of that peer's blocks is dropped first. */
+ * when it moved, every old mapping of that peer's blocks is dropped first.
+ * op numbers the operation, increasing: a mapping handed out for the current
+ * operation is never dropped to make room. */
 char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t peer_frees,
-                     const struct hora__mem_ref *ref);
+                     uint64_t op, const struct hora__mem_ref *ref);
 
 #endif

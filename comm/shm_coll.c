@@ -342,7 +342,7 @@ bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes) {
 /* Fills ptrs[0..2n) with this process's addresses of local rank j's inputs
  * and outputs. A side that cannot be mapped whole gets ptrs[0] (inputs) or
  * ptrs[n] (outputs) NULL: it goes through the kernel. */
-static void map_peer(hora__comm *comm, int j, char *half, int n, char **ptrs) {
+static void map_peer(hora__comm *comm, int j, char *half, int n, uint64_t op, char **ptrs) {
   const struct published *pub = (const struct published *)(const void *)half;
   const struct hora__mem_ref *refs = published_refs(half, n);
   pid_t pid = hora__shm_pid(comm->shm, j);
@@ -350,7 +350,7 @@ static void map_peer(hora__comm *comm, int j, char *half, int n, char **ptrs) {
     char **p = ptrs + (size_t)side * (size_t)n;
     const struct hora__mem_ref *r = refs + (size_t)side * (size_t)n;
     for (int i = 0; i < n; i++) {
-      p[i] = r[i].id ? hora__peer_mem(comm->peer_maps, j, pid, pub->frees, &r[i]) : NULL;
+      p[i] = r[i].id ? hora__peer_mem(comm->peer_maps, j, pid, pub->frees, op, &r[i]) : NULL;
       if (!p[i]) {
         p[0] = NULL;
         break;
@@ -445,7 +445,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   for (int j = 0; j < L; j++) {
     if (j != me) {
       char **p = comm->peer_ptrs + (size_t)j * 2 * (size_t)n;
-      map_peer(comm, j, hora__shm_half(s, j, h), n, p);
+      map_peer(comm, j, hora__shm_half(s, j, h), n, comm->shm_seq, p);
       all_direct = all_direct && p[0] && p[n];
     }
   }

@@ -146,10 +146,13 @@ uint64_t hora__mem_frees(void) { return atomic_load(&frees); }
 
 /* ---- mappings of the peers' blocks --------------------------------------- */
 
-#define PEER_MAPS_MAX 64
+/* Blocks of one peer kept mapped. An operation whose buffers lie in more
+ * blocks than this serves the rest through the kernel. */
+#define PEER_MAPS_MAX 256
 
 struct peer_map {
   uint64_t id;
+  uint64_t used; /* the operation that last used it */
   char *base;
   size_t len;
 };
@@ -158,6 +161,7 @@ struct hora__peer_maps {
   uint64_t frees_seen;
   uint64_t failed_id; /* the last block that could not be mapped: not tried again */
   int n;
+  int last;           /* the entry hit last: consecutive tensors share blocks */
   bool warned;
   struct peer_map m[PEER_MAPS_MAX];
 };
@@ -167,6 +171,7 @@ static void drop_all(struct hora__peer_maps *pm) {
     munmap(pm->m[i].base, pm->m[i].len);
   }
   pm->n = 0;
+  pm->last = 0;
 }
 
 struct hora__peer_maps *hora__peer_maps_new(int local_size) {
@@ -184,7 +189,7 @@ void hora__peer_maps_free(struct hora__peer_maps *maps, int local_size) {
 }
 
 char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t peer_frees,
-                     const struct hora__mem_ref *ref) {
+                     uint64_t op, const struct hora__mem_ref *ref) {
   struct hora__peer_maps *pm = &maps[lr];
   if (ref->id == 0) {
     return NULL;
@@ -196,9 +201,29 @@ char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t p
   if (ref->id == pm->failed_id) {
     return NULL;
   }
+  if (pm->last < pm->n && pm->m[pm->last].id == ref->id) {
+    pm->m[pm->last].used = op;
+    return pm->m[pm->last].base + ref->offset;
+  }
   for (int i = 0; i < pm->n; i++) {
     if (pm->m[i].id == ref->id) {
+      pm->m[i].used = op;
+      pm->last = i;
       return pm->m[i].base + ref->offset;
+    }
+  }
+  /* A free slot, or else the least recently used mapping that this
+   * operation has not handed out. */
+  int slot = pm->n;
+  if (slot == PEER_MAPS_MAX) {
+    slot = -1;
+    for (int i = 0; i < pm->n; i++) {
+      if (pm->m[i].used != op && (slot < 0 || pm->m[i].used < pm->m[slot].used)) {
+        slot = i;
+      }
+    }
+    if (slot < 0) {
+      return NULL;
     }
   }
   char path[64];
@@ -221,16 +246,17 @@ char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t p
     if (!pm->warned) {
       pm->warned = true;
       HORA_INFO("cannot map local rank %d's hora_mem_alloc block through %s (%s); "
-                     "copying through the kernel instead",
-                     lr, path, strerror(err));
+                "copying through the kernel instead",
+                lr, path, strerror(err));
     }
     return NULL;
   }
-  if (pm->n == PEER_MAPS_MAX) {
-    munmap(pm->m[0].base, pm->m[0].len);
-    memmove(&pm->m[0], &pm->m[1], (PEER_MAPS_MAX - 1) * sizeof(pm->m[0]));
-    pm->n--;
+  if (slot < pm->n) {
+    munmap(pm->m[slot].base, pm->m[slot].len);
+  } else {
+    pm->n++;
   }
-  pm->m[pm->n++] = (struct peer_map){ref->id, p, ref->len};
+  pm->m[slot] = (struct peer_map){ref->id, op, p, ref->len};
+  pm->last = slot;
   return (char *)p + ref->offset;
 }

@@ -159,6 +159,57 @@ static void fused_tensors_in_one_block(void) {
   MT_OK(hora_mem_free(arena));
 }
 
+/* Every tensor of one fused operation in a block of its own: 100 blocks
+ * (all kept mapped) and then 300 (more than a rank keeps mapped per peer:
+ * the operation must neither unmap a block it is using nor fail). */
+static void each_tensor_in_its_own_block(void) {
+  enum { TMAX = 300 };
+  static const int counts[2] = {100, TMAX};
+  for (int c = 0; c < 2; c++) {
+    int T = counts[c];
+    float *t_at[TMAX];
+    const size_t len = 1200; /* 4.8 KB each */
+    for (int t = 0; t < T; t++) {
+      t_at[t] = NULL;
+      MT_OK(hora_mem_alloc(len * sizeof(float), (void **)&t_at[t]));
+      if (!t_at[t]) {
+        return;
+      }
+      for (size_t i = 0; i < len; i++) {
+        t_at[t][i] = value(mt_rank, i + (size_t)t);
+      }
+    }
+    uint64_t before = direct_bytes();
+    hora_request *req[TMAX];
+    for (int t = 0; t < T; t++) {
+      char name[48];
+      snprintf(name, sizeof(name), "mem/own/%d/%d", T, t);
+      MT_OK(hora_allreduce_async(name, t_at[t], t_at[t], len, HORA_FLOAT32, HORA_SUM, &req[t]));
+    }
+    for (int t = 0; t < T; t++) {
+      MT_OK(hora_wait(&req[t]));
+    }
+    int bad = 0;
+    for (int t = 0; t < T && bad < 3; t++) {
+      for (size_t i = 0; i < len && bad < 3; i++) {
+        if (t_at[t][i] != sum_of(i + (size_t)t)) {
+          mt_fail(__FILE__, __LINE__, "%d blocks: tensor %d element %zu is %g, expected %g", T, t, i,
+                  (double)t_at[t][i], (double)sum_of(i + (size_t)t));
+          bad++;
+        }
+      }
+    }
+    /* Where every fused batch takes the single-copy path whatever its size. */
+    const char *min = getenv("HORA_SHM_SINGLE_COPY_MIN");
+    if (expect_direct && T == 100 && min && strcmp(min, "0") == 0) {
+      MT_CHECK(direct_bytes() > before, "100 blocks of one operation were not reduced in place");
+    }
+    for (int t = 0; t < T; t++) {
+      MT_OK(hora_mem_free(t_at[t]));
+    }
+  }
+}
+
 /* More blocks, one after another, than a rank keeps mapped per peer: each
  * is freed before the next is made, often at the same address. */
 static void blocks_freed_and_made_again(void) {
@@ -200,6 +251,7 @@ int main(int argc, char **argv) {
   mt_run("shared_mem/some_ranks_in_blocks", some_ranks_in_blocks);
   mt_run("shared_mem/fused_tensors_in_one_block", fused_tensors_in_one_block);
   mt_run("shared_mem/blocks_freed_and_made_again", blocks_freed_and_made_again);
+  mt_run("shared_mem/each_tensor_in_its_own_block", each_tensor_in_its_own_block);
   int failures = mt_total_failures();
   int rc = hora_finalize();
   if (rc != HORA_SUCCESS) {
