@@ -835,6 +835,12 @@ HORA_EXTERN int hora_join(int *last_joined_rank) {
   return rc;
 }
 
-HORA_EXTERN int hora_mem_alloc(size_t bytes, void **ptr) { return hora__mem_alloc(bytes, ptr); }
+HORA_EXTERN int hora_mem_alloc(size_t bytes, void **ptr) {
+  hora__error_clear();
+  return hora__mem_alloc(bytes, ptr);
+}
 
-HORA_EXTERN int hora_mem_free(void *ptr) { return hora__mem_free(ptr); }
+HORA_EXTERN int hora_mem_free(void *ptr) {
+  hora__error_clear();
+  return hora__mem_free(ptr);
+}
