@@ -268,10 +268,11 @@ static int segments(const struct hora__iov *shape, int n, const uint64_t *bases,
 }
 
 /* For the bytes [x, x + m) of the virtual buffer: out = in (op) peer when
- * first, else out = out (op) peer; peer holds those bytes contiguously. */
+ * first, else out = out (op) peer. The peer's bytes are either contiguous
+ * at peer_flat, or, with peer_each, at peer_each[i] for tensor i. */
 static void reduce_segments(const struct hora__iov *in, const struct hora__iov *out, int n,
-                            size_t x, size_t m, const char *peer, hora_dtype dtype, hora_op op,
-                            int first) {
+                            size_t x, size_t m, const char *peer_flat, char *const *peer_each,
+                            hora_dtype dtype, hora_op op, int first) {
   size_t es = hora_dtype_size(dtype), base = 0;
   for (int i = 0; i < n && m > 0; i++) {
     size_t end = base + in[i].len;
@@ -279,8 +280,12 @@ static void reduce_segments(const struct hora__iov *in, const struct hora__iov *
       size_t at = x - base, c = HORA_MIN(m, in[i].len - at);
       char *o = (char *)out[i].base + at;
       const char *a = first ? (const char *)in[i].base + at : o;
-      hora__reduce(dtype, op, o, a, peer, c / es);
-      peer += c;
+      if (peer_each) {
+        hora__reduce(dtype, op, o, a, peer_each[i] + at, c / es);
+      } else {
+        hora__reduce(dtype, op, o, a, peer_flat, c / es);
+        peer_flat += c;
+      }
       x += c;
       m -= c;
     }
@@ -356,27 +361,6 @@ static void map_peer(hora__comm *comm, int j, char *half, int n, uint64_t op, ch
         break;
       }
     }
-  }
-}
-
-/* For the bytes [x, x + m) of the virtual buffer: out = in (op) peer when
- * first, else out = out (op) peer; peer[i] is this process's address of the
- * peer's tensor i. */
-static void reduce_direct(const struct hora__iov *in, const struct hora__iov *out, int n,
-                          size_t x, size_t m, char *const *peer, hora_dtype dtype, hora_op op,
-                          int first) {
-  size_t es = hora_dtype_size(dtype), base = 0;
-  for (int i = 0; i < n && m > 0; i++) {
-    size_t end = base + in[i].len;
-    if (x < end) {
-      size_t at = x - base, c = HORA_MIN(m, in[i].len - at);
-      char *o = (char *)out[i].base + at;
-      const char *a = first ? (const char *)in[i].base + at : o;
-      hora__reduce(dtype, op, o, a, peer[i] + at, c / es);
-      x += c;
-      m -= c;
-    }
-    base = end;
   }
 }
 
@@ -465,7 +449,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       }
       char **direct = comm->peer_ptrs + (size_t)j * 2 * (size_t)n;
       if (direct[0]) {
-        reduce_direct(in, out, n, x, m, direct, dtype, op, first);
+        reduce_segments(in, out, n, x, m, NULL, direct, dtype, op, first);
         first = 0;
         continue;
       }
@@ -481,7 +465,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       }
       /* out = in (op) peer for the first peer, then out = out (op) peer:
        * straight from the caller's buffers, with no copy of our own. */
-      reduce_segments(in, out, n, x, m, peer_data, dtype, op, first);
+      reduce_segments(in, out, n, x, m, peer_data, NULL, dtype, op, first);
       first = 0;
     }
     size_t off = x, left = m;

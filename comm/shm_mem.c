@@ -31,6 +31,9 @@ struct mem_block {
 static pthread_mutex_t blocks_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct mem_block *blocks;
 static size_t nblocks, blocks_cap;
+/* nblocks, readable without the lock: most programs never allocate a block,
+ * and the allreduce asks about every buffer. */
+static _Atomic size_t nblocks_published;
 static uint64_t next_id = 1;
 /* Counts frees: a peer that sees it move drops its mappings of our blocks,
  * so a freed block's pages do not outlive it for long. */
@@ -96,6 +99,7 @@ int hora__mem_alloc(size_t bytes, void **ptr) {
   memmove(&blocks[at + 1], &blocks[at], (nblocks - at) * sizeof(*blocks));
   blocks[at] = (struct mem_block){p, len, fd, next_id++, (uint64_t)st.st_ino};
   nblocks++;
+  atomic_store(&nblocks_published, nblocks);
   pthread_mutex_unlock(&blocks_lock);
   *ptr = p;
   return HORA_SUCCESS;
@@ -115,6 +119,7 @@ int hora__mem_free(void *ptr) {
   struct mem_block b = blocks[at - 1];
   memmove(&blocks[at - 1], &blocks[at], (nblocks - at) * sizeof(*blocks));
   nblocks--;
+  atomic_store(&nblocks_published, nblocks);
   atomic_fetch_add(&frees, 1);
   pthread_mutex_unlock(&blocks_lock);
   munmap(b.base, b.len);
@@ -124,7 +129,7 @@ int hora__mem_free(void *ptr) {
 
 bool hora__mem_find(const void *p, size_t len, struct hora__mem_ref *ref) {
   memset(ref, 0, sizeof(*ref));
-  if (len == 0) {
+  if (len == 0 || atomic_load(&nblocks_published) == 0) {
     return false;
   }
   pthread_mutex_lock(&blocks_lock);
