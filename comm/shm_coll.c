@@ -341,7 +341,8 @@ static struct hora__mem_ref *published_refs(char *half, int n) {
 
 bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes) {
   return comm->shm && hora__shm_cma(comm->shm) && comm->cross_size == 1 &&
-         bytes >= (size_t)comm->single_copy_min && published_bytes(n) <= hora__shm_half_bytes(comm->shm);
+         bytes / (size_t)comm->local_size >= (size_t)comm->single_copy_min &&
+         published_bytes(n) <= hora__shm_half_bytes(comm->shm);
 }
 
 /* Fills ptrs[0..2n) with this process's addresses of local rank j's inputs
