@@ -263,7 +263,7 @@ void hora__divide(hora_dtype dtype, void *buf, size_t n, int divisor) {
   case D: {                                                                                  \
     T *p = buf;                                                                              \
     for (size_t i = 0; i < n; i++) {                                                         \
-      p[i] = (T)(p[i] / (T)divisor);                                                         \
+      p[i] = (T)((int64_t)p[i] / divisor); /* not (T)divisor: 256 is 0 as uint8 */            \
     }                                                                                        \
     break;                                                                                   \
   }

@@ -741,8 +741,33 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
   return HORA_SUCCESS;
 }
 
+/* Barriers and unnamed operations are keyed by per-rank sequence numbers.
+ * A rank that had joined submits none, yet the others' run (stood in for)
+ * or fail (refused because of the join): it counts them too, so that after
+ * the join every rank's next number is the same. */
+static void keep_sequences_in_step(struct hora__engine *e, const struct hora__response *r) {
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    const struct hora__resp_tensor *t = &r->tensors[i];
+    if (t->key_len < 2 || (t->key[0] != HORA_KEY_BARRIER && t->key[0] != HORA_KEY_UNNAMED)) {
+      continue;
+    }
+    uint64_t n = 0;
+    for (uint16_t k = 1; k < t->key_len; k++) {
+      n = n * 10 + (uint64_t)(t->key[k] - '0');
+    }
+    struct hora__runtime *rt = e->rt;
+    pthread_mutex_lock(&rt->mu);
+    uint64_t *seq = t->key[0] == HORA_KEY_BARRIER ? &rt->barrier_seq : &rt->unnamed_seq;
+    if (*seq <= n) {
+      *seq = n + 1;
+    }
+    pthread_mutex_unlock(&rt->mu);
+  }
+}
+
 static int execute(struct hora__engine *e, const struct hora__response *r) {
   struct hora_request *q = NULL;
+  keep_sequences_in_step(e, r);
   switch (r->kind) {
     case HORA_KIND_ALLREDUCE:
     case HORA_KIND_BROADCAST:

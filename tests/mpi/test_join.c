@@ -118,12 +118,39 @@ static void joined_ranks_stand_in_for_fused_tensors(void) {
   MT_CHECK(who == last, "last joined %d", who);
 }
 
+/* Barriers and unnamed operations refused or stood in for while others had
+ * joined still count on every rank: after the join, the next ones match
+ * (they once waited for ever, each rank on a different sequence number). */
+static void refused_operations_keep_ranks_in_step(void) {
+  int last = mt_size - 1, who = -1;
+  if (mt_size > 1 && mt_rank == last) {
+    float b[2] = {1, 2};
+    MT_FAILS(hora_barrier(), HORA_ERR_INVALID_USAGE, "join");
+    MT_FAILS(hora_broadcast(NULL, b, 2, HORA_FLOAT32, 0), HORA_ERR_INVALID_USAGE, "join");
+    MT_OK(hora_allreduce(NULL, b, b, 2, HORA_FLOAT32, HORA_SUM));
+    MT_CHECK(b[0] == 1 && b[1] == 2, "unnamed allreduce while the others had joined: %g %g",
+             (double)b[0], (double)b[1]);
+  }
+  MT_OK(hora_join(&who));
+  MT_CHECK(who == last, "last joined %d, expected %d", who, last);
+  MT_OK(hora_barrier());
+  int32_t v[2] = {mt_rank, 1};
+  MT_OK(hora_allreduce(NULL, v, v, 2, HORA_INT32, HORA_SUM));
+  MT_CHECK(v[0] == mt_size * (mt_size - 1) / 2 && v[1] == mt_size, "unnamed allreduce after join: %d %d",
+           v[0], v[1]);
+  v[0] = mt_rank;
+  MT_OK(hora_broadcast(NULL, v, 1, HORA_INT32, last));
+  MT_CHECK(v[0] == last, "unnamed broadcast after join gave %d", v[0]);
+  MT_OK(hora_barrier());
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
   mt_run("join/two_uneven_epochs", two_epochs);
   mt_run("join/null_and_simultaneous", join_with_null_and_alone);
   mt_run("join/stand_in_for_fused_tensors", joined_ranks_stand_in_for_fused_tensors);
+  mt_run("join/refused_operations_keep_ranks_in_step", refused_operations_keep_ranks_in_step);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;

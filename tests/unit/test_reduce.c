@@ -267,6 +267,22 @@ TEST(divide_and_scale) {
   int8_t cv[2] = {-127, 127};
   hora__divide(HORA_INT8, cv, 2, 16);
   ASSERT(cv[0] == -7 && cv[1] == 7);
+  /* Divisors beyond the element type's range (256 and more ranks). */
+  uint8_t uv[2] = {255, 7};
+  hora__divide(HORA_UINT8, uv, 2, 256);
+  ASSERT(uv[0] == 0 && uv[1] == 0);
+  uint8_t uw = 200;
+  hora__divide(HORA_UINT8, &uw, 1, 100);
+  ASSERT_EQ_INT(uw, 2);
+  int8_t sv[2] = {-120, 120};
+  hora__divide(HORA_INT8, sv, 2, 200);
+  ASSERT(sv[0] == 0 && sv[1] == 0);
+  int8_t sw = -120;
+  hora__divide(HORA_INT8, &sw, 1, 40);
+  ASSERT_EQ_INT(sw, -3);
+  int64_t big = INT64_MAX - 1;
+  hora__divide(HORA_INT64, &big, 1, 1000);
+  ASSERT(big == (INT64_MAX - 1) / 1000);
   float fv[2] = {10.0f, -3.0f};
   hora__divide(HORA_FLOAT32, fv, 2, 4);
   ASSERT(fv[0] == 2.5f && fv[1] == -0.75f);
