@@ -3,6 +3,7 @@
  * a new one, so the file parses as a JSON array between flushes. */
 #include "timeline.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,9 @@
 struct timeline {
   int fd;
   off_t end;      /* where the closing bracket starts */
-  bool any;       /* an event has been written before */
+  bool in_file;   /* the file holds an event */
+  bool in_buf;    /* the buffer holds an event */
+  bool stopped;   /* a write failed: the file ends where it was valid */
   uint64_t t0_ns; /* time zero of the trace */
   struct hora__table rows; /* key -> row id + 1 */
   int next_row;
@@ -28,7 +31,7 @@ struct timeline {
 
 static struct timeline *tl;
 
-bool hora__timeline_enabled(void) { return tl != NULL; }
+bool hora__timeline_enabled(void) { return tl != NULL && !tl->stopped; }
 
 int hora__timeline_open(const char *path) {
   struct timeline *t = hora__calloc(1, sizeof(*t));
@@ -58,17 +61,34 @@ void hora__timeline_flush(void) {
     return;
   }
   hora__wbuf_put(&tl->buf, TAIL, sizeof(TAIL) - 1);
-  if (tl->buf.failed) {
+  if (tl->stopped || tl->buf.failed) {
     hora__wbuf_reset(&tl->buf);
+    tl->in_buf = false;
     return;
   }
   ssize_t w = pwrite(tl->fd, tl->buf.data, tl->buf.len, tl->end);
   if (w == (ssize_t)tl->buf.len) {
     tl->end += (off_t)(tl->buf.len - (sizeof(TAIL) - 1));
+    tl->in_file = tl->in_file || tl->in_buf;
   } else {
-    HORA_WARN("HORA_TIMELINE: write failed (%s); the timeline stops here", strerror(errno));
+    /* A short write left part of an event: put the bracket back where the
+     * file last ended valid (those bytes were written before, so this
+     * needs no new space) and cut the rest. */
+    char why[96];
+    if (w < 0) {
+      snprintf(why, sizeof(why), "%s", strerror(errno));
+    } else {
+      snprintf(why, sizeof(why), "%zd of %zu bytes written", w, tl->buf.len);
+    }
+    if (pwrite(tl->fd, TAIL, sizeof(TAIL) - 1, tl->end) != (ssize_t)sizeof(TAIL) - 1 ||
+        ftruncate(tl->fd, tl->end + (off_t)(sizeof(TAIL) - 1)) != 0) {
+      HORA_WARN("HORA_TIMELINE: cannot restore the end of the file (%s)", strerror(errno));
+    }
+    HORA_WARN("HORA_TIMELINE: write failed (%s); the timeline stops here", why);
+    tl->stopped = true;
   }
   hora__wbuf_reset(&tl->buf);
+  tl->in_buf = false;
 }
 
 void hora__timeline_close(void) {
@@ -103,12 +123,12 @@ static void put_json_string(const char *s, size_t n) {
 }
 
 static void event_start(void) {
-  if (tl->any) {
+  if (tl->in_file || tl->in_buf) {
     hora__wbuf_put(&tl->buf, ",\n", 2);
   } else {
     hora__wbuf_u8(&tl->buf, '\n');
   }
-  tl->any = true;
+  tl->in_buf = true;
 }
 
 /* The row of a tensor; the first use names it with a metadata event. */
@@ -141,7 +161,7 @@ static int row_of(const char *key, size_t len) {
 }
 
 static void event(const char *key, size_t len, const char *ph, const char *name) {
-  if (!tl) {
+  if (!tl || tl->stopped) {
     return;
   }
   int row = row_of(key, len);

@@ -1,21 +1,31 @@
 /* Writes a timeline (HORA_TIMELINE=argv[1]) from a small workload: fused
  * allreduces, a lone allreduce, a broadcast and an allgather. With
  * argv[2] == "die", rank 0 is killed by SIGKILL in the middle of the job
- * instead of finalizing, to show the file stays valid JSON.
+ * instead of finalizing, to show the file stays valid JSON. With "full",
+ * rank 0 may write only 64 bytes to files (RLIMIT_FSIZE): the timeline
+ * must stop with a warning and still parse.
  * tests/timeline/check-timeline.sh runs it and parses the file. */
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "mpitest.h"
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_timeline PATH finalize|die\n");
+    fprintf(stderr, "usage: test_timeline PATH finalize|die|full\n");
     return 2;
   }
   setenv("HORA_TIMELINE", argv[1], 1);
   bool die = strcmp(argv[2], "die") == 0;
   mt_init();
+  if (strcmp(argv[2], "full") == 0 && mt_rank == 0) {
+    struct rlimit lim;
+    getrlimit(RLIMIT_FSIZE, &lim);
+    lim.rlim_cur = 64; /* every flush is cut short */
+    signal(SIGXFSZ, SIG_IGN); /* writes past the limit fail with EFBIG instead */
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
   enum { N = 8 };
   float g[N][64];
   for (int step = 0; step < 3; step++) {
