@@ -318,6 +318,11 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
 static int service(void *arg) {
   struct hora__engine *e = arg;
   hora__comm *c = e->comm;
+  /* hora_abort while a collective waits on a peer: give up now, so the
+   * engine tells the job instead of finishing (or hanging in) it first. */
+  if (!e->shutting_down && hora__runtime_fatal(e->rt) != HORA_SUCCESS) {
+    return atomic_load_explicit(&e->rt->fatal_code, memory_order_acquire);
+  }
   for (int r = 0; r < c->size; r++) {
     if (c->ctrl[r]) {
       HORA_CHECK(read_ctrl(e, c->ctrl[r]));
