@@ -59,6 +59,8 @@ struct hora__engine {
   uint32_t nresend, resend_cap, resend_version;
   uint64_t frames_in;  /* control frames handled so far */
   bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
+  struct pollfd *pollfds; /* room for every control connection and a few more */
+  int npollfds;
   uint64_t seen_seq;   /* rt->submit_seq when the queue was last taken */
   struct hora__gpu *gpu; /* device data plane, set up by the first device op */
   void **ready, **done;  /* per tensor of a device response */
@@ -79,6 +81,7 @@ static void engine_free(struct hora__engine *e) {
     e->todo = n;
   }
   hora__wbuf_free(&e->wbuf);
+  free(e->pollfds);
   free(e->zeros);
   free(e->junk);
   free(e->iov_in);
@@ -950,13 +953,13 @@ static int sleep_until_work(struct hora__engine *e) {
   if (!idle) {
     return HORA_SUCCESS;
   }
-  struct pollfd fds[8 + 1024];
+  struct pollfd *fds = e->pollfds;
   int n = 0;
   fds[n++] = (struct pollfd){.fd = rt->wake_fd, .events = POLLIN};
   fds[n++] = (struct pollfd){.fd = c->tcp_listen_fd, .events = POLLIN};
   fds[n++] = (struct pollfd){.fd = c->unix_listen_fd, .events = POLLIN};
   int nfixed = n;
-  n += service_pollfds(e, fds + n, (int)HORA_ARRAY_SIZE(fds) - n);
+  n += service_pollfds(e, fds + n, e->npollfds - n);
   hora__timeline_flush();
   int timeout = 1000;
   uint64_t due = HORA_MIN(e->next_stall_ns, e->send_at_ns);
@@ -1026,8 +1029,8 @@ static int attribute_failure(struct hora__engine *e, int rc) {
   uint64_t deadline = hora__now_ns() + 500 * 1000000ull;
   hora__comm *c = e->comm;
   while (hora__now_ns() < deadline) {
-    struct pollfd fds[1024];
-    int n = service_pollfds(e, fds, (int)HORA_ARRAY_SIZE(fds));
+    struct pollfd *fds = e->pollfds;
+    int n = service_pollfds(e, fds, e->npollfds);
     if (poll(fds, (nfds_t)n, 50) > 0) {
       for (int i = 0, r = 0; r < c->size && i < n; r++) {
         if (!c->ctrl[r]) {
@@ -1099,9 +1102,9 @@ static void flush_control(struct hora__engine *e, double timeout_s) {
   hora__comm *c = e->comm;
   uint64_t deadline = hora__now_ns() + (uint64_t)(timeout_s * 1e9);
   for (;;) {
-    struct pollfd fds[1024];
+    struct pollfd *fds = e->pollfds;
     int n = 0;
-    for (int r = 0; r < c->size && n < (int)HORA_ARRAY_SIZE(fds); r++) {
+    for (int r = 0; r < c->size && n < e->npollfds; r++) {
       if (c->ctrl[r] && hora__ctrl_has_output(c->ctrl[r])) {
         if (hora__ctrl_flush(c->ctrl[r]) != HORA_SUCCESS) {
           hora__ctrl_free(c->ctrl[r]);
@@ -1160,6 +1163,12 @@ int hora__engine_start(struct hora__runtime *rt) {
   e->todo_tail = &e->todo;
   e->next_stall_ns = UINT64_MAX;
   e->send_at_ns = UINT64_MAX;
+  e->npollfds = rt->size + 8;
+  e->pollfds = hora__calloc((size_t)e->npollfds, sizeof(*e->pollfds));
+  if (!e->pollfds) {
+    engine_free(e);
+    return HORA_ERR_NO_MEMORY;
+  }
   int crc = hora__cache_init(&e->cache, (uint32_t)hora__params.CACHE_CAPACITY);
   if (crc != HORA_SUCCESS) {
     engine_free(e);
