@@ -51,13 +51,28 @@ void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request
   atomic_store_explicit(&req->done, 1, memory_order_release);
 }
 
+/* Calls that are using the runtime right now. hora_finalize frees it only
+ * when none is left: threads its shutdown woke (waiters, a barrier) are
+ * still on their way out. Counted before `current` is read, so a call that
+ * sees the runtime is always counted. */
+static atomic_int api_users;
+
+/* The runtime, counted as in use until leave(); NULL (and *rc set) if
+ * there is none. */
 static struct hora__runtime *running(int *rc, const char *call) {
-  struct hora__runtime *rt = atomic_load_explicit(&current, memory_order_acquire);
+  atomic_fetch_add(&api_users, 1);
+  struct hora__runtime *rt = atomic_load(&current);
   if (!rt) {
+    atomic_fetch_sub(&api_users, 1);
     *rc = hora__error(HORA_ERR_INVALID_USAGE, "%s: hora_init has not been called%s", call,
                       mpi_finalized_by_hora ? " (or hora_finalize has)" : "");
   }
   return rt;
+}
+
+static int leave(int rc) {
+  atomic_fetch_sub(&api_users, 1);
+  return rc;
 }
 
 /* ---- life cycle --------------------------------------------------------------- */
@@ -215,8 +230,13 @@ HORA_EXTERN int hora_finalize(void) {
       wait_request(rt, &q);
     }
   }
-  atomic_store_explicit(&current, NULL, memory_order_release);
+  atomic_store(&current, NULL);
   hora__engine_join(rt);
+  leave(HORA_SUCCESS);
+  while (atomic_load(&api_users) > 0) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
   hora__timeline_close();
   int fatal = atomic_load(&rt->fatal_code);
   char msg[1024];
@@ -268,13 +288,14 @@ HORA_EXTERN int hora_abort(const char *reason) {
     }
   }
   pthread_mutex_unlock(&rt->mu);
-  return HORA_SUCCESS;
+  return leave(HORA_SUCCESS);
 }
 
 #define RANK_GETTER(fn, field)                                                               \
   HORA_EXTERN int fn(void) {                                                                 \
-    struct hora__runtime *rt = atomic_load_explicit(&current, memory_order_acquire);         \
-    return rt ? rt->comm->field : -1;                                                        \
+    atomic_fetch_add(&api_users, 1);                                                         \
+    struct hora__runtime *rt = atomic_load(&current);                                        \
+    return leave(rt ? rt->comm->field : -1);                                                 \
   }
 RANK_GETTER(hora_rank, rank)
 RANK_GETTER(hora_size, size)
@@ -486,9 +507,15 @@ HORA_EXTERN int hora_wait(hora_request **req) {
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt = running(&rc, "hora_wait");
   if (!rt) {
-    return rc;
+    /* Not done and no runtime: hora_finalize (in another thread) is
+     * completing every request right now. */
+    for (int ms = 0; ms < 60000 && !atomic_load((&(*req)->done)); ms++) {
+      struct timespec one = {0, 1000000};
+      nanosleep(&one, NULL);
+    }
+    return atomic_load_explicit(&(*req)->done, memory_order_acquire) ? finish(req) : rc;
   }
-  return wait_request(rt, req);
+  return leave(wait_request(rt, req));
 }
 
 HORA_EXTERN int hora_test(hora_request **req, int *done) {
@@ -578,7 +605,7 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
   }
   struct hora_request *r = request_new(HORA_KIND_ALLREDUCE);
   if (!r) {
-    return HORA_ERR_NO_MEMORY;
+    return leave(HORA_ERR_NO_MEMORY);
   }
   int compression = o.compression == HORA_COMPRESSION_DEFAULT ? compression_setting() : o.compression;
   r->meta.dtype = (uint8_t)dtype;
@@ -591,7 +618,7 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   r->stream = stream;
-  return submit(rt, r, name, req);
+  return leave(submit(rt, r, name, req));
 }
 
 HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void *recvbuf,
@@ -618,13 +645,13 @@ int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype
     return rc;
   }
   if (root < 0 || root >= rt->size) {
-    return hora__error(HORA_ERR_INVALID_ARG,
-                       "hora_broadcast_async: root %d is out of range (the job has %d ranks)", root,
-                       rt->size);
+    return leave(hora__error(HORA_ERR_INVALID_ARG,
+                             "hora_broadcast_async: root %d is out of range (the job has %d ranks)",
+                             root, rt->size));
   }
   struct hora_request *r = request_new(HORA_KIND_BROADCAST);
   if (!r) {
-    return HORA_ERR_NO_MEMORY;
+    return leave(HORA_ERR_NO_MEMORY);
   }
   r->meta.dtype = (uint8_t)dtype;
   r->meta.count = count;
@@ -632,7 +659,7 @@ int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype
   r->sendbuf = buf;
   r->recvbuf = buf;
   r->stream = stream;
-  return submit(rt, r, name, req);
+  return leave(submit(rt, r, name, req));
 }
 
 HORA_EXTERN int hora_allgather_async(const char *name, const void *sendbuf, size_t count,
@@ -651,21 +678,24 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
     }
     return req ? rc : hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: req is NULL");
   }
-  HORA_CHECK(check_common("hora_allgather_async", name, count, dtype, req, (size_t)rt->size));
+  rc = check_common("hora_allgather_async", name, count, dtype, req, (size_t)rt->size);
+  if (rc != HORA_SUCCESS) {
+    return leave(rc);
+  }
   if (count > 0 && (!sendbuf || !recvbuf)) {
-    return hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: %s is NULL",
-                       sendbuf ? "recvbuf" : "sendbuf");
+    return leave(hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: %s is NULL",
+                             sendbuf ? "recvbuf" : "sendbuf"));
   }
   struct hora_request *r = request_new(HORA_KIND_ALLGATHER);
   if (!r) {
-    return HORA_ERR_NO_MEMORY;
+    return leave(HORA_ERR_NO_MEMORY);
   }
   r->meta.dtype = (uint8_t)dtype;
   r->meta.count = count;
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   r->stream = stream;
-  return submit(rt, r, name, req);
+  return leave(submit(rt, r, name, req));
 }
 
 /* hora_wait_stream (hora_cuda.h): the caller's stream waits for the
@@ -686,6 +716,7 @@ int hora__wait_stream(hora_request **req, void *stream) {
       return rc;
     }
     wait_done(rt, r);
+    leave(HORA_SUCCESS);
   }
   int status = r->status;
   if (status == HORA_SUCCESS) {
@@ -728,10 +759,13 @@ static int run_internal(uint8_t kind, const char *call, int *last_joined) {
   }
   struct hora_request *r = request_new(kind);
   if (!r) {
-    return HORA_ERR_NO_MEMORY;
+    return leave(HORA_ERR_NO_MEMORY);
   }
   hora_request *q = NULL;
-  HORA_CHECK(submit(rt, r, NULL, &q));
+  rc = submit(rt, r, NULL, &q);
+  if (rc != HORA_SUCCESS) {
+    return leave(rc);
+  }
   /* Read before wait_request frees it. */
   while (!atomic_load_explicit(&q->done, memory_order_acquire)) {
     pthread_mutex_lock(&rt->mu);
@@ -743,7 +777,7 @@ static int run_internal(uint8_t kind, const char *call, int *last_joined) {
   if (last_joined) {
     *last_joined = q->last_joined;
   }
-  return finish(&q);
+  return leave(finish(&q));
 }
 
 HORA_EXTERN int hora_barrier(void) { return run_internal(HORA_KIND_BARRIER, "hora_barrier", NULL); }
@@ -823,7 +857,7 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   size_t keep = stats->struct_size;
   memcpy(stats, &s, HORA_MIN(keep, sizeof(s)));
   stats->struct_size = keep;
-  return HORA_SUCCESS;
+  return leave(HORA_SUCCESS);
 }
 
 HORA_EXTERN int hora_join(int *last_joined_rank) {

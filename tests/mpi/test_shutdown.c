@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "mpitest.h"
 
 struct snapshot {
@@ -80,6 +82,26 @@ static void linger(const char *what) {
   }
 }
 
+/* A thread blocked in hora_wait, and one in hora_barrier, while the main
+ * thread finalizes: both get an error, and hora_finalize frees the runtime
+ * only after they have left it (ASan and TSan runs look for the race). */
+static float never[4];
+static int never_rc, barrier_rc;
+static char never_msg[512];
+
+static void *wait_on_never(void *arg) {
+  hora_request *r = arg;
+  never_rc = hora_wait(&r);
+  snprintf(never_msg, sizeof(never_msg), "%s", hora_last_error());
+  return NULL;
+}
+
+static void *barrier_alone(void *arg) {
+  (void)arg;
+  barrier_rc = hora_barrier();
+  return NULL;
+}
+
 static void work(void) {
   enum { BIG = 4 << 20 };
   float *x = calloc(BIG, sizeof(float));
@@ -96,6 +118,20 @@ static void work(void) {
                HORA_ERR_ABORTED, "shutdown test");
     }
     MT_FAILS(hora_finalize(), HORA_ERR_ABORTED, "shutdown test");
+  } else if (mt_rank == 0 && mt_size > 1) {
+    hora_request *r;
+    MT_OK(hora_allreduce_async("shutdown/never", never, never, 4, HORA_FLOAT32, HORA_SUM, &r));
+    pthread_t waiter, barrier;
+    pthread_create(&waiter, NULL, wait_on_never, r);
+    pthread_create(&barrier, NULL, barrier_alone, NULL);
+    usleep(100000); /* both are asleep in the runtime now */
+    MT_OK(hora_finalize());
+    pthread_join(waiter, NULL);
+    pthread_join(barrier, NULL);
+    MT_CHECK(never_rc == HORA_ERR_ABORTED && strstr(never_msg, "hora_finalize"),
+             "wait across hora_finalize: %s: %s", hora_strerror(never_rc), never_msg);
+    MT_CHECK(barrier_rc == HORA_ERR_ABORTED, "barrier across hora_finalize: %s",
+             hora_strerror(barrier_rc));
   } else {
     MT_OK(hora_finalize());
   }
