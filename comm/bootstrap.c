@@ -13,6 +13,7 @@
  * Planned connections: control star (rank 0 <-> every rank) and data ring
  * (rank r <-> r+1). Peers on one host use Unix sockets. */
 #include <arpa/inet.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,19 +79,44 @@ static int topology_from_mpi(hora__comm *c, MPI_Comm *local_out) {
   return HORA_SUCCESS;
 }
 
+/* Every rank learns whether a bootstrap step failed on any rank, so none is
+ * left waiting in the next MPI collective for one that gave up. A rank that
+ * failed keeps its own error; the others name the lowest failing rank. */
+static int agree(hora__comm *c, int rc, const char *step) {
+  enum { CODES = 64 };
+  int code = rc > 0 && rc < CODES ? rc : HORA_ERR_SYSTEM;
+  int mine = rc != HORA_SUCCESS ? c->rank * CODES + code : INT_MAX;
+  int first = INT_MAX;
+  int err = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c->mpi);
+  if (rc != HORA_SUCCESS) {
+    return rc;
+  }
+  if (err != MPI_SUCCESS) {
+    return mpi_error(err, "MPI_Allreduce(bootstrap status)");
+  }
+  if (first != INT_MAX) {
+    return hora__error(first % CODES,
+                       "bootstrap (%s) failed on rank %d (its hora_init error says why)", step,
+                       first / CODES);
+  }
+  return HORA_SUCCESS;
+}
+
 static int make_secret(hora__comm *c) {
+  int rc = HORA_SUCCESS;
   if (c->rank == 0) {
     size_t got = 0;
-    while (got < HORA_SECRET_LEN) {
+    while (got < HORA_SECRET_LEN && rc == HORA_SUCCESS) {
       ssize_t n = getrandom(c->secret + got, HORA_SECRET_LEN - got, 0);
       if (n < 0 && errno != EINTR) {
-        return hora__error_errno(HORA_ERR_SYSTEM, "getrandom (job secret)");
+        rc = hora__error_errno(HORA_ERR_SYSTEM, "getrandom (job secret)");
       }
       if (n > 0) {
         got += (size_t)n;
       }
     }
   }
+  HORA_CHECK(agree(c, rc, "job secret"));
   MPI_CHECK(MPI_Bcast(c->secret, HORA_SECRET_LEN, MPI_BYTE, 0, c->mpi));
   for (int i = 0; i < 8; i++) {
     snprintf(c->job_id + 2 * i, 3, "%02x", c->secret[i]);
@@ -551,15 +577,12 @@ static int comm_create(MPI_Comm world, hora__comm *c) {
   return rc;
 }
 
-static int comm_connect(hora__comm *c, MPI_Comm local) {
-  HORA_CHECK(make_secret(c));
-
-  struct in_addr ip;
-  char ifname[64];
-  HORA_CHECK(hora__choose_ipv4(hora__params.IFACE, c->cross_size == 1, &ip, ifname, sizeof(ifname)));
-  HORA_CHECK(hora__listen_tcp(ip, &c->tcp_listen_fd, &c->tcp_addr));
+/* This rank's listening sockets (TCP on the chosen interface, and a Unix
+ * socket for its host) and its tables of peers. */
+static int listen_and_allocate(hora__comm *c, struct in_addr *ip, char *ifname, size_t n) {
+  HORA_CHECK(hora__choose_ipv4(hora__params.IFACE, c->cross_size == 1, ip, ifname, n));
+  HORA_CHECK(hora__listen_tcp(*ip, &c->tcp_listen_fd, &c->tcp_addr));
   HORA_CHECK(hora__listen_unix(c->job_id, c->rank, &c->unix_listen_fd));
-
   c->peers = hora__calloc((size_t)c->size, sizeof(*c->peers));
   c->ctrl = hora__calloc((size_t)c->size, sizeof(*c->ctrl));
   c->data = hora__calloc((size_t)c->size, sizeof(*c->data));
@@ -567,6 +590,15 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
   if (!c->peers || !c->ctrl || !c->data || !c->cross) {
     return HORA_ERR_NO_MEMORY;
   }
+  return HORA_SUCCESS;
+}
+
+static int comm_connect(hora__comm *c, MPI_Comm local) {
+  HORA_CHECK(make_secret(c));
+
+  struct in_addr ip;
+  char ifname[64];
+  HORA_CHECK(agree(c, listen_and_allocate(c, &ip, ifname, sizeof(ifname)), "listening sockets"));
   struct hora__peer_info me;
   memset(&me, 0, sizeof(me));
   hora__strlcpy(me.host, hora__log_hostname(), sizeof(me.host));
@@ -619,7 +651,7 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
     c->cross_ring.pos = c->cross_rank;
     c->cross_ring.size = c->cross_size;
   }
-  HORA_CHECK(connect_all(c));
+  HORA_CHECK(agree(c, connect_all(c), "connections"));
   c->world_ring.pos = c->rank;
   c->world_ring.size = c->size;
   if (c->size > 1) {
@@ -630,9 +662,11 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
     c->cross_ring.next = c->cross[cross_peer(c, 1)];
     c->cross_ring.prev = c->cross[cross_peer(c, -1)];
   }
+  int shm_rc = HORA_SUCCESS;
   if (!forced_tcp && c->local_size > 1) {
-    HORA_CHECK(hora__shm_create(c, local, &c->shm));
+    shm_rc = hora__shm_create(c, local, &c->shm);
   }
+  HORA_CHECK(agree(c, shm_rc, "shared memory"));
   /* The algorithms must agree job-wide: if some host could not share
    * memory, every rank uses the rings. */
   int ok = forced_tcp || c->local_size == 1 || c->shm != NULL, all_ok = 0;
