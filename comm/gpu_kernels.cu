@@ -31,11 +31,40 @@ __global__ void hora_batched_copy_kernel(const struct hora__copy_desc *descs) {
   }
 }
 
-/* x = x * mul / div, in double: exact for the integer averages the host
- * path computes (9 * 1 / 3 is 3, where 9 * (1 / 3.0) truncates to 2). */
+/* x = x * mul / div, in double for floating types. */
 template <typename T>
 __device__ inline T scaled(T x, double mul, double div) {
   return (T)((double)x * mul / div);
+}
+/* Integers as the host path does them (hora__divide, then hora__scale):
+ * an average truncates toward zero, a scale factor rounds half away from
+ * zero, so device and host buffers give the same results. */
+template <typename T>
+__device__ inline T scaled_int(T x, double mul, double div) {
+  long long v = (long long)x;
+  if (div > 1) {
+    v /= (long long)div;
+  }
+  if (mul != 1.0) {
+    v = llround((double)v * mul);
+  }
+  return (T)v;
+}
+template <>
+__device__ inline int8_t scaled<int8_t>(int8_t x, double mul, double div) {
+  return scaled_int(x, mul, div);
+}
+template <>
+__device__ inline uint8_t scaled<uint8_t>(uint8_t x, double mul, double div) {
+  return scaled_int(x, mul, div);
+}
+template <>
+__device__ inline int32_t scaled<int32_t>(int32_t x, double mul, double div) {
+  return scaled_int(x, mul, div);
+}
+template <>
+__device__ inline int64_t scaled<int64_t>(int64_t x, double mul, double div) {
+  return scaled_int(x, mul, div);
 }
 template <>
 __device__ inline __half scaled<__half>(__half x, double mul, double div) {
