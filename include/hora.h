@@ -172,7 +172,9 @@ HORA_EXTERN const char *hora_version(void);
  * compiled against (HORA_ALLREDUCE_OPTIONS_INIT does), and hora reads only
  * the fields that size covers. All ranks must pass the same options for one
  * name (a difference is HORA_ERR_MISMATCH). Compressed and uncompressed
- * operations never share a fused buffer. */
+ * operations never share a fused buffer. Compression applies on the
+ * network rings (between hosts); within a host, shared memory reduces the
+ * full values. */
 typedef enum hora_compression {
   HORA_COMPRESSION_DEFAULT = -1, /* take the HORA_COMPRESSION setting */
   HORA_COMPRESSION_NONE = 0,
