@@ -311,7 +311,7 @@ static int step(struct plan *p, struct pending *s) {
         struct hora__hello h;
         int rc = hora__hello_decode(s->buf, c->secret, c->size, &h);
         if (rc == HORA_SUCCESS) {
-          size_t slot = (size_t)h.rank * HORA_CONN_KINDS + (size_t)(h.kind - 1);
+          size_t slot = (size_t)h.rank * HORA_CONN_SLOTS + (size_t)(h.kind - 1);
           if (!p->want_in[slot]) {
             rc = hora__error(HORA_ERR_INVALID_ARG, "unexpected or duplicate %s connection from rank %d",
                              h.kind == HORA_CONN_CTRL ? "control" : "data", h.rank);
@@ -366,7 +366,18 @@ static int accept_from(struct plan *p, int lfd, bool unix_socket) {
   }
 }
 
-static int plan_connection(struct plan *p, int peer, int kind) {
+/* Whether connections to peer of this kind use the RDMA transport. */
+static bool uses_ib(const hora__comm *c, int peer, int kind) {
+#if HORA_HAVE_VERBS
+  return kind != HORA_CONN_CTRL && (c->ib_all || (c->ib_remote && !same_host(c, peer)));
+#else
+  (void)c, (void)peer, (void)kind;
+  return false;
+#endif
+}
+
+/* One socket to peer; kind is the wire kind (with the socket index). */
+static int plan_socket(struct plan *p, int peer, int kind, bool use_unix) {
   hora__comm *c = p->c;
   /* A ring of two has the same neighbour on both sides: one connection. */
   for (int i = 0; i < p->nsocks; i++) {
@@ -374,17 +385,28 @@ static int plan_connection(struct plan *p, int peer, int kind) {
       return HORA_SUCCESS;
     }
   }
-  bool use_unix = same_host(c, peer) &&
-                  !(kind == HORA_CONN_DATA && strcmp(hora__params.TRANSPORT, "tcp") == 0);
   if (c->rank > peer) {
     struct pending s = {.fd = -1, .outgoing = true, .unix_socket = use_unix, .peer = peer, .kind = kind};
     HORA_CHECK(add_sock(p, s));
     return start_connect(p, &p->socks[p->nsocks - 1]);
   }
-  size_t slot = (size_t)peer * HORA_CONN_KINDS + (size_t)(kind - 1);
+  size_t slot = (size_t)peer * HORA_CONN_SLOTS + (size_t)(kind - 1);
   if (!p->want_in[slot]) {
     p->want_in[slot] = 1;
     p->expected_in++;
+  }
+  return HORA_SUCCESS;
+}
+
+/* The sockets of one connection: several for TCP data between hosts
+ * (HORA_SOCKETS_PER_PEER), else one. */
+static int plan_connection(struct plan *p, int peer, int kind) {
+  hora__comm *c = p->c;
+  bool use_unix = same_host(c, peer) &&
+                  !(kind == HORA_CONN_DATA && strcmp(hora__params.TRANSPORT, "tcp") == 0);
+  int n = kind != HORA_CONN_CTRL && !use_unix && !uses_ib(c, peer, kind) ? c->tcp_streams : 1;
+  for (int i = 0; i < n; i++) {
+    HORA_CHECK(plan_socket(p, peer, kind + HORA_CONN_KINDS * i, use_unix));
   }
   return HORA_SUCCESS;
 }
@@ -417,7 +439,7 @@ static bool hosts_homogeneous(const hora__comm *c) {
 static int connect_all(hora__comm *c) {
   struct plan p = {.c = c};
   int rc = HORA_SUCCESS;
-  p.want_in = hora__calloc((size_t)c->size * HORA_CONN_KINDS, 1);
+  p.want_in = hora__calloc((size_t)c->size * HORA_CONN_SLOTS, 1);
   if (!p.want_in) {
     return HORA_ERR_NO_MEMORY;
   }
@@ -471,9 +493,9 @@ static int connect_all(hora__comm *c) {
           m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", p.socks[i].peer);
         }
       }
-      for (int r = 0; r < c->size * HORA_CONN_KINDS && m + 32 < sizeof(missing); r++) {
+      for (int r = 0; r < c->size * HORA_CONN_SLOTS && m + 32 < sizeof(missing); r++) {
         if (p.want_in[r]) {
-          m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", r / HORA_CONN_KINDS);
+          m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", r / HORA_CONN_SLOTS);
         }
       }
       rc = hora__error(HORA_ERR_PEER_LOST,
@@ -534,10 +556,21 @@ static int connect_all(hora__comm *c) {
       }
       continue;
     }
-    hora__conn **slot = s->kind == HORA_CONN_CROSS ? &c->cross[s->peer] : &c->data[s->peer];
+    int kind = (s->kind - 1) % HORA_CONN_KINDS + 1, index = (s->kind - 1) / HORA_CONN_KINDS;
+    hora__conn **slot = kind == HORA_CONN_CROSS ? &c->cross[s->peer] : &c->data[s->peer];
+    if (index > 0) { /* sorted: the connection's first socket came before */
+      rc = *slot ? hora__tcp_add_stream(*slot, fd)
+                 : hora__error(HORA_ERR_SYSTEM, "socket %d of a connection without its first",
+                               index);
+      if (rc != HORA_SUCCESS) {
+        close(fd);
+        goto out;
+      }
+      continue;
+    }
     const struct hora__transport *tp = &hora__transport_tcp;
 #if HORA_HAVE_VERBS
-    if (c->ib_all || (c->ib_remote && !same_host(c, s->peer))) {
+    if (uses_ib(c, s->peer, kind)) {
       tp = &hora__transport_ib;
     }
 #endif
@@ -651,6 +684,9 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
     c->cross_ring.pos = c->cross_rank;
     c->cross_ring.size = c->cross_size;
   }
+  /* Sockets per TCP connection: the smallest any rank asks for. */
+  int streams = (int)HORA_MAX(1, HORA_MIN(hora__params.SOCKETS_PER_PEER, HORA_TCP_STREAMS_MAX));
+  MPI_CHECK(MPI_Allreduce(&streams, &c->tcp_streams, 1, MPI_INT, MPI_MIN, c->mpi));
   HORA_CHECK(agree(c, connect_all(c), "connections"));
   c->world_ring.pos = c->rank;
   c->world_ring.size = c->size;

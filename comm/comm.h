@@ -87,6 +87,7 @@ struct hora__comm {
   size_t peer_ptrs_cap;
   uint64_t direct_bytes; /* allreduce bytes moved with loads and stores only (atomic) */
   int64_t single_copy_min;
+  int tcp_streams; /* sockets per TCP data connection between hosts (agreed) */
   bool ib_remote; /* RDMA for data connections to other hosts */
   bool ib_all;    /* RDMA for every data connection (HORA_TRANSPORT=ib) */
   const char *local_transport;  /* chosen for peers on this host */
@@ -180,6 +181,9 @@ int hora__unix_address(const char *job_id, int rank, void *sun, unsigned *len);
 #define HORA_HELLO_ACK 0x4b41u
 enum hora__conn_kind { HORA_CONN_CTRL = 1, HORA_CONN_DATA = 2, HORA_CONN_CROSS = 3 };
 #define HORA_CONN_KINDS 3
+/* On the wire a connection's kind also names which of a TCP connection's
+ * sockets it is: kind + HORA_CONN_KINDS * socket index. */
+#define HORA_CONN_SLOTS (HORA_CONN_KINDS * HORA_TCP_STREAMS_MAX)
 
 struct hora__hello {
   uint32_t magic;

@@ -180,7 +180,7 @@ int hora__hello_decode(const uint8_t in[HORA_HELLO_WIRE_SIZE], const uint8_t *se
     return hora__error(HORA_ERR_INVALID_ARG, "rank %d of %d does not fit this job of %d ranks",
                        h->rank, h->size, size);
   }
-  if (h->kind < HORA_CONN_CTRL || h->kind > HORA_CONN_KINDS) {
+  if (h->kind < HORA_CONN_CTRL || h->kind > HORA_CONN_SLOTS) {
     return hora__error(HORA_ERR_INVALID_ARG, "unknown connection kind %u", h->kind);
   }
   return HORA_SUCCESS;

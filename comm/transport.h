@@ -24,6 +24,11 @@ typedef struct hora__xfer {
   bool done;
   uint8_t mode;            /* the transport's own bookkeeping */
   struct hora__xfer *next; /* the connection's FIFO */
+  /* Transports that split a transfer over several streams: its start,
+   * length and position in the connection's sequence. */
+  char *base;
+  size_t len;
+  uint64_t seq;
 } hora__xfer;
 
 /* A connection to one peer, common header of every transport's own. */
@@ -64,6 +69,11 @@ struct hora__transport {
 };
 
 extern const struct hora__transport hora__transport_tcp;
+/* Most sockets one TCP connection stripes its transfers over. */
+#define HORA_TCP_STREAMS_MAX 8
+/* Adds another connected socket to a TCP connection: from then on each
+ * transfer is split across all of them, in the same way at both ends. */
+int hora__tcp_add_stream(hora__conn *conn, int fd);
 #if HORA_HAVE_VERBS
 extern const struct hora__transport hora__transport_ib;
 /* Whether this machine has an active RDMA port (for HORA_TRANSPORT=auto). */

@@ -63,8 +63,10 @@ for transport in $transports; do
     done
   done
 done
-# Alive but silent: the stall shutdown turns it into HORA_ERR_TIMEOUT.
 [ -n "${2:-}" ] && exit 0
+# Over connections of several sockets each.
+scenario "tcp-3-sockets/kill/victim1" $((np - 1)) 1 kill HORA_TRANSPORT=tcp HORA_SOCKETS_PER_PEER=3
+# Alive but silent: the stall shutdown turns it into HORA_ERR_TIMEOUT.
 scenario "stop/victim2" $((np - 1)) 2 stop HORA_STALL_CHECK_TIME_SECONDS=1 HORA_STALL_SHUTDOWN_TIME_SECONDS=3
 # Alive but silent, no stall shutdown: the heartbeats find it lost.
 scenario "silent/victim2" $((np - 1)) 2 silent HORA_PEER_TIMEOUT_SECONDS=4

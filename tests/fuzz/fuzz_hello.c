@@ -10,7 +10,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (hora__hello_decode(wire, secret, 16, &h) == HORA_SUCCESS) {
     /* Accepted only with the secret, a rank in range and a known kind. */
     if (memcmp(h.secret, secret, HORA_SECRET_LEN) != 0 || h.rank < 0 || h.rank >= 16 ||
-        h.kind < 1 || h.kind > HORA_CONN_KINDS) {
+        h.kind < 1 || h.kind > HORA_CONN_SLOTS) {
       __builtin_trap();
     }
   }

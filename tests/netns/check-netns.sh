@@ -59,6 +59,7 @@ for p in $progs; do
   run 2x2 "$work/hosts22" "$p"
 done
 run 2x2-flat "$work/hosts22" test_collectives HORA_HIERARCHICAL_ALLREDUCE=0
+run 4x1-3-sockets "$work/hosts41" test_collectives HORA_SOCKETS_PER_PEER=3
 
 # The trainer across two hosts of two ranks reaches the accuracy of the same
 # job on one host. Same seed, but the order of floating-point sums differs
