@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "gpu_kernels.h"
 
 /* One block row per descriptor (blockIdx.y); the blocks of a row stride
@@ -33,14 +35,16 @@ __global__ void hora_batched_copy_kernel(const struct hora__copy_desc *descs) {
 
 /* x = x * mul / div, in double for floating types. */
 template <typename T>
-__device__ inline T scaled(T x, double mul, double div) {
+__device__ inline typename std::enable_if<!std::is_integral<T>::value, T>::type scaled(
+    T x, double mul, double div) {
   return (T)((double)x * mul / div);
 }
 /* Integers as the host path does them (hora__divide, then hora__scale):
  * an average truncates toward zero, a scale factor rounds half away from
  * zero, so device and host buffers give the same results. */
 template <typename T>
-__device__ inline T scaled_int(T x, double mul, double div) {
+__device__ inline typename std::enable_if<std::is_integral<T>::value, T>::type scaled(
+    T x, double mul, double div) {
   long long v = (long long)x;
   if (div > 1) {
     v /= (long long)div;
@@ -49,22 +53,6 @@ __device__ inline T scaled_int(T x, double mul, double div) {
     v = llround((double)v * mul);
   }
   return (T)v;
-}
-template <>
-__device__ inline int8_t scaled<int8_t>(int8_t x, double mul, double div) {
-  return scaled_int(x, mul, div);
-}
-template <>
-__device__ inline uint8_t scaled<uint8_t>(uint8_t x, double mul, double div) {
-  return scaled_int(x, mul, div);
-}
-template <>
-__device__ inline int32_t scaled<int32_t>(int32_t x, double mul, double div) {
-  return scaled_int(x, mul, div);
-}
-template <>
-__device__ inline int64_t scaled<int64_t>(int64_t x, double mul, double div) {
-  return scaled_int(x, mul, div);
 }
 template <>
 __device__ inline __half scaled<__half>(__half x, double mul, double div) {

@@ -25,8 +25,7 @@ struct tcp_stream {
 
 struct tcp_conn {
   struct hora__conn base;
-  int fd;       /* the first socket */
-  int nstreams; /* 1: transfers move whole over fd */
+  int nstreams; /* 1: transfers move whole over s[0].fd */
   int epfd;     /* with more: all the sockets, polled as one fd */
   uint64_t send_posted, recv_posted; /* sequence numbers handed out */
   struct tcp_stream s[HORA_TCP_STREAMS_MAX];
@@ -40,7 +39,6 @@ static int tcp_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out
   }
   c->base.tp = &hora__transport_tcp;
   c->base.peer = peer;
-  c->fd = fd;
   c->nstreams = 1;
   c->epfd = -1;
   c->s[0].fd = fd;
@@ -232,7 +230,7 @@ static int tcp_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
   }
   while (conn->send_head) {
     hora__xfer *x = conn->send_head;
-    ssize_t n = send(c->fd, x->ptr, x->left, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = send(c->s[0].fd, x->ptr, x->left, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       *progressed = true;
       x->ptr += n;
@@ -252,7 +250,7 @@ static int tcp_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
   }
   while (conn->recv_head) {
     hora__xfer *x = conn->recv_head;
-    ssize_t n = recv(c->fd, x->ptr, x->left, MSG_DONTWAIT);
+    ssize_t n = recv(c->s[0].fd, x->ptr, x->left, MSG_DONTWAIT);
     if (n > 0) {
       *progressed = true;
       x->ptr += n;
@@ -279,15 +277,13 @@ static int tcp_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
 static int tcp_poll_fd(hora__conn *conn, short *events) {
   struct tcp_conn *c = (struct tcp_conn *)conn;
   if (c->nstreams > 1) {
-    if (update_interest(c) != HORA_SUCCESS) {
-      *events = POLLOUT; /* wake at once: progress reports the error */
-      return c->fd;
-    }
+    /* progress_striped, which always runs before the poll, set the
+     * epoll interest. */
     *events = POLLIN;
     return c->epfd;
   }
   *events = (short)((conn->recv_head ? POLLIN : 0) | (conn->send_head ? POLLOUT : 0) | POLLRDHUP);
-  return c->fd;
+  return c->s[0].fd;
 }
 
 static int tcp_reg_mem(hora__comm *comm, void *buf, size_t len, void **handle) {

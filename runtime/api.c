@@ -509,7 +509,7 @@ HORA_EXTERN int hora_wait(hora_request **req) {
   if (!rt) {
     /* Not done and no runtime: hora_finalize (in another thread) is
      * completing every request right now. */
-    for (int ms = 0; ms < 60000 && !atomic_load((&(*req)->done)); ms++) {
+    for (int ms = 0; ms < 60000 && !atomic_load(&(*req)->done); ms++) {
       struct timespec one = {0, 1000000};
       nanosleep(&one, NULL);
     }

@@ -61,7 +61,7 @@ void hora__timeline_flush(void) {
     return;
   }
   hora__wbuf_put(&tl->buf, TAIL, sizeof(TAIL) - 1);
-  if (tl->stopped || tl->buf.failed) {
+  if (tl->buf.failed) {
     hora__wbuf_reset(&tl->buf);
     tl->in_buf = false;
     return;
