@@ -436,9 +436,62 @@ static bool hosts_homogeneous(const hora__comm *c) {
   return true;
 }
 
+/* Runs the transports' own set-up of the data connections, all at once,
+ * until every one is usable or the deadline passes. */
+static int establish_all(hora__comm *c, hora__conn **conns, int n, uint64_t deadline) {
+  struct pollfd *fds = hora__calloc((size_t)n + 1, sizeof(*fds));
+  if (!fds) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  int rc = HORA_SUCCESS;
+  for (;;) {
+    int waiting = 0;
+    for (int i = 0; i < n; i++) {
+      bool ready;
+      int fd;
+      short events;
+      rc = conns[i]->tp->establish(c, conns[i], &ready, &fd, &events);
+      if (rc != HORA_SUCCESS) {
+        goto out;
+      }
+      if (!ready) {
+        conns[waiting] = conns[i];
+        fds[waiting++] = (struct pollfd){.fd = fd, .events = events};
+      }
+    }
+    n = waiting;
+    if (n == 0) {
+      break;
+    }
+    uint64_t now = hora__now_ns();
+    if (now >= deadline) {
+      char missing[512] = "";
+      size_t m = 0;
+      for (int i = 0; i < n && m + 32 < sizeof(missing); i++) {
+        m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", conns[i]->peer);
+      }
+      rc = hora__error(HORA_ERR_PEER_LOST,
+                       "bootstrap: timed out after %gs (HORA_CONNECT_TIMEOUT_SECONDS) setting up "
+                       "%s connections to ranks:%s",
+                       hora__params.CONNECT_TIMEOUT_SECONDS, conns[0]->tp->name, missing);
+      goto out;
+    }
+    int wait_ms = (int)HORA_MIN((deadline - now) / 1000000 + 1, (uint64_t)100);
+    if (poll(fds, (nfds_t)n, wait_ms) < 0 && errno != EINTR) {
+      rc = hora__error_errno(HORA_ERR_SYSTEM, "poll");
+      goto out;
+    }
+  }
+out:
+  free(fds);
+  return rc;
+}
+
 static int connect_all(hora__comm *c) {
   struct plan p = {.c = c};
   int rc = HORA_SUCCESS;
+  hora__conn **setting_up = NULL;
+  int nsetting = 0;
   p.want_in = hora__calloc((size_t)c->size * HORA_CONN_SLOTS, 1);
   if (!p.want_in) {
     return HORA_ERR_NO_MEMORY;
@@ -530,12 +583,17 @@ static int connect_all(hora__comm *c) {
     }
   }
 
-  /* Sockets become control connections or data connections. RDMA ones
-   * swap queue-pair details over their socket, each waiting for the other
-   * side: done in one global order (by peer, then kind) so none waits on
-   * a peer that waits on someone else. */
+  /* Sockets become control connections, or data connections of the chosen
+   * transport, whose own set-up (the RDMA queue-pair exchange) then runs
+   * for all of them together. Sorted so that a TCP connection's first
+   * socket comes before its others. */
   if (p.nsocks > 1) {
     qsort(p.socks, (size_t)p.nsocks, sizeof(*p.socks), by_peer_and_kind);
+  }
+  setting_up = hora__calloc((size_t)p.nsocks + 1, sizeof(*setting_up));
+  if (!setting_up) {
+    rc = HORA_ERR_NO_MEMORY;
+    goto out;
   }
   for (int i = 0; i < p.nsocks; i++) {
     struct pending *s = &p.socks[i];
@@ -544,9 +602,12 @@ static int connect_all(hora__comm *c) {
     }
     int fd = s->fd;
     s->fd = -1;
-    HORA_CHECK_GOTO(hora__socket_tune(fd, !s->unix_socket,
-                                      s->kind == HORA_CONN_CTRL ? 0 : hora__params.SOCKET_BUFFER),
-                    rc, out);
+    rc = hora__socket_tune(fd, !s->unix_socket,
+                           s->kind == HORA_CONN_CTRL ? 0 : hora__params.SOCKET_BUFFER);
+    if (rc != HORA_SUCCESS) {
+      close(fd);
+      goto out;
+    }
     if (s->kind == HORA_CONN_CTRL) {
       c->ctrl[s->peer] = hora__ctrl_new(fd, s->peer);
       if (!c->ctrl[s->peer]) {
@@ -558,7 +619,7 @@ static int connect_all(hora__comm *c) {
     }
     int kind = (s->kind - 1) % HORA_CONN_KINDS + 1, index = (s->kind - 1) / HORA_CONN_KINDS;
     hora__conn **slot = kind == HORA_CONN_CROSS ? &c->cross[s->peer] : &c->data[s->peer];
-    if (index > 0) { /* sorted: the connection's first socket came before */
+    if (index > 0) {
       rc = *slot ? hora__tcp_add_stream(*slot, fd)
                  : hora__error(HORA_ERR_SYSTEM, "socket %d of a connection without its first",
                                index);
@@ -574,12 +635,14 @@ static int connect_all(hora__comm *c) {
       tp = &hora__transport_ib;
     }
 #endif
-    rc = tp->adopt_socket(c, fd, s->peer, slot);
+    /* The transport owns the socket from here, even when this fails. */
+    rc = s->outgoing ? tp->connect(c, fd, s->peer, slot) : tp->accept(c, fd, s->peer, slot);
     if (rc != HORA_SUCCESS) {
-      close(fd);
       goto out;
     }
+    setting_up[nsetting++] = *slot;
   }
+  rc = establish_all(c, setting_up, nsetting, deadline);
 out:
   for (int i = 0; i < p.nsocks; i++) {
     if (p.socks[i].fd >= 0) {
@@ -588,6 +651,7 @@ out:
   }
   free(p.socks);
   free(p.want_in);
+  free(setting_up);
   return rc;
 }
 

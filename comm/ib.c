@@ -1,10 +1,10 @@
 /* RDMA transport over libibverbs (InfiniBand and RoCE).
  *
  * Connection: one reliable-connected queue pair per peer. The peers first
- * meet on an authenticated TCP socket (bootstrap.c), over which they swap
- * what the other needs: QP number, LID, GID, MTU, and the address and rkey
- * of their receive ring. The socket then only stays open as a liveness
- * signal.
+ * meet on an authenticated TCP socket (bootstrap.c), over which they swap,
+ * without blocking (every connection of the process at once), what the
+ * other needs: QP number, LID, GID, MTU, and the address and rkey of their
+ * receive ring. The socket then only stays open as a liveness signal.
  *
  * Data: a byte stream, like the TCP transport. The sender copies a chunk of
  * at most SLOT bytes into one of its registered send slots and writes it
@@ -156,9 +156,18 @@ struct ib_wire {
 };
 #define IB_WIRE_MAGIC 0x48524942u /* "HRIB" */
 
+/* Where a connection's set-up stands: the two sides swap their records
+ * over the socket, connect the queue pair, then swap one byte saying it
+ * can receive, so that nobody writes before the other side is ready. */
+enum ib_setup { SETUP_RECORDS, SETUP_READY, SETUP_DONE };
+
 struct ib_conn {
   struct hora__conn base;
   int fd; /* the TCP socket the peers met on */
+  enum ib_setup setup;
+  struct ib_wire me, them;  /* the records swapped during set-up */
+  size_t sent, got;         /* bytes of the current swap moved */
+  uint32_t psn;             /* our first packet sequence number */
   struct ibv_qp *qp;
   char *send_buf, *ring;
   struct ibv_mr *send_mr, *ring_mr;
@@ -457,32 +466,37 @@ bool hora__ib_available(void) {
 
 /* ---- connection ----------------------------------------------------------------- */
 
-static int sock_exchange(int fd, const void *out, void *in, size_t n, double timeout_s) {
-  size_t sent = 0, got = 0;
-  uint64_t deadline = hora__now_ns() + (uint64_t)(timeout_s * 1e9);
-  while (sent < n || got < n) {
-    struct pollfd p = {.fd = fd, .events = (short)((sent < n ? POLLOUT : 0) | (got < n ? POLLIN : 0))};
-    uint64_t now = hora__now_ns();
-    if (now >= deadline) {
-      return hora__error(HORA_ERR_PEER_LOST, "RDMA connection exchange timed out");
+/* One step of swapping n bytes over the set-up socket without blocking;
+ * *done once both directions are complete. */
+static int swap_step(struct ib_conn *c, const void *out, void *in, size_t n, bool *done) {
+  char name[32];
+  snprintf(name, sizeof(name), "rank %d", c->base.peer);
+  while (c->sent < n) {
+    ssize_t w = send(c->fd, (const char *)out + c->sent, n - c->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+      break;
     }
-    if (poll(&p, 1, (int)((deadline - now) / 1000000) + 1) < 0 && errno != EINTR) {
-      return hora__error_errno(HORA_ERR_SYSTEM, "poll");
+    if (w < 0) {
+      return hora__error_errno(HORA_ERR_PEER_LOST, "RDMA connection set-up with %s (send)", name);
     }
-    if (sent < n && (p.revents & POLLOUT)) {
-      ssize_t w = send(fd, (const char *)out + sent, n - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (w < 0 && errno != EAGAIN && errno != EINTR) {
-        return hora__error_errno(HORA_ERR_PEER_LOST, "RDMA connection exchange (send)");
-      }
-      sent += w > 0 ? (size_t)w : 0;
+    c->sent += (size_t)w;
+  }
+  while (c->got < n) {
+    ssize_t r = recv(c->fd, (char *)in + c->got, n - c->got, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
+      break;
     }
-    if (got < n && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
-      ssize_t r = recv(fd, (char *)in + got, n - got, MSG_DONTWAIT);
-      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-        return hora__error(HORA_ERR_PEER_LOST, "RDMA connection exchange: the peer closed");
-      }
-      got += r > 0 ? (size_t)r : 0;
+    if (r <= 0) {
+      return r == 0 ? hora__error(HORA_ERR_PEER_LOST, "RDMA connection set-up: %s closed the "
+                                  "connection", name)
+                    : hora__error_errno(HORA_ERR_PEER_LOST, "RDMA connection set-up with %s "
+                                        "(receive)", name);
     }
+    c->got += (size_t)r;
+  }
+  *done = c->sent == n && c->got == n;
+  if (*done) {
+    c->sent = c->got = 0;
   }
   return HORA_SUCCESS;
 }
@@ -548,10 +562,17 @@ static int connect_qp(struct ibv_qp *qp, struct ib_conn *c, const struct ib_wire
 
 static void ib_close(hora__conn *conn);
 
-static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out) {
-  HORA_CHECK(dev_get(comm));
+/* Both sides start alike: the queue pair and the connection's buffers,
+ * then the swap of records. */
+static int ib_begin(hora__comm *comm, int fd, int peer, hora__conn **out) {
+  int rc = dev_get(comm);
+  if (rc != HORA_SUCCESS) {
+    close(fd);
+    return rc;
+  }
   struct ib_conn *c = hora__calloc(1, sizeof(*c));
   if (!c) {
+    close(fd);
     dev_put();
     return HORA_ERR_NO_MEMORY;
   }
@@ -559,7 +580,7 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
   c->base.peer = peer;
   c->fd = fd;
   c->credits = SLOTS;
-  int rc;
+  c->setup = SETUP_RECORDS;
   c->send_buf = hora__aligned_alloc(4096, (size_t)SLOTS * SLOT);
   c->ring = hora__aligned_alloc(4096, (size_t)SLOTS * SLOT);
   c->ctl = hora__aligned_alloc(4096, 2 * RTR_SLOTS * sizeof(*c->ctl));
@@ -601,53 +622,71 @@ static int ib_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out)
     rc = verbs_error("ibv_reg_mr/ibv_create_qp");
     goto fail;
   }
-  uint32_t psn = (uint32_t)(hora__now_ns() & 0xffffff);
-  struct ib_wire me = {.magic = IB_WIRE_MAGIC,
-                       .qpn = c->qp->qp_num,
-                       .psn = psn,
-                       .lid = dev->lid,
-                       .mtu = (uint8_t)dev->mtu,
-                       .ring_addr = (uint64_t)(uintptr_t)c->ring,
-                       .ring_rkey = c->ring_mr->rkey,
-                       .ctl_rkey = c->ctl_mr->rkey,
-                       .ctl_addr = (uint64_t)(uintptr_t)c->ctl,
-                       .zero_copy_min = zero_copy_min()};
-  memcpy(me.gid, dev->gid.raw, 16);
-  struct ib_wire them;
-  HORA_CHECK_GOTO(sock_exchange(fd, &me, &them, sizeof(me), hora__params.CONNECT_TIMEOUT_SECONDS),
-                  rc, fail);
-  if (them.magic != IB_WIRE_MAGIC) {
-    rc = hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed RDMA connection record", peer);
-    goto fail;
-  }
-  c->remote_ring = them.ring_addr;
-  c->remote_rkey = them.ring_rkey;
-  c->remote_ctl = them.ctl_addr;
-  c->remote_ctl_rkey = them.ctl_rkey;
-  /* Both ends must agree on which transfers carry a descriptor. */
-  c->zc_min = (size_t)HORA_MAX(me.zero_copy_min, them.zero_copy_min);
-  HORA_CHECK_GOTO(connect_qp(c->qp, c, &them, psn), rc, fail);
-  /* Make sure both QPs are ready to receive before anyone writes. */
-  uint8_t ready = 1, peer_ready = 0;
-  HORA_CHECK_GOTO(sock_exchange(fd, &ready, &peer_ready, 1, hora__params.CONNECT_TIMEOUT_SECONDS),
-                  rc, fail);
-  if (dev->nconns == dev->capconns) {
-    int cap = dev->capconns ? 2 * dev->capconns : 8;
-    struct ib_conn **p = hora__realloc(dev->conns, (size_t)cap * sizeof(*p));
-    if (!p) {
-      rc = HORA_ERR_NO_MEMORY;
-      goto fail;
-    }
-    dev->conns = p;
-    dev->capconns = cap;
-  }
-  dev->conns[dev->nconns++] = c;
+  c->psn = (uint32_t)(hora__now_ns() & 0xffffff);
+  c->me = (struct ib_wire){.magic = IB_WIRE_MAGIC,
+                           .qpn = c->qp->qp_num,
+                           .psn = c->psn,
+                           .lid = dev->lid,
+                           .mtu = (uint8_t)dev->mtu,
+                           .ring_addr = (uint64_t)(uintptr_t)c->ring,
+                           .ring_rkey = c->ring_mr->rkey,
+                           .ctl_rkey = c->ctl_mr->rkey,
+                           .ctl_addr = (uint64_t)(uintptr_t)c->ctl,
+                           .zero_copy_min = zero_copy_min()};
+  memcpy(c->me.gid, dev->gid.raw, 16);
   *out = &c->base;
   return HORA_SUCCESS;
 fail:
-  c->fd = -1; /* the caller closes the socket on failure */
-  ib_close(&c->base);
+  ib_close(&c->base); /* closes the socket too */
   return rc;
+}
+
+static int ib_establish(hora__comm *comm, hora__conn *conn, bool *ready, int *fd, short *events) {
+  (void)comm;
+  struct ib_conn *c = (struct ib_conn *)conn;
+  bool done = false;
+  *ready = false;
+  if (c->setup == SETUP_RECORDS) {
+    HORA_CHECK(swap_step(c, &c->me, &c->them, sizeof(c->me), &done));
+    if (done) {
+      const struct ib_wire *them = &c->them;
+      if (them->magic != IB_WIRE_MAGIC) {
+        return hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed RDMA connection record",
+                           conn->peer);
+      }
+      c->remote_ring = them->ring_addr;
+      c->remote_rkey = them->ring_rkey;
+      c->remote_ctl = them->ctl_addr;
+      c->remote_ctl_rkey = them->ctl_rkey;
+      /* Both ends must agree on which transfers carry a descriptor. */
+      c->zc_min = (size_t)HORA_MAX(c->me.zero_copy_min, them->zero_copy_min);
+      HORA_CHECK(connect_qp(c->qp, c, them, c->psn));
+      c->setup = SETUP_READY;
+    }
+  }
+  if (c->setup == SETUP_READY) {
+    static const uint8_t can_receive = 1;
+    uint8_t peer_can_receive = 0;
+    HORA_CHECK(swap_step(c, &can_receive, &peer_can_receive, 1, &done));
+    if (done) {
+      if (dev->nconns == dev->capconns) {
+        int cap = dev->capconns ? 2 * dev->capconns : 8;
+        struct ib_conn **p = hora__realloc(dev->conns, (size_t)cap * sizeof(*p));
+        if (!p) {
+          return HORA_ERR_NO_MEMORY;
+        }
+        dev->conns = p;
+        dev->capconns = cap;
+      }
+      dev->conns[dev->nconns++] = c;
+      c->setup = SETUP_DONE;
+    }
+  }
+  *ready = c->setup == SETUP_DONE;
+  *fd = c->fd;
+  size_t swapping = c->setup == SETUP_RECORDS ? sizeof(c->me) : 1;
+  *events = (short)(POLLIN | (c->sent < swapping ? POLLOUT : 0));
+  return HORA_SUCCESS;
 }
 
 /* ---- data path ------------------------------------------------------------------- */
@@ -1263,7 +1302,9 @@ static void ib_close(hora__conn *conn) {
 
 const struct hora__transport hora__transport_ib = {
     .name = "ib",
-    .adopt_socket = ib_adopt_socket,
+    .connect = ib_begin,
+    .accept = ib_begin,
+    .establish = ib_establish,
     .isend = ib_isend,
     .irecv = ib_irecv,
     .progress = ib_progress,

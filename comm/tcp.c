@@ -31,10 +31,12 @@ struct tcp_conn {
   struct tcp_stream s[HORA_TCP_STREAMS_MAX];
 };
 
-static int tcp_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out) {
+/* A TCP connection is its socket: usable as soon as it is adopted. */
+static int tcp_adopt(hora__comm *comm, int fd, int peer, hora__conn **out) {
   (void)comm;
   struct tcp_conn *c = hora__calloc(1, sizeof(*c));
   if (!c) {
+    close(fd);
     return HORA_ERR_NO_MEMORY;
   }
   c->base.tp = &hora__transport_tcp;
@@ -43,6 +45,14 @@ static int tcp_adopt_socket(hora__comm *comm, int fd, int peer, hora__conn **out
   c->epfd = -1;
   c->s[0].fd = fd;
   *out = &c->base;
+  return HORA_SUCCESS;
+}
+
+static int tcp_establish(hora__comm *comm, hora__conn *conn, bool *ready, int *fd, short *events) {
+  (void)comm;
+  *ready = true;
+  *fd = ((struct tcp_conn *)conn)->s[0].fd;
+  *events = 0;
   return HORA_SUCCESS;
 }
 
@@ -315,7 +325,9 @@ static void tcp_close(hora__conn *conn) {
 
 const struct hora__transport hora__transport_tcp = {
     .name = "tcp",
-    .adopt_socket = tcp_adopt_socket,
+    .connect = tcp_adopt,
+    .accept = tcp_adopt,
+    .establish = tcp_establish,
     .isend = tcp_isend,
     .irecv = tcp_irecv,
     .progress = tcp_progress,

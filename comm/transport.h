@@ -1,8 +1,9 @@
 /* The transport vtable: how bytes move between two ranks. Every transport
  * implements it; the algorithms (allreduce.c, broadcast.c, allgather.c) are
  * written once against it. Shaped like NCCL's net plugin API: connections
- * are set up without blocking, transfers are posted and then tested, and
- * each connection exposes the file descriptor the coordinator sleeps on.
+ * are set up without blocking (connect, accept, establish), transfers are
+ * posted and then tested, memory is registered once, and each connection
+ * exposes the file descriptor the coordinator sleeps on.
  *
  * Threading: only the coordinator thread calls into a transport.
  */
@@ -46,8 +47,16 @@ struct hora__conn {
 
 struct hora__transport {
   const char *name;
-  /* Wraps a connected, authenticated stream socket (set up by bootstrap.c). */
-  int (*adopt_socket)(hora__comm *comm, int fd, int peer, hora__conn **conn);
+  /* Connection set-up, without blocking. bootstrap.c dials or accepts a
+   * stream socket to the peer and authenticates it (the job's handshake);
+   * connect, on the side that dialled, or accept, on the side that
+   * listened, starts the transport's own set-up over it (the socket is the
+   * connection's from then on, even on failure) and returns the connection
+   * not yet usable. establish moves the set-up on, whenever *fd is ready
+   * for *events, until it sets *ready; then transfers may be posted. */
+  int (*connect)(hora__comm *comm, int fd, int peer, hora__conn **conn);
+  int (*accept)(hora__comm *comm, int fd, int peer, hora__conn **conn);
+  int (*establish)(hora__comm *comm, hora__conn *conn, bool *ready, int *fd, short *events);
   /* Queue a transfer. Never blocks; hora__conn_progress moves the bytes. */
   int (*isend)(hora__conn *conn, const void *buf, size_t len, hora__xfer *x);
   int (*irecv)(hora__conn *conn, void *buf, size_t len, hora__xfer *x);
