@@ -503,6 +503,14 @@ static int connect_all(hora__comm *c) {
   } else {
     HORA_CHECK_GOTO(plan_connection(&p, 0, HORA_CONN_CTRL), rc, out);
   }
+  struct hora__cycle_partners cp;
+  hora__cycle_partners(c->rank, c->size, &cp);
+  if (cp.fold >= 0) {
+    HORA_CHECK_GOTO(plan_connection(&p, cp.fold, HORA_CONN_CTRL), rc, out);
+  }
+  for (int i = 0; i < cp.nrounds; i++) {
+    HORA_CHECK_GOTO(plan_connection(&p, cp.round[i], HORA_CONN_CTRL), rc, out);
+  }
   if (c->size > 1) {
     HORA_CHECK_GOTO(plan_connection(&p, (c->rank + 1) % c->size, HORA_CONN_DATA), rc, out);
     HORA_CHECK_GOTO(plan_connection(&p, (c->rank + c->size - 1) % c->size, HORA_CONN_DATA), rc, out);

@@ -61,8 +61,8 @@ struct hora__comm {
   int unix_listen_fd;
   struct sockaddr_in tcp_addr;
 
-  /* Control plane: a star around rank 0. At rank 0 ctrl[r] for every r > 0,
-   * elsewhere only ctrl[0]. */
+  /* Control plane: a star around rank 0 (at rank 0 ctrl[r] for every
+   * r > 0, elsewhere ctrl[0]), and the cycles' partners (see below). */
   hora__ctrl **ctrl;
   /* Data plane: data[r] is the connection to rank r, NULL where the
    * algorithms never talk directly (the ring neighbours only), and cross[r]
@@ -165,6 +165,18 @@ uint64_t hora__ctrl_last_out(const hora__ctrl *c);
 /* Blocking send for shutdown paths: writes the frame within `timeout_s`. */
 int hora__ctrl_send_blocking(hora__ctrl *c, uint16_t type, const void *payload, size_t len,
                              double timeout_s);
+
+/* The partners of the cycles' allreduce of cache bit vectors (engine.c),
+ * by recursive doubling: with p2 the largest power of two <= size, rank
+ * r >= p2 folds into r - p2 and takes the result back from it; the ranks
+ * below p2 (taking in their fold first) swap with r ^ 1, r ^ 2, ... */
+struct hora__cycle_partners {
+  int fold;       /* -1, or the rank this one folds into or takes in */
+  bool folds_out; /* this rank is beyond p2: it talks to fold only */
+  int nrounds;
+  int round[31];
+};
+void hora__cycle_partners(int rank, int size, struct hora__cycle_partners *p);
 
 /* ---- sockets (socket.c) --------------------------------------------------- */
 int hora__socket_nonblocking(int fd);

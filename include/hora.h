@@ -228,6 +228,9 @@ typedef struct hora_stats {
   double copy_seconds;      /* coordinator time packing and unpacking fusion buffers */
   uint64_t direct_bytes;    /* allreduce bytes reduced straight between the host's
                                hora_mem_alloc blocks, with no copy through the kernel */
+  uint64_t cycles;          /* negotiation cycles: allreduces of cache bits between the ranks */
+  uint64_t sent_in_full;    /* requests negotiated through rank 0 (not in the cache, or
+                               taken out of it) */
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */

@@ -88,20 +88,21 @@ int hora__cache_note(struct hora__cache *c, const char *key, size_t len,
   }
   memcpy(copy, key, len);
   copy[len] = '\0';
+  bool listed = s >= 0;
   if (s < 0) {
     if (c->used < c->capacity) {
       s = (int32_t)c->used++;
     } else {
-      s = c->tail; /* least recently used */
-      hora__table_remove(&c->index, c->e[s].key, c->e[s].key_len);
-      c->evictions++;
+      s = c->tail; /* least recently used, or emptied */
+      listed = true;
+      if (c->e[s].used) {
+        hora__table_remove(&c->index, c->e[s].key, c->e[s].key_len);
+        c->evictions++;
+      }
     }
   }
-  if (c->e[s].used) {
+  if (listed) {
     unlink_slot(c, s);
-    if (c->e[s].key != NULL && (c->e[s].key_len != len || memcmp(c->e[s].key, key, len) != 0)) {
-      hora__table_remove(&c->index, c->e[s].key, c->e[s].key_len);
-    }
   }
   free(c->e[s].key);
   struct hora__cache_entry *e = &c->e[s];
@@ -114,4 +115,33 @@ int hora__cache_note(struct hora__cache *c, const char *key, size_t len,
   HORA_CHECK(hora__table_put(&c->index, copy, len, (void *)(uintptr_t)(s + 1)));
   *slot = s;
   return HORA_SUCCESS;
+}
+
+static void push_back(struct hora__cache *c, int32_t s) {
+  struct hora__cache_entry *e = &c->e[s];
+  e->next = -1;
+  e->prev = c->tail;
+  if (c->tail >= 0) {
+    c->e[c->tail].next = s;
+  }
+  c->tail = s;
+  if (c->head < 0) {
+    c->head = s;
+  }
+}
+
+void hora__cache_forget(struct hora__cache *c, int32_t slot) {
+  if (!hora__cache_entry(c, slot)) {
+    return;
+  }
+  struct hora__cache_entry *e = &c->e[slot];
+  hora__table_remove(&c->index, e->key, e->key_len);
+  free(e->key);
+  e->key = NULL;
+  e->key_len = 0;
+  e->used = false;
+  e->version = ++c->version;
+  /* The emptied slot goes to the LRU end: the next to be reused. */
+  unlink_slot(c, slot);
+  push_back(c, slot);
 }

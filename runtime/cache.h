@@ -1,13 +1,11 @@
 /* The response cache: operations that ran before, by key, in slots that
  * every rank assigns identically. Every rank applies the same sequence of
- * updates (the responses, in the order rank 0 sends them), so slot s holds
- * the same key everywhere once a rank has seen the same responses.
+ * updates, at the end of each cycle (engine.c), so slot s holds the same
+ * key everywhere between cycles.
  *
- * A rank then announces a cached operation as one bit (its slot) instead of
- * the full request, and rank 0 refers to it by slot in its responses. The
- * cache version counts slot assignments; a bit sent at version V names the
- * key slot s held at V, which rank 0 can still resolve when s has not been
- * reassigned since (else it asks for the full request again). */
+ * A rank then announces a cached operation as one bit (its slot) of the
+ * cycle's bit vectors instead of sending the full request to rank 0. The
+ * version counts slot assignments. */
 #ifndef HORA_CACHE_H
 #define HORA_CACHE_H
 
@@ -43,6 +41,8 @@ int32_t hora__cache_find(const struct hora__cache *c, const char *key, size_t le
  * (out of memory) leaves this rank's cache out of step: fatal. */
 int hora__cache_note(struct hora__cache *c, const char *key, size_t len,
                      const struct hora__op_meta *meta, int32_t *slot);
+/* Empties a slot (every rank at the same point): it is the next reused. */
+void hora__cache_forget(struct hora__cache *c, int32_t slot);
 static inline const struct hora__cache_entry *hora__cache_entry(const struct hora__cache *c,
                                                                 int32_t slot) {
   return slot >= 0 && (uint32_t)slot < c->capacity && c->e[slot].used ? &c->e[slot] : NULL;

@@ -1,18 +1,45 @@
-/* The coordinator thread. One cycle:
+/* The coordinator thread.
  *
- *   1. take what callers submitted; rank 0 hands it to the controller,
- *      the other ranks send it to rank 0 in one REQUESTS message
- *   2. read the control connections (requests at rank 0, responses and
- *      aborts elsewhere)
- *   3. rank 0 sends the responses that became ready to every rank
- *   4. execute the responses in order: run the collective, complete the
- *      requests
- *   5. with nothing to do, sleep in poll() on the wake eventfd and the
- *      control sockets: an idle job costs no CPU
+ * Negotiation. A request whose key and options are in the response cache
+ * (it ran before) waits as one bit, its slot; any other goes in full to
+ * rank 0, whose controller matches it across ranks (negotiate.c) and sends
+ * every rank the same frames of responses. The bits are agreed on in
+ * cycles: an allreduce of bit vectors between the ranks themselves, by
+ * recursive doubling (partners from hora__cycle_partners), with no round
+ * trip through rank 0. A cycle reduces
+ *
+ *   ready      AND  slots this rank can run now (a joined rank: every
+ *                   cached allreduce, which it stands in for)
+ *   submitted  OR   slots some rank really submitted
+ *   evict      OR   slots to empty (a request that changed its options,
+ *                   one waiting too long: the stall inspector must see it)
+ *   frames     MAX  response frames rank 0 had sent when it took part
+ *   flags      OR   some rank has a join in flight
+ *
+ * A rank starts the next cycle when it has new cached requests, when rank
+ * 0 has sent frames, or when a partner's message for it arrives; idle
+ * ranks never cycle. At the end of cycle k every rank, in the same order:
+ * schedules the slots ready everywhere and submitted somewhere (in slot
+ * order, fused), empties the evicted slots, then applies rank 0's frames up
+ * to the cycle's count (waiting for them if they are still on the way).
+ * Frames are applied nowhere else, so the caches, which only these steps
+ * change, stay identical, and every rank runs the same responses in the
+ * same order. Bits contributed to cycle k refer to the cache as it was
+ * after cycle k-1 on every rank. A waiting request whose slot changed,
+ * or a non-allreduce while someone has joined (rank 0 then refuses it),
+ * goes in full. A cycle that some rank never joins (alive but stuck) is
+ * reported to rank 0 after half the stall time by every rank in it, so
+ * that its stall inspector can name the ranks that never reported.
+ *
+ * The loop: take submissions; read the control connections; rank 0 sends
+ * the responses that became ready; advance the cycle; at its end, schedule
+ * and run the responses (the collectives, then the requests complete);
+ * with nothing to do, sleep in poll() on the wake eventfd and the control
+ * sockets: an idle job costs no CPU.
  *
  * The first fatal error (a lost peer, a stall past the shutdown time,
- * hora_abort) is sent to rank 0, which sends it to every rank; then the
- * coordinator fails every request and closes its connections. */
+ * hora_abort) is sent to every connected rank and rank 0 passes it on;
+ * then the coordinator fails every request and closes its connections. */
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sched.h>
@@ -31,6 +58,31 @@
 #include "runtime.h"
 #include "verify.h"
 #include "timeline.h"
+
+/* Cycle steps on the wire: 0 a fold in, 1 + i round i, FOLD_OUT the result,
+ * ASK a rank's request that its fold partner take part (it sends first). */
+#define STEP_FOLD_IN 0
+#define STEP_FOLD_OUT 32
+#define STEP_ASK 33
+#define INBOX_STEPS 34
+
+enum { CYCLE_IDLE, CYCLE_FOLD_IN, CYCLE_ROUNDS, CYCLE_RESULT, CYCLE_DONE };
+
+/* A partner's message for a cycle, kept until the cycle gets to it. */
+struct cycle_inbox {
+  bool has;
+  uint8_t flags;
+  uint64_t frames;
+  uint32_t nbytes;
+  uint8_t *vec; /* 3 x nbytes */
+  size_t cap;
+};
+
+struct frame {
+  struct frame *next;
+  size_t len;
+  uint8_t data[];
+};
 
 struct hora__engine {
   struct hora__runtime *rt;
@@ -53,10 +105,39 @@ struct hora__engine {
   bool phase_is_copy;
   struct hora_request **reqs;
   size_t reqs_cap;
-  uint8_t *bits; /* cache bits of one REQUESTS message */
-  /* rank 0: cache bits from a worker that named a reassigned slot */
-  uint32_t *resend;
-  uint32_t nresend, resend_cap, resend_version;
+  /* Cycles (see the top of this file). */
+  struct hora__cycle_partners partners;
+  struct hora_request **waiting; /* [cache capacity]: our request on each slot */
+  uint32_t nwaiting;
+  uint64_t new_hits;     /* requests that went into `waiting` since we last took part */
+  uint8_t *evict_wish;   /* [bitmap]: slots we want emptied */
+  bool evict_wanted;
+  uint64_t next_wait_scan_ns; /* when to look for requests waiting too long */
+  uint64_t cycle_started_ns;
+  bool stuck_reported;   /* told rank 0 that the cycle in progress waits too long */
+  /* rank 0: who reported which cycle stuck, since when, and one of its keys */
+  uint64_t *stuck_cycle, *stuck_since_ns;
+  char stuck_key[HORA_KEY_MAX + 1];
+  size_t stuck_key_len;
+  uint64_t next_stuck_ns, next_stuck_warn_ns;
+  uint64_t cycles;       /* cycles whose end has been applied */
+  int cycle_phase;       /* CYCLE_IDLE, or where the one in progress stands */
+  int cycle_round;
+  bool round_sent;
+  uint8_t *acc;          /* ready, submitted, evict: 3 x cycle_nbytes */
+  uint32_t cycle_nbytes;
+  uint64_t acc_frames;
+  uint8_t acc_flags;
+  bool our_joined_flag;  /* what we said in our last contribution */
+  bool others_joined;    /* what the last cycle said */
+  struct cycle_inbox *inbox; /* [2 * INBOX_STEPS]: by cycle parity and step */
+  uint8_t *peer_closed;  /* [size]: a partner that left after the job ended */
+  /* Response frames, applied at the end of the cycle that counts them. */
+  struct frame *frames_head, **frames_tail;
+  uint64_t frames_got;   /* received (rank 0: sent) */
+  uint64_t frames_applied;
+  uint64_t frames_told;  /* rank 0: the count in its last contribution */
+  bool shutdown_seen;    /* a frame holds SHUTDOWN: peers may close now */
   uint64_t frames_in;  /* control frames handled so far */
   bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
   struct pollfd *pollfds; /* room for every control connection and a few more */
@@ -73,8 +154,23 @@ static void engine_free(struct hora__engine *e) {
   }
   hora__controller_destroy(e->ctl);
   hora__cache_free(&e->cache);
-  free(e->bits);
-  free(e->resend);
+  free(e->waiting);
+  free(e->evict_wish);
+  free(e->acc);
+  if (e->inbox) {
+    for (int i = 0; i < 2 * INBOX_STEPS; i++) {
+      free(e->inbox[i].vec);
+    }
+  }
+  free(e->inbox);
+  free(e->peer_closed);
+  free(e->stuck_cycle);
+  free(e->stuck_since_ns);
+  while (e->frames_head) {
+    struct frame *f = e->frames_head;
+    e->frames_head = f->next;
+    free(f);
+  }
   while (e->todo) {
     struct hora__response *n = e->todo->next;
     hora__response_free(e->todo);
@@ -118,92 +214,92 @@ static int submit_cb(void *arg, const struct hora__wire_request *req) {
   return hora__controller_submit(s->e->ctl, s->rank, req);
 }
 
-/* Rank 0: a worker announced slot `slot` of its cache at `version`. */
-static int cached_cb(void *arg, uint32_t version, uint32_t slot) {
-  struct submit_ctx *s = arg;
-  struct hora__engine *e = s->e;
-  const struct hora__cache_entry *ce = hora__cache_entry(&e->cache, (int32_t)slot);
-  if (ce && ce->version <= version && ce->key_len > 0) {
-    struct hora__wire_request w = {.meta = ce->meta, .key = ce->key, .key_len = ce->key_len};
-    return hora__controller_submit(e->ctl, s->rank, &w);
-  }
-  if (version > e->cache.version || slot >= e->cache.capacity) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d announced cache slot %u at version %u, "
-                       "which rank 0 never assigned", s->rank, slot, version);
-  }
-  /* The slot changed hands after the worker looked: ask again in full. */
-  if (e->nresend == e->resend_cap) {
-    uint32_t cap = e->resend_cap ? 2 * e->resend_cap : 64;
-    uint32_t *p = hora__realloc(e->resend, cap * sizeof(*p));
-    if (!p) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    e->resend = p;
-    e->resend_cap = cap;
-  }
-  e->resend[e->nresend++] = slot;
-  e->resend_version = version;
-  return HORA_SUCCESS;
-}
 
-static int encode_and_send_requests(struct hora__engine *e, struct hora_request *const *list,
-                                    size_t n);
 static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
                      size_t n);
 
-struct resend_ctx {
-  struct hora__engine *e;
-  struct hora_request **found;
-  size_t n, cap;
-};
-
-static void find_sent(void *arg, const char *key, size_t len, void *value) {
-  (void)key;
-  (void)len;
-  struct resend_ctx *r = arg;
-  struct hora_request *q = value;
-  if (q->sent_slot >= 0 && r->n < r->cap && r->e->rt->rank != 0) {
-    r->found[r->n++] = q;
+/* A partner's step of a cycle: kept in the inbox until the cycle uses it. */
+static int on_cycle_frame(struct hora__engine *e, int from, const uint8_t *p, size_t n) {
+  struct hora__cycle_msg m;
+  if (hora__decode_cycle(p, n, &m) != HORA_SUCCESS) {
+    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed cycle message", from);
   }
+  const struct hora__cycle_partners *cp = &e->partners;
+  bool from_fold = from == cp->fold && (cp->folds_out ? m.step == STEP_FOLD_OUT || m.step == STEP_ASK
+                                                      : m.step == STEP_FOLD_IN);
+  bool from_round = m.step >= 1 && m.step <= cp->nrounds && cp->round[m.step - 1] == from;
+  if ((!from_fold && !from_round) || m.cycle <= e->cycles || m.cycle > e->cycles + 2) {
+    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent step %u of cycle %llu, which this rank "
+                       "(at cycle %llu) does not expect from it", from, m.step,
+                       (unsigned long long)m.cycle, (unsigned long long)e->cycles);
+  }
+  struct cycle_inbox *in = &e->inbox[(m.cycle & 1) * INBOX_STEPS + m.step];
+  size_t need = 3 * (size_t)m.nbytes;
+  if (in->has) {
+    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent step %u of cycle %llu twice", from,
+                       m.step, (unsigned long long)m.cycle);
+  }
+  if (need > in->cap) {
+    uint8_t *v = hora__realloc(in->vec, need);
+    if (!v) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    in->vec = v;
+    in->cap = need;
+  }
+  if (need) {
+    memcpy(in->vec, m.vec, need);
+  }
+  in->has = true;
+  in->flags = m.flags;
+  in->frames = m.frames;
+  in->nbytes = m.nbytes;
+  return HORA_SUCCESS;
 }
 
-/* Worker: rank 0 could not resolve some of our cache bits; send those
- * requests again in full. */
-static int on_resend(struct hora__engine *e, const uint8_t *p, size_t n) {
-  struct hora__rbuf rb = hora__rbuf_make(p, n);
-  uint32_t version = hora__rbuf_u32(&rb);
-  uint32_t count = hora__rbuf_u32(&rb);
-  if (rb.bad || (size_t)count * 4 != hora__rbuf_left(&rb)) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed resend message");
-  }
-  struct hora__runtime *rt = e->rt;
-  pthread_mutex_lock(&rt->mu);
-  size_t cap = rt->inflight.count;
-  struct resend_ctx rc = {.e = e, .found = hora__malloc((cap ? cap : 1) * sizeof(void *)), .cap = cap};
-  if (rc.found) {
-    hora__table_each(&rt->inflight, find_sent, &rc);
-  }
-  pthread_mutex_unlock(&rt->mu);
-  if (!rc.found) {
+static int queue_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
+  struct frame *f = hora__malloc(sizeof(*f) + n);
+  if (!f) {
     return HORA_ERR_NO_MEMORY;
   }
-  size_t w = 0;
-  for (size_t i = 0; i < rc.n; i++) {
-    struct hora_request *q = rc.found[i];
-    bool asked = false;
-    for (uint32_t k = 0; k < count && !asked; k++) {
-      uint32_t slot = (uint32_t)p[8 + 4 * k] | (uint32_t)p[9 + 4 * k] << 8 |
-                      (uint32_t)p[10 + 4 * k] << 16 | (uint32_t)p[11 + 4 * k] << 24;
-      asked = q->sent_version == version && (uint32_t)q->sent_slot == slot;
-    }
-    if (asked) {
-      q->sent_slot = -1;
-      rc.found[w++] = q;
-    }
+  f->next = NULL;
+  f->len = n;
+  memcpy(f->data, p, n);
+  *e->frames_tail = f;
+  e->frames_tail = &f->next;
+  e->frames_got++;
+  return HORA_SUCCESS;
+}
+
+/* Worker: a frame of responses from rank 0, kept until a cycle orders it.
+ * Checked now (a malformed frame fails at once), and looked into for the
+ * end of the job, after which peers may close their connections. */
+static int on_responses_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
+  struct hora__response *peek = NULL, **tail = &peek;
+  if (hora__decode_responses(p, n, &tail, NULL) != HORA_SUCCESS) {
+    return hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
+                       hora__error_message());
   }
-  int r = w ? encode_and_send_requests(e, rc.found, w) : HORA_SUCCESS;
-  free(rc.found);
-  return r;
+  while (peek) {
+    struct hora__response *nx = peek->next;
+    e->shutdown_seen |= peek->kind == HORA_KIND_SHUTDOWN;
+    hora__response_free(peek);
+    peek = nx;
+  }
+  return queue_frame(e, p, n);
+}
+
+/* Rank 0: rank `from` has waited `waited_ms` in cycle `cycle`. */
+static void record_stuck(struct hora__engine *e, int from, uint64_t cycle, uint32_t waited_ms,
+                         const char *key, size_t key_len) {
+  uint64_t now = hora__now_ns(), waited = (uint64_t)waited_ms * 1000000u;
+  e->stuck_cycle[from] = cycle;
+  e->stuck_since_ns[from] = now > waited ? now - waited : 0;
+  if (key_len && (!e->stuck_key_len || cycle > e->stuck_cycle[0])) {
+    memcpy(e->stuck_key, key, key_len);
+    e->stuck_key_len = key_len;
+  }
+  e->next_stuck_ns = now; /* look at it in this turn of the loop */
 }
 
 /* Reads and handles every complete frame on one control connection. */
@@ -231,24 +327,26 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
     }
     if (type == HORA_MSG_REQUESTS && e->ctl) {
       struct submit_ctx s = {e, peer};
-      struct hora__request_sink sink = {submit_cb, cached_cb, &s};
-      e->nresend = 0;
+      struct hora__request_sink sink = {submit_cb, &s};
       if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
         return hora__error(HORA_ERR_PEER_LOST, "%s sent a malformed request list: %s",
                            hora__peer_name(e->comm, peer, name, sizeof(name)),
                            hora__error_message());
       }
-      if (e->nresend) {
-        hora__encode_resend(&e->wbuf, e->resend_version, e->resend, e->nresend);
-        HORA_CHECK(ctrl_send(e, c, HORA_MSG_RESEND, e->wbuf.data, e->wbuf.len));
+    } else if (type == HORA_MSG_RESPONSES && !e->ctl && peer == 0) {
+      HORA_CHECK(on_responses_frame(e, p, n));
+    } else if (type == HORA_MSG_CYCLE) {
+      HORA_CHECK(on_cycle_frame(e, peer, p, n));
+    } else if (type == HORA_MSG_STUCK && e->ctl) {
+      uint64_t cyc;
+      uint32_t waited;
+      const char *key;
+      size_t klen;
+      if (hora__decode_stuck(p, n, &cyc, &waited, &key, &klen) != HORA_SUCCESS) {
+        return hora__error(HORA_ERR_PEER_LOST, "%s sent a malformed stuck-cycle message",
+                           hora__peer_name(e->comm, peer, name, sizeof(name)));
       }
-    } else if (type == HORA_MSG_RESPONSES && !e->ctl) {
-      if (hora__decode_responses(p, n, &e->todo_tail, &e->cache) != HORA_SUCCESS) {
-        return hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
-                           hora__error_message());
-      }
-    } else if (type == HORA_MSG_RESEND && !e->ctl) {
-      HORA_CHECK(on_resend(e, p, n));
+      record_stuck(e, peer, cyc, waited, key, klen);
     } else if (type == HORA_MSG_HEARTBEAT) {
       /* Arriving was the point. */
     } else {
@@ -257,15 +355,16 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
     }
   }
   if (rc == HORA_ERR_PEER_LOST) {
-    HORA_DEBUG("control: connection to rank %d closed (%s)", peer,
-               e->todo ? "responses queued" : "nothing queued");
-    for (struct hora__response *r = e->todo; r && !e->shutting_down; r = r->next) {
-      e->shutting_down = r->kind == HORA_KIND_SHUTDOWN;
-    }
-    if (e->shutting_down) {
-      /* The job is over and the peer left first: not an error. */
+    HORA_DEBUG("control: connection to rank %d closed", peer);
+    /* After the job's end, or from a partner that is no longer needed (its
+     * cycles are done; rank 0, which also hears it, reports a real loss),
+     * a closed connection is not an error by itself; a cycle that still
+     * needs the partner fails then. */
+    bool partner_only = e->rt->rank != 0 && peer != 0;
+    if (e->shutting_down || e->shutdown_seen || partner_only) {
       hora__ctrl_free(c);
       e->comm->ctrl[peer] = NULL;
+      e->peer_closed[peer] = 1;
       return HORA_SUCCESS;
     }
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
@@ -369,50 +468,49 @@ static int grow_reqs(struct hora__engine *e, size_t n) {
   return HORA_SUCCESS;
 }
 
-/* Worker: one REQUESTS message. A request whose key and options match a
- * cache entry goes as that entry's bit; the rest go in full. */
-static int encode_and_send_requests(struct hora__engine *e, struct hora_request *const *list,
-                                    size_t n) {
-  struct hora__runtime *rt = e->rt;
-  uint32_t nfull = 0, maxslot = 0;
-  bool anybit = false;
-  if (e->cache.capacity && !e->bits) {
-    e->bits = hora__calloc((e->cache.capacity + 7) / 8, 1);
-    if (!e->bits) {
-      return HORA_ERR_NO_MEMORY;
+static uint32_t waited_ms(const struct hora_request *q) {
+  uint64_t now = hora__now_ns();
+  return now > q->submit_ns ? (uint32_t)HORA_MIN((now - q->submit_ns) / 1000000u, UINT32_MAX) : 0;
+}
+
+/* Requests that go to rank 0 in full: rank 0 hands them to its controller,
+ * the others send one REQUESTS message. */
+static int send_full(struct hora__engine *e, struct hora_request *const *list, size_t n) {
+  if (n == 0) {
+    return HORA_SUCCESS;
+  }
+  atomic_fetch_add(&e->rt->stats.sent_in_full, n);
+  if (e->ctl) {
+    for (size_t i = 0; i < n; i++) {
+      struct hora_request *q = list[i];
+      struct hora__wire_request w = {
+          .meta = q->meta, .key = q->key, .key_len = q->key_len, .waited_ms = waited_ms(q)};
+      HORA_CHECK(hora__controller_submit(e->ctl, 0, &w));
     }
+    return HORA_SUCCESS;
   }
   hora__encode_requests_begin(&e->wbuf);
   for (size_t i = 0; i < n; i++) {
-    struct hora_request *q = list[i];
-    int32_t slot = q->sent_slot == -2 ? hora__cache_find(&e->cache, q->key, q->key_len) : -1;
-    if (slot >= 0 && hora__meta_equal(&e->cache.e[slot].meta, &q->meta)) {
-      e->bits[slot / 8] |= (uint8_t)(1u << (slot % 8));
-      maxslot = HORA_MAX(maxslot, (uint32_t)slot);
-      anybit = true;
-      q->sent_slot = slot;
-      q->sent_version = e->cache.version;
-      atomic_fetch_add(&rt->stats.cache_hits, 1);
-    } else {
-      hora__encode_request(&e->wbuf, &q->meta, q->key, q->key_len);
-      q->sent_slot = -1;
-      nfull++;
-      if (q->meta.kind <= HORA_KIND_ALLGATHER) {
-        atomic_fetch_add(&rt->stats.cache_misses, 1);
-      }
-    }
+    hora__encode_request(&e->wbuf, &list[i]->meta, list[i]->key, list[i]->key_len,
+                         waited_ms(list[i]));
   }
-  uint32_t nbytes = anybit ? maxslot / 8 + 1 : 0;
-  hora__encode_requests_end(&e->wbuf, nfull, e->cache.version, e->bits, nbytes);
-  if (nbytes) {
-    memset(e->bits, 0, nbytes);
-  }
+  hora__encode_requests_end(&e->wbuf, (uint32_t)n);
   if (e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %zu requests", n);
   }
   return ctrl_send(e, e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
 }
 
+static void wish_evicted(struct hora__engine *e, int32_t slot) {
+  e->evict_wish[slot / 8] |= (uint8_t)(1u << (slot % 8));
+  e->evict_wanted = true;
+}
+
+/* A new request waits on its cache slot when it ran before with the same
+ * options (and, while someone has joined, only an allreduce: rank 0 must
+ * refuse the rest); otherwise it goes in full, and a slot whose key now
+ * comes with other options is emptied everywhere, so that the others' same
+ * requests go in full too and rank 0 can name the mismatch. */
 static int take_submissions(struct hora__engine *e, bool *busy) {
   struct hora__runtime *rt = e->rt;
   e->seen_seq = atomic_load_explicit(&rt->submit_seq, memory_order_acquire);
@@ -430,29 +528,35 @@ static int take_submissions(struct hora__engine *e, bool *busy) {
     return HORA_SUCCESS;
   }
   *busy = true;
-  if (e->ctl) {
-    for (struct hora_request *r = head; r; r = r->next) {
-      if (r->meta.kind <= HORA_KIND_ALLGATHER) {
-        int32_t slot = hora__cache_find(&e->cache, r->key, r->key_len);
-        bool hit = slot >= 0 && hora__meta_equal(&e->cache.e[slot].meta, &r->meta);
-        atomic_fetch_add(hit ? &rt->stats.cache_hits : &rt->stats.cache_misses, 1);
-      }
-      struct hora__wire_request w = {.meta = r->meta, .key = r->key, .key_len = r->key_len};
-      HORA_CHECK(hora__controller_submit(e->ctl, 0, &w));
-    }
-    return HORA_SUCCESS;
-  }
   size_t n = 0;
   for (struct hora_request *r = head; r; r = r->next) {
     n++;
   }
   HORA_CHECK(grow_reqs(e, n));
-  n = 0;
+  size_t nfull = 0;
   for (struct hora_request *r = head; r; r = r->next) {
-    r->sent_slot = -2; /* not sent yet: may go by cache bit */
-    e->reqs[n++] = r;
+    r->sent_slot = -1;
+    if (r->meta.kind > HORA_KIND_ALLGATHER) {
+      e->reqs[nfull++] = r;
+      continue;
+    }
+    int32_t slot = hora__cache_find(&e->cache, r->key, r->key_len);
+    bool hit = slot >= 0 && hora__meta_equal(&e->cache.e[slot].meta, &r->meta);
+    atomic_fetch_add(hit ? &rt->stats.cache_hits : &rt->stats.cache_misses, 1);
+    if (hit && !e->waiting[slot] &&
+        (r->meta.kind == HORA_KIND_ALLREDUCE || !e->others_joined)) {
+      r->sent_slot = slot;
+      e->waiting[slot] = r;
+      e->nwaiting++;
+      e->new_hits++;
+      continue;
+    }
+    if (slot >= 0 && !hit) {
+      wish_evicted(e, slot);
+    }
+    e->reqs[nfull++] = r;
   }
-  return encode_and_send_requests(e, e->reqs, n);
+  return send_full(e, e->reqs, nfull);
 }
 
 /* ---- execution -------------------------------------------------------------- */
@@ -821,7 +925,9 @@ static int execute(struct hora__engine *e, const struct hora__response *r) {
   }
 }
 
-/* Rank 0: sends the ready responses when the cycle policy says so. */
+/* Rank 0: sends the ready responses, as one frame, when the fusion policy
+ * says so; every rank (rank 0 too) applies it at the end of the cycle
+ * that counts it. */
 static int distribute(struct hora__engine *e) {
   hora__comm *c = e->comm;
   uint64_t wake;
@@ -837,6 +943,7 @@ static int distribute(struct hora__engine *e) {
   uint32_t n = 0;
   for (struct hora__response *r = head; r; r = r->next) {
     n++;
+    e->shutting_down |= r->kind == HORA_KIND_SHUTDOWN;
   }
   struct hora__response **v = hora__malloc((n ? n : 1) * sizeof(*v));
   int rc = v ? HORA_SUCCESS : HORA_ERR_NO_MEMORY;
@@ -845,27 +952,461 @@ static int distribute(struct hora__engine *e) {
     v[n++] = r;
   }
   if (rc == HORA_SUCCESS) {
-    rc = hora__encode_responses(&e->wbuf, v, n, &e->cache);
+    rc = hora__encode_responses(&e->wbuf, v, n);
   }
   free(v);
-  *e->todo_tail = head; /* queued even on failure, so they are freed */
-  e->todo_tail = tail;
-  HORA_CHECK(rc);
-  for (struct hora__response *r = head; r; r = r->next) {
-    e->shutting_down |= r->kind == HORA_KIND_SHUTDOWN;
+  while (head) {
+    struct hora__response *nx = head->next;
+    hora__response_free(head);
+    head = nx;
   }
+  HORA_CHECK(rc);
+  HORA_CHECK(queue_frame(e, e->wbuf.data, e->wbuf.len));
   for (int r = 1; r < c->size; r++) {
-    if (c->ctrl[r]) {
+    if (c->ctrl[r] && !e->peer_closed[r]) {
       HORA_CHECK(ctrl_send(e, c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
     }
   }
   return HORA_SUCCESS;
 }
 
-static int distribute_and_run(struct hora__engine *e, bool *busy) {
-  if (e->ctl && hora__controller_has_ready(e->ctl)) {
-    HORA_CHECK(distribute(e));
+/* ---- cycles ------------------------------------------------------------------ */
+
+static bool bit_set(const uint8_t *v, uint32_t s) { return (v[s / 8] >> (s % 8)) & 1u; }
+
+static bool joined_now(struct hora__engine *e) {
+  pthread_mutex_lock(&e->rt->mu);
+  bool j = e->rt->joined;
+  pthread_mutex_unlock(&e->rt->mu);
+  return j;
+}
+
+/* Our part of the next cycle, against the cache as every rank has it. */
+static void contribute(struct hora__engine *e, bool joined) {
+  uint32_t used = e->cache.used, nb = (used + 7) / 8;
+  uint8_t *ready = e->acc, *submitted = ready + nb, *evict = submitted + nb;
+  memset(e->acc, 0, 3 * (size_t)nb);
+  for (uint32_t s = 0; s < used; s++) {
+    uint8_t b = (uint8_t)(1u << (s % 8));
+    if (e->waiting[s]) {
+      ready[s / 8] |= b;
+      submitted[s / 8] |= b;
+    } else if (joined && e->cache.e[s].used && e->cache.e[s].meta.kind == HORA_KIND_ALLREDUCE) {
+      ready[s / 8] |= b; /* stands in with zeros */
+    }
   }
+  if (nb) {
+    memcpy(evict, e->evict_wish, nb);
+    memset(e->evict_wish, 0, nb);
+  }
+  e->evict_wanted = false;
+  e->cycle_nbytes = nb;
+  e->acc_frames = e->ctl ? e->frames_got : 0;
+  e->frames_told = e->acc_frames;
+  e->acc_flags = joined ? HORA_CYCLE_JOINED : 0;
+  e->our_joined_flag = joined;
+  e->new_hits = 0;
+  e->cycle_started_ns = hora__now_ns();
+  e->stuck_reported = false;
+}
+
+static int lost_partner(struct hora__engine *e, int peer) {
+  char name[160];
+  return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
+                     hora__peer_name(e->comm, peer, name, sizeof(name)));
+}
+
+static int send_step(struct hora__engine *e, int peer, int step) {
+  hora__ctrl *c = e->comm->ctrl[peer];
+  if (!c) {
+    return e->shutdown_seen || e->shutting_down ? HORA_SUCCESS : lost_partner(e, peer);
+  }
+  bool ask = step == STEP_ASK;
+  struct hora__cycle_msg m = {.cycle = e->cycles + 1,
+                              .step = (uint8_t)step,
+                              .flags = ask ? 0 : e->acc_flags,
+                              .frames = ask ? 0 : e->acc_frames,
+                              .nbytes = ask ? 0 : e->cycle_nbytes,
+                              .vec = e->acc};
+  hora__encode_cycle(&e->wbuf, &m);
+  if (e->wbuf.failed) {
+    return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding a cycle message");
+  }
+  return ctrl_send(e, c, HORA_MSG_CYCLE, e->wbuf.data, e->wbuf.len);
+}
+
+/* Folds a partner's step into ours (or, for the result, takes it), once
+ * it has arrived. */
+static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
+  struct cycle_inbox *in = &e->inbox[((e->cycles + 1) & 1) * INBOX_STEPS + step];
+  *got = in->has;
+  if (!in->has) {
+    return e->peer_closed[peer] && !e->shutdown_seen ? lost_partner(e, peer) : HORA_SUCCESS;
+  }
+  uint32_t nb = e->cycle_nbytes;
+  if (in->nbytes != nb) {
+    return hora__error(HORA_ERR_PEER_LOST, "rank %d's response cache is out of step with this "
+                       "rank's (%u against %u bytes of bits in cycle %llu)", peer, in->nbytes, nb,
+                       (unsigned long long)(e->cycles + 1));
+  }
+  in->has = false;
+  if (step == STEP_FOLD_OUT) {
+    memcpy(e->acc, in->vec, 3 * (size_t)nb);
+    e->acc_frames = in->frames;
+    e->acc_flags = in->flags;
+    return HORA_SUCCESS;
+  }
+  for (uint32_t i = 0; i < nb; i++) {
+    e->acc[i] &= in->vec[i];
+    e->acc[nb + i] |= in->vec[nb + i];
+    e->acc[2 * nb + i] |= in->vec[2 * nb + i];
+  }
+  e->acc_frames = HORA_MAX(e->acc_frames, in->frames);
+  e->acc_flags |= in->flags;
+  return HORA_SUCCESS;
+}
+
+/* Starts the next cycle when there is a reason to, and moves the one in
+ * progress on as far as the partners' steps that have arrived allow. */
+static int cycle_advance(struct hora__engine *e, bool *progressed) {
+  const struct hora__cycle_partners *cp = &e->partners;
+  if (e->cycle_phase == CYCLE_IDLE) {
+    bool joined = joined_now(e), asked = false;
+    for (int i = 0; i < INBOX_STEPS && !asked; i++) {
+      asked = e->inbox[((e->cycles + 1) & 1) * INBOX_STEPS + i].has;
+    }
+    if (!asked && !e->new_hits && !e->evict_wanted && joined == e->our_joined_flag &&
+        !(e->ctl && e->frames_got > e->frames_told)) {
+      return HORA_SUCCESS;
+    }
+    HORA_TRACE("cycle %llu: starting (%s; %llu new cached requests)",
+               (unsigned long long)(e->cycles + 1), asked ? "asked" : "our own",
+               (unsigned long long)e->new_hits);
+    contribute(e, joined);
+    *progressed = true;
+    e->cycle_round = 0;
+    e->round_sent = false;
+    e->cycle_phase = cp->folds_out ? CYCLE_RESULT : cp->fold >= 0 ? CYCLE_FOLD_IN : CYCLE_ROUNDS;
+    if (cp->folds_out) {
+      HORA_CHECK(send_step(e, cp->fold, STEP_FOLD_IN));
+    } else if (cp->fold >= 0 && !e->inbox[((e->cycles + 1) & 1) * INBOX_STEPS + STEP_FOLD_IN].has) {
+      HORA_CHECK(send_step(e, cp->fold, STEP_ASK));
+    }
+  }
+  for (;;) {
+    bool got;
+    switch (e->cycle_phase) {
+      case CYCLE_FOLD_IN:
+        HORA_CHECK(take_step(e, cp->fold, STEP_FOLD_IN, &got));
+        if (!got) {
+          return HORA_SUCCESS;
+        }
+        e->cycle_phase = CYCLE_ROUNDS;
+        *progressed = true;
+        break;
+      case CYCLE_ROUNDS:
+        if (e->cycle_round == cp->nrounds) {
+          if (cp->fold >= 0) {
+            HORA_CHECK(send_step(e, cp->fold, STEP_FOLD_OUT));
+          }
+          e->cycle_phase = CYCLE_DONE;
+          *progressed = true;
+          return HORA_SUCCESS;
+        }
+        if (!e->round_sent) {
+          HORA_CHECK(send_step(e, cp->round[e->cycle_round], 1 + e->cycle_round));
+          e->round_sent = true;
+          *progressed = true;
+        }
+        HORA_CHECK(take_step(e, cp->round[e->cycle_round], 1 + e->cycle_round, &got));
+        if (!got) {
+          return HORA_SUCCESS;
+        }
+        e->cycle_round++;
+        e->round_sent = false;
+        *progressed = true;
+        break;
+      case CYCLE_RESULT:
+        HORA_CHECK(take_step(e, cp->fold, STEP_FOLD_OUT, &got));
+        if (got) {
+          e->cycle_phase = CYCLE_DONE;
+          *progressed = true;
+        }
+        return HORA_SUCCESS;
+      default:
+        return HORA_SUCCESS;
+    }
+  }
+}
+
+/* Rank 0's timeline rows of a tensor that ran from the cache. */
+static void timeline_cached(const struct hora__response *r, int size) {
+  if (!hora__timeline_enabled()) {
+    return;
+  }
+  char phase[40];
+  snprintf(phase, sizeof(phase), "NEGOTIATE_%s", hora__kind_name(r->kind));
+  for (char *x = phase; *x; x++) {
+    *x = (char)(*x >= 'a' && *x <= 'z' ? *x - 32 : *x);
+  }
+  const struct hora__resp_tensor *t = &r->tensors[0];
+  hora__timeline_begin(t->key, t->key_len, phase);
+  for (int rank = 0; rank < size; rank++) {
+    char mark[32];
+    snprintf(mark, sizeof(mark), "rank %d ready", rank);
+    hora__timeline_mark(t->key, t->key_len, mark);
+  }
+  hora__timeline_end(t->key, t->key_len);
+  hora__timeline_begin(t->key, t->key_len, HORA_PHASE_QUEUE);
+}
+
+/* The response for cached slot s, as the cache holds it. */
+static struct hora__response *cached_response(const struct hora__cache_entry *ce) {
+  struct hora__response *r = hora__response_new(ce->meta.kind, 1);
+  if (!r) {
+    return NULL;
+  }
+  r->dtype = ce->meta.dtype;
+  r->op = ce->meta.op;
+  r->device = ce->meta.device;
+  r->compression = ce->meta.compression;
+  r->prescale = ce->meta.prescale;
+  r->postscale = ce->meta.postscale;
+  r->root = ce->meta.root;
+  if (hora__response_set_tensor(r, 0, ce->key, ce->key_len, ce->meta.count) != HORA_SUCCESS) {
+    hora__response_free(r);
+    return NULL;
+  }
+  return r;
+}
+
+/* Our waiting requests whose slot no longer holds them (emptied, or taken
+ * by another key), or that may not wait while someone has joined, go to
+ * rank 0 in full. */
+static int unwait_stale(struct hora__engine *e) {
+  size_t n = 0;
+  for (uint32_t s = 0; s < e->cache.capacity && e->nwaiting > n; s++) {
+    struct hora_request *q = e->waiting[s];
+    if (!q) {
+      continue;
+    }
+    const struct hora__cache_entry *ce = hora__cache_entry(&e->cache, (int32_t)s);
+    bool stale = !ce || ce->key_len != q->key_len || memcmp(ce->key, q->key, q->key_len) != 0 ||
+                 !hora__meta_equal(&ce->meta, &q->meta) ||
+                 (e->others_joined && q->meta.kind != HORA_KIND_ALLREDUCE);
+    if (!stale) {
+      n++;
+      continue;
+    }
+    HORA_CHECK(grow_reqs(e, 1));
+    e->waiting[s] = NULL;
+    e->nwaiting--;
+    q->sent_slot = -1;
+    HORA_CHECK(send_full(e, &q, 1));
+  }
+  return HORA_SUCCESS;
+}
+
+/* The end of a cycle, once rank 0's frames it counts have all arrived:
+ * the same steps, in the same order, on every rank. */
+static int cycle_end(struct hora__engine *e, bool *progressed) {
+  if (e->cycle_phase != CYCLE_DONE || e->frames_got < e->acc_frames) {
+    return HORA_SUCCESS;
+  }
+  uint32_t nb = e->cycle_nbytes;
+  const uint8_t *ready = e->acc, *submitted = ready + nb, *evict = submitted + nb;
+  struct hora__response *head = NULL, **tail = &head;
+  int rc = HORA_SUCCESS;
+  for (uint32_t s = 0; s < nb * 8 && rc == HORA_SUCCESS; s++) {
+    if (!bit_set(ready, s) || !bit_set(submitted, s)) {
+      continue;
+    }
+    const struct hora__cache_entry *ce = hora__cache_entry(&e->cache, (int32_t)s);
+    struct hora__response *r = ce ? cached_response(ce) : NULL;
+    if (!r) {
+      rc = ce ? HORA_ERR_NO_MEMORY
+              : hora__error(HORA_ERR_PEER_LOST, "cycle %llu scheduled cache slot %u, which is "
+                            "empty here: the ranks' caches are out of step",
+                            (unsigned long long)(e->cycles + 1), s);
+      break;
+    }
+    *tail = r;
+    tail = &r->next;
+    int32_t noted;
+    struct hora__op_meta m = ce->meta;
+    rc = hora__cache_note(&e->cache, r->tensors[0].key, r->tensors[0].key_len, &m, &noted);
+    if (e->waiting[s]) {
+      e->waiting[s] = NULL;
+      e->nwaiting--;
+    }
+    timeline_cached(r, e->comm->size);
+  }
+  if (rc == HORA_SUCCESS) {
+    rc = hora__responses_fuse(head, &tail, hora__params.FUSION_THRESHOLD);
+  }
+  for (uint32_t s = 0; s < nb * 8 && rc == HORA_SUCCESS; s++) {
+    if (bit_set(evict, s) && !(bit_set(ready, s) && bit_set(submitted, s))) {
+      hora__cache_forget(&e->cache, (int32_t)s);
+    }
+  }
+  while (rc == HORA_SUCCESS && e->frames_applied < e->acc_frames) {
+    struct frame *f = e->frames_head;
+    e->frames_head = f->next;
+    if (!e->frames_head) {
+      e->frames_tail = &e->frames_head;
+    }
+    if (hora__decode_responses(f->data, f->len, &tail, &e->cache) != HORA_SUCCESS) {
+      rc = hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
+                       hora__error_message());
+    }
+    free(f);
+    e->frames_applied++;
+  }
+  *e->todo_tail = head; /* queued even on failure, so they are freed */
+  if (head) {
+    e->todo_tail = tail;
+  }
+  HORA_CHECK(rc);
+  /* An ask that crossed our own start is spent with the cycle. */
+  e->inbox[((e->cycles + 1) & 1) * INBOX_STEPS + STEP_ASK].has = false;
+  e->cycles++;
+  HORA_TRACE("cycle %llu: done, frames %llu", (unsigned long long)e->cycles,
+             (unsigned long long)e->acc_frames);
+  atomic_fetch_add(&e->rt->stats.cycles, 1);
+  e->others_joined = (e->acc_flags & HORA_CYCLE_JOINED) != 0;
+  e->cycle_phase = CYCLE_IDLE;
+  *progressed = true;
+  return unwait_stale(e);
+}
+
+/* Cached requests waiting half the stall time are emptied from the cache
+ * everywhere: they go to rank 0 in full, and its stall inspector names the
+ * ranks that never submitted them. */
+static void scan_waiting(struct hora__engine *e) {
+  double check = hora__params.STALL_CHECK_TIME_SECONDS;
+  double shut = hora__params.STALL_SHUTDOWN_TIME_SECONDS;
+  double limit = check > 0 && (shut <= 0 || check < shut) ? check : shut;
+  uint64_t now = hora__now_ns();
+  if (limit <= 0 || e->nwaiting == 0) {
+    e->next_wait_scan_ns = UINT64_MAX;
+    return;
+  }
+  uint64_t half = (uint64_t)(limit * 0.5e9);
+  if (e->next_wait_scan_ns != UINT64_MAX && now < e->next_wait_scan_ns) {
+    return;
+  }
+  for (uint32_t s = 0; s < e->cache.capacity; s++) {
+    struct hora_request *q = e->waiting[s];
+    if (q && now - q->submit_ns >= half) {
+      wish_evicted(e, (int32_t)s);
+    }
+  }
+  e->next_wait_scan_ns = now + HORA_MAX(half / 4, (uint64_t)1000000);
+}
+
+/* Half of the shorter of the stall times, or 0 when both are off. */
+static uint64_t stall_half_ns(void) {
+  double check = hora__params.STALL_CHECK_TIME_SECONDS;
+  double shut = hora__params.STALL_SHUTDOWN_TIME_SECONDS;
+  double limit = check > 0 && (shut <= 0 || check < shut) ? check : shut;
+  return limit > 0 ? (uint64_t)(limit * 0.5e9) : 0;
+}
+
+/* A cycle held up that long (a partner stopped answering, alive but stuck)
+ * is reported to rank 0, with one of the operations waiting on it: the
+ * ranks that never report it are the ones holding it up. */
+static int report_stuck(struct hora__engine *e) {
+  uint64_t half = stall_half_ns();
+  if (!half || e->stuck_reported || e->cycle_phase == CYCLE_IDLE ||
+      e->cycle_phase == CYCLE_DONE) {
+    return HORA_SUCCESS;
+  }
+  uint64_t now = hora__now_ns();
+  if (now - e->cycle_started_ns < half) {
+    return HORA_SUCCESS;
+  }
+  e->stuck_reported = true;
+  const char *key = "";
+  size_t klen = 0;
+  for (uint32_t s = 0; s < e->cache.capacity && e->nwaiting; s++) {
+    if (e->waiting[s]) {
+      key = e->waiting[s]->key;
+      klen = e->waiting[s]->key_len;
+      break;
+    }
+  }
+  uint32_t waited = (uint32_t)HORA_MIN((now - e->cycle_started_ns) / 1000000u, UINT32_MAX);
+  if (e->ctl) {
+    record_stuck(e, 0, e->cycles + 1, waited, key, klen);
+    return HORA_SUCCESS;
+  }
+  hora__encode_stuck(&e->wbuf, e->cycles + 1, waited, key, klen);
+  return e->comm->ctrl[0] ? ctrl_send(e, e->comm->ctrl[0], HORA_MSG_STUCK, e->wbuf.data,
+                                      e->wbuf.len)
+                          : HORA_SUCCESS;
+}
+
+/* Rank 0: the stall inspector for a cycle that some ranks never join. */
+static int check_stuck(struct hora__engine *e) {
+  int size = e->comm->size;
+  uint64_t newest = 0;
+  for (int r = 0; r < size; r++) {
+    if (e->stuck_cycle[r] > e->cycles) {
+      newest = HORA_MAX(newest, e->stuck_cycle[r]);
+    }
+  }
+  e->next_stuck_ns = UINT64_MAX;
+  if (!newest) {
+    e->stuck_key_len = 0;
+    return HORA_SUCCESS;
+  }
+  uint64_t oldest = UINT64_MAX, now = hora__now_ns();
+  uint8_t *there = hora__malloc((size_t)size);
+  if (!there) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (int r = 0; r < size; r++) {
+    there[r] = e->stuck_cycle[r] == newest;
+    if (there[r]) {
+      oldest = HORA_MIN(oldest, e->stuck_since_ns[r]);
+    }
+  }
+  char missing[256], what[340] = "operations";
+  hora__format_ranks(there, size, false, missing, sizeof(missing));
+  free(there);
+  if (e->stuck_key_len) {
+    char name[300];
+    hora__key_display(e->stuck_key, e->stuck_key_len, name, sizeof(name));
+    snprintf(what, sizeof(what), "operations such as %s", name);
+  }
+  double check = hora__params.STALL_CHECK_TIME_SECONDS;
+  double shut = hora__params.STALL_SHUTDOWN_TIME_SECONDS;
+  uint64_t age = now - oldest;
+  if (shut > 0 && age >= (uint64_t)(shut * 1e9)) {
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s stalled for %.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS): their "
+             "negotiation cycle waits for rank(s) %s, which stopped answering; shutting down",
+             what, (double)age * 1e-9, missing);
+    HORA_ERROR("%s", msg);
+    return hora__error(HORA_ERR_TIMEOUT, "%s", msg);
+  }
+  if (check > 0 && age >= (uint64_t)(check * 1e9) && now >= e->next_stuck_warn_ns) {
+    HORA_WARN("stall: %s have waited %.0f s (HORA_STALL_CHECK_TIME_SECONDS) in a negotiation "
+              "cycle that rank(s) %s never joined", what, (double)age * 1e-9, missing);
+    e->next_stuck_warn_ns = now + (uint64_t)(check * 1e9);
+  }
+  uint64_t due = UINT64_MAX;
+  if (check > 0) {
+    due = HORA_MAX(oldest + (uint64_t)(check * 1e9), e->next_stuck_warn_ns);
+  }
+  if (shut > 0) {
+    due = HORA_MIN(due, oldest + (uint64_t)(shut * 1e9));
+  }
+  e->next_stuck_ns = due;
+  return HORA_SUCCESS;
+}
+
+static int run_todo(struct hora__engine *e, bool *busy) {
   while (e->todo && !e->stop) {
     struct hora__response *r = e->todo;
     e->todo = r->next;
@@ -962,7 +1503,12 @@ static int sleep_until_work(struct hora__engine *e) {
   n += service_pollfds(e, fds + n, e->npollfds - n);
   hora__timeline_flush();
   int timeout = 1000;
-  uint64_t due = HORA_MIN(e->next_stall_ns, e->send_at_ns);
+  uint64_t due = HORA_MIN(HORA_MIN(e->next_stall_ns, e->send_at_ns), e->next_wait_scan_ns);
+  due = HORA_MIN(due, e->next_stuck_ns);
+  uint64_t half = stall_half_ns();
+  if (half && !e->stuck_reported && e->cycle_phase != CYCLE_IDLE && e->cycle_phase != CYCLE_DONE) {
+    due = HORA_MIN(due, e->cycle_started_ns + half);
+  }
   if (due != UINT64_MAX) {
     uint64_t now = hora__now_ns();
     uint64_t us = due > now ? (due - now + 999) / 1000 : 0;
@@ -1004,7 +1550,15 @@ static int cycle(struct hora__engine *e) {
   bool busy = false;
   HORA_CHECK(take_submissions(e, &busy));
   HORA_CHECK(service(e));
-  HORA_CHECK(distribute_and_run(e, &busy));
+  if (e->ctl && hora__controller_has_ready(e->ctl)) {
+    HORA_CHECK(distribute(e));
+  }
+  HORA_CHECK(cycle_advance(e, &busy));
+  HORA_CHECK(cycle_end(e, &busy));
+  /* The next cycle starts before this one's collectives run, so that the
+   * partners can go on negotiating meanwhile. */
+  HORA_CHECK(cycle_advance(e, &busy));
+  HORA_CHECK(run_todo(e, &busy));
   if (e->stop) {
     return HORA_SUCCESS;
   }
@@ -1013,6 +1567,11 @@ static int cycle(struct hora__engine *e) {
                                              hora__params.STALL_CHECK_TIME_SECONDS,
                                              hora__params.STALL_SHUTDOWN_TIME_SECONDS,
                                              &e->next_stall_ns));
+  }
+  scan_waiting(e);
+  HORA_CHECK(report_stuck(e));
+  if (e->ctl && e->next_stuck_ns <= hora__now_ns()) {
+    HORA_CHECK(check_stuck(e));
   }
   if (!busy) {
     HORA_CHECK(sleep_until_work(e));
@@ -1173,6 +1732,24 @@ int hora__engine_start(struct hora__runtime *rt) {
   if (crc != HORA_SUCCESS) {
     engine_free(e);
     return crc;
+  }
+  size_t bitmap = ((size_t)e->cache.capacity + 7) / 8;
+  e->frames_tail = &e->frames_head;
+  e->next_wait_scan_ns = UINT64_MAX;
+  e->cycle_phase = CYCLE_IDLE;
+  hora__cycle_partners(rt->rank, rt->size, &e->partners);
+  e->waiting = hora__calloc((size_t)e->cache.capacity + 1, sizeof(*e->waiting));
+  e->evict_wish = hora__calloc(bitmap + 1, 1);
+  e->acc = hora__calloc(3 * bitmap + 1, 1);
+  e->inbox = hora__calloc(2 * INBOX_STEPS, sizeof(*e->inbox));
+  e->peer_closed = hora__calloc((size_t)rt->size, 1);
+  e->stuck_cycle = hora__calloc((size_t)rt->size, sizeof(uint64_t));
+  e->stuck_since_ns = hora__calloc((size_t)rt->size, sizeof(uint64_t));
+  e->next_stuck_ns = UINT64_MAX;
+  if (!e->waiting || !e->evict_wish || !e->acc || !e->inbox || !e->peer_closed ||
+      !e->stuck_cycle || !e->stuck_since_ns) {
+    engine_free(e);
+    return HORA_ERR_NO_MEMORY;
   }
   if (rt->rank == 0) {
     int rc = hora__controller_create(rt->size, &e->ctl);

@@ -1,15 +1,17 @@
 /* Encoding and validation of control messages.
  *
- *   REQUESTS  := u32 n, n x request, u32 cache_version, u32 nbytes, bitmap
+ *   REQUESTS  := u32 n, n x request
  *   request   := u8 kind, u8 dtype, u8 op, u8 device, u8 compression,
- *                i32 root, u64 count, f64 prescale, f64 postscale, str key
+ *                i32 root, u64 count, f64 prescale, f64 postscale, str key,
+ *                u32 waited_ms
  *   RESPONSES := u32 n, n x { u8 kind, u8 dtype, u8 op, u8 device,
  *                u8 compression, f64 prescale, f64 postscale, i32 root,
  *                i32 last_joined, u16 error_code, str error,
- *                u32 ntensors, ntensors x tensor }
- *   tensor    := u32 slot + 1 (a cached tensor) | u32 0, str key, u64 count
+ *                u32 ntensors, ntensors x { str key, u64 count } }
  *   ABORT     := i32 origin_rank, u16 code, str message
- *   RESEND    := u32 cache_version, u32 n, n x u32 slot
+ *   CYCLE     := u64 cycle, u8 step, u8 flags, u64 frames, u32 nbytes,
+ *                3 x nbytes (ready, submitted, evict bit vectors)
+ *   STUCK     := u64 cycle, u32 waited_ms, str key (may be empty)
  *   str       := u16 length, bytes;  f64 := IEEE bits as u64
  * All little-endian. */
 #include "message.h"
@@ -23,7 +25,7 @@
 #define MAX_TENSORS_PER_RESPONSE (1u << 20)
 #define MAX_CACHE_BITMAP (1u << 20) /* bytes: 8 Mi slots */
 /* Smallest encodings, for rejecting counts a frame cannot hold. */
-#define REQUEST_MIN_BYTES (5 + 4 + 8 + 8 + 8 + 2 + 1)          /* 1-byte key */
+#define REQUEST_MIN_BYTES (5 + 4 + 8 + 8 + 8 + 2 + 1 + 4)      /* 1-byte key */
 #define RESPONSE_MIN_BYTES (5 + 8 + 8 + 4 + 4 + 2 + 2 + 4)     /* no tensors, no message */
 
 static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "barrier",
@@ -116,7 +118,7 @@ void hora__encode_requests_begin(struct hora__wbuf *w) {
 }
 
 void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *m, const char *key,
-                          size_t key_len) {
+                          size_t key_len, uint32_t waited_ms) {
   hora__wbuf_u8(w, m->kind);
   hora__wbuf_u8(w, m->dtype);
   hora__wbuf_u8(w, m->op);
@@ -127,19 +129,16 @@ void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *m, c
   put_f64(w, m->prescale);
   put_f64(w, m->postscale);
   hora__wbuf_str(w, key, key_len);
+  hora__wbuf_u32(w, waited_ms);
 }
 
-void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n, uint32_t cache_version,
-                               const uint8_t *bits, uint32_t nbytes) {
+void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n) {
   if (!w->failed && w->len >= 4) {
     w->data[0] = (uint8_t)n;
     w->data[1] = (uint8_t)(n >> 8);
     w->data[2] = (uint8_t)(n >> 16);
     w->data[3] = (uint8_t)(n >> 24);
   }
-  hora__wbuf_u32(w, cache_version);
-  hora__wbuf_u32(w, nbytes);
-  hora__wbuf_put(w, bits, nbytes);
 }
 
 static void read_meta(struct hora__rbuf *r, struct hora__op_meta *m) {
@@ -168,6 +167,7 @@ int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request
       struct hora__wire_request req;
       read_meta(&r, &req.meta);
       req.key = hora__rbuf_str(&r, HORA_KEY_MAX, &req.key_len);
+      req.waited_ms = hora__rbuf_u32(&r);
       if (r.bad) {
         return hora__error(HORA_ERR_INVALID_ARG, "request %u of %u is truncated", i, count);
       }
@@ -178,45 +178,57 @@ int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request
         HORA_CHECK(sink->request(sink->arg, &req));
       }
     }
-    uint32_t version = hora__rbuf_u32(&r);
-    uint32_t nbytes = hora__rbuf_u32(&r);
-    if (r.bad || nbytes > MAX_CACHE_BITMAP || nbytes != hora__rbuf_left(&r)) {
-      return hora__error(HORA_ERR_INVALID_ARG, "request list with a malformed cache bitmap");
-    }
-    if (pass == 1) {
-      const uint8_t *bits = p + r.off;
-      for (uint32_t b = 0; b < nbytes; b++) {
-        for (uint32_t bit = 0; bits[b] >> bit; bit++) {
-          if (bits[b] & (1u << bit)) {
-            HORA_CHECK(sink->cached(sink->arg, version, b * 8 + bit));
-          }
-        }
-      }
+    if (hora__rbuf_left(&r) != 0) {
+      return hora__error(HORA_ERR_INVALID_ARG, "%zu stray bytes after a request list",
+                         hora__rbuf_left(&r));
     }
   }
   return HORA_SUCCESS;
 }
 
-void hora__encode_resend(struct hora__wbuf *w, uint32_t cache_version, const uint32_t *slots,
-                         uint32_t n) {
+/* ---- cycles ----------------------------------------------------------------- */
+
+void hora__encode_cycle(struct hora__wbuf *w, const struct hora__cycle_msg *m) {
   hora__wbuf_reset(w);
-  hora__wbuf_u32(w, cache_version);
-  hora__wbuf_u32(w, n);
-  for (uint32_t i = 0; i < n; i++) {
-    hora__wbuf_u32(w, slots[i]);
-  }
+  hora__wbuf_u64(w, m->cycle);
+  hora__wbuf_u8(w, m->step);
+  hora__wbuf_u8(w, m->flags);
+  hora__wbuf_u64(w, m->frames);
+  hora__wbuf_u32(w, m->nbytes);
+  hora__wbuf_put(w, m->vec, 3 * (size_t)m->nbytes);
 }
 
-int hora__decode_resend(const uint8_t *p, size_t n, uint32_t *cache_version,
-                        int (*fn)(void *arg, uint32_t version, uint32_t slot), void *arg) {
+int hora__decode_cycle(const uint8_t *p, size_t n, struct hora__cycle_msg *m) {
   struct hora__rbuf r = hora__rbuf_make(p, n);
-  *cache_version = hora__rbuf_u32(&r);
-  uint32_t count = hora__rbuf_u32(&r);
-  if (r.bad || (size_t)count * 4 != hora__rbuf_left(&r)) {
-    return hora__error(HORA_ERR_INVALID_ARG, "malformed resend message (%zu bytes)", n);
+  m->cycle = hora__rbuf_u64(&r);
+  m->step = hora__rbuf_u8(&r);
+  m->flags = hora__rbuf_u8(&r);
+  m->frames = hora__rbuf_u64(&r);
+  m->nbytes = hora__rbuf_u32(&r);
+  if (r.bad || m->nbytes > MAX_CACHE_BITMAP || 3 * (size_t)m->nbytes != hora__rbuf_left(&r) ||
+      (m->flags & ~HORA_CYCLE_FLAGS_ALL) != 0) {
+    return hora__error(HORA_ERR_INVALID_ARG, "malformed cycle message (%zu bytes)", n);
   }
-  for (uint32_t i = 0; i < count; i++) {
-    HORA_CHECK(fn(arg, *cache_version, hora__rbuf_u32(&r)));
+  m->vec = p + r.off;
+  return HORA_SUCCESS;
+}
+
+void hora__encode_stuck(struct hora__wbuf *w, uint64_t cycle, uint32_t waited_ms, const char *key,
+                        size_t key_len) {
+  hora__wbuf_reset(w);
+  hora__wbuf_u64(w, cycle);
+  hora__wbuf_u32(w, waited_ms);
+  hora__wbuf_str(w, key, key_len);
+}
+
+int hora__decode_stuck(const uint8_t *p, size_t n, uint64_t *cycle, uint32_t *waited_ms,
+                       const char **key, size_t *key_len) {
+  struct hora__rbuf r = hora__rbuf_make(p, n);
+  *cycle = hora__rbuf_u64(&r);
+  *waited_ms = hora__rbuf_u32(&r);
+  *key = hora__rbuf_str(&r, HORA_KEY_MAX, key_len);
+  if (r.bad || hora__rbuf_left(&r) != 0 || (*key_len && check_key(*key, *key_len))) {
+    return hora__error(HORA_ERR_INVALID_ARG, "malformed stuck-cycle message (%zu bytes)", n);
   }
   return HORA_SUCCESS;
 }
@@ -286,8 +298,7 @@ static bool cacheable(uint8_t kind) {
   return kind == HORA_KIND_ALLREDUCE || kind == HORA_KIND_BROADCAST || kind == HORA_KIND_ALLGATHER;
 }
 
-int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n,
-                           struct hora__cache *cache) {
+int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n) {
   hora__wbuf_reset(w);
   hora__wbuf_u32(w, n);
   for (uint32_t i = 0; i < n; i++) {
@@ -306,23 +317,8 @@ int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *r
     hora__wbuf_str(w, msg, strlen(msg));
     hora__wbuf_u32(w, r->ntensors);
     for (uint32_t t = 0; t < r->ntensors; t++) {
-      const struct hora__resp_tensor *x = &r->tensors[t];
-      int32_t slot = -1;
-      if (cache && cacheable(r->kind)) {
-        struct hora__op_meta m;
-        hora__response_meta(r, t, &m);
-        slot = hora__cache_find(cache, x->key, x->key_len);
-        if (slot >= 0 && !hora__meta_equal(&cache->e[slot].meta, &m)) {
-          slot = -1;
-        }
-        int32_t noted;
-        HORA_CHECK(hora__cache_note(cache, x->key, x->key_len, &m, &noted));
-      }
-      hora__wbuf_u32(w, (uint32_t)(slot + 1));
-      if (slot < 0) {
-        hora__wbuf_str(w, x->key, x->key_len);
-        hora__wbuf_u64(w, x->count);
-      }
+      hora__wbuf_str(w, r->tensors[t].key, r->tensors[t].key_len);
+      hora__wbuf_u64(w, r->tensors[t].count);
     }
   }
   return w->failed ? hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding responses")
@@ -356,7 +352,7 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
     if (rb.bad || kind >= HORA_KIND_COUNT_ ||
         !fields_valid(dtype, op, device, compression, prescale, postscale) ||
         code >= HORA_RESULT_COUNT_ || nt > MAX_TENSORS_PER_RESPONSE ||
-        nt > hora__rbuf_left(&rb) / 4) {
+        nt > hora__rbuf_left(&rb) / 11) {
       rc = hora__error(HORA_ERR_INVALID_ARG, "response %u of %u is malformed", i, count);
       goto fail;
     }
@@ -386,25 +382,9 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
       r->error_msg[msg_len] = '\0';
     }
     for (uint32_t t = 0; t < nt; t++) {
-      uint32_t slot1 = hora__rbuf_u32(&rb);
-      const char *key;
       size_t kl;
-      uint64_t cnt;
-      if (slot1 > 0) {
-        const struct hora__cache_entry *e =
-            cache && cacheable(kind) ? hora__cache_entry(cache, (int32_t)(slot1 - 1u)) : NULL;
-        if (rb.bad || !e) {
-          rc = hora__error(HORA_ERR_INVALID_ARG, "response %u refers to empty cache slot %u", i,
-                           slot1 - 1);
-          goto fail;
-        }
-        key = e->key;
-        kl = e->key_len;
-        cnt = e->meta.count;
-      } else {
-        key = hora__rbuf_str(&rb, HORA_KEY_MAX, &kl);
-        cnt = hora__rbuf_u64(&rb);
-      }
+      const char *key = hora__rbuf_str(&rb, HORA_KEY_MAX, &kl);
+      uint64_t cnt = hora__rbuf_u64(&rb);
       if (rb.bad) {
         rc = hora__error(HORA_ERR_INVALID_ARG, "response %u of %u is truncated", i, count);
         goto fail;

@@ -1,4 +1,5 @@
-/* Control-plane messages between the ranks and the coordinator (rank 0).
+/* Control-plane messages: requests to the coordinator (rank 0), its
+ * responses, the cycles' bit vectors between ranks, aborts.
  * Encoders write into a hora__wbuf; decoders validate every field, since
  * they parse bytes from another process (they are fuzzed). */
 #ifndef HORA_MESSAGE_H
@@ -9,11 +10,12 @@
 
 /* Frame types on a control connection. */
 enum hora__msg_type {
-  HORA_MSG_REQUESTS = 1,  /* rank -> rank 0: operations submitted */
+  HORA_MSG_REQUESTS = 1,  /* rank -> rank 0: operations not in the cache */
   HORA_MSG_RESPONSES = 2, /* rank 0 -> ranks: what to run, in order */
   HORA_MSG_ABORT = 3,     /* either way: a fatal error, to every rank */
-  HORA_MSG_RESEND = 4,    /* rank 0 -> rank: cache bits it could not resolve */
+  HORA_MSG_CYCLE = 4,     /* rank <-> partner: one step of a cycle's reduction */
   HORA_MSG_HEARTBEAT = 5, /* either way, empty: "still here" */
+  HORA_MSG_STUCK = 6,     /* rank -> rank 0: a cycle waits on someone too long */
 };
 
 /* What a request or response is about. */
@@ -48,33 +50,51 @@ struct hora__wire_request {
   struct hora__op_meta meta;
   const char *key; /* points into the decoded frame */
   size_t key_len;
+  uint32_t waited_ms; /* since it was submitted: the stall inspector counts from there */
 };
 
-/* A REQUESTS message: full requests, then the cache bits of the requests
- * that are in the response cache, tagged with the sender's cache version. */
+/* A REQUESTS message: the requests that could not go as a cache bit. */
 void hora__encode_requests_begin(struct hora__wbuf *w);
 void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *meta, const char *key,
-                          size_t key_len);
-/* Patches the count written by _begin and appends the cache bits. */
-void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n, uint32_t cache_version,
-                               const uint8_t *bits, uint32_t nbytes);
+                          size_t key_len, uint32_t waited_ms);
+/* Patches the count written by _begin. */
+void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n);
 
 struct hora__request_sink {
   int (*request)(void *arg, const struct hora__wire_request *req);
-  int (*cached)(void *arg, uint32_t cache_version, uint32_t slot);
   void *arg;
 };
 
-/* Calls the sink for every request and every set cache bit of a REQUESTS
- * payload. Validates all of it before the first call, so a malformed
- * message has no effect. */
+/* Calls the sink for every request of a REQUESTS payload. Validates all of
+ * it before the first call, so a malformed message has no effect. */
 int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request_sink *sink);
 
-/* RESEND := u32 cache_version, u32 n, n x u32 slot */
-void hora__encode_resend(struct hora__wbuf *w, uint32_t cache_version, const uint32_t *slots,
-                         uint32_t n);
-int hora__decode_resend(const uint8_t *p, size_t n, uint32_t *cache_version,
-                        int (*fn)(void *arg, uint32_t version, uint32_t slot), void *arg);
+/* ---- cycles ------------------------------------------------------------------
+ * One step of a cycle's allreduce of cache bit vectors (engine.c): three
+ * vectors of nbytes each, ready (AND), submitted (OR) and evict (OR), the
+ * count of response frames rank 0 had sent (MAX) and flags (OR). */
+#define HORA_CYCLE_JOINED 1u /* some rank has a join in flight */
+#define HORA_CYCLE_FLAGS_ALL HORA_CYCLE_JOINED
+
+struct hora__cycle_msg {
+  uint64_t cycle;
+  uint8_t step;
+  uint8_t flags;
+  uint64_t frames;
+  uint32_t nbytes;
+  const uint8_t *vec; /* 3 * nbytes; points into the decoded frame */
+};
+
+void hora__encode_cycle(struct hora__wbuf *w, const struct hora__cycle_msg *m);
+int hora__decode_cycle(const uint8_t *p, size_t n, struct hora__cycle_msg *m);
+
+/* STUCK := u64 cycle, u32 waited_ms, str key (one operation waiting on it,
+ * or empty): what the stall inspector needs when a rank that stopped
+ * answering holds up a cycle. */
+void hora__encode_stuck(struct hora__wbuf *w, uint64_t cycle, uint32_t waited_ms, const char *key,
+                        size_t key_len);
+int hora__decode_stuck(const uint8_t *p, size_t n, uint64_t *cycle, uint32_t *waited_ms,
+                       const char **key, size_t *key_len);
 
 /* ---- responses ----------------------------------------------------------- */
 
@@ -106,13 +126,10 @@ int hora__response_set_tensor(struct hora__response *r, uint32_t i, const char *
 void hora__response_meta(const struct hora__response *r, uint32_t i, struct hora__op_meta *m);
 
 struct hora__cache;
-/* Encodes responses, referring to cached tensors by slot, and records them
- * in `cache` (may be NULL: no references). The decoder must see the same
- * cache state, which holds when every rank applies the responses in order. */
-int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n,
-                           struct hora__cache *cache);
-/* Appends the decoded responses to *tail (a queue), resolving and recording
- * cached tensors in `cache` (may be NULL). */
+int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n);
+/* Appends the decoded responses to *tail (a queue) and records their
+ * tensors in `cache` (may be NULL): every rank applies the same frames at
+ * the same point of the cycles, so every cache makes the same updates. */
 int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***tail,
                            struct hora__cache *cache);
 

@@ -141,12 +141,12 @@ static int merge(struct hora__response *into, struct hora__response *from) {
   return HORA_SUCCESS;
 }
 
-int hora__controller_take(struct hora__controller *c, struct hora__response ***tail,
-                          int64_t fusion_threshold) {
-  /* Fusion: each fusable response gathers the later compatible ones, as
-   * long as they fit the threshold together; the rest keep their order. A
-   * tensor bigger than the threshold stays alone (and is never copied). */
-  for (struct hora__response *r = c->ready; r && fusion_threshold > 0; r = r->next) {
+int hora__responses_fuse(struct hora__response *head, struct hora__response ***tail,
+                         int64_t fusion_threshold) {
+  /* Each fusable response gathers the later compatible ones, as long as
+   * they fit the threshold together; the rest keep their order. A tensor
+   * bigger than the threshold stays alone (and is never copied). */
+  for (struct hora__response *r = head; r && fusion_threshold > 0; r = r->next) {
     if (!fusable(r)) {
       continue;
     }
@@ -159,8 +159,8 @@ int hora__controller_take(struct hora__controller *c, struct hora__response ***t
         HORA_CHECK(merge(r, x));
         bytes += more;
         *link = x->next;
-        if (c->ready_tail == &x->next) {
-          c->ready_tail = link;
+        if (*tail == &x->next) {
+          *tail = link;
         }
         hora__response_free(x);
       } else {
@@ -168,6 +168,12 @@ int hora__controller_take(struct hora__controller *c, struct hora__response ***t
       }
     }
   }
+  return HORA_SUCCESS;
+}
+
+int hora__controller_take(struct hora__controller *c, struct hora__response ***tail,
+                          int64_t fusion_threshold) {
+  HORA_CHECK(hora__responses_fuse(c->ready, &c->ready_tail, fusion_threshold));
   if (c->ready) {
     **tail = c->ready;
     *tail = c->ready_tail;
@@ -227,7 +233,7 @@ static void unlink_op(struct hora__controller *c, struct pending_op *op) {
 }
 
 /* Formats a rank set as "1,3-5". */
-static void format_ranks(const uint8_t *set, int size, bool want, char *buf, size_t n) {
+void hora__format_ranks(const uint8_t *set, int size, bool want, char *buf, size_t n) {
   size_t o = 0;
   buf[0] = '\0';
   for (int r = 0; r < size && o + 24 < n; r++) {
@@ -301,7 +307,7 @@ static int update(struct hora__controller *c, struct pending_op *op) {
   hora__key_display(op->key, op->key_len, name, sizeof(name));
   const char *kind = hora__kind_name(op->meta.kind);
   if (op->meta.kind != HORA_KIND_ALLREDUCE && c->njoined > 0) {
-    format_ranks(c->joined, c->size, true, ranks, sizeof(ranks));
+    hora__format_ranks(c->joined, c->size, true, ranks, sizeof(ranks));
     snprintf(msg, sizeof(msg),
              "%s %s was submitted while rank(s) %s had called hora_join: only allreduce can run "
              "until every rank has joined",
@@ -491,18 +497,30 @@ int hora__controller_submit(struct hora__controller *c, int rank,
     op->key[req->key_len] = '\0';
     op->key_len = (uint16_t)req->key_len;
     op->meta = m;
-    op->first_ns = hora__now_ns();
+    uint64_t now = hora__now_ns(), waited = (uint64_t)req->waited_ms * 1000000u;
+    op->first_ns = now > waited ? now - waited : 0;
     if (hora__table_put(&c->ops, op->key, op->key_len, op) != HORA_SUCCESS) {
       op_free(op);
       return HORA_ERR_NO_MEMORY;
     }
-    op->prev = c->newest;
-    if (c->newest) {
-      c->newest->next = op;
+    /* Kept oldest first; a request that waited elsewhere (a cached one
+     * sent in full after a stall) goes before younger ones. */
+    struct pending_op *after = c->newest;
+    while (after && after->first_ns > op->first_ns) {
+      after = after->prev;
+    }
+    op->prev = after;
+    op->next = after ? after->next : c->oldest;
+    if (op->next) {
+      op->next->prev = op;
+    } else {
+      c->newest = op;
+    }
+    if (after) {
+      after->next = op;
     } else {
       c->oldest = op;
     }
-    c->newest = op;
     if (hora__timeline_enabled()) {
       char phase[40];
       snprintf(phase, sizeof(phase), "NEGOTIATE_%s", hora__kind_name(m.kind));
@@ -550,7 +568,7 @@ int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, d
     for (int r = 0; r < c->size; r++) {
       present[r] = op->have[r] || (c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE);
     }
-    format_ranks(present, c->size, false, missing, sizeof(missing));
+    hora__format_ranks(present, c->size, false, missing, sizeof(missing));
     free(present);
     hora__key_display(op->key, op->key_len, name, sizeof(name));
     snprintf(msg, sizeof(msg),
@@ -581,7 +599,7 @@ int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, d
       for (int r = 0; r < c->size; r++) {
         present[r] = op->have[r] || (c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE);
       }
-      format_ranks(present, c->size, false, missing, sizeof(missing));
+      hora__format_ranks(present, c->size, false, missing, sizeof(missing));
       hora__key_display(op->key, op->key_len, name, sizeof(name));
       o += (size_t)snprintf(line + o, sizeof(line) - o, " %s %s (%.0f s) missing rank(s) %s;",
                             hora__kind_name(op->meta.kind), name,

@@ -25,6 +25,10 @@ int hora__controller_take(struct hora__controller *c, struct hora__response ***t
                           int64_t fusion_threshold);
 bool hora__controller_has_ready(const struct hora__controller *c);
 
+/* Fuses the responses of the list head..*tail in place, as take does. */
+int hora__responses_fuse(struct hora__response *head, struct hora__response ***tail,
+                         int64_t fusion_threshold);
+
 /* Whether the ready responses should go out now: yes when nothing else is
  * half-submitted, when they fill the fusion buffer, when one of them is not
  * a fusable collective, or when the oldest has waited `cycle_ns`. When not,
@@ -42,5 +46,8 @@ size_t hora__controller_pending(const struct hora__controller *c);
  * call again. */
 int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, double check_s,
                                   double shutdown_s, uint64_t *next_ns);
+
+/* Writes the ranks r < size with (set[r] != 0) == want as "1,3-5". */
+void hora__format_ranks(const uint8_t *set, int size, bool want, char *buf, size_t n);
 
 #endif

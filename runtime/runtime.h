@@ -31,10 +31,8 @@ struct hora_request {
    * queued on the GPU, and `done` marks when its results are written. */
   void *stream;
   void *ready_event, *done_event;
-  /* Coordinator only: how this rank announced it (cache slot and version,
-   * or -1 when sent in full), to answer rank 0's RESEND. */
+  /* Coordinator only: the cache slot it waits on, or -1 (sent in full). */
   int32_t sent_slot;
-  uint32_t sent_version;
   /* Results, written by the coordinator before `done`. */
   int status;
   char *error; /* message when status != 0 */
@@ -82,6 +80,7 @@ struct hora__runtime {
   struct {
     atomic_uint_fast64_t allreduces, broadcasts, allgathers, bytes;
     atomic_uint_fast64_t fused_batches, fused_tensors, cache_hits, cache_misses;
+    atomic_uint_fast64_t cycles, sent_in_full;
     atomic_uint_fast64_t negotiate_ns, communicate_ns, copy_ns;
   } stats;
 };

@@ -1,12 +1,5 @@
-/* The small messages: ABORT and RESEND. */
+/* The small messages: ABORT and CYCLE. */
 #include "../../runtime/message.h"
-
-static int on_slot(void *arg, uint32_t version, uint32_t slot) {
-  (void)arg;
-  (void)version;
-  (void)slot;
-  return HORA_SUCCESS;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -17,7 +10,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       __builtin_trap();
     }
   }
-  uint32_t version;
-  (void)hora__decode_resend(data, size, &version, on_slot, NULL);
+  struct hora__cycle_msg m;
+  if (hora__decode_cycle(data, size, &m) == HORA_SUCCESS) {
+    if (3 * (size_t)m.nbytes != size - 22 || (m.flags & ~HORA_CYCLE_FLAGS_ALL)) {
+      __builtin_trap();
+    }
+  }
   return 0;
 }

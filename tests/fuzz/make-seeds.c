@@ -35,22 +35,15 @@ int main(int argc, char **argv) {
   /* requests */
   struct hora__op_meta m = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .op = HORA_SUM,
                             .root = -1, .count = 1000, .prescale = 1, .postscale = 1};
-  uint8_t bits[2] = {0x05, 0x01};
   hora__encode_requests_begin(&w);
-  hora__encode_request(&w, &m, "Ngrad/fc1.weight", 16);
+  hora__encode_request(&w, &m, "Ngrad/fc1.weight", 16, 0);
   m.kind = HORA_KIND_BROADCAST;
   m.root = 2;
-  hora__encode_request(&w, &m, "U7", 2);
-  hora__encode_requests_end(&w, 2, 9, bits, 2);
+  hora__encode_request(&w, &m, "U7", 2, 1500);
+  hora__encode_requests_end(&w, 2);
   snprintf(dir, sizeof(dir), "%s/fuzz_requests", root);
-  put(dir, "two_and_bits", w.data, w.len);
-  /* responses, some by cache slot */
-  struct hora__cache cache;
-  hora__cache_init(&cache, 4);
-  struct hora__op_meta cm = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .count = 10,
-                             .prescale = 1, .postscale = 1};
-  int32_t slot;
-  hora__cache_note(&cache, "Na", 2, &cm, &slot);
+  put(dir, "two", w.data, w.len);
+  /* responses */
   struct hora__response *r = hora__response_new(HORA_KIND_ALLREDUCE, 2);
   r->dtype = HORA_FLOAT32;
   hora__response_set_tensor(r, 0, "Na", 2, 10);
@@ -60,16 +53,18 @@ int main(int argc, char **argv) {
   e->error_msg = strdup("allreduce 'x': rank 0 sent 10 elements, rank 1 sent 11");
   hora__response_set_tensor(e, 0, "Nx", 2, 0);
   struct hora__response *v[2] = {r, e};
-  hora__encode_responses(&w, v, 2, &cache);
+  hora__encode_responses(&w, v, 2);
   snprintf(dir, sizeof(dir), "%s/fuzz_responses", root);
   put(dir, "fused_and_error", w.data, w.len);
-  /* abort and resend */
+  /* abort and cycle */
   hora__encode_abort(&w, 5, HORA_ERR_PEER_LOST, "lost rank 5 (host h1, pid 99)");
   snprintf(dir, sizeof(dir), "%s/fuzz_small", root);
   put(dir, "abort", w.data, w.len);
-  uint32_t slots[3] = {0, 4, 9};
-  hora__encode_resend(&w, 12, slots, 3);
-  put(dir, "resend", w.data, w.len);
+  uint8_t vec[6] = {0x05, 0x01, 0xff, 0x03, 0x00, 0x10};
+  struct hora__cycle_msg cyc = {.cycle = 12, .step = 1, .flags = HORA_CYCLE_JOINED, .frames = 3,
+                                .nbytes = 2, .vec = vec};
+  hora__encode_cycle(&w, &cyc);
+  put(dir, "cycle", w.data, w.len);
   /* frames: a heartbeat and a small message back to back */
   uint8_t frames[8 + 8 + 3] = {0, 0, 0, 0, 5, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0, 'a', 'b', 'c'};
   snprintf(dir, sizeof(dir), "%s/fuzz_frames", root);

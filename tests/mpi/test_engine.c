@@ -236,6 +236,45 @@ static void cycle_time_never_delays_a_lone_op(void) {
   MT_CHECK(per < 0.5, "a lone allreduce took %.3f s with HORA_CYCLE_TIME=1500", per);
 }
 
+/* In the steady state (the same tensors every step) nothing goes to rank
+ * 0: every rank agrees on what is ready by cycles of bit vectors with its
+ * partners. Six tensors, so that they fit the small cache of the variant. */
+static void steady_state_skips_rank_0(void) {
+  enum { N = 6, STEPS = 5 };
+  static float bufs[N][64];
+  hora_stats before = {.struct_size = sizeof(before)};
+  for (int step = 0; step < STEPS + 1; step++) {
+    if (step == 1) {
+      before = stats_now();
+    }
+    hora_request *reqs[N];
+    for (int k = N - 1; k >= 0; k--) {
+      char name[32];
+      snprintf(name, sizeof(name), "steady/%d", k);
+      for (int x = 0; x < 64; x++) {
+        bufs[k][x] = (float)(k + step);
+      }
+      MT_OK(hora_allreduce_async(name, bufs[k], bufs[k], 64, HORA_FLOAT32, HORA_SUM, &reqs[k]));
+    }
+    for (int k = N - 1; k >= 0; k--) {
+      MT_OK(hora_wait(&reqs[k]));
+      MT_CHECK(bufs[k][63] == (float)(mt_size * (k + step)), "step %d steady/%d = %g", step, k,
+               (double)bufs[k][63]);
+    }
+  }
+  hora_stats after = stats_now();
+  const char *cap = getenv("HORA_CACHE_CAPACITY");
+  if (cap && atoi(cap) < N) {
+    return; /* no room in the cache: everything goes through rank 0 */
+  }
+  MT_CHECK(after.cache_hits - before.cache_hits == (uint64_t)N * STEPS, "%llu cache hits, want %d",
+           (unsigned long long)(after.cache_hits - before.cache_hits), N * STEPS);
+  MT_CHECK(after.sent_in_full == before.sent_in_full,
+           "%llu requests went to rank 0 in full in the steady state",
+           (unsigned long long)(after.sent_in_full - before.sent_in_full));
+  MT_CHECK(after.cycles > before.cycles || mt_size == 1, "no negotiation cycle in %d steps", STEPS);
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   setenv("HORA_CYCLE_TIME", "1500", 1);
@@ -243,7 +282,8 @@ int main(int argc, char **argv) {
   const char *cap = getenv("HORA_CACHE_CAPACITY");
   char name[80];
 #define RUN(test)                                                                            \
-  snprintf(name, sizeof(name), "engine%s/" #test, cap ? "-small-cache" : "");                \
+  snprintf(name, sizeof(name), "engine%s/" #test,                                            \
+           !cap ? "" : atoi(cap) ? "-small-cache" : "-no-cache");                            \
   mt_run(name, test)
   RUN(cycle_time_never_delays_a_lone_op);
   RUN(hundreds_of_small_tensors);
@@ -251,6 +291,7 @@ int main(int argc, char **argv) {
   RUN(options_scale_and_compress);
   RUN(parameter_broadcast);
   RUN(statistics);
+  RUN(steady_state_skips_rank_0);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;

@@ -2,17 +2,23 @@
  * HORA_STALL_CHECK_TIME_SECONDS=1 rank 0 logs a warning that names the
  * operation and the missing rank; after HORA_STALL_SHUTDOWN_TIME_SECONDS=4
  * the operation, and then the runtime, fail with HORA_ERR_TIMEOUT on every
- * rank, the silent one included. */
+ * rank, the silent one included. With the argument "cached", "stuck/op"
+ * runs once everywhere first, so the stalled request waits in the cache,
+ * where rank 0 does not see it until it is taken out. */
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "mpitest.h"
 
 static char logdir[256];
+static int cached;
 
 static void stall_is_warned_then_shut_down(void) {
   int silent = mt_size - 1;
   float x[4] = {1, 2, 3, 4};
+  if (cached) {
+    MT_OK(hora_allreduce("stuck/op", x, x, 4, HORA_FLOAT32, HORA_SUM));
+  }
   if (mt_rank == silent) {
     sleep(6); /* stuck: submits nothing */
   } else {
@@ -58,8 +64,10 @@ int main(int argc, char **argv) {
   setenv("HORA_LOG_FILE", pattern, 1);
   setenv("HORA_STALL_CHECK_TIME_SECONDS", "1", 1);
   setenv("HORA_STALL_SHUTDOWN_TIME_SECONDS", "4", 1);
+  cached = argc > 1 && strcmp(argv[argc - 1], "cached") == 0;
   mt_init();
-  mt_run("stall/warned_then_shut_down", stall_is_warned_then_shut_down);
+  mt_run(cached ? "stall/cached_warned_then_shut_down" : "stall/warned_then_shut_down",
+         stall_is_warned_then_shut_down);
   int failures = mt_total_failures();
   mt_remove_shared_dir(logdir);
   MPI_Finalize();

@@ -32,8 +32,10 @@ int test_skipped;
   X(controller_join_and_shutdown)                                                            \
   X(controller_fuses_compatible_responses)                                                   \
   X(controller_cycle_policy)                                                                 \
-  X(message_responses_use_the_cache)                                                         \
+  X(message_responses_note_the_cache)                                                        \
   X(cache_lru_and_versions)                                                                  \
+  X(cache_forget_empties_a_slot)                                                             \
+  X(message_cycle_roundtrip)                                                                 \
   X(compression_roundtrip_and_reduce)                                                        \
   X(compression_matches_scalar_conversions)                                                  \
   X(message_minimal_sizes)                                                                   \

@@ -11,6 +11,7 @@ struct collected {
   int n;
   struct hora__op_meta meta[16];
   char keys[16][HORA_KEY_MAX + 1];
+  uint32_t waited_ms[16];
 };
 
 static int collect(void *arg, const struct hora__wire_request *req) {
@@ -21,29 +22,13 @@ static int collect(void *arg, const struct hora__wire_request *req) {
   c->meta[c->n] = req->meta;
   memcpy(c->keys[c->n], req->key, req->key_len);
   c->keys[c->n][req->key_len] = '\0';
+  c->waited_ms[c->n] = req->waited_ms;
   c->n++;
   return HORA_SUCCESS;
 }
 
-struct bits {
-  int n;
-  uint32_t version, slots[16];
-};
-static struct bits got_bits;
-
-static int collect_bit(void *arg, uint32_t version, uint32_t slot) {
-  (void)arg;
-  got_bits.version = version;
-  if (got_bits.n < 16) {
-    got_bits.slots[got_bits.n] = slot;
-  }
-  got_bits.n++;
-  return HORA_SUCCESS;
-}
-
 static int decode(const uint8_t *p, size_t n, struct collected *c) {
-  struct hora__request_sink sink = {collect, collect_bit, c};
-  memset(&got_bits, 0, sizeof(got_bits));
+  struct hora__request_sink sink = {collect, c};
   return hora__decode_requests(p, n, &sink);
 }
 
@@ -53,11 +38,10 @@ static void encode_two(struct hora__wbuf *w) {
                              .compression = HORA_COMPRESSION_FP16};
   struct hora__op_meta m2 = {.kind = HORA_KIND_BROADCAST, .dtype = HORA_INT64, .root = 3,
                              .count = 7, .prescale = 1, .postscale = 1};
-  uint8_t bits[2] = {0x05, 0x80}; /* slots 0, 2 and 15 */
   hora__encode_requests_begin(w);
-  hora__encode_request(w, &m1, "Ngrad/layer1", 12);
-  hora__encode_request(w, &m2, "U17", 3);
-  hora__encode_requests_end(w, 2, 42, bits, 2);
+  hora__encode_request(w, &m1, "Ngrad/layer1", 12, 0);
+  hora__encode_request(w, &m2, "U17", 3, 2500);
+  hora__encode_requests_end(w, 2);
 }
 
 TEST(message_requests_roundtrip) {
@@ -70,8 +54,7 @@ TEST(message_requests_roundtrip) {
   ASSERT(c.meta[0].count == 1000 && c.meta[0].dtype == HORA_FLOAT32);
   ASSERT(c.meta[0].prescale == 0.5 && c.meta[0].postscale == 2 && c.meta[0].compression == 1);
   ASSERT(c.meta[1].root == 3 && c.meta[1].kind == HORA_KIND_BROADCAST);
-  ASSERT(got_bits.n == 3 && got_bits.version == 42);
-  ASSERT(got_bits.slots[0] == 0 && got_bits.slots[1] == 2 && got_bits.slots[2] == 15);
+  ASSERT(c.waited_ms[0] == 0 && c.waited_ms[1] == 2500);
   hora__wbuf_free(&w);
 }
 
@@ -83,7 +66,6 @@ TEST(message_requests_reject_malformed) {
     struct collected c = {0};
     ASSERT(decode(w.data, n, &c) == HORA_ERR_INVALID_ARG);
     ASSERT_EQ_INT(c.n, 0);
-    ASSERT_EQ_INT(got_bits.n, 0);
   }
   /* Every single-byte corruption either decodes to valid requests or fails
    * cleanly; valid ones only ever carry valid fields. */
@@ -102,7 +84,6 @@ TEST(message_requests_reject_malformed) {
         }
       } else {
         ASSERT_EQ_INT(c.n, 0);
-        ASSERT_EQ_INT(got_bits.n, 0);
       }
       free(copy);
     }
@@ -150,7 +131,7 @@ TEST(message_responses_roundtrip) {
   struct hora__response *list = sample_responses();
   struct hora__response *v[3] = {list, list->next, list->next->next};
   struct hora__wbuf w = {0};
-  ASSERT(hora__encode_responses(&w, v, 3, NULL) == HORA_SUCCESS);
+  ASSERT(hora__encode_responses(&w, v, 3) == HORA_SUCCESS);
   struct hora__response *head = NULL, **tail = &head;
   ASSERT(hora__decode_responses(w.data, w.len, &tail, NULL) == HORA_SUCCESS);
   ASSERT(head && head->next && head->next->next && !head->next->next->next);
@@ -170,7 +151,7 @@ TEST(message_responses_reject_malformed) {
   struct hora__response *list = sample_responses();
   struct hora__response *v[3] = {list, list->next, list->next->next};
   struct hora__wbuf w = {0};
-  ASSERT(hora__encode_responses(&w, v, 3, NULL) == HORA_SUCCESS);
+  ASSERT(hora__encode_responses(&w, v, 3) == HORA_SUCCESS);
   for (size_t n = 0; n < w.len; n++) {
     struct hora__response *head = NULL, **tail = &head;
     ASSERT(hora__decode_responses(w.data, n, &tail, NULL) == HORA_ERR_INVALID_ARG);
@@ -234,52 +215,76 @@ TEST(hello_checks_secret_and_rank) {
   ASSERT(hora__hello_decode(wire, secret, 8, &out) == HORA_ERR_INVALID_ARG);
 }
 
-/* Two caches fed the same responses stay identical; the encoder refers to
- * cached tensors by slot and the decoder resolves them. */
-TEST(message_responses_use_the_cache) {
-  struct hora__cache enc, dec;
-  ASSERT(hora__cache_init(&enc, 2) == HORA_SUCCESS && hora__cache_init(&dec, 2) == HORA_SUCCESS);
+/* Two caches fed the same response frames stay identical (each rank's
+ * cache sees the same frames at the same point of the cycles). */
+TEST(message_responses_note_the_cache) {
+  struct hora__cache a, b;
+  ASSERT(hora__cache_init(&a, 2) == HORA_SUCCESS && hora__cache_init(&b, 2) == HORA_SUCCESS);
   const char *keys[] = {"Na", "Nb", "Na", "Nc", "Na", "Nb"};
   struct hora__wbuf w = {0};
-  size_t full_bytes = 0;
   for (int step = 0; step < 6; step++) {
     struct hora__response *r = hora__response_new(HORA_KIND_ALLREDUCE, 1);
     r->dtype = HORA_FLOAT32;
     hora__response_set_tensor(r, 0, keys[step], 2, 100 + (uint64_t)(keys[step][1] - 'a'));
-    ASSERT(hora__encode_responses(&w, &r, 1, &enc) == HORA_SUCCESS);
-    if (step == 0) {
-      full_bytes = w.len;
+    ASSERT(hora__encode_responses(&w, &r, 1) == HORA_SUCCESS);
+    for (int k = 0; k < 2; k++) {
+      struct hora__response *head = NULL, **tail = &head;
+      ASSERT(hora__decode_responses(w.data, w.len, &tail, k ? &b : &a) == HORA_SUCCESS);
+      ASSERT(head && strcmp(head->tensors[0].key, keys[step]) == 0);
+      ASSERT(head->tensors[0].count == r->tensors[0].count);
+      hora__response_free(head);
     }
-    if (step == 2) {
-      ASSERT(w.len < full_bytes); /* "Na" went as a slot */
-    }
-    struct hora__response *head = NULL, **tail = &head;
-    ASSERT(hora__decode_responses(w.data, w.len, &tail, &dec) == HORA_SUCCESS);
-    ASSERT(head && strcmp(head->tensors[0].key, keys[step]) == 0);
-    ASSERT(head->tensors[0].count == r->tensors[0].count);
-    hora__response_free(head);
     hora__response_free(r);
-    ASSERT(enc.version == dec.version && enc.head == dec.head);
+    ASSERT(a.version == b.version && a.head == b.head);
     for (int s = 0; s < 2; s++) {
-      ASSERT(enc.e[s].used == dec.e[s].used);
-      ASSERT(!enc.e[s].used || strcmp(enc.e[s].key, dec.e[s].key) == 0);
+      ASSERT(a.e[s].used == b.e[s].used);
+      ASSERT(!a.e[s].used || strcmp(a.e[s].key, b.e[s].key) == 0);
     }
+    ASSERT(hora__cache_find(&a, keys[step], 2) >= 0);
   }
   /* Capacity 2 with a, b, c in play: something was evicted. */
-  ASSERT(enc.evictions > 0);
-  /* A slot reference into an empty cache is refused. */
-  struct hora__cache empty;
-  ASSERT(hora__cache_init(&empty, 2) == HORA_SUCCESS);
-  struct hora__response *r = hora__response_new(HORA_KIND_ALLREDUCE, 1);
-  r->dtype = HORA_FLOAT32;
-  hora__response_set_tensor(r, 0, "Na", 2, 100);
-  ASSERT(hora__encode_responses(&w, &r, 1, &enc) == HORA_SUCCESS);
-  struct hora__response *head = NULL, **tail = &head;
-  ASSERT(hora__decode_responses(w.data, w.len, &tail, &empty) == HORA_ERR_INVALID_ARG);
-  hora__response_free(r);
-  hora__cache_free(&empty);
-  hora__cache_free(&enc);
-  hora__cache_free(&dec);
+  ASSERT(a.evictions > 0);
+  hora__cache_free(&a);
+  hora__cache_free(&b);
+  hora__wbuf_free(&w);
+}
+
+/* An emptied slot is found by nobody and is the next one reused. */
+TEST(cache_forget_empties_a_slot) {
+  struct hora__cache c;
+  ASSERT(hora__cache_init(&c, 3) == HORA_SUCCESS);
+  struct hora__op_meta m = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .count = 4,
+                            .prescale = 1, .postscale = 1};
+  int32_t a, b, x, d;
+  ASSERT(hora__cache_note(&c, "Na", 2, &m, &a) == 0 && a == 0);
+  ASSERT(hora__cache_note(&c, "Nb", 2, &m, &b) == 0 && b == 1);
+  ASSERT(hora__cache_note(&c, "Nc", 2, &m, &x) == 0 && x == 2);
+  hora__cache_forget(&c, 1);
+  ASSERT(hora__cache_find(&c, "Nb", 2) == -1 && !hora__cache_entry(&c, 1));
+  hora__cache_forget(&c, 1); /* twice: nothing more happens */
+  ASSERT(hora__cache_note(&c, "Nd", 2, &m, &d) == 0 && d == 1); /* reuses it, evicts nobody */
+  ASSERT(c.evictions == 0 && hora__cache_find(&c, "Na", 2) == 0 && hora__cache_find(&c, "Nc", 2) == 2);
+  ASSERT(hora__cache_note(&c, "Ne", 2, &m, &d) == 0 && d == 0); /* a is now the LRU */
+  ASSERT(c.evictions == 1);
+  hora__cache_free(&c);
+}
+
+/* A cycle message survives the wire; malformed ones are refused. */
+TEST(message_cycle_roundtrip) {
+  uint8_t vec[6] = {0xff, 0x01, 0x10, 0x20, 0x00, 0x80};
+  struct hora__cycle_msg m = {.cycle = 1ull << 40, .step = 3, .flags = HORA_CYCLE_JOINED,
+                              .frames = 77, .nbytes = 2, .vec = vec};
+  struct hora__wbuf w = {0};
+  hora__encode_cycle(&w, &m);
+  struct hora__cycle_msg out;
+  ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_SUCCESS);
+  ASSERT(out.cycle == m.cycle && out.step == 3 && out.flags == HORA_CYCLE_JOINED);
+  ASSERT(out.frames == 77 && out.nbytes == 2 && memcmp(out.vec, vec, 6) == 0);
+  for (size_t n = 0; n < w.len; n++) {
+    ASSERT(hora__decode_cycle(w.data, n, &out) == HORA_ERR_INVALID_ARG);
+  }
+  w.data[9] = 0x80; /* an unknown flag */
+  ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_ERR_INVALID_ARG);
   hora__wbuf_free(&w);
 }
 
@@ -313,16 +318,16 @@ TEST(message_minimal_sizes) {
   struct hora__op_meta m = {.kind = HORA_KIND_BARRIER, .root = -1, .prescale = 1, .postscale = 1};
   hora__encode_requests_begin(&w);
   for (int i = 0; i < 10; i++) {
-    hora__encode_request(&w, &m, "B", 1);
+    hora__encode_request(&w, &m, "B", 1, 0);
   }
-  hora__encode_requests_end(&w, 10, 0, NULL, 0);
+  hora__encode_requests_end(&w, 10);
   struct collected c = {0};
   ASSERT(decode(w.data, w.len, &c) == HORA_SUCCESS && c.n == 10);
   struct hora__response *rs[5];
   for (int i = 0; i < 5; i++) {
     rs[i] = hora__response_new(HORA_KIND_JOIN, 0);
   }
-  ASSERT(hora__encode_responses(&w, rs, 5, NULL) == HORA_SUCCESS);
+  ASSERT(hora__encode_responses(&w, rs, 5) == HORA_SUCCESS);
   struct hora__response *head = NULL, **tail = &head;
   ASSERT(hora__decode_responses(w.data, w.len, &tail, NULL) == HORA_SUCCESS);
   int n = 0;
