@@ -1144,13 +1144,8 @@ static void timeline_cached(const struct hora__response *r, int size) {
   if (!hora__timeline_enabled()) {
     return;
   }
-  char phase[40];
-  snprintf(phase, sizeof(phase), "NEGOTIATE_%s", hora__kind_name(r->kind));
-  for (char *x = phase; *x; x++) {
-    *x = (char)(*x >= 'a' && *x <= 'z' ? *x - 32 : *x);
-  }
   const struct hora__resp_tensor *t = &r->tensors[0];
-  hora__timeline_begin(t->key, t->key_len, phase);
+  hora__timeline_begin(t->key, t->key_len, hora__negotiate_phase(r->kind));
   for (int rank = 0; rank < size; rank++) {
     char mark[32];
     snprintf(mark, sizeof(mark), "rank %d ready", rank);
@@ -1158,26 +1153,6 @@ static void timeline_cached(const struct hora__response *r, int size) {
   }
   hora__timeline_end(t->key, t->key_len);
   hora__timeline_begin(t->key, t->key_len, HORA_PHASE_QUEUE);
-}
-
-/* The response for cached slot s, as the cache holds it. */
-static struct hora__response *cached_response(const struct hora__cache_entry *ce) {
-  struct hora__response *r = hora__response_new(ce->meta.kind, 1);
-  if (!r) {
-    return NULL;
-  }
-  r->dtype = ce->meta.dtype;
-  r->op = ce->meta.op;
-  r->device = ce->meta.device;
-  r->compression = ce->meta.compression;
-  r->prescale = ce->meta.prescale;
-  r->postscale = ce->meta.postscale;
-  r->root = ce->meta.root;
-  if (hora__response_set_tensor(r, 0, ce->key, ce->key_len, ce->meta.count) != HORA_SUCCESS) {
-    hora__response_free(r);
-    return NULL;
-  }
-  return r;
 }
 
 /* Our waiting requests whose slot no longer holds them (emptied, or taken
@@ -1222,7 +1197,7 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
       continue;
     }
     const struct hora__cache_entry *ce = hora__cache_entry(&e->cache, (int32_t)s);
-    struct hora__response *r = ce ? cached_response(ce) : NULL;
+    struct hora__response *r = ce ? hora__response_for(&ce->meta, ce->key, ce->key_len) : NULL;
     if (!r) {
       rc = ce ? HORA_ERR_NO_MEMORY
               : hora__error(HORA_ERR_PEER_LOST, "cycle %llu scheduled cache slot %u, which is "

@@ -35,6 +35,14 @@ const char *hora__kind_name(int kind) {
   return kind >= 0 && kind < HORA_KIND_COUNT_ ? kind_names[kind] : "unknown";
 }
 
+const char *hora__negotiate_phase(int kind) {
+  static const char *const phases[] = {"NEGOTIATE_ALLREDUCE", "NEGOTIATE_BROADCAST",
+                                       "NEGOTIATE_ALLGATHER", "NEGOTIATE_BARRIER",
+                                       "NEGOTIATE_JOIN",      "NEGOTIATE_SHUTDOWN",
+                                       "NEGOTIATE_ERROR"};
+  return kind >= 0 && kind < HORA_KIND_COUNT_ ? phases[kind] : "NEGOTIATE";
+}
+
 const char *hora__key_display(const char *key, size_t len, char *buf, size_t n) {
   if (len == 0) {
     snprintf(buf, n, "?");
@@ -292,6 +300,26 @@ void hora__response_meta(const struct hora__response *r, uint32_t i, struct hora
   m->count = r->tensors[i].count;
   m->prescale = r->prescale;
   m->postscale = r->postscale;
+}
+
+struct hora__response *hora__response_for(const struct hora__op_meta *m, const char *key,
+                                         size_t key_len) {
+  struct hora__response *r = hora__response_new(m->kind, 1);
+  if (!r) {
+    return NULL;
+  }
+  r->dtype = m->dtype;
+  r->op = m->op;
+  r->device = m->device;
+  r->compression = m->compression;
+  r->prescale = m->prescale;
+  r->postscale = m->postscale;
+  r->root = m->root;
+  if (hora__response_set_tensor(r, 0, key, key_len, m->count) != HORA_SUCCESS) {
+    hora__response_free(r);
+    return NULL;
+  }
+  return r;
 }
 
 static bool cacheable(uint8_t kind) {

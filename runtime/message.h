@@ -31,6 +31,8 @@ enum hora__kind {
 };
 
 const char *hora__kind_name(int kind);
+/* The timeline row of a kind's negotiation: "NEGOTIATE_ALLREDUCE". */
+const char *hora__negotiate_phase(int kind);
 
 /* What one rank asked for; ranks must agree on all of it. */
 struct hora__op_meta {
@@ -121,6 +123,10 @@ struct hora__response *hora__response_new(uint8_t kind, uint32_t ntensors);
 void hora__response_free(struct hora__response *r);
 int hora__response_set_tensor(struct hora__response *r, uint32_t i, const char *key,
                               size_t key_len, uint64_t count);
+
+/* A response of one tensor that runs `m` on `key`; NULL when out of memory. */
+struct hora__response *hora__response_for(const struct hora__op_meta *m, const char *key,
+                                         size_t key_len);
 
 /* What tensor i of a response asked for. */
 void hora__response_meta(const struct hora__response *r, uint32_t i, struct hora__op_meta *m);

@@ -274,19 +274,8 @@ static int respond_error(struct hora__controller *c, struct pending_op *op, int 
 }
 
 static int respond(struct hora__controller *c, struct pending_op *op) {
-  struct hora__response *r = hora__response_new(op->meta.kind, 1);
+  struct hora__response *r = hora__response_for(&op->meta, op->key, op->key_len);
   if (!r) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  r->dtype = op->meta.dtype;
-  r->op = op->meta.op;
-  r->device = op->meta.device;
-  r->compression = op->meta.compression;
-  r->prescale = op->meta.prescale;
-  r->postscale = op->meta.postscale;
-  r->root = op->meta.root;
-  if (hora__response_set_tensor(r, 0, op->key, op->key_len, op->meta.count) != HORA_SUCCESS) {
-    hora__response_free(r);
     return HORA_ERR_NO_MEMORY;
   }
   push_ready(c, r);
@@ -522,12 +511,7 @@ int hora__controller_submit(struct hora__controller *c, int rank,
       c->oldest = op;
     }
     if (hora__timeline_enabled()) {
-      char phase[40];
-      snprintf(phase, sizeof(phase), "NEGOTIATE_%s", hora__kind_name(m.kind));
-      for (char *x = phase; *x; x++) {
-        *x = (char)(*x >= 'a' && *x <= 'z' ? *x - 32 : *x);
-      }
-      hora__timeline_begin(op->key, op->key_len, phase);
+      hora__timeline_begin(op->key, op->key_len, hora__negotiate_phase(m.kind));
     }
   } else if (op->have[rank]) {
     /* The API refuses a key already in flight, so this is a broken peer. */
