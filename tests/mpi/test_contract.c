@@ -19,7 +19,12 @@ static int failures;
   } while (0)
 
 int main(void) {
-  EXPECT(hora_init() == HORA_SUCCESS, "hora_init");
+  if (hora_init() != HORA_SUCCESS) {
+    /* Nothing else can work: say why and stop (rank and size are -1). */
+    fprintf(stderr, "  rank %d: hora_init (%s)\n", hora_rank(), hora_last_error());
+    printf("FAIL contract: hora_init failed\n");
+    return 1;
+  }
   int rank = hora_rank(), size = hora_size();
   EXPECT(size >= 1 && rank >= 0 && rank < size, "rank %d of %d", rank, size);
   EXPECT(hora_local_rank() >= 0 && hora_local_rank() < hora_local_size(), "local rank");
