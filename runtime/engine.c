@@ -131,7 +131,6 @@ struct hora__engine {
   bool our_joined_flag;  /* what we said in our last contribution */
   bool others_joined;    /* what the last cycle said */
   struct cycle_inbox *inbox; /* [2 * INBOX_STEPS]: by cycle parity and step */
-  uint8_t *peer_closed;  /* [size]: a partner that left after the job ended */
   /* Response frames, applied at the end of the cycle that counts them. */
   struct frame *frames_head, **frames_tail;
   uint64_t frames_got;   /* received (rank 0: sent) */
@@ -163,7 +162,6 @@ static void engine_free(struct hora__engine *e) {
     }
   }
   free(e->inbox);
-  free(e->peer_closed);
   free(e->stuck_cycle);
   free(e->stuck_since_ns);
   while (e->frames_head) {
@@ -218,6 +216,12 @@ static int submit_cb(void *arg, const struct hora__wire_request *req) {
 static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
                      size_t n);
 
+/* Where a partner's step of a cycle waits: at most the next two cycles
+ * can have steps in flight, so the inbox is indexed by parity. */
+static struct cycle_inbox *inbox_of(struct hora__engine *e, uint64_t cycle, int step) {
+  return &e->inbox[(cycle & 1) * INBOX_STEPS + step];
+}
+
 /* A partner's step of a cycle: kept in the inbox until the cycle uses it. */
 static int on_cycle_frame(struct hora__engine *e, int from, const uint8_t *p, size_t n) {
   struct hora__cycle_msg m;
@@ -233,7 +237,7 @@ static int on_cycle_frame(struct hora__engine *e, int from, const uint8_t *p, si
                        "(at cycle %llu) does not expect from it", from, m.step,
                        (unsigned long long)m.cycle, (unsigned long long)e->cycles);
   }
-  struct cycle_inbox *in = &e->inbox[(m.cycle & 1) * INBOX_STEPS + m.step];
+  struct cycle_inbox *in = inbox_of(e, m.cycle, m.step);
   size_t need = 3 * (size_t)m.nbytes;
   if (in->has) {
     return hora__error(HORA_ERR_PEER_LOST, "rank %d sent step %u of cycle %llu twice", from,
@@ -295,7 +299,7 @@ static void record_stuck(struct hora__engine *e, int from, uint64_t cycle, uint3
   uint64_t now = hora__now_ns(), waited = (uint64_t)waited_ms * 1000000u;
   e->stuck_cycle[from] = cycle;
   e->stuck_since_ns[from] = now > waited ? now - waited : 0;
-  if (key_len && (!e->stuck_key_len || cycle > e->stuck_cycle[0])) {
+  if (key_len && !e->stuck_key_len) { /* one example is enough; cleared with the stall */
     memcpy(e->stuck_key, key, key_len);
     e->stuck_key_len = key_len;
   }
@@ -364,7 +368,6 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
     if (e->shutting_down || e->shutdown_seen || partner_only) {
       hora__ctrl_free(c);
       e->comm->ctrl[peer] = NULL;
-      e->peer_closed[peer] = 1;
       return HORA_SUCCESS;
     }
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
@@ -963,7 +966,7 @@ static int distribute(struct hora__engine *e) {
   HORA_CHECK(rc);
   HORA_CHECK(queue_frame(e, e->wbuf.data, e->wbuf.len));
   for (int r = 1; r < c->size; r++) {
-    if (c->ctrl[r] && !e->peer_closed[r]) {
+    if (c->ctrl[r]) {
       HORA_CHECK(ctrl_send(e, c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
     }
   }
@@ -1038,10 +1041,11 @@ static int send_step(struct hora__engine *e, int peer, int step) {
 /* Folds a partner's step into ours (or, for the result, takes it), once
  * it has arrived. */
 static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
-  struct cycle_inbox *in = &e->inbox[((e->cycles + 1) & 1) * INBOX_STEPS + step];
+  struct cycle_inbox *in = inbox_of(e, e->cycles + 1, step);
   *got = in->has;
   if (!in->has) {
-    return e->peer_closed[peer] && !e->shutdown_seen ? lost_partner(e, peer) : HORA_SUCCESS;
+    /* Its connection closed with the step not there: it never comes. */
+    return !e->comm->ctrl[peer] && !e->shutdown_seen ? lost_partner(e, peer) : HORA_SUCCESS;
   }
   uint32_t nb = e->cycle_nbytes;
   if (in->nbytes != nb) {
@@ -1073,7 +1077,7 @@ static int cycle_advance(struct hora__engine *e, bool *progressed) {
   if (e->cycle_phase == CYCLE_IDLE) {
     bool joined = joined_now(e), asked = false;
     for (int i = 0; i < INBOX_STEPS && !asked; i++) {
-      asked = e->inbox[((e->cycles + 1) & 1) * INBOX_STEPS + i].has;
+      asked = inbox_of(e, e->cycles + 1, i)->has;
     }
     if (!asked && !e->new_hits && !e->evict_wanted && joined == e->our_joined_flag &&
         !(e->ctl && e->frames_got > e->frames_told)) {
@@ -1089,7 +1093,7 @@ static int cycle_advance(struct hora__engine *e, bool *progressed) {
     e->cycle_phase = cp->folds_out ? CYCLE_RESULT : cp->fold >= 0 ? CYCLE_FOLD_IN : CYCLE_ROUNDS;
     if (cp->folds_out) {
       HORA_CHECK(send_step(e, cp->fold, STEP_FOLD_IN));
-    } else if (cp->fold >= 0 && !e->inbox[((e->cycles + 1) & 1) * INBOX_STEPS + STEP_FOLD_IN].has) {
+    } else if (cp->fold >= 0 && !inbox_of(e, e->cycles + 1, STEP_FOLD_IN)->has) {
       HORA_CHECK(send_step(e, cp->fold, STEP_ASK));
     }
   }
@@ -1243,7 +1247,7 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
   }
   HORA_CHECK(rc);
   /* An ask that crossed our own start is spent with the cycle. */
-  e->inbox[((e->cycles + 1) & 1) * INBOX_STEPS + STEP_ASK].has = false;
+  inbox_of(e, e->cycles + 1, STEP_ASK)->has = false;
   e->cycles++;
   HORA_TRACE("cycle %llu: done, frames %llu", (unsigned long long)e->cycles,
              (unsigned long long)e->acc_frames);
@@ -1717,12 +1721,10 @@ int hora__engine_start(struct hora__runtime *rt) {
   e->evict_wish = hora__calloc(bitmap + 1, 1);
   e->acc = hora__calloc(3 * bitmap + 1, 1);
   e->inbox = hora__calloc(2 * INBOX_STEPS, sizeof(*e->inbox));
-  e->peer_closed = hora__calloc((size_t)rt->size, 1);
   e->stuck_cycle = hora__calloc((size_t)rt->size, sizeof(uint64_t));
   e->stuck_since_ns = hora__calloc((size_t)rt->size, sizeof(uint64_t));
   e->next_stuck_ns = UINT64_MAX;
-  if (!e->waiting || !e->evict_wish || !e->acc || !e->inbox || !e->peer_closed ||
-      !e->stuck_cycle || !e->stuck_since_ns) {
+  if (!e->waiting || !e->evict_wish || !e->acc || !e->inbox || !e->stuck_cycle || !e->stuck_since_ns) {
     engine_free(e);
     return HORA_ERR_NO_MEMORY;
   }
