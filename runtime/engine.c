@@ -1328,14 +1328,12 @@ static int report_stuck(struct hora__engine *e) {
 /* Rank 0: the stall inspector for a cycle that some ranks never join. */
 static int check_stuck(struct hora__engine *e) {
   int size = e->comm->size;
-  uint64_t newest = 0;
-  for (int r = 0; r < size; r++) {
-    if (e->stuck_cycle[r] > e->cycles) {
-      newest = HORA_MAX(newest, e->stuck_cycle[r]);
-    }
+  bool any = false;
+  for (int r = 0; r < size && !any; r++) {
+    any = e->stuck_cycle[r] > e->cycles;
   }
   e->next_stuck_ns = UINT64_MAX;
-  if (!newest) {
+  if (!any) {
     e->stuck_key_len = 0;
     return HORA_SUCCESS;
   }
@@ -1344,8 +1342,10 @@ static int check_stuck(struct hora__engine *e) {
   if (!there) {
     return HORA_ERR_NO_MEMORY;
   }
+  /* A rank that reports any cycle still open here is alive and held up (a
+   * partner may have finished the older cycle and gone on to the next). */
   for (int r = 0; r < size; r++) {
-    there[r] = e->stuck_cycle[r] == newest;
+    there[r] = e->stuck_cycle[r] > e->cycles;
     if (there[r]) {
       oldest = HORA_MIN(oldest, e->stuck_since_ns[r]);
     }
