@@ -29,7 +29,7 @@
 
 #define HELLO_ACK_WORD 0x214b4f48u /* "HOK!" */
 
-static int mpi_error(int err, const char *call) {
+int hora__mpi_error(int err, const char *call) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) {
@@ -42,7 +42,7 @@ static int mpi_error(int err, const char *call) {
   do {                                                                                       \
     int mpi_rc_ = (call);                                                                    \
     if (mpi_rc_ != MPI_SUCCESS) {                                                            \
-      return mpi_error(mpi_rc_, #call);                                                      \
+      return hora__mpi_error(mpi_rc_, #call);                                                \
     }                                                                                        \
   } while (0)
 
@@ -72,7 +72,7 @@ static int topology_from_mpi(hora__comm *c, MPI_Comm *local_out) {
   int rc = MPI_Bcast(hostinfo, 2, MPI_INT, 0, local);
   *local_out = local;
   if (rc != MPI_SUCCESS) {
-    return mpi_error(rc, "MPI_Bcast(host index)");
+    return hora__mpi_error(rc, "MPI_Bcast(host index)");
   }
   c->cross_rank = hostinfo[0];
   c->cross_size = hostinfo[1];
@@ -92,7 +92,7 @@ static int agree(hora__comm *c, int rc, const char *step) {
     return rc;
   }
   if (err != MPI_SUCCESS) {
-    return mpi_error(err, "MPI_Allreduce(bootstrap status)");
+    return hora__mpi_error(err, "MPI_Allreduce(bootstrap status)");
   }
   if (first != INT_MAX) {
     return hora__error(first % CODES,
@@ -213,6 +213,16 @@ static int start_connect(struct plan *p, struct pending *s) {
   return HORA_SUCCESS;
 }
 
+/* Closes an incoming connection that failed or was refused before its
+ * handshake ended; the listener goes on waiting for the real peer. */
+static int drop_incoming(struct pending *s) {
+  close(s->fd);
+  s->fd = -1;
+  s->state = S_DONE;
+  s->peer = -1;
+  return HORA_SUCCESS;
+}
+
 /* Moves one socket's handshake forward; returns PEER_LOST on failures of
  * our own outgoing connections, and refuses bad incoming ones. */
 static int step(struct plan *p, struct pending *s) {
@@ -257,11 +267,7 @@ static int step(struct plan *p, struct pending *s) {
           }
           HORA_WARN("bootstrap: connection from %s broke during the handshake",
                     hora__peer_name(c, s->peer, name, sizeof(name)));
-          close(s->fd);
-          s->fd = -1;
-          s->state = S_DONE;
-          s->peer = -1;
-          return HORA_SUCCESS;
+          return drop_incoming(s);
         }
         s->done += (size_t)n;
         if (s->done < total) {
@@ -287,11 +293,7 @@ static int step(struct plan *p, struct pending *s) {
                                hora__peer_name(c, s->peer, name, sizeof(name)));
           }
           HORA_WARN("bootstrap: refused a connection that closed before its handshake");
-          close(s->fd);
-          s->fd = -1;
-          s->state = S_DONE;
-          s->peer = -1;
-          return HORA_SUCCESS;
+          return drop_incoming(s);
         }
         s->done += (size_t)n;
         if (s->done < total) {
@@ -324,11 +326,7 @@ static int step(struct plan *p, struct pending *s) {
         }
         if (rc != HORA_SUCCESS) {
           HORA_WARN("bootstrap: refused a connection: %s", hora__error_message());
-          close(s->fd);
-          s->fd = -1;
-          s->state = S_DONE;
-          s->peer = -1;
-          return HORA_SUCCESS;
+          return drop_incoming(s);
         }
         uint32_t w = HELLO_ACK_WORD;
         s->buf[0] = (uint8_t)w;

@@ -691,16 +691,6 @@ static int ib_establish(hora__comm *comm, hora__conn *conn, bool *ready, int *fd
 
 /* ---- data path ------------------------------------------------------------------- */
 
-static void enqueue(hora__xfer **head, hora__xfer **tail, hora__xfer *x) {
-  x->next = NULL;
-  if (*tail) {
-    (*tail)->next = x;
-  } else {
-    *head = x;
-  }
-  *tail = x;
-}
-
 /* Takes the head off its queue; the caller decides when it is done. */
 static hora__xfer *unlink_head(hora__xfer **head, hora__xfer **tail) {
   hora__xfer *x = *head;
@@ -734,7 +724,7 @@ static int ib_isend(hora__conn *conn, const void *buf, size_t len, hora__xfer *x
   x->done = len == 0;
   x->mode = 0;
   if (!x->done) {
-    enqueue(&conn->send_head, &conn->send_tail, x);
+    hora__xfer_enqueue(&conn->send_head, &conn->send_tail, x);
   }
   return HORA_SUCCESS;
 }
@@ -746,7 +736,7 @@ static int ib_irecv(hora__conn *conn, void *buf, size_t len, hora__xfer *x) {
   x->done = len == 0;
   x->mode = RECV_UNDECIDED;
   if (!x->done) {
-    enqueue(&conn->recv_head, &conn->recv_tail, x);
+    hora__xfer_enqueue(&conn->recv_head, &conn->recv_tail, x);
     if (!c->desc_cursor) {
       c->desc_cursor = x;
     }

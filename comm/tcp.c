@@ -73,16 +73,6 @@ int hora__tcp_add_stream(hora__conn *conn, int fd) {
   return HORA_SUCCESS;
 }
 
-static void enqueue(hora__xfer **head, hora__xfer **tail, hora__xfer *x) {
-  x->next = NULL;
-  if (*tail) {
-    (*tail)->next = x;
-  } else {
-    *head = x;
-  }
-  *tail = x;
-}
-
 static int tcp_isend(hora__conn *conn, const void *buf, size_t len, hora__xfer *x) {
   struct tcp_conn *c = (struct tcp_conn *)conn;
   x->ptr = x->base = (char *)(uintptr_t)buf;
@@ -90,7 +80,7 @@ static int tcp_isend(hora__conn *conn, const void *buf, size_t len, hora__xfer *
   x->done = len == 0;
   if (!x->done) {
     x->seq = c->send_posted++;
-    enqueue(&conn->send_head, &conn->send_tail, x);
+    hora__xfer_enqueue(&conn->send_head, &conn->send_tail, x);
   }
   return HORA_SUCCESS;
 }
@@ -102,7 +92,7 @@ static int tcp_irecv(hora__conn *conn, void *buf, size_t len, hora__xfer *x) {
   x->done = len == 0;
   if (!x->done) {
     x->seq = c->recv_posted++;
-    enqueue(&conn->recv_head, &conn->recv_tail, x);
+    hora__xfer_enqueue(&conn->recv_head, &conn->recv_tail, x);
   }
   return HORA_SUCCESS;
 }

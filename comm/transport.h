@@ -32,6 +32,17 @@ typedef struct hora__xfer {
   uint64_t seq;
 } hora__xfer;
 
+/* Appends x to the FIFO head..tail (a connection's send or receive queue). */
+static inline void hora__xfer_enqueue(hora__xfer **head, hora__xfer **tail, hora__xfer *x) {
+  x->next = NULL;
+  if (*tail) {
+    (*tail)->next = x;
+  } else {
+    *head = x;
+  }
+  *tail = x;
+}
+
 /* A connection to one peer, common header of every transport's own. */
 struct hora__conn {
   const struct hora__transport *tp;

@@ -77,15 +77,6 @@ static int leave(int rc) {
 
 /* ---- life cycle --------------------------------------------------------------- */
 
-static int mpi_error(int err, const char *call) {
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) {
-    snprintf(msg, sizeof(msg), "MPI error %d", err);
-  }
-  return hora__error(HORA_ERR_SYSTEM, "%s failed: %s", call, msg);
-}
-
 static void runtime_free(struct hora__runtime *rt) {
   if (!rt) {
     return;
@@ -134,7 +125,7 @@ static int init_locked(void) {
     int provided = 0;
     int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
     if (err != MPI_SUCCESS) {
-      return mpi_error(err, "MPI_Init_thread");
+      return hora__mpi_error(err, "MPI_Init_thread");
     }
     owns_mpi = true;
   }
@@ -143,7 +134,7 @@ static int init_locked(void) {
   int worst = prc, err = MPI_Allreduce(&prc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   int rc = HORA_SUCCESS;
   if (err != MPI_SUCCESS) {
-    rc = mpi_error(err, "MPI_Allreduce(settings check)");
+    rc = hora__mpi_error(err, "MPI_Allreduce(settings check)");
   } else if (prc != HORA_SUCCESS) {
     rc = hora__error(prc, "%s", perr);
   } else if (worst != HORA_SUCCESS) {

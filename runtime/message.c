@@ -252,7 +252,7 @@ struct hora__response *hora__response_new(uint8_t kind, uint32_t ntensors) {
   r->root = -1;
   r->last_joined = -1;
   r->prescale = r->postscale = 1.0;
-  r->ntensors = ntensors;
+  r->ntensors = r->tensors_cap = ntensors;
   if (ntensors) {
     r->tensors = hora__calloc(ntensors, sizeof(*r->tensors));
     if (!r->tensors) {

@@ -115,7 +115,7 @@ struct hora__response {
   int32_t last_joined; /* JOIN: the rank that joined last */
   uint16_t error_code; /* ERROR */
   char *error_msg;     /* ERROR */
-  uint32_t ntensors;
+  uint32_t ntensors, tensors_cap; /* tensors in use, and room for */
   struct hora__resp_tensor *tensors;
 };
 

@@ -127,16 +127,23 @@ static bool compatible(const struct hora__response *a, const struct hora__respon
          a->postscale == b->postscale;
 }
 
-/* Moves the tensors of `from` to the end of `into`. */
+/* Moves the tensors of `from` to the end of `into`. The list grows by
+ * doubling: a batch of n tensors costs log n allocations, not n, and few
+ * distinct sizes, so a long run does not leave the allocator caching a
+ * block of every size a batch ever had. */
 static int merge(struct hora__response *into, struct hora__response *from) {
-  struct hora__resp_tensor *t =
-      hora__realloc(into->tensors, (into->ntensors + from->ntensors) * sizeof(*t));
-  if (!t) {
-    return HORA_ERR_NO_MEMORY;
+  uint32_t need = into->ntensors + from->ntensors;
+  if (need > into->tensors_cap) {
+    uint32_t cap = HORA_MAX(need, HORA_MAX(into->tensors_cap * 2, 8u));
+    struct hora__resp_tensor *t = hora__realloc(into->tensors, cap * sizeof(*t));
+    if (!t) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    into->tensors = t;
+    into->tensors_cap = cap;
   }
-  memcpy(t + into->ntensors, from->tensors, from->ntensors * sizeof(*t));
-  into->tensors = t;
-  into->ntensors += from->ntensors;
+  memcpy(into->tensors + into->ntensors, from->tensors, from->ntensors * sizeof(*into->tensors));
+  into->ntensors = need;
   from->ntensors = 0;
   return HORA_SUCCESS;
 }

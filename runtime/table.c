@@ -22,6 +22,11 @@ void hora__table_free(struct hora__table *t) {
       e = n;
     }
   }
+  while (t->spare) {
+    struct hora__table_entry *n = t->spare->next;
+    free(t->spare);
+    t->spare = n;
+  }
   free(t->buckets);
   memset(t, 0, sizeof(*t));
 }
@@ -82,9 +87,17 @@ int hora__table_put(struct hora__table *t, const char *key, size_t len, void *va
     (*link)->value = value;
     return HORA_SUCCESS;
   }
-  struct hora__table_entry *e = hora__malloc(sizeof(*e) + len + 1);
-  if (!e) {
-    return HORA_ERR_NO_MEMORY;
+  struct hora__table_entry *e = t->spare;
+  if (e && e->key_room > len) {
+    t->spare = e->next;
+    t->nspare--;
+  } else {
+    size_t room = (len + 1 + 63) / 64 * 64; /* few sizes, so spares fit most keys */
+    e = hora__malloc(sizeof(*e) + room);
+    if (!e) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    e->key_room = (uint16_t)HORA_MIN(room, (size_t)UINT16_MAX);
   }
   e->next = NULL;
   e->hash = h;
@@ -108,8 +121,14 @@ void *hora__table_remove(struct hora__table *t, const char *key, size_t len) {
   }
   void *v = e->value;
   *link = e->next;
-  free(e);
   t->count--;
+  if (t->nspare < t->nbuckets) {
+    e->next = t->spare;
+    t->spare = e;
+    t->nspare++;
+  } else {
+    free(e);
+  }
   return v;
 }
 

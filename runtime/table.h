@@ -1,5 +1,7 @@
 /* A string-keyed hash table with chaining; keys are byte strings with an
- * explicit length, copied into the entry. Values are caller pointers. */
+ * explicit length, copied into the entry. Values are caller pointers.
+ * Removed entries are kept for reuse, up to the table's size: a table that
+ * the same names pass through every step allocates nothing once warm. */
 #ifndef HORA_TABLE_H
 #define HORA_TABLE_H
 
@@ -10,12 +12,15 @@ struct hora__table_entry {
   uint64_t hash;
   void *value;
   uint16_t key_len;
-  char key[]; /* key_len bytes, then a terminating NUL */
+  uint16_t key_room; /* bytes key[] has */
+  char key[];        /* key_len bytes, then a terminating NUL */
 };
 
 struct hora__table {
   struct hora__table_entry **buckets;
   size_t nbuckets, count;
+  struct hora__table_entry *spare; /* removed entries, linked by next */
+  size_t nspare;
 };
 
 uint64_t hora__hash_bytes(const void *p, size_t n);

@@ -26,6 +26,7 @@ int test_skipped;
   X(message_abort_roundtrip)                                                                 \
   X(hello_checks_secret_and_rank)                                                            \
   X(table_put_get_remove_grow)                                                               \
+  X(table_reuses_removed_entries)                                                            \
   X(strerror_covers_every_code)                                                              \
   X(controller_matches_and_orders)                                                           \
   X(controller_mismatch_messages)                                                            \

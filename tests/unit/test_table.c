@@ -32,6 +32,33 @@ TEST(table_put_get_remove_grow) {
   hora__table_free(&t);
 }
 
+/* The same names through the table step after step: removed entries are
+ * reused (no allocation once warm), and a reused entry holds its new key
+ * whole, short or long. */
+TEST(table_reuses_removed_entries) {
+  struct hora__table t = {0};
+  char key[200];
+  for (int step = 0; step < 50; step++) {
+    for (int i = 0; i < 100; i++) {
+      int len = 1 + (i * 37 + step) % 150; /* lengths across several rounding sizes */
+      memset(key, 'a' + i % 26, (size_t)len);
+      key[0] = (char)i;
+      ASSERT(hora__table_put(&t, key, (size_t)len, (void *)(intptr_t)(i + 1)) == HORA_SUCCESS);
+    }
+    ASSERT_EQ_INT(t.count, 100);
+    for (int i = 0; i < 100; i++) {
+      int len = 1 + (i * 37 + step) % 150;
+      memset(key, 'a' + i % 26, (size_t)len);
+      key[0] = (char)i;
+      ASSERT((intptr_t)hora__table_get(&t, key, (size_t)len) == i + 1);
+      ASSERT((intptr_t)hora__table_remove(&t, key, (size_t)len) == i + 1);
+    }
+    ASSERT_EQ_INT(t.count, 0);
+    ASSERT(t.nspare > 0 && t.nspare <= t.nbuckets);
+  }
+  hora__table_free(&t);
+}
+
 TEST(strerror_covers_every_code) {
   const int codes[] = {HORA_SUCCESS,        HORA_ERR_INVALID_ARG, HORA_ERR_INVALID_USAGE,
                        HORA_ERR_MISMATCH,   HORA_ERR_NO_MEMORY,   HORA_ERR_SYSTEM,
