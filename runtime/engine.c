@@ -129,6 +129,11 @@ struct hora__engine {
   uint64_t acc_frames;
   uint8_t acc_flags;
   bool our_joined_flag;  /* what we said in our last contribution */
+  /* We have taken our own JOIN request, and the cycles have not yet applied
+   * the response that ends the join. It decides whether we stand in, and
+   * changes only with the cycles (never with when this rank happens to run
+   * that response), so every rank agrees on who stands in for which cycle. */
+  bool join_pending;
   bool others_joined;    /* what the last cycle said */
   struct cycle_inbox *inbox; /* [2 * INBOX_STEPS]: by cycle parity and step */
   /* Response frames, applied at the end of the cycle that counts them. */
@@ -390,7 +395,11 @@ static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) 
   if (why != HORA_SUCCESS) {
     return why;
   }
-  return hora__error(rc, "%s", original);
+  /* Nothing left to read says more (what the peer sent before dying was
+   * still queued): name it as lost, with its host and pid, all the same. */
+  char name[160];
+  return hora__error(rc, "lost %s: %s", hora__peer_name(e->comm, hora__ctrl_peer(c), name, sizeof(name)),
+                     original);
 }
 
 static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
@@ -539,6 +548,7 @@ static int take_submissions(struct hora__engine *e, bool *busy) {
   size_t nfull = 0;
   for (struct hora_request *r = head; r; r = r->next) {
     r->sent_slot = -1;
+    e->join_pending |= r->meta.kind == HORA_KIND_JOIN;
     if (r->meta.kind > HORA_KIND_ALLGATHER) {
       e->reqs[nfull++] = r;
       continue;
@@ -977,13 +987,6 @@ static int distribute(struct hora__engine *e) {
 
 static bool bit_set(const uint8_t *v, uint32_t s) { return (v[s / 8] >> (s % 8)) & 1u; }
 
-static bool joined_now(struct hora__engine *e) {
-  pthread_mutex_lock(&e->rt->mu);
-  bool j = e->rt->joined;
-  pthread_mutex_unlock(&e->rt->mu);
-  return j;
-}
-
 /* Our part of the next cycle, against the cache as every rank has it. */
 static void contribute(struct hora__engine *e, bool joined) {
   uint32_t used = e->cache.used, nb = (used + 7) / 8;
@@ -1075,7 +1078,7 @@ static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
 static int cycle_advance(struct hora__engine *e, bool *progressed) {
   const struct hora__cycle_partners *cp = &e->partners;
   if (e->cycle_phase == CYCLE_IDLE) {
-    bool joined = joined_now(e), asked = false;
+    bool joined = e->join_pending, asked = false;
     for (int i = 0; i < INBOX_STEPS && !asked; i++) {
       asked = inbox_of(e, e->cycles + 1, i)->has;
     }
@@ -1240,6 +1243,9 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
     }
     free(f);
     e->frames_applied++;
+  }
+  for (struct hora__response *r = head; r; r = r->next) {
+    e->join_pending &= r->kind != HORA_KIND_JOIN;
   }
   *e->todo_tail = head; /* queued even on failure, so they are freed */
   if (head) {
