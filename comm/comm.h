@@ -124,9 +124,9 @@ int hora__comm_grow_registered(hora__comm *comm, char **buf, size_t *bytes, void
 int hora__comm_register_device(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,
                                void **handle);
 
-/* Describe a peer for messages: "rank 3 (host h1, pid 1234)". */
 /* HORA_ERR_SYSTEM with MPI's own words for err, returned by the named call. */
 int hora__mpi_error(int err, const char *call);
+/* Describe a peer for messages: "rank 3 (host h1, pid 1234)". */
 const char *hora__peer_name(const hora__comm *comm, int rank, char *buf, size_t n);
 
 /* ---- point-to-point progress (progress.c) -------------------------------- */

@@ -398,8 +398,8 @@ static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) 
   /* Nothing left to read says more (what the peer sent before dying was
    * still queued): name it as lost, with its host and pid, all the same. */
   char name[160];
-  return hora__error(rc, "lost %s: %s", hora__peer_name(e->comm, hora__ctrl_peer(c), name, sizeof(name)),
-                     original);
+  hora__peer_name(e->comm, hora__ctrl_peer(c), name, sizeof(name));
+  return hora__error(rc, "lost %s: %s", name, original);
 }
 
 static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
@@ -1730,7 +1730,8 @@ int hora__engine_start(struct hora__runtime *rt) {
   e->stuck_cycle = hora__calloc((size_t)rt->size, sizeof(uint64_t));
   e->stuck_since_ns = hora__calloc((size_t)rt->size, sizeof(uint64_t));
   e->next_stuck_ns = UINT64_MAX;
-  if (!e->waiting || !e->evict_wish || !e->acc || !e->inbox || !e->stuck_cycle || !e->stuck_since_ns) {
+  if (!e->waiting || !e->evict_wish || !e->acc || !e->inbox || !e->stuck_cycle ||
+      !e->stuck_since_ns) {
     engine_free(e);
     return HORA_ERR_NO_MEMORY;
   }

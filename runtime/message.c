@@ -30,6 +30,7 @@
 
 static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "barrier",
                                          "join",      "shutdown",  "error"};
+_Static_assert(HORA_ARRAY_SIZE(kind_names) == HORA_KIND_COUNT_, "a name for every kind");
 
 const char *hora__kind_name(int kind) {
   return kind >= 0 && kind < HORA_KIND_COUNT_ ? kind_names[kind] : "unknown";
@@ -40,6 +41,7 @@ const char *hora__negotiate_phase(int kind) {
                                        "NEGOTIATE_ALLGATHER", "NEGOTIATE_BARRIER",
                                        "NEGOTIATE_JOIN",      "NEGOTIATE_SHUTDOWN",
                                        "NEGOTIATE_ERROR"};
+  _Static_assert(HORA_ARRAY_SIZE(phases) == HORA_KIND_COUNT_, "a phase for every kind");
   return kind >= 0 && kind < HORA_KIND_COUNT_ ? phases[kind] : "NEGOTIATE";
 }
 
