@@ -520,9 +520,10 @@ static void wish_evicted(struct hora__engine *e, int32_t slot) {
 
 /* A new request waits on its cache slot when it ran before with the same
  * options (and, while someone has joined, only an allreduce: rank 0 must
- * refuse the rest); otherwise it goes in full, and a slot whose key now
- * comes with other options is emptied everywhere, so that the others' same
- * requests go in full too and rank 0 can name the mismatch. */
+ * refuse the rest); otherwise it goes in full, and its key's slot is emptied
+ * everywhere, so that the others' same requests go in full too: rank 0 can
+ * name a mismatch, and a rank that took its request after a cycle ended
+ * the join cannot wait in the cache for one the others sent in full. */
 static int take_submissions(struct hora__engine *e, bool *busy) {
   struct hora__runtime *rt = e->rt;
   e->seen_seq = atomic_load_explicit(&rt->submit_seq, memory_order_acquire);
@@ -564,7 +565,7 @@ static int take_submissions(struct hora__engine *e, bool *busy) {
       e->new_hits++;
       continue;
     }
-    if (slot >= 0 && !hit) {
+    if (slot >= 0) {
       wish_evicted(e, slot);
     }
     e->reqs[nfull++] = r;
@@ -1180,6 +1181,9 @@ static int unwait_stale(struct hora__engine *e) {
       n++;
       continue;
     }
+    if (ce && ce->key_len == q->key_len && memcmp(ce->key, q->key, q->key_len) == 0) {
+      wish_evicted(e, (int32_t)s); /* ranks that submit it later must not wait either */
+    }
     HORA_CHECK(grow_reqs(e, 1));
     e->waiting[s] = NULL;
     e->nwaiting--;
@@ -1244,9 +1248,11 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
     free(f);
     e->frames_applied++;
   }
+  bool join_done = false;
   for (struct hora__response *r = head; r; r = r->next) {
-    e->join_pending &= r->kind != HORA_KIND_JOIN;
+    join_done |= r->kind == HORA_KIND_JOIN;
   }
+  e->join_pending &= !join_done;
   *e->todo_tail = head; /* queued even on failure, so they are freed */
   if (head) {
     e->todo_tail = tail;
@@ -1258,7 +1264,9 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
   HORA_TRACE("cycle %llu: done, frames %llu", (unsigned long long)e->cycles,
              (unsigned long long)e->acc_frames);
   atomic_fetch_add(&e->rt->stats.cycles, 1);
-  e->others_joined = (e->acc_flags & HORA_CYCLE_JOINED) != 0;
+  /* The all-joined response ends every rank's join: from this cycle on no
+   * one stands in, on every rank alike. */
+  e->others_joined = (e->acc_flags & HORA_CYCLE_JOINED) != 0 && !join_done;
   e->cycle_phase = CYCLE_IDLE;
   *progressed = true;
   return unwait_stale(e);

@@ -2,6 +2,8 @@
  * part with zeros, AVERAGE still divides by the full size, hora_join
  * returns the last rank to join, broadcast and allgather fail while some
  * rank has joined, and the job goes on normally afterwards. */
+#include <time.h>
+
 #include "mpitest.h"
 
 enum { LEN = 100 };
@@ -144,6 +146,61 @@ static void refused_operations_keep_ranks_in_step(void) {
   MT_OK(hora_barrier());
 }
 
+/* A trainer's epoch end: uneven last steps, join, then a broadcast of the
+ * parameters from the last rank to join, every epoch under the same names.
+ * The broadcasts ran from the cache after the first epoch, and a rank that
+ * took them before the cycle that ended the join sent them in full while
+ * the others waited in the cache: each such epoch stalled until the stall
+ * inspector's fallback, half of HORA_STALL_CHECK_TIME_SECONDS (30 s) later. */
+static void cached_broadcast_right_after_join(void) {
+  enum { T = 6, N = 64, EPOCHS = 12 };
+  float w[T][N];
+  hora_tensor t[T];
+  char names[T][32];
+  for (int k = 0; k < T; k++) {
+    snprintf(names[k], sizeof(names[k]), "params/%d", k);
+    t[k] = (hora_tensor){names[k], w[k], N, HORA_FLOAT32};
+  }
+  for (int epoch = 0; epoch < EPOCHS; epoch++) {
+    double t0 = MPI_Wtime();
+    int steps = 2 + (mt_rank == mt_size - 1); /* the same root every epoch, as cached */
+    for (int s = 0; s < steps; s++) {
+      float g[N];
+      for (int i = 0; i < N; i++) {
+        g[i] = 1;
+      }
+      MT_OK(hora_allreduce("epoch-end/grad", g, g, N, HORA_FLOAT32, HORA_SUM));
+    }
+    int last = -1;
+    MT_OK(hora_join(&last));
+    if (mt_rank == last) {
+      /* Late here, early on the ranks that joined first: the ranks take
+       * their broadcasts on both sides of the cycle after the join's. */
+      struct timespec pause = {0, 20 * 1000 * 1000};
+      nanosleep(&pause, NULL);
+    }
+    for (int k = 0; k < T; k++) {
+      for (int i = 0; i < N; i++) {
+        w[k][i] = (float)(mt_rank * 1000 + epoch * 10 + k);
+      }
+    }
+    MT_OK(hora_broadcast_parameters(t, T, last));
+    int bad = 0;
+    for (int k = 0; k < T; k++) {
+      bad += w[k][0] != (float)(last * 1000 + epoch * 10 + k) || w[k][N - 1] != w[k][0];
+    }
+    MT_CHECK(!bad, "epoch %d: %d parameter tensors differ from rank %d's", epoch, bad, last);
+    /* Milliseconds when right; the stall above took 30 s. */
+    double dt = MPI_Wtime() - t0;
+    MT_CHECK(dt < 15, "epoch %d: join and broadcast took %.1f s", epoch, dt);
+    int stop = bad || dt >= 15; /* every rank stops together */
+    MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (stop) {
+      break;
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
@@ -151,6 +208,7 @@ int main(int argc, char **argv) {
   mt_run("join/null_and_simultaneous", join_with_null_and_alone);
   mt_run("join/stand_in_for_fused_tensors", joined_ranks_stand_in_for_fused_tensors);
   mt_run("join/refused_operations_keep_ranks_in_step", refused_operations_keep_ranks_in_step);
+  mt_run("join/cached_broadcast_right_after_join", cached_broadcast_right_after_join);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;
