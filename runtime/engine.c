@@ -1174,14 +1174,14 @@ static int unwait_stale(struct hora__engine *e) {
       continue;
     }
     const struct hora__cache_entry *ce = hora__cache_entry(&e->cache, (int32_t)s);
-    bool stale = !ce || ce->key_len != q->key_len || memcmp(ce->key, q->key, q->key_len) != 0 ||
-                 !hora__meta_equal(&ce->meta, &q->meta) ||
+    bool ours = ce && ce->key_len == q->key_len && memcmp(ce->key, q->key, q->key_len) == 0;
+    bool stale = !ours || !hora__meta_equal(&ce->meta, &q->meta) ||
                  (e->others_joined && q->meta.kind != HORA_KIND_ALLREDUCE);
     if (!stale) {
       n++;
       continue;
     }
-    if (ce && ce->key_len == q->key_len && memcmp(ce->key, q->key, q->key_len) == 0) {
+    if (ours) {
       wish_evicted(e, (int32_t)s); /* ranks that submit it later must not wait either */
     }
     HORA_CHECK(grow_reqs(e, 1));
