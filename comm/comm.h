@@ -86,6 +86,8 @@ struct hora__comm {
   char **peer_ptrs;                  /* the single-copy path's peer addresses */
   size_t peer_ptrs_cap;
   uint64_t direct_bytes; /* allreduce bytes moved with loads and stores only (atomic) */
+  uint64_t kernel_bytes; /* allreduce bytes the kernel copied between local ranks (atomic) */
+  uint64_t staged_bytes; /* allreduce bytes staged in the shared segment (atomic) */
   int64_t single_copy_min;
   int tcp_streams; /* sockets per TCP data connection between hosts (agreed) */
   bool ib_remote; /* RDMA for data connections to other hosts */

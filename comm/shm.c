@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -19,10 +20,22 @@
 #define PAGE 4096
 #define SLOT_HEADER PAGE
 
-struct barrier_page {
+/* The segment's first page: the barrier, and the path table that local
+ * rank 0 writes for everyone (see hora__shm_path_publish). */
+struct segment_header {
   _Alignas(64) atomic_uint arrived;
   _Alignas(64) atomic_uint generation;
   _Alignas(64) atomic_uint sleepers;
+  _Alignas(64) _Atomic uint8_t path[HORA_PATH_TUNER_CLASSES];
+};
+_Static_assert(sizeof(struct segment_header) <= PAGE, "the segment header fits its page");
+
+/* HORA_SHM_SINGLE_COPY, agreed among the local ranks: the smallest wins. */
+enum single_copy_mode {
+  SINGLE_COPY_OFF = 0,    /* "0": everything staged */
+  SINGLE_COPY_STAGED = 1, /* "staged": blocks in place, other buffers staged */
+  SINGLE_COPY_KERNEL = 2, /* "1": blocks in place, other buffers through the kernel */
+  SINGLE_COPY_AUTO = 3    /* "auto": the faster of the last two, timed */
 };
 
 struct hora__shm {
@@ -34,11 +47,56 @@ struct hora__shm {
   pid_t *pids;      /* [local_size], for liveness checks */
   int *global;      /* [local_size]: global rank of each local rank */
   bool cma;         /* process_vm_readv works between all local ranks */
-  struct barrier_page *bar;
+  bool tuning;      /* the kernel and staged paths are chosen by measurement */
+  bool staged;      /* buffers outside hora_mem blocks are always staged */
+  struct hora__path_tuner tuner; /* local rank 0's timings */
+  struct segment_header *bar;
 };
 
 pid_t hora__shm_pid(const struct hora__shm *shm, int lr) { return shm->pids[lr]; }
 bool hora__shm_cma(const struct hora__shm *shm) { return shm->cma; }
+
+enum hora__shm_path hora__shm_path(const struct hora__shm *shm, size_t share) {
+  if (!shm->tuning) {
+    return shm->staged ? HORA_SHM_PATH_STAGED : HORA_SHM_PATH_KERNEL;
+  }
+  int cls = hora__path_tuner_class(share);
+  return (enum hora__shm_path)atomic_load_explicit(&shm->bar->path[cls], memory_order_relaxed);
+}
+
+static void format_class(int cls, char *buf, size_t len) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = HORA_MIN(cls / 10, 4);
+  snprintf(buf, len, "%llu-%llu %s", 1ull << (cls - 10 * u), 2ull << (cls - 10 * u), unit[u]);
+}
+
+void hora__shm_path_timed(struct hora__shm *shm, size_t share, enum hora__shm_path path,
+                          size_t bytes, uint64_t ns) {
+  if (!shm->tuning || shm->local_rank != 0) {
+    return;
+  }
+  struct hora__path_tuner *t = &shm->tuner;
+  int cls = hora__path_tuner_class(share);
+  if (hora__path_tuner_record(t, cls, path, bytes, ns)) {
+    char range[64];
+    format_class(cls, range, sizeof(range));
+    HORA_INFO("intra-host allreduces of %s per rank: through the kernel %.2f GB/s, staged in "
+              "shared memory %.2f GB/s (best of %d each): taking the %s path",
+              range, 1.0 / t->best[HORA_SHM_PATH_KERNEL][cls],
+              1.0 / t->best[HORA_SHM_PATH_STAGED][cls], HORA_PATH_TUNER_TRIALS,
+              hora__path_tuner_next(t, cls) == HORA_SHM_PATH_STAGED ? "staged" : "kernel");
+  }
+}
+
+void hora__shm_path_publish(struct hora__shm *shm) {
+  if (!shm->tuning || shm->local_rank != 0) {
+    return;
+  }
+  for (int cls = 0; cls < HORA_PATH_TUNER_CLASSES; cls++) {
+    atomic_store_explicit(&shm->bar->path[cls], (uint8_t)hora__path_tuner_next(&shm->tuner, cls),
+                          memory_order_relaxed);
+  }
+}
 
 /* Whether this rank can read the next local rank's memory, tried on a
  * word whose address and value every rank knows. */
@@ -146,7 +204,16 @@ int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
     hora__shm_destroy(s);
     return HORA_SUCCESS;
   }
-  s->cma = hora__params.SHM_SINGLE_COPY && try_cma(s, local);
+  const char *want = hora__params.SHM_SINGLE_COPY;
+  int mode = !strcmp(want, "0")        ? SINGLE_COPY_OFF
+             : !strcmp(want, "staged") ? SINGLE_COPY_STAGED
+             : !strcmp(want, "1")      ? SINGLE_COPY_KERNEL
+                                       : SINGLE_COPY_AUTO;
+  int agreed = SINGLE_COPY_OFF;
+  MPI_Allreduce(&mode, &agreed, 1, MPI_INT, MPI_MIN, local);
+  s->cma = agreed != SINGLE_COPY_OFF && try_cma(s, local);
+  s->tuning = s->cma && agreed == SINGLE_COPY_AUTO;
+  s->staged = agreed == SINGLE_COPY_STAGED;
   *out = s;
   return HORA_SUCCESS;
 }
@@ -189,7 +256,7 @@ static int check_peers_alive(hora__comm *comm, struct hora__shm *s) {
 
 int hora__shm_barrier(hora__comm *comm) {
   struct hora__shm *s = comm->shm;
-  struct barrier_page *b = s->bar;
+  struct segment_header *b = s->bar;
   unsigned gen = atomic_load_explicit(&b->generation, memory_order_acquire);
   if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == (unsigned)s->local_size - 1) {
     atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);

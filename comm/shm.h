@@ -3,11 +3,12 @@
  * The host's local rank 0 creates one anonymous segment (memfd: it has no
  * name in /dev/shm, so nothing is left behind when processes crash); the
  * others map it through /proc/<pid>/fd. Each rank owns a slot of two halves,
- * used in turn by consecutive pieces of work, and a host-wide barrier lives
- * in the first page. Every rank can read every slot: the direct collectives
+ * used in turn by consecutive pieces of work. The first page holds a
+ * host-wide barrier and the table of allreduce paths (path_tuner.h). Every
+ * rank can read every slot: the direct collectives
  * (shm_coll.c) reduce straight out of the peers' buffers.
  *
- *   | barrier page | slot 0: header, half 0, half 1 | slot 1: ... |
+ *   | header page | slot 0: header, half 0, half 1 | slot 1: ... |
  */
 #ifndef HORA_SHM_H
 #define HORA_SHM_H
@@ -16,6 +17,7 @@
 #include <sys/types.h>
 
 #include "comm.h"
+#include "path_tuner.h"
 
 struct hora__shm;
 
@@ -34,6 +36,21 @@ char *hora__shm_half(const struct hora__shm *shm, int lr, int half);
  * which every local rank checked at creation. */
 pid_t hora__shm_pid(const struct hora__shm *shm, int lr);
 bool hora__shm_cma(const struct hora__shm *shm);
+
+/* The path an allreduce giving each local rank `share` bytes takes for
+ * buffers the peers cannot map (path_tuner.h): as HORA_SHM_SINGLE_COPY says,
+ * or with `auto`, as local rank 0 chose by timing both and published in the
+ * segment's first page. Every local rank reads the same value
+ * for the same operation: see hora__shm_path_publish. */
+enum hora__shm_path hora__shm_path(const struct hora__shm *shm, size_t share);
+/* Local rank 0, while choosing: one operation of `bytes` took ns on `path`. */
+void hora__shm_path_timed(struct hora__shm *shm, size_t share, enum hora__shm_path path,
+                          size_t bytes, uint64_t ns);
+/* Local rank 0 writes its current choices into the shared table. Call it
+ * only between a tuned operation's first and last barrier: every rank has
+ * read the table for this operation by the first, and none can read it for
+ * the next before local rank 0 reaches the last. */
+void hora__shm_path_publish(struct hora__shm *shm);
 
 /* Waits until every local rank has arrived. Spins for at most
  * comm->spin_us, then sleeps on a futex; meanwhile it services control

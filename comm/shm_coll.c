@@ -132,6 +132,7 @@ int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
   bool hierarchical = comm->cross_size > 1;
   double prescale = opts ? opts->prescale : 1.0;
   struct iov_cursor in_cur = {in, nin, 0, 0}, out_cur = {out, nout, 0, 0};
+  __atomic_fetch_add(&comm->staged_bytes, (uint64_t)(count * es), __ATOMIC_RELAXED);
   for (size_t done = 0; done < count;) {
     size_t n = HORA_MIN(piece_elems, count - done);
     int h = (int)(comm->shm_seq++ & 1);
@@ -236,7 +237,11 @@ int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, voi
  * of the peer's input and store straight into its output: no bounce buffer,
  * no system call, no page pinning. Each rank chooses per peer and side, on
  * its own: a peer it cannot map is served through the kernel as above.
- * Only rank j touches slice j of any buffer, so in-place works. */
+ * Only rank j touches slice j of any buffer, so in-place works.
+ *
+ * Where the kernel copies are slow (path_tuner.h), an operation that has a
+ * buffer outside the blocks is staged instead, after the addresses are
+ * exchanged: only then can every rank see whether any such buffer exists. */
 
 #include <stdlib.h>
 #include <sys/uio.h>
@@ -345,6 +350,21 @@ bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes) {
          published_bytes(n) <= hora__shm_half_bytes(comm->shm);
 }
 
+/* Whether every local rank published every input and output as lying in a
+ * hora_mem_alloc block: then no byte needs the kernel, whatever the path
+ * table says. */
+static bool all_published(struct hora__shm *s, int L, int h, int n) {
+  for (int j = 0; j < L; j++) {
+    const struct hora__mem_ref *refs = published_refs(hora__shm_half(s, j, h), n);
+    for (int i = 0; i < 2 * n; i++) {
+      if (!refs[i].id) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 /* Fills ptrs[0..2n) with this process's addresses of local rank j's inputs
  * and outputs. A side that cannot be mapped whole gets ptrs[0] (inputs) or
  * ptrs[n] (outputs) NULL: it goes through the kernel. */
@@ -410,6 +430,9 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
     comm->peer_ptrs_cap = nptrs;
   }
   char *peer_data = comm->bounce;
+  uint64_t started = hora__now_ns();
+  size_t share = count * es / (size_t)L;
+  enum hora__shm_path path = hora__shm_path(s, share);
   int h = (int)(comm->shm_seq++ & 1);
   char *my_half = hora__shm_half(s, me, h);
   struct published *pub = (struct published *)(void *)my_half;
@@ -424,6 +447,15 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   }
   phase(opts, "ALLREDUCE");
   HORA_CHECK(hora__shm_barrier(comm));
+  hora__shm_path_publish(s);
+  if (path == HORA_SHM_PATH_STAGED && !all_published(s, L, h, n)) {
+    /* Some buffer must go through the kernel, and staging is faster here.
+     * Every rank sees the same published references, so all stage. */
+    phase(opts, NULL);
+    HORA_CHECK(hora__shm_allreduce(comm, in, n, out, n, count, dtype, op, dtype, opts));
+    hora__shm_path_timed(s, share, path, count * es, hora__now_ns() - started);
+    return HORA_SUCCESS;
+  }
   /* Per peer and side: this process's addresses of its buffers, or a NULL
    * first address where they go through the kernel. */
   bool all_direct = true;
@@ -434,9 +466,8 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       all_direct = all_direct && p[0] && p[n];
     }
   }
-  if (all_direct) {
-    __atomic_fetch_add(&comm->direct_bytes, (uint64_t)(count * es), __ATOMIC_RELAXED);
-  }
+  __atomic_fetch_add(all_direct ? &comm->direct_bytes : &comm->kernel_bytes,
+                     (uint64_t)(count * es), __ATOMIC_RELAXED);
   size_t a, b;
   slice_of(count, L, me, &a, &b);
   struct iovec remote[IOV_BATCH], local[IOV_BATCH];
@@ -500,5 +531,8 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   }
   HORA_CHECK(hora__shm_barrier(comm));
   phase(opts, NULL);
+  if (!all_direct) {
+    hora__shm_path_timed(s, share, HORA_SHM_PATH_KERNEL, count * es, hora__now_ns() - started);
+  }
   return HORA_SUCCESS;
 }

@@ -15,11 +15,23 @@
  * count of open file descriptors of any rank grows after warm-up
  * (scripts/soak.sh).
  *
+ * The first --warmup steps (default 10) are not timed: they set up
+ * connections, the response cache and the fusion buffer, and choose the
+ * intra-host path (HORA_SHM_SINGLE_COPY=auto times both on early steps).
+ * MPI's calls get one untimed round of each kind too.
+ *
+ * Unless --plain-malloc, large mallocs stay in the heap once made (mallopt),
+ * for MPI's sake: Open MPI allocates temporary buffers per call, and where
+ * page faults are slow (some virtual machines) fresh mappings every call
+ * made it several times slower than on the same machine with reused memory,
+ * which would flatter hora. hora allocates its buffers once either way.
+ *
  * --hora-mem carves every tensor, and MPI's single buffer, out of blocks from
  * hora_mem_alloc, as a trainer with a flat gradient arena would; MPI's
  * calls use the same buffers.
  *
- *   mpirun -np 2 hora-bench-resnet [--reps 7] [--lat-iters 20000] [--steady 100000] [--hora-mem]
+ *   mpirun -np 2 hora-bench-resnet [--reps 7] [--warmup 10] [--lat-iters 20000]
+ *                                  [--steady 100000] [--hora-mem] [--plain-malloc]
  *   mpirun -np 4 hora-bench-resnet --soak 600
  */
 #include <dirent.h>
@@ -259,10 +271,14 @@ int main(int argc, char **argv) {
   int reps = 7, lat_iters = 20000;
   long steady = 0;
   double soak_seconds = 0;
-  int hora_mem = 0;
+  int hora_mem = 0, warmup = 10, plain_malloc = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
+      warmup = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--plain-malloc")) {
+      plain_malloc = 1;
     } else if (!strcmp(argv[i], "--lat-iters") && i + 1 < argc) {
       lat_iters = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--steady") && i + 1 < argc) {
@@ -273,10 +289,16 @@ int main(int argc, char **argv) {
       hora_mem = 1;
     } else {
       fprintf(stderr,
-              "usage: %s [--reps N] [--lat-iters N] [--steady STEPS] [--hora-mem] | --soak SECONDS\n",
+              "usage: %s [--reps N] [--warmup N] [--lat-iters N] [--steady STEPS] [--hora-mem] "
+              "[--plain-malloc] | --soak SECONDS\n",
               argv[0]);
       return 2;
     }
+  }
+  if (!plain_malloc) {
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_TOP_PAD, 256 << 20);
   }
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -323,7 +345,13 @@ int main(int argc, char **argv) {
   double *th = calloc((size_t)reps, sizeof(double)), *t1 = calloc((size_t)reps, sizeof(double)),
          *tn = calloc((size_t)reps, sizeof(double));
   memset(flat, 0, total * sizeof(float));
-  hora_step(-1); /* warm-up: connections, caches, fusion buffer */
+  for (int w = 0; w < (warmup > 0 ? warmup : 1); w++) {
+    hora_step(-1);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, flat, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  for (int t = ntensors - 1; t >= 0; t--) {
+    MPI_Allreduce(MPI_IN_PLACE, bufs[t], (int)sizes[t], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
   for (int r = 0; r < reps; r++) {
     th[r] = hora_step(r);
     MPI_Barrier(MPI_COMM_WORLD);

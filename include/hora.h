@@ -231,6 +231,9 @@ typedef struct hora_stats {
   uint64_t cycles;          /* negotiation cycles: allreduces of cache bits between the ranks */
   uint64_t sent_in_full;    /* requests negotiated through rank 0 (not in the cache, or
                                taken out of it) */
+  uint64_t kernel_bytes;    /* allreduce bytes copied between the host's ranks by the
+                               kernel (process_vm_readv/writev; HORA_SHM_SINGLE_COPY) */
+  uint64_t staged_bytes;    /* allreduce bytes staged through the host's shared memory */
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */

@@ -845,6 +845,8 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   s.communicate_seconds = (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
   s.copy_seconds = (double)atomic_load(&rt->stats.copy_ns) * 1e-9;
   s.direct_bytes = rt->comm ? __atomic_load_n(&rt->comm->direct_bytes, __ATOMIC_RELAXED) : 0;
+  s.kernel_bytes = rt->comm ? __atomic_load_n(&rt->comm->kernel_bytes, __ATOMIC_RELAXED) : 0;
+  s.staged_bytes = rt->comm ? __atomic_load_n(&rt->comm->staged_bytes, __ATOMIC_RELAXED) : 0;
   s.cycles = atomic_load(&rt->stats.cycles);
   s.sent_in_full = atomic_load(&rt->stats.sent_in_full);
   size_t keep = stats->struct_size;

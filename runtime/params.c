@@ -244,9 +244,23 @@ void hora__params_log(void) {
 #undef HORA_PARAM_CHOICE
 }
 
+/* A '|' inside a cell, code spans included, must be escaped in Markdown tables. */
+static void write_markdown_cell(FILE *f, const char *text) {
+  for (const char *c = text; *c; c++) {
+    if (*c == '|') {
+      fputc('\\', f);
+    }
+    fputc(*c, f);
+  }
+}
+
 static void write_markdown_row(FILE *f, const char *name, const char *type, const char *def,
                                const char *doc) {
-  fprintf(f, "| `HORA_%s` | %s | `%s` | %s |\n", name, type, def[0] ? def : "\"\"", doc);
+  fprintf(f, "| `HORA_%s` | ", name);
+  write_markdown_cell(f, type);
+  fprintf(f, " | `%s` | ", def[0] ? def : "\"\"");
+  write_markdown_cell(f, doc);
+  fprintf(f, " |\n");
 }
 
 void hora__params_write_markdown(void *file) {

@@ -1,10 +1,16 @@
-/* hora_mem_alloc blocks: the calls' errors, and allreduces whose buffers lie
+/* Intra-host allreduce paths.
+ *
+ * hora_mem_alloc blocks: the calls' errors, and allreduces whose buffers lie
  * in blocks on every rank, on some ranks, carved many to a block, one block
  * per tensor (more blocks than a rank keeps mapped), and in blocks freed and
  * allocated again while the peers hold mappings of the old ones. With the
  * argument "direct" (a testlist line where every rank shares one host and
  * may map the others' blocks) it also checks, through
- * hora_stats.direct_bytes, that the blocks were reduced in place. */
+ * hora_stats.direct_bytes, that the blocks were reduced in place.
+ *
+ * Ordinary buffers on one host: with HORA_SHM_SINGLE_COPY=1, staged or 0,
+ * that each allreduce takes the path it names; with auto, that the ranks try
+ * both and then agree on one (hora_stats.kernel_bytes, staged_bytes). */
 #include <unistd.h>
 
 #include "mpitest.h"
@@ -237,6 +243,83 @@ static void blocks_freed_and_made_again(void) {
   }
 }
 
+/* ---- buffers outside blocks: the kernel or the staged path -------------------- */
+
+static bool one_shm_host(void) {
+  const char *t = getenv("HORA_TRANSPORT");
+  return mt_size > 1 && hora_local_size() == mt_size && (!t || !strcmp(t, "auto") || !strcmp(t, "shm"));
+}
+
+static const char *single_copy_setting(void) {
+  const char *v = getenv("HORA_SHM_SINGLE_COPY");
+  return v ? v : "auto";
+}
+
+/* One allreduce of malloc'd floats that gives each local rank about `share`
+ * bytes, checked; returns the path hora_stats says moved it: 'k' (kernel
+ * copies), 's' (staged) or '?' (neither or both). */
+static char malloc_allreduce_path(const char *name, size_t share) {
+  size_t n = share * (size_t)hora_local_size() / sizeof(float) + 1;
+  float *buf = malloc(n * sizeof(float));
+  if (!buf) {
+    mt_fail(__FILE__, __LINE__, "out of memory for %zu floats", n);
+    return '?';
+  }
+  for (size_t i = 0; i < n; i++) {
+    buf[i] = value(mt_rank, i);
+  }
+  hora_stats a = {.struct_size = sizeof(a)}, b = {.struct_size = sizeof(b)};
+  MT_OK(hora_get_stats(&a));
+  MT_OK(hora_allreduce(name, buf, buf, n, HORA_FLOAT32, HORA_SUM));
+  MT_OK(hora_get_stats(&b));
+  check_sum(name, buf, n);
+  free(buf);
+  uint64_t bytes = n * sizeof(float), k = b.kernel_bytes - a.kernel_bytes,
+           st = b.staged_bytes - a.staged_bytes;
+  return k == bytes && st == 0 ? 'k' : st == bytes && k == 0 ? 's' : '?';
+}
+
+/* HORA_SHM_SINGLE_COPY=1, staged or 0: every large allreduce of malloc'd
+ * buffers takes the path it names. */
+static void paths_as_set(void) {
+  const char *set = single_copy_setting();
+  char want = !strcmp(set, "1") ? 'k' : 's';
+  for (int i = 0; i < 3; i++) {
+    char got = malloc_allreduce_path("paths/as_set", (size_t)1 << 20);
+    MT_CHECK(got == want, "HORA_SHM_SINGLE_COPY=%s: allreduce %d took path '%c', expected '%c'",
+             set, i, got, want);
+  }
+}
+
+/* HORA_SHM_SINGLE_COPY=auto: the first operations of one size take both
+ * paths, then all take one; every rank takes the same path every time. */
+static void auto_chooses_one_path(void) {
+  enum { OPS = 20, SETTLED = 6 };
+  char seq[OPS + 1] = {0};
+  for (int i = 0; i < OPS; i++) {
+    seq[i] = malloc_allreduce_path("paths/auto", (size_t)2 << 20);
+  }
+  char *all = calloc((size_t)mt_size, OPS + 1);
+  MPI_Allgather(seq, OPS + 1, MPI_CHAR, all, OPS + 1, MPI_CHAR, MPI_COMM_WORLD);
+  for (int r = 1; r < mt_size; r++) {
+    MT_CHECK(memcmp(all, all + (size_t)r * (OPS + 1), OPS) == 0,
+             "ranks took different paths: rank 0 %s, rank %d %s", all, r, all + (size_t)r * (OPS + 1));
+  }
+  free(all);
+  int k = 0, s = 0;
+  for (int i = 0; i < OPS; i++) {
+    k += seq[i] == 'k';
+    s += seq[i] == 's';
+  }
+  MT_CHECK(k + s == OPS, "paths %s: some allreduce took neither path or both", seq);
+  MT_CHECK(seq[0] == 'k', "paths %s: the first allreduce of a size was not a kernel trial", seq);
+  MT_CHECK(k >= 3 && s >= 3, "paths %s: not both paths tried 3 times", seq);
+  for (int i = OPS - SETTLED; i < OPS; i++) {
+    MT_CHECK(seq[i] == seq[OPS - 1], "paths %s: the last %d allreduces did not settle on one path",
+             seq, SETTLED);
+  }
+}
+
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     expect_direct = expect_direct || strcmp(argv[i], "direct") == 0;
@@ -253,6 +336,18 @@ int main(int argc, char **argv) {
   mt_run("shared_mem/fused_tensors_in_one_block", fused_tensors_in_one_block);
   mt_run("shared_mem/blocks_freed_and_made_again", blocks_freed_and_made_again);
   mt_run("shared_mem/each_tensor_in_its_own_block", each_tensor_in_its_own_block);
+  const char *set = single_copy_setting();
+  if (!one_shm_host()) {
+    mt_skip("shared_mem/paths", "needs 2 or more ranks on one host over shared memory");
+  } else if (strcmp(set, "auto") != 0) {
+    mt_run("shared_mem/paths_as_set", paths_as_set);
+  } else if (malloc_allreduce_path("paths/probe", 128 << 10) != 'k') {
+    /* The first allreduce of a size tries the kernel path where it works. */
+    mt_skip("shared_mem/auto_chooses_one_path",
+            "the kernel does not let these ranks read each other's memory (process_vm_readv)");
+  } else {
+    mt_run("shared_mem/auto_chooses_one_path", auto_chooses_one_path);
+  }
   int failures = mt_total_failures();
   int rc = hora_finalize();
   if (rc != HORA_SUCCESS) {

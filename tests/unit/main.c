@@ -10,6 +10,9 @@ int test_skipped;
 
 #define UNIT_TESTS(X)                                                                        \
   X(half_roundtrip_exhaustive)                                                               \
+  X(path_tuner_size_classes)                                                                 \
+  X(path_tuner_tries_both_then_keeps_the_faster)                                             \
+  X(path_tuner_decides_by_best_time)                                                         \
   X(half_rounding)                                                                           \
   X(bf16_conversion)                                                                         \
   X(reduce_matches_reference)                                                                \
