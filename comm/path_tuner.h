@@ -22,21 +22,29 @@ enum hora__shm_path { HORA_SHM_PATH_KERNEL = 0, HORA_SHM_PATH_STAGED = 1 };
 #define HORA_PATH_TUNER_CLASSES 48 /* size class = floor(log2(bytes per local rank)) */
 #define HORA_PATH_TUNER_TRIALS 3   /* timed operations per path and class before choosing */
 
+/* Each path takes HORA_PATH_TUNER_TRIALS + 1 operations in a row, kernel
+ * first; the first of each run is not timed: it pays for bringing that path's
+ * buffers into the caches, which the other path had evicted. */
 struct hora__path_tuner {
-  double best[2][HORA_PATH_TUNER_CLASSES]; /* fastest ns per byte seen, per path */
-  uint8_t trials[2][HORA_PATH_TUNER_CLASSES];
+  double best[2][HORA_PATH_TUNER_CLASSES];      /* fastest ns per byte seen, per path */
+  uint8_t started[2][HORA_PATH_TUNER_CLASSES];  /* operations begun */
+  uint8_t finished[2][HORA_PATH_TUNER_CLASSES]; /* operations recorded */
 };
 
 /* The size class of an operation that gives each local rank `share` bytes. */
 int hora__path_tuner_class(size_t share);
 
-/* The path the next operation of class cls takes: each path in turn until
- * both have been timed HORA_PATH_TUNER_TRIALS times, then the faster by its
- * best time (the best, not the mean, so that a trial slowed by a late peer
- * or a page fault does not decide). Ties go to the kernel path. */
+/* The path the next operation of class cls takes: the trial runs, then the
+ * faster path by its best time (the best, not the mean, so that a trial
+ * slowed by a late peer or a page fault does not decide). Ties go to the
+ * kernel path. */
 enum hora__shm_path hora__path_tuner_next(const struct hora__path_tuner *t, int cls);
 
-/* Records one operation of `bytes` in class cls that took ns on `path`.
+/* An operation of class cls has begun on `path`: the choice for the next
+ * one counts it, although its time is not known yet. */
+void hora__path_tuner_started(struct hora__path_tuner *t, int cls, enum hora__shm_path path);
+
+/* Records that an operation of `bytes` in class cls took ns on `path`.
  * Returns 1 when this record made the class's choice final. */
 int hora__path_tuner_record(struct hora__path_tuner *t, int cls, enum hora__shm_path path,
                             size_t bytes, uint64_t ns);

@@ -21,7 +21,7 @@
 #define SLOT_HEADER PAGE
 
 /* The segment's first page: the barrier, and the path table that local
- * rank 0 writes for everyone (see hora__shm_path_publish). */
+ * rank 0 writes for everyone (see hora__shm_path_begin). */
 struct segment_header {
   _Alignas(64) atomic_uint arrived;
   _Alignas(64) atomic_uint generation;
@@ -29,6 +29,7 @@ struct segment_header {
   _Alignas(64) _Atomic uint8_t path[HORA_PATH_TUNER_CLASSES];
 };
 _Static_assert(sizeof(struct segment_header) <= PAGE, "the segment header fits its page");
+_Static_assert(SLOT_HEADER >= 128, "a slot header holds two times");
 
 /* HORA_SHM_SINGLE_COPY, agreed among the local ranks: the smallest wins. */
 enum single_copy_mode {
@@ -49,7 +50,14 @@ struct hora__shm {
   bool cma;         /* process_vm_readv works between all local ranks */
   bool tuning;      /* the kernel and staged paths are chosen by measurement */
   bool staged;      /* buffers outside hora_mem blocks are always staged */
+  uint64_t tuned_ops; /* tuned operations begun here (the same count on every local rank) */
   struct hora__path_tuner tuner; /* local rank 0's timings */
+  struct {
+    bool set;
+    int cls;
+    enum hora__shm_path path;
+    size_t bytes;
+  } pending; /* local rank 0: the last tuned operation, not yet recorded */
   struct segment_header *bar;
 };
 
@@ -70,14 +78,34 @@ static void format_class(int cls, char *buf, size_t len) {
   snprintf(buf, len, "%llu-%llu %s", 1ull << (cls - 10 * u), 2ull << (cls - 10 * u), unit[u]);
 }
 
-void hora__shm_path_timed(struct hora__shm *shm, size_t share, enum hora__shm_path path,
-                          size_t bytes, uint64_t ns) {
-  if (!shm->tuning || shm->local_rank != 0) {
+/* Each slot's header page: how long this rank took over the last two tuned
+ * operations (by their parity), for local rank 0 to read once all are done. */
+struct slot_header {
+  _Alignas(64) _Atomic uint64_t tuned_ns[2];
+};
+
+static struct slot_header *slot_header(const struct hora__shm *shm, int lr) {
+  return (struct slot_header *)(void *)(shm->base + PAGE + (size_t)lr * shm->slot);
+}
+
+/* Local rank 0: the previous tuned operation's time, the slowest rank's. */
+static void record_previous(struct hora__shm *shm) {
+  if (!shm->pending.set) {
     return;
   }
+  shm->pending.set = false;
+  int parity = (int)((shm->tuned_ops - 1) & 1);
+  uint64_t slowest = 0;
+  for (int lr = 0; lr < shm->local_size; lr++) {
+    uint64_t ns = atomic_load_explicit(&slot_header(shm, lr)->tuned_ns[parity], memory_order_acquire);
+    if (ns == 0) {
+      return; /* that rank did not finish it (an error): no trial */
+    }
+    slowest = HORA_MAX(slowest, ns);
+  }
   struct hora__path_tuner *t = &shm->tuner;
-  int cls = hora__path_tuner_class(share);
-  if (hora__path_tuner_record(t, cls, path, bytes, ns)) {
+  int cls = shm->pending.cls;
+  if (hora__path_tuner_record(t, cls, shm->pending.path, shm->pending.bytes, slowest)) {
     char range[64];
     format_class(cls, range, sizeof(range));
     HORA_INFO("intra-host allreduces of %s per rank: through the kernel %.2f GB/s, staged in "
@@ -88,13 +116,37 @@ void hora__shm_path_timed(struct hora__shm *shm, size_t share, enum hora__shm_pa
   }
 }
 
-void hora__shm_path_publish(struct hora__shm *shm) {
-  if (!shm->tuning || shm->local_rank != 0) {
+void hora__shm_path_begin(struct hora__shm *shm, size_t share, enum hora__shm_path path,
+                          size_t bytes) {
+  if (!shm->tuning) {
     return;
   }
-  for (int cls = 0; cls < HORA_PATH_TUNER_CLASSES; cls++) {
-    atomic_store_explicit(&shm->bar->path[cls], (uint8_t)hora__path_tuner_next(&shm->tuner, cls),
-                          memory_order_relaxed);
+  int parity = (int)(shm->tuned_ops & 1);
+  atomic_store_explicit(&slot_header(shm, shm->local_rank)->tuned_ns[parity], 0,
+                        memory_order_relaxed);
+  if (shm->local_rank == 0) {
+    /* Every rank finished the previous tuned operation before this one's
+     * first barrier, and cannot overwrite its time before the next one's. */
+    record_previous(shm);
+    int cls = hora__path_tuner_class(share);
+    shm->pending.cls = cls;
+    shm->pending.path = path;
+    shm->pending.bytes = bytes;
+    shm->pending.set = true;
+    hora__path_tuner_started(&shm->tuner, cls, path);
+    for (int c = 0; c < HORA_PATH_TUNER_CLASSES; c++) {
+      atomic_store_explicit(&shm->bar->path[c], (uint8_t)hora__path_tuner_next(&shm->tuner, c),
+                            memory_order_relaxed);
+    }
+  }
+  shm->tuned_ops++;
+}
+
+void hora__shm_path_end(struct hora__shm *shm, uint64_t ns) {
+  if (shm->tuning) {
+    int parity = (int)((shm->tuned_ops - 1) & 1);
+    atomic_store_explicit(&slot_header(shm, shm->local_rank)->tuned_ns[parity], HORA_MAX(ns, 1),
+                          memory_order_release);
   }
 }
 

@@ -41,16 +41,19 @@ bool hora__shm_cma(const struct hora__shm *shm);
  * buffers the peers cannot map (path_tuner.h): as HORA_SHM_SINGLE_COPY says,
  * or with `auto`, as local rank 0 chose by timing both and published in the
  * segment's first page. Every local rank reads the same value
- * for the same operation: see hora__shm_path_publish. */
+ * for the same operation: see hora__shm_path_begin. */
 enum hora__shm_path hora__shm_path(const struct hora__shm *shm, size_t share);
-/* Local rank 0, while choosing: one operation of `bytes` took ns on `path`. */
-void hora__shm_path_timed(struct hora__shm *shm, size_t share, enum hora__shm_path path,
-                          size_t bytes, uint64_t ns);
-/* Local rank 0 writes its current choices into the shared table. Call it
- * only between a tuned operation's first and last barrier: every rank has
- * read the table for this operation by the first, and none can read it for
- * the next before local rank 0 reaches the last. */
-void hora__shm_path_publish(struct hora__shm *shm);
+/* With auto, every local rank calls these around each operation that
+ * consults the table and has a buffer outside the blocks: begin right after
+ * the operation's first barrier, where all start together, and end when this
+ * rank's part is done (ns since begin). Local rank 0, in begin, records the
+ * previous such operation's time (the slowest rank's) and writes its current
+ * choices into the table: safe there, since every rank has read the table
+ * for this operation before the barrier, and none can read it for the next
+ * before local rank 0 reaches this operation's last barrier. */
+void hora__shm_path_begin(struct hora__shm *shm, size_t share, enum hora__shm_path path,
+                          size_t bytes);
+void hora__shm_path_end(struct hora__shm *shm, uint64_t ns);
 
 /* Waits until every local rank has arrived. Spins for at most
  * comm->spin_us, then sleeps on a futex; meanwhile it services control

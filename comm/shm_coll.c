@@ -430,7 +430,6 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
     comm->peer_ptrs_cap = nptrs;
   }
   char *peer_data = comm->bounce;
-  uint64_t started = hora__now_ns();
   size_t share = count * es / (size_t)L;
   enum hora__shm_path path = hora__shm_path(s, share);
   int h = (int)(comm->shm_seq++ & 1);
@@ -447,13 +446,19 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   }
   phase(opts, "ALLREDUCE");
   HORA_CHECK(hora__shm_barrier(comm));
-  hora__shm_path_publish(s);
-  if (path == HORA_SHM_PATH_STAGED && !all_published(s, L, h, n)) {
+  /* Timed from here, where every rank starts together, to each rank's last
+   * byte: a late peer's arrival is not the path's cost. */
+  uint64_t started = hora__now_ns();
+  bool published = all_published(s, L, h, n);
+  if (!published) {
+    hora__shm_path_begin(s, share, path, count * es);
+  }
+  if (path == HORA_SHM_PATH_STAGED && !published) {
     /* Some buffer must go through the kernel, and staging is faster here.
      * Every rank sees the same published references, so all stage. */
     phase(opts, NULL);
     HORA_CHECK(hora__shm_allreduce(comm, in, n, out, n, count, dtype, op, dtype, opts));
-    hora__shm_path_timed(s, share, path, count * es, hora__now_ns() - started);
+    hora__shm_path_end(s, hora__now_ns() - started);
     return HORA_SUCCESS;
   }
   /* Per peer and side: this process's addresses of its buffers, or a NULL
@@ -529,10 +534,10 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       }
     }
   }
+  if (!published) {
+    hora__shm_path_end(s, hora__now_ns() - started);
+  }
   HORA_CHECK(hora__shm_barrier(comm));
   phase(opts, NULL);
-  if (!all_direct) {
-    hora__shm_path_timed(s, share, HORA_SHM_PATH_KERNEL, count * es, hora__now_ns() - started);
-  }
   return HORA_SUCCESS;
 }

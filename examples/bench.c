@@ -223,9 +223,9 @@ int main(int argc, char **argv) {
       size_t bad = 0;
       for (int r = 0; r < reps + 1; r++) { /* the first is a warm-up */
         fill(buf, c == ALLGATHER ? n / (size_t)size : n, r);
-        /* At least 8 operations in the warm-up: HORA_SHM_SINGLE_COPY=auto
-         * times its two intra-host paths on the first ones of each size. */
-        int warm = r == 0 && iters < 8 ? 8 : iters;
+        /* At least 10 operations in the warm-up: HORA_SHM_SINGLE_COPY=auto
+         * times its two intra-host paths on the first 8 or 9 of each size. */
+        int warm = r == 0 && iters < 10 ? 10 : iters;
         double t = run_hora((enum coll)c, buf, c == BROADCAST ? buf : out, n, warm);
         /* A single op with fresh data checks the result. */
         fill(buf, c == ALLGATHER ? n / (size_t)size : n, r);

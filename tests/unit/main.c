@@ -10,9 +10,6 @@ int test_skipped;
 
 #define UNIT_TESTS(X)                                                                        \
   X(half_roundtrip_exhaustive)                                                               \
-  X(path_tuner_size_classes)                                                                 \
-  X(path_tuner_tries_both_then_keeps_the_faster)                                             \
-  X(path_tuner_decides_by_best_time)                                                         \
   X(half_rounding)                                                                           \
   X(bf16_conversion)                                                                         \
   X(reduce_matches_reference)                                                                \
@@ -43,7 +40,11 @@ int test_skipped;
   X(compression_roundtrip_and_reduce)                                                        \
   X(compression_matches_scalar_conversions)                                                  \
   X(message_minimal_sizes)                                                                   \
-  X(checksum_stream_and_sensitivity)
+  X(checksum_stream_and_sensitivity)                                                         \
+  X(path_tuner_size_classes)                                                                 \
+  X(path_tuner_runs_both_then_keeps_the_faster)                                              \
+  X(path_tuner_decides_by_best_time_after_warm_up)                                           \
+  X(path_tuner_counts_trials_in_flight)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)
