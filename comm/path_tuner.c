@@ -1,8 +1,6 @@
 /* Per-size-class choice between the kernel and the staged intra-host path. */
 #include "path_tuner.h"
 
-#define RUN (HORA_PATH_TUNER_TRIALS + 1) /* operations per path: one to warm up, then the trials */
-
 int hora__path_tuner_class(size_t share) {
   int cls = 0;
   while (share > 1 && cls < HORA_PATH_TUNER_CLASSES - 1) {
@@ -15,8 +13,8 @@ int hora__path_tuner_class(size_t share) {
 static int valid(int cls) { return cls >= 0 && cls < HORA_PATH_TUNER_CLASSES; }
 
 static int decided(const struct hora__path_tuner *t, int cls) {
-  return t->finished[HORA_SHM_PATH_KERNEL][cls] >= RUN &&
-         t->finished[HORA_SHM_PATH_STAGED][cls] >= RUN;
+  return t->finished[HORA_SHM_PATH_KERNEL][cls] >= HORA_PATH_TUNER_RUN &&
+         t->finished[HORA_SHM_PATH_STAGED][cls] >= HORA_PATH_TUNER_RUN;
 }
 
 enum hora__shm_path hora__path_tuner_next(const struct hora__path_tuner *t, int cls) {
@@ -27,10 +25,10 @@ enum hora__shm_path hora__path_tuner_next(const struct hora__path_tuner *t, int 
   }
   /* The kernel run, then the staged run; once both have begun in full, the
    * path still short of records (a trial that failed has none) goes on. */
-  if (t->started[HORA_SHM_PATH_KERNEL][cls] < RUN) {
+  if (t->started[HORA_SHM_PATH_KERNEL][cls] < HORA_PATH_TUNER_RUN) {
     return HORA_SHM_PATH_KERNEL;
   }
-  if (t->started[HORA_SHM_PATH_STAGED][cls] < RUN ||
+  if (t->started[HORA_SHM_PATH_STAGED][cls] < HORA_PATH_TUNER_RUN ||
       t->finished[HORA_SHM_PATH_STAGED][cls] < t->finished[HORA_SHM_PATH_KERNEL][cls]) {
     return HORA_SHM_PATH_STAGED;
   }

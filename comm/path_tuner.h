@@ -21,8 +21,10 @@ enum hora__shm_path { HORA_SHM_PATH_KERNEL = 0, HORA_SHM_PATH_STAGED = 1 };
 
 #define HORA_PATH_TUNER_CLASSES 48 /* size class = floor(log2(bytes per local rank)) */
 #define HORA_PATH_TUNER_TRIALS 3   /* timed operations per path and class before choosing */
+/* Operations per path: one to warm up, then the trials. */
+#define HORA_PATH_TUNER_RUN (HORA_PATH_TUNER_TRIALS + 1)
 
-/* Each path takes HORA_PATH_TUNER_TRIALS + 1 operations in a row, kernel
+/* Each path takes HORA_PATH_TUNER_RUN operations in a row, kernel
  * first; the first of each run is not timed: it pays for bringing that path's
  * buffers into the caches, which the other path had evicted. */
 struct hora__path_tuner {

@@ -53,11 +53,10 @@ struct hora__shm {
   uint64_t tuned_ops; /* tuned operations begun here (the same count on every local rank) */
   struct hora__path_tuner tuner; /* local rank 0's timings */
   struct {
-    bool set;
     int cls;
     enum hora__shm_path path;
     size_t bytes;
-  } pending; /* local rank 0: the last tuned operation, not yet recorded */
+  } pending; /* local rank 0: the last tuned operation (if tuned_ops > 0), not yet recorded */
   struct segment_header *bar;
 };
 
@@ -88,12 +87,17 @@ static struct slot_header *slot_header(const struct hora__shm *shm, int lr) {
   return (struct slot_header *)(void *)(shm->base + PAGE + (size_t)lr * shm->slot);
 }
 
+/* Local rank 0: the table entry of class cls, from the tuner's choice. */
+static void publish(struct hora__shm *shm, int cls) {
+  atomic_store_explicit(&shm->bar->path[cls], (uint8_t)hora__path_tuner_next(&shm->tuner, cls),
+                        memory_order_relaxed);
+}
+
 /* Local rank 0: the previous tuned operation's time, the slowest rank's. */
 static void record_previous(struct hora__shm *shm) {
-  if (!shm->pending.set) {
+  if (shm->tuned_ops == 0) {
     return;
   }
-  shm->pending.set = false;
   int parity = (int)((shm->tuned_ops - 1) & 1);
   uint64_t slowest = 0;
   for (int lr = 0; lr < shm->local_size; lr++) {
@@ -114,6 +118,7 @@ static void record_previous(struct hora__shm *shm) {
               1.0 / t->best[HORA_SHM_PATH_STAGED][cls], HORA_PATH_TUNER_TRIALS,
               hora__path_tuner_next(t, cls) == HORA_SHM_PATH_STAGED ? "staged" : "kernel");
   }
+  publish(shm, cls);
 }
 
 void hora__shm_path_begin(struct hora__shm *shm, size_t share, enum hora__shm_path path,
@@ -132,12 +137,8 @@ void hora__shm_path_begin(struct hora__shm *shm, size_t share, enum hora__shm_pa
     shm->pending.cls = cls;
     shm->pending.path = path;
     shm->pending.bytes = bytes;
-    shm->pending.set = true;
     hora__path_tuner_started(&shm->tuner, cls, path);
-    for (int c = 0; c < HORA_PATH_TUNER_CLASSES; c++) {
-      atomic_store_explicit(&shm->bar->path[c], (uint8_t)hora__path_tuner_next(&shm->tuner, c),
-                            memory_order_relaxed);
-    }
+    publish(shm, cls); /* only these two classes' choices can have moved */
   }
   shm->tuned_ops++;
 }

@@ -452,14 +452,14 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   bool published = all_published(s, L, h, n);
   if (!published) {
     hora__shm_path_begin(s, share, path, count * es);
-  }
-  if (path == HORA_SHM_PATH_STAGED && !published) {
-    /* Some buffer must go through the kernel, and staging is faster here.
-     * Every rank sees the same published references, so all stage. */
-    phase(opts, NULL);
-    HORA_CHECK(hora__shm_allreduce(comm, in, n, out, n, count, dtype, op, dtype, opts));
-    hora__shm_path_end(s, hora__now_ns() - started);
-    return HORA_SUCCESS;
+    if (path == HORA_SHM_PATH_STAGED) {
+      /* Some buffer must go through the kernel, and staging is faster here.
+       * Every rank sees the same published references, so all stage. */
+      phase(opts, NULL);
+      HORA_CHECK(hora__shm_allreduce(comm, in, n, out, n, count, dtype, op, dtype, opts));
+      hora__shm_path_end(s, hora__now_ns() - started);
+      return HORA_SUCCESS;
+    }
   }
   /* Per peer and side: this process's addresses of its buffers, or a NULL
    * first address where they go through the kernel. */

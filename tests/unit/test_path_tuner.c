@@ -3,8 +3,6 @@
 #include "../../comm/path_tuner.h"
 #include "../runner.h"
 
-#define RUN (HORA_PATH_TUNER_TRIALS + 1)
-
 TEST(path_tuner_size_classes) {
   ASSERT(hora__path_tuner_class(0) == 0);
   ASSERT(hora__path_tuner_class(1) == 0);
@@ -17,18 +15,18 @@ TEST(path_tuner_size_classes) {
 /* Runs one class's trials as the shared-memory code does (choose, start,
  * record), op i costing ns_per_byte[path][i within its run]; returns the
  * settled path, or -1 if the order or the moment of settling was wrong. */
-static int settle(struct hora__path_tuner *t, int cls, const double kernel[RUN],
-                  const double staged[RUN]) {
-  for (int i = 0; i < 2 * RUN; i++) {
+static int settle(struct hora__path_tuner *t, int cls, const double kernel[HORA_PATH_TUNER_RUN],
+                  const double staged[HORA_PATH_TUNER_RUN]) {
+  for (int i = 0; i < 2 * HORA_PATH_TUNER_RUN; i++) {
     enum hora__shm_path p = hora__path_tuner_next(t, cls);
-    if (p != (i < RUN ? HORA_SHM_PATH_KERNEL : HORA_SHM_PATH_STAGED)) {
+    if (p != (i < HORA_PATH_TUNER_RUN ? HORA_SHM_PATH_KERNEL : HORA_SHM_PATH_STAGED)) {
       return -1; /* a run of kernel operations, then a run of staged ones */
     }
     hora__path_tuner_started(t, cls, p);
     const size_t bytes = 1 << 20;
-    double per = p == HORA_SHM_PATH_KERNEL ? kernel[i] : staged[i - RUN];
+    double per = p == HORA_SHM_PATH_KERNEL ? kernel[i] : staged[i - HORA_PATH_TUNER_RUN];
     int settled = hora__path_tuner_record(t, cls, p, bytes, (uint64_t)(per * (double)bytes));
-    if (settled != (i == 2 * RUN - 1)) {
+    if (settled != (i == 2 * HORA_PATH_TUNER_RUN - 1)) {
       return -1;
     }
   }
@@ -37,7 +35,8 @@ static int settle(struct hora__path_tuner *t, int cls, const double kernel[RUN],
 
 TEST(path_tuner_runs_both_then_keeps_the_faster) {
   struct hora__path_tuner t = {0};
-  const double slow[RUN] = {0.30, 0.30, 0.30, 0.30}, fast[RUN] = {0.12, 0.12, 0.12, 0.12};
+  const double slow[HORA_PATH_TUNER_RUN] = {0.30, 0.30, 0.30, 0.30};
+  const double fast[HORA_PATH_TUNER_RUN] = {0.12, 0.12, 0.12, 0.12};
   ASSERT(hora__path_tuner_next(&t, 20) == HORA_SHM_PATH_KERNEL); /* untried: kernel first */
   ASSERT(settle(&t, 20, slow, fast) == HORA_SHM_PATH_STAGED);
   ASSERT(settle(&t, 21, fast, slow) == HORA_SHM_PATH_KERNEL);
@@ -54,11 +53,12 @@ TEST(path_tuner_decides_by_best_time_after_warm_up) {
   struct hora__path_tuner t = {0};
   /* The kernel run's first operation (cold buffers) and one staged trial (a
    * late peer) are slow; neither may decide. */
-  const double kernel[RUN] = {9.0, 0.20, 0.21, 0.22}, staged[RUN] = {0.10, 5.0, 0.15, 0.16};
+  const double kernel[HORA_PATH_TUNER_RUN] = {9.0, 0.20, 0.21, 0.22};
+  const double staged[HORA_PATH_TUNER_RUN] = {0.10, 5.0, 0.15, 0.16};
   ASSERT(settle(&t, 24, kernel, staged) == HORA_SHM_PATH_STAGED);
   /* A staged run whose only fast operation is its warm-up loses. */
   struct hora__path_tuner u = {0};
-  const double warm_only[RUN] = {0.01, 0.30, 0.30, 0.30};
+  const double warm_only[HORA_PATH_TUNER_RUN] = {0.01, 0.30, 0.30, 0.30};
   ASSERT(settle(&u, 24, kernel, warm_only) == HORA_SHM_PATH_KERNEL);
 }
 
@@ -66,18 +66,18 @@ TEST(path_tuner_decides_by_best_time_after_warm_up) {
 TEST(path_tuner_counts_trials_in_flight) {
   struct hora__path_tuner t = {0};
   const int cls = 25;
-  for (int i = 0; i < RUN; i++) {
+  for (int i = 0; i < HORA_PATH_TUNER_RUN; i++) {
     ASSERT(hora__path_tuner_next(&t, cls) == HORA_SHM_PATH_KERNEL);
     hora__path_tuner_started(&t, cls, HORA_SHM_PATH_KERNEL);
   }
   /* The last kernel operation has begun, none has finished: staged next. */
   ASSERT(hora__path_tuner_next(&t, cls) == HORA_SHM_PATH_STAGED);
-  for (int i = 0; i < RUN; i++) {
+  for (int i = 0; i < HORA_PATH_TUNER_RUN; i++) {
     hora__path_tuner_record(&t, cls, HORA_SHM_PATH_KERNEL, 100, 100);
     hora__path_tuner_started(&t, cls, HORA_SHM_PATH_STAGED);
   }
   /* One staged operation never finished (it failed): staged again. */
-  for (int i = 0; i < RUN - 1; i++) {
+  for (int i = 0; i < HORA_PATH_TUNER_RUN - 1; i++) {
     ASSERT(hora__path_tuner_record(&t, cls, HORA_SHM_PATH_STAGED, 100, 50) == 0);
   }
   ASSERT(hora__path_tuner_next(&t, cls) == HORA_SHM_PATH_STAGED);
