@@ -661,6 +661,71 @@ out:
   return rc;
 }
 
+/* Settings that shape the protocol (scope `job` in runtime/params.def) must
+ * be the same everywhere, or ranks would deadlock in set-up or exchange
+ * bytes the others read differently. One digest per rank; the two
+ * encodings are sent only when a digest differs, so every rank fails
+ * naming the same setting. */
+static int check_job_settings(hora__comm *c) {
+  size_t len = hora__params_job_encode(NULL, 0);
+  char *mine = hora__malloc(len + 1);
+  if (!mine) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  hora__params_job_encode(mine, len + 1);
+  uint64_t digest = 0xcbf29ce484222325ull; /* FNV-1a */
+  for (size_t i = 0; i < len; i++) {
+    digest = (digest ^ (unsigned char)mine[i]) * 0x100000001b3ull;
+  }
+  uint64_t *all = hora__calloc((size_t)c->size, sizeof(*all));
+  char *theirs[2] = {NULL, NULL};
+  int rc = all ? HORA_SUCCESS : HORA_ERR_NO_MEMORY;
+  int err = MPI_Allgather(&digest, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, c->mpi);
+  if (rc == HORA_SUCCESS && err != MPI_SUCCESS) {
+    rc = hora__mpi_error(err, "MPI_Allgather(settings digest)");
+  }
+  int other = -1;
+  for (int r = 1; rc == HORA_SUCCESS && r < c->size && other < 0; r++) {
+    other = all[r] != all[0] ? r : -1;
+  }
+  /* Every rank knows `other` from the same digests: all take this branch. */
+  int roots[2] = {0, other};
+  int lens[2] = {0, 0};
+  for (int i = 0; rc == HORA_SUCCESS && other > 0 && i < 2; i++) {
+    lens[i] = c->rank == roots[i] ? (int)len : 0;
+    err = MPI_Bcast(&lens[i], 1, MPI_INT, roots[i], c->mpi);
+    theirs[i] = err == MPI_SUCCESS ? hora__malloc((size_t)lens[i] + 1) : NULL;
+    if (theirs[i] && c->rank == roots[i]) {
+      memcpy(theirs[i], mine, len);
+    }
+    /* A failed allocation still joins the broadcast, into a scratch byte. */
+    char scratch;
+    if (err == MPI_SUCCESS) {
+      err = MPI_Bcast(theirs[i] ? theirs[i] : &scratch, theirs[i] ? lens[i] : 0, MPI_CHAR,
+                      roots[i], c->mpi);
+    }
+    if (err != MPI_SUCCESS) {
+      rc = hora__mpi_error(err, "MPI_Bcast(settings)");
+    } else if (!theirs[i]) {
+      rc = HORA_ERR_NO_MEMORY;
+    }
+  }
+  if (rc == HORA_SUCCESS && other > 0) {
+    char msg[512];
+    if (!hora__params_job_difference(theirs[0], (size_t)lens[0], 0, theirs[1], (size_t)lens[1],
+                                     other, msg, sizeof(msg))) {
+      snprintf(msg, sizeof(msg), "ranks 0 and %d differ in their job-wide settings", other);
+    }
+    rc = hora__error(HORA_ERR_INVALID_ARG, "%s (job-wide settings must be the same on every rank)",
+                     msg);
+  }
+  free(theirs[0]);
+  free(theirs[1]);
+  free(all);
+  free(mine);
+  return rc;
+}
+
 static int comm_connect(hora__comm *c, MPI_Comm local);
 
 static int comm_create(MPI_Comm world, hora__comm *c) {
@@ -669,6 +734,7 @@ static int comm_create(MPI_Comm world, hora__comm *c) {
   MPI_Comm_rank(c->mpi, &c->rank);
   MPI_Comm_size(c->mpi, &c->size);
   hora__log_set_rank(c->rank);
+  HORA_CHECK(check_job_settings(c));
   MPI_Comm local = MPI_COMM_NULL;
   int rc = topology_from_mpi(c, &local);
   if (rc == HORA_SUCCESS) {

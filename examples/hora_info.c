@@ -45,11 +45,11 @@ int main(int argc, char **argv) {
 #define HORA_PARAM_SHOW_double(v) printf("%g", (v))
 #define HORA_PARAM_SHOW_bool(v) printf("%d", (v) ? 1 : 0)
 #define HORA_PARAM_SHOW_string(v) printf("%s", (v))
-#define HORA_PARAM(name, type, def, doc)                                                     \
+#define HORA_PARAM(name, scope, type, def, doc)                                                     \
   printf("  HORA_%s=", #name);                                                               \
   HORA_PARAM_SHOW_##type(hora__params.name);                                                 \
   printf("\n");
-#define HORA_PARAM_CHOICE(name, choices, def, doc) printf("  HORA_%s=%s\n", #name, hora__params.name);
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc) printf("  HORA_%s=%s\n", #name, hora__params.name);
 #include "../runtime/params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE

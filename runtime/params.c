@@ -176,13 +176,13 @@ int hora__params_load(void) {
   const char *chosen;
   int rc;
   (void)chosen;
-#define HORA_PARAM(name, type, def, doc)                                                     \
+#define HORA_PARAM(name, scope, type, def, doc)                                                     \
   env = getenv("HORA_" #name);                                                               \
   rc = PARSE_##type("HORA_" #name, env ? env : def, &p.name);                                \
   if (rc != HORA_SUCCESS) {                                                                  \
     return rc;                                                                               \
   }
-#define HORA_PARAM_CHOICE(name, choices, def, doc)                                           \
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)                                           \
   env = getenv("HORA_" #name);                                                               \
   rc = hora__parse_choice("HORA_" #name, env ? env : def, choices, &chosen);                 \
   if (rc != HORA_SUCCESS) {                                                                  \
@@ -193,11 +193,11 @@ int hora__params_load(void) {
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
   free_strings(&pending);
-#define HORA_PARAM(name, type, def, doc)                                                     \
+#define HORA_PARAM(name, scope, type, def, doc)                                                     \
   if (OWN_##type(&p.name) != HORA_SUCCESS) {                                                 \
     return hora__error(HORA_ERR_NO_MEMORY, "cannot copy setting HORA_" #name);               \
   }
-#define HORA_PARAM_CHOICE(name, choices, def, doc)
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)
 #include "params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
@@ -233,10 +233,10 @@ void hora__params_log(void) {
     return;
   }
   char value[512];
-#define HORA_PARAM(name, type, def, doc)                                                     \
+#define HORA_PARAM(name, scope, type, def, doc)                                                     \
   format_value_##type(value, sizeof(value), hora__params.name);                              \
   HORA_INFO("setting HORA_%s=%s%s", #name, value, getenv("HORA_" #name) ? "" : " (default)");
-#define HORA_PARAM_CHOICE(name, choices, def, doc)                                           \
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)                                           \
   HORA_INFO("setting HORA_%s=%s%s", #name, hora__params.name,                                \
             getenv("HORA_" #name) ? "" : " (default)");
 #include "params.def"
@@ -254,9 +254,9 @@ static void write_markdown_cell(FILE *f, const char *text) {
   }
 }
 
-static void write_markdown_row(FILE *f, const char *name, const char *type, const char *def,
-                               const char *doc) {
-  fprintf(f, "| `HORA_%s` | ", name);
+static void write_markdown_row(FILE *f, const char *name, const char *scope, const char *type,
+                               const char *def, const char *doc) {
+  fprintf(f, "| `HORA_%s` | %s | ", name, scope);
   write_markdown_cell(f, type);
   fprintf(f, " | `%s` | ", def[0] ? def : "\"\"");
   write_markdown_cell(f, doc);
@@ -265,11 +265,102 @@ static void write_markdown_row(FILE *f, const char *name, const char *type, cons
 
 void hora__params_write_markdown(void *file) {
   FILE *f = file;
-  fprintf(f, "| setting | type | default | meaning |\n|---|---|---|---|\n");
-#define HORA_PARAM(name, type, def, doc) write_markdown_row(f, #name, #type, def, doc);
-#define HORA_PARAM_CHOICE(name, choices, def, doc)                                           \
-  write_markdown_row(f, #name, "`" choices "`", def, doc);
+  fprintf(f, "| setting | scope | type | default | meaning |\n|---|---|---|---|---|\n");
+#define HORA_PARAM(name, scope, type, def, doc) write_markdown_row(f, #name, #scope, #type, def, doc);
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)                                    \
+  write_markdown_row(f, #name, #scope, "`" choices "`", def, doc);
 #include "params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
+}
+
+/* ---- job-wide settings -------------------------------------------------- */
+
+/* Byte sizes as people write them: 64M rather than 67108864. */
+static void format_job_bytes(char *buf, size_t n, int64_t v) {
+  static const char units[] = "GMK";
+  for (int i = 0; i < 3; i++) {
+    int64_t unit = (int64_t)1 << (30 - 10 * i);
+    if (v != 0 && v % unit == 0) {
+      snprintf(buf, n, "%lld%c", (long long)(v / unit), units[i]);
+      return;
+    }
+  }
+  snprintf(buf, n, "%lld", (long long)v);
+}
+static void format_job_int(char *buf, size_t n, int64_t v) { snprintf(buf, n, "%lld", (long long)v); }
+/* %.17g: two different doubles never print alike. */
+static void format_job_double(char *buf, size_t n, double v) { snprintf(buf, n, "%.17g", v); }
+static void format_job_bool(char *buf, size_t n, bool v) { snprintf(buf, n, "%d", v ? 1 : 0); }
+static void format_job_string(char *buf, size_t n, const char *v) { snprintf(buf, n, "%s", v); }
+
+#define HORA_SCOPE_IS_JOB_job 1
+#define HORA_SCOPE_IS_JOB_process 0
+#define HORA_SCOPE_IS_JOB_agreed 0
+
+size_t hora__params_job_encode(char *buf, size_t n) {
+  size_t len = 0;
+  char value[128];
+#define APPEND_LINE(name)                                                                    \
+  len += (size_t)snprintf(buf ? buf + HORA_MIN(len, n) : NULL,                               \
+                          buf && len < n ? n - len : 0, "HORA_%s=%s\n", name, value)
+#define HORA_PARAM(name, scope, type, def, doc)                                              \
+  if (HORA_SCOPE_IS_JOB_##scope) {                                                           \
+    format_job_##type(value, sizeof(value), hora__params.name);                              \
+    APPEND_LINE(#name);                                                                      \
+  }
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)                                    \
+  if (HORA_SCOPE_IS_JOB_##scope) {                                                           \
+    format_job_string(value, sizeof(value), hora__params.name);                              \
+    APPEND_LINE(#name);                                                                      \
+  }
+#include "params.def"
+#undef HORA_PARAM
+#undef HORA_PARAM_CHOICE
+#undef APPEND_LINE
+  return len;
+}
+
+/* One "NAME=value" line of an encoding: [*p, end of line). */
+static bool next_line(const char **p, const char *end, const char **line, size_t *len) {
+  if (*p >= end) {
+    return false;
+  }
+  const char *nl = memchr(*p, '\n', (size_t)(end - *p));
+  *line = *p;
+  *len = nl ? (size_t)(nl - *p) : (size_t)(end - *p);
+  *p += *len + (nl ? 1 : 0);
+  return true;
+}
+
+bool hora__params_job_difference(const char *a, size_t alen, int rank_a, const char *b,
+                                 size_t blen, int rank_b, char *msg, size_t n) {
+  const char *pa = a, *pb = b, *la, *lb;
+  size_t na, nb;
+  for (;;) {
+    bool more_a = next_line(&pa, a + alen, &la, &na);
+    bool more_b = next_line(&pb, b + blen, &lb, &nb);
+    if (!more_a && !more_b) {
+      return false;
+    }
+    if (more_a != more_b) {
+      snprintf(msg, n, "ranks %d and %d run hora builds with different settings (%d has %.*s, "
+               "the other has no such setting)", rank_a, rank_b, more_a ? rank_a : rank_b,
+               (int)(more_a ? na : nb), more_a ? la : lb);
+      return true;
+    }
+    if (na == nb && memcmp(la, lb, na) == 0) {
+      continue;
+    }
+    const char *eqa = memchr(la, '=', na), *eqb = memchr(lb, '=', nb);
+    size_t name_a = eqa ? (size_t)(eqa - la) : na, name_b = eqb ? (size_t)(eqb - lb) : nb;
+    if (!eqa || !eqb || name_a != name_b || memcmp(la, lb, name_a) != 0) {
+      snprintf(msg, n, "ranks %d and %d run hora builds with different settings (%.*s against %.*s)",
+               rank_a, rank_b, (int)name_a, la, (int)name_b, lb);
+      return true;
+    }
+    snprintf(msg, n, "%.*s differs: rank %d has %.*s, rank %d has %.*s", (int)name_a, la, rank_a,
+             (int)(na - name_a - 1), eqa + 1, rank_b, (int)(nb - name_b - 1), eqb + 1);
+    return true;
+  }
 }

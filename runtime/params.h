@@ -11,8 +11,8 @@
 #define HORA_PARAM_CTYPE_string const char *
 
 struct hora__params {
-#define HORA_PARAM(name, type, def, doc) HORA_PARAM_CTYPE_##type name;
-#define HORA_PARAM_CHOICE(name, choices, def, doc) const char *name;
+#define HORA_PARAM(name, scope, type, def, doc) HORA_PARAM_CTYPE_##type name;
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc) const char *name;
 #include "params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
@@ -31,6 +31,18 @@ void hora__params_log(void);
 
 /* Writes the settings table as Markdown (for README.md). */
 void hora__params_write_markdown(void *file);
+
+/* The job-wide settings (scope `job` in params.def), one "HORA_NAME=value\n"
+ * line each in table order, with values in one canonical form: equal
+ * encodings mean equal settings. Writes at most n bytes (buf may be NULL)
+ * and returns the length the whole encoding needs, like snprintf. */
+size_t hora__params_job_encode(char *buf, size_t n);
+
+/* Compares two ranks' encodings. When they differ, writes a message naming
+ * the first setting that differs and both values ("HORA_CHUNK_SIZE differs:
+ * rank 0 has 512K, rank 3 has 1M") and returns true. */
+bool hora__params_job_difference(const char *a, size_t alen, int rank_a, const char *b,
+                                 size_t blen, int rank_b, char *msg, size_t n);
 
 /* Parsers, exposed for the unit tests. Return HORA_SUCCESS or
  * HORA_ERR_INVALID_ARG with a message. */

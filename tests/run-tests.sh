@@ -206,6 +206,50 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     fi
   fi
 
+  # Job-wide settings that differ between ranks (launched MPMD): hora_init
+  # fails on every rank naming the setting, two ranks and their values.
+  # Before, these hung in hora_init or computed with mismatched protocols.
+  if [ "$MPI_FLAVOR" = openmpi ]; then
+    job_setting() { # test name, expected message, np of the first group, its -x settings, np and -x of the second
+      name=$1 expect=$2 np1=$3 x1=$4 np2=$5 x2=$6
+      # shellcheck disable=SC2086
+      timeout -k 10 60 "$MPIEXEC" $(launcher_flags) --mca orte_abort_on_non_zero_status 0 \
+        -np "$np1" $x1 "$builddir/tests/mpi/test_job_settings" "$expect" "$name" : \
+        -np "$np2" $x2 "$builddir/tests/mpi/test_job_settings" "$expect" "$name" </dev/null >"$work/out" 2>&1
+      rc=$?
+      if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        echo "FAIL settings/$name: hung (killed after 60 s)" | tee -a "$results"
+        tail -n 20 "$work/out"
+      elif grep -q "^PASS settings/$name" "$work/out" && [ $rc -eq 0 ]; then
+        echo "PASS settings/$name" | tee -a "$results"
+      else
+        echo "FAIL settings/$name: exit status $rc" | tee -a "$results"
+        tail -n 20 "$work/out"
+      fi
+    }
+    job_setting fusion_threshold_differs "HORA_FUSION_THRESHOLD differs: rank 0 has 64M, rank 3 has 0" \
+      3 "" 1 "-x HORA_FUSION_THRESHOLD=0"
+    job_setting verify_differs "HORA_VERIFY differs: rank 0 has 1, rank 1 has 0" 1 "-x HORA_VERIFY=1" 1 ""
+    job_setting shm_buffer_size_differs "HORA_SHM_BUFFER_SIZE differs: rank 0 has 64K, rank 1 has 8M" \
+      1 "-x HORA_SHM_BUFFER_SIZE=64K" 1 ""
+    job_setting transport_differs "HORA_TRANSPORT differs: rank 0 has auto, rank 1 has tcp" \
+      1 "" 1 "-x HORA_TRANSPORT=tcp"
+    job_setting hierarchical_differs "HORA_HIERARCHICAL_ALLREDUCE differs: rank 0 has 0, rank 1 has auto" \
+      1 "-x HORA_HIERARCHICAL_ALLREDUCE=0" 1 ""
+    job_setting chunk_size_differs "HORA_CHUNK_SIZE differs: rank 0 has 512K, rank 1 has 1M" \
+      1 "" 1 "-x HORA_CHUNK_SIZE=1M"
+    job_setting cache_capacity_differs "HORA_CACHE_CAPACITY differs: rank 0 has 8, rank 1 has 1024" \
+      1 "-x HORA_CACHE_CAPACITY=8" 1 ""
+    job_setting compression_differs "HORA_COMPRESSION differs: rank 0 has none, rank 1 has fp16" \
+      1 "-x HORA_TRANSPORT=tcp" 1 "-x HORA_TRANSPORT=tcp -x HORA_COMPRESSION=fp16"
+    job_setting peer_timeout_differs "HORA_PEER_TIMEOUT_SECONDS differs: rank 0 has 30, rank 1 has 2" \
+      1 "" 1 "-x HORA_PEER_TIMEOUT_SECONDS=2"
+    # The same value spelled two ways, and per-process settings that differ,
+    # are accepted.
+    job_setting equal_values_accepted accept 1 "-x HORA_FUSION_THRESHOLD=64M -x HORA_LOG_LEVEL=error" \
+      1 "-x HORA_FUSION_THRESHOLD=67108864 -x HORA_SPIN_TIME_US=0"
+  fi
+
   section "faults: lost and stopped peers"
   if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
     echo "SKIP faults/peer_loss: sanitizer build (a crashing victim is the point; checked in the plain build)" | tee -a "$results"

@@ -19,6 +19,7 @@ int test_skipped;
   X(params_parse_values)                                                                     \
   X(params_env_errors_name_variable)                                                         \
   X(params_markdown_lists_every_setting)                                                     \
+  X(params_job_encoding_and_difference)                                                      \
   X(message_requests_roundtrip)                                                              \
   X(message_requests_reject_malformed)                                                       \
   X(message_responses_roundtrip)                                                             \

@@ -70,8 +70,8 @@ TEST(params_markdown_lists_every_setting) {
   hora__params_write_markdown(f);
   fclose(f);
   const char *names[] = {
-#define HORA_PARAM(name, type, def, doc) "`HORA_" #name "`",
-#define HORA_PARAM_CHOICE(name, choices, def, doc) "`HORA_" #name "`",
+#define HORA_PARAM(name, scope, type, def, doc) "`HORA_" #name "`",
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc) "`HORA_" #name "`",
 #include "../../runtime/params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
@@ -93,4 +93,54 @@ TEST(params_markdown_lists_every_setting) {
     }
   }
   free(buf);
+}
+
+/* Job-wide settings: per-process ones stay out of the encoding, equal
+ * values encode alike however they were spelled, and a difference names
+ * the setting and both ranks' values. */
+TEST(params_job_encoding_and_difference) {
+  setenv("HORA_FUSION_THRESHOLD", "67108864", 1);
+  setenv("HORA_LOG_LEVEL", "error", 1);
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+  size_t n = hora__params_job_encode(NULL, 0);
+  char *a = malloc(n + 1);
+  ASSERT(a);
+  ASSERT(hora__params_job_encode(a, n + 1) == n && strlen(a) == n);
+  ASSERT_STR_CONTAINS(a, "HORA_FUSION_THRESHOLD=64M\n");
+  ASSERT_STR_CONTAINS(a, "HORA_VERIFY=0\n");
+  ASSERT_STR_CONTAINS(a, "HORA_TRANSPORT=auto\n");
+  ASSERT(strstr(a, "HORA_LOG_LEVEL") == NULL && strstr(a, "HORA_IFACE") == NULL);
+  /* A short buffer is never overrun and the length stays the whole one. */
+  char small[8];
+  ASSERT(hora__params_job_encode(small, sizeof(small)) == n && strlen(small) == 7);
+
+  setenv("HORA_FUSION_THRESHOLD", "64M", 1);
+  unsetenv("HORA_LOG_LEVEL");
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+  char *b = malloc(n + 1);
+  ASSERT(b && hora__params_job_encode(b, n + 1) == n && strcmp(a, b) == 0);
+  char msg[256];
+  ASSERT(!hora__params_job_difference(a, n, 0, b, n, 3, msg, sizeof(msg)));
+
+  setenv("HORA_FUSION_THRESHOLD", "0", 1);
+  setenv("HORA_CHUNK_SIZE", "1000000", 1);
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+  size_t m = hora__params_job_encode(NULL, 0);
+  char *c = malloc(m + 1);
+  ASSERT(c);
+  hora__params_job_encode(c, m + 1);
+  ASSERT(hora__params_job_difference(a, n, 0, c, m, 3, msg, sizeof(msg)));
+  /* The first that differs, in table order. */
+  ASSERT_STR_CONTAINS(msg, "HORA_CHUNK_SIZE differs: rank 0 has 512K, rank 3 has 1000000");
+  /* A build with another list of settings is named as such. */
+  const char *other = "HORA_SOMETHING_NEW=1\n";
+  ASSERT(hora__params_job_difference(a, n, 0, other, strlen(other), 1, msg, sizeof(msg)));
+  ASSERT_STR_CONTAINS(msg, "different settings");
+  ASSERT(hora__params_job_difference(a, n, 0, a, n / 2, 1, msg, sizeof(msg)));
+  free(a);
+  free(b);
+  free(c);
+  unsetenv("HORA_FUSION_THRESHOLD");
+  unsetenv("HORA_CHUNK_SIZE");
+  ASSERT(hora__params_load() == HORA_SUCCESS);
 }

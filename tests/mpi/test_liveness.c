@@ -1,0 +1,120 @@
+/* Liveness during long collectives: while a collective keeps moving bytes,
+ * every rank still sends heartbeats, reads its control connections and sees
+ * aborts.
+ *
+ *   long   (default) three allreduces of 1 GiB in a row, each checked; run
+ *          with HORA_PEER_TIMEOUT_SECONDS=1, so one that outlasts the
+ *          timeout must not make a rank declare a healthy peer lost.
+ *   abort  rank 1 calls hora_abort 0.3 s into a 1 GiB allreduce; the
+ *          allreduce must fail with HORA_ERR_ABORTED on every rank within
+ *          2 s of the abort.
+ * Arguments HORA_X=value set the environment; bytes=N sets the size. */
+#include <time.h>
+#include <unistd.h>
+
+#include "mpitest.h"
+
+static size_t bytes = (size_t)1 << 30;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static float value(size_t i, int rank) { return (float)((i & 1023) + (size_t)rank); }
+
+static void long_allreduces_succeed(void) {
+  size_t n = bytes / sizeof(float);
+  float *x = malloc(n * sizeof(float));
+  MT_CHECK(x != NULL, "cannot allocate %zu bytes", bytes);
+  if (!x) {
+    return;
+  }
+  float base = (float)mt_size * (float)(mt_size - 1) / 2;
+  for (int round = 0; round < 3; round++) {
+    for (size_t i = 0; i < n; i++) {
+      x[i] = value(i, mt_rank);
+    }
+    double t0 = now_s();
+    int rc = hora_allreduce("long", x, x, n, HORA_FLOAT32, HORA_SUM);
+    double dt = now_s() - t0;
+    MT_CHECK(rc == HORA_SUCCESS, "round %d: allreduce of %zu MiB failed after %.1f s: %s", round,
+             bytes >> 20, dt, hora_last_error());
+    if (rc != HORA_SUCCESS) {
+      break;
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+      bad += x[i] != (float)mt_size * (float)(i & 1023) + base;
+    }
+    MT_CHECK(bad == 0, "round %d: %zu wrong values", round, bad);
+    if (mt_rank == 0) {
+      fprintf(stderr, "  round %d: %zu MiB in %.2f s\n", round, bytes >> 20, dt);
+    }
+  }
+  free(x);
+}
+
+static void abort_stops_a_long_allreduce(void) {
+  size_t n = bytes / sizeof(float);
+  float *x = malloc(n * sizeof(float));
+  MT_CHECK(x != NULL, "cannot allocate %zu bytes", bytes);
+  if (!x) {
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    x[i] = value(i, mt_rank);
+  }
+  hora_request *r = NULL;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = now_s();
+  MT_OK(hora_allreduce_async("long", x, x, n, HORA_FLOAT32, HORA_SUM, &r));
+  const double abort_at = 0.3;
+  if (mt_rank == 1) {
+    usleep((useconds_t)(abort_at * 1e6));
+    MT_OK(hora_abort("stop the long allreduce"));
+  }
+  int rc = hora_wait(&r);
+  double dt = now_s() - t0;
+  MT_CHECK(rc == HORA_ERR_ABORTED, "allreduce returned %s after %.2f s, expected HORA_ERR_ABORTED (%s)",
+           hora_strerror(rc), dt, hora_last_error());
+  MT_CHECK(dt < abort_at + 2.0, "the abort stopped the allreduce %.2f s after it was called",
+           dt - abort_at);
+  if (rc == HORA_ERR_ABORTED) {
+    MT_CHECK(strstr(hora_last_error(), "stop the long allreduce") != NULL, "message lacks the reason: %s",
+             hora_last_error());
+  }
+  fprintf(stderr, "  rank %d: allreduce ended %.2f s after the abort (%s)\n", mt_rank, dt - abort_at,
+          hora_strerror(rc));
+  free(x);
+}
+
+int main(int argc, char **argv) {
+  int provided;
+  mt_setenv_args(argc, argv);
+  bool abort_mode = false;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "abort") == 0) {
+      abort_mode = true;
+    } else if (strncmp(argv[i], "bytes=", 6) == 0) {
+      bytes = (size_t)strtoull(argv[i] + 6, NULL, 0);
+    }
+  }
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  mt_init();
+  if (abort_mode) {
+    if (mt_size < 2) {
+      mt_skip("liveness/abort_stops_a_long_allreduce", "needs at least 2 ranks");
+    } else {
+      mt_run("liveness/abort_stops_a_long_allreduce", abort_stops_a_long_allreduce);
+    }
+    (void)hora_finalize(); /* fails with the abort, as it must */
+  } else {
+    mt_run("liveness/long_allreduces_under_a_short_peer_timeout", long_allreduces_succeed);
+    MT_OK(hora_finalize());
+  }
+  int failures = mt_total_failures();
+  MPI_Finalize();
+  return failures ? 1 : 0;
+}
