@@ -103,6 +103,10 @@ struct hora__comm {
   hora__service_fn service;
   hora__service_pollfds_fn service_pollfds;
   void *service_arg;
+  /* The service hook runs at least every service_interval_ns during any
+   * collective, however fast its bytes move (heartbeats, aborts). */
+  uint64_t service_interval_ns;
+  uint64_t service_due_ns;
 };
 
 /* Bootstrap: rank/size/local/cross from MPI, the job secret, listeners,
@@ -136,9 +140,21 @@ int hora__isend(hora__comm *comm, hora__conn *conn, const void *buf, size_t len,
 int hora__irecv(hora__comm *comm, hora__conn *conn, void *buf, size_t len, hora__xfer *x);
 /* Progress every busy connection; sets *progressed when bytes moved. */
 int hora__progress(hora__comm *comm, bool *progressed);
+/* Runs the service hook now, and sets when it is next due. */
+int hora__service_run(hora__comm *comm);
+/* Runs it if its interval has passed: one clock read otherwise. Every loop
+ * that moves or reduces a collective's bytes calls this per chunk, so that
+ * control traffic, heartbeats and aborts never wait for the collective. */
+static inline int hora__service_maybe(hora__comm *comm) {
+  if (HORA_UNLIKELY(comm->service && hora__now_ns() >= comm->service_due_ns)) {
+    return hora__service_run(comm);
+  }
+  return HORA_SUCCESS;
+}
 /* Progress, and when nothing can move, poll the busy connections (spinning
- * first for at most comm->spin_us) and run the service hook about once a
- * second. Returns after some progress, or with an error. */
+ * first for at most comm->spin_us), running the service hook when control
+ * traffic arrives and whenever it is due. Returns after some progress, or
+ * with an error. */
 int hora__progress_wait(hora__comm *comm);
 /* Wait until every transfer in xs[0..n) is done. */
 int hora__wait_all(hora__comm *comm, hora__xfer **xs, int n);

@@ -208,7 +208,7 @@ static int take_descs(hora__comm *c, struct hora__gpu *g, int n) {
  * errors, and gives up after the stall shutdown time. */
 static int wait_stream(hora__comm *c, struct hora__gpu *g) {
   CUDA_CHECK(cudaEventRecord(g->finished, g->stream));
-  uint64_t start = hora__now_ns(), next_service = start + 1000000000ull;
+  uint64_t start = hora__now_ns();
   long sleep_ns = 2000;
   for (;;) {
     cudaError_t e = cudaEventQuery(g->finished);
@@ -244,9 +244,8 @@ static int wait_stream(hora__comm *c, struct hora__gpu *g) {
                          "(HORA_STALL_SHUTDOWN_TIME_SECONDS)",
                          (double)c->stall_ns * 1e-9);
     }
-    if (c->service && now >= next_service) {
-      next_service = now + 1000000000ull;
-      int rc = c->service(c->service_arg);
+    if (c->service && now >= c->service_due_ns) {
+      int rc = hora__service_run(c);
       if (rc != HORA_SUCCESS) {
 #if HORA_HAVE_NCCL
         if (g->nccl) {

@@ -45,11 +45,18 @@ int hora__progress(hora__comm *comm, bool *progressed) {
   return HORA_SUCCESS;
 }
 
+int hora__service_run(hora__comm *comm) {
+  comm->service_due_ns = hora__now_ns() + comm->service_interval_ns;
+  return comm->service ? comm->service(comm->service_arg) : HORA_SUCCESS;
+}
+
 #define MAX_POLL 64
 
 int hora__progress_wait(hora__comm *comm) {
   bool progressed = false;
   HORA_CHECK(hora__progress(comm, &progressed));
+  /* A transfer that always moves never reaches the poll below. */
+  HORA_CHECK(hora__service_maybe(comm));
   if (progressed || !comm->active) {
     return HORA_SUCCESS;
   }
@@ -66,6 +73,7 @@ int hora__progress_wait(hora__comm *comm) {
         if (hora__now_ns() >= until) {
           break;
         }
+        HORA_CHECK(hora__service_maybe(comm));
         sched_yield();
       }
 #if defined(__x86_64__) || defined(__i386__)
@@ -95,18 +103,26 @@ int hora__progress_wait(hora__comm *comm) {
     if (comm->service_pollfds) {
       n += comm->service_pollfds(comm->service_arg, fds + n, MAX_POLL - n);
     }
-    int r = poll(fds, (nfds_t)n, 1000);
+    uint64_t now = hora__now_ns();
+    int ms = 1000;
+    if (comm->service) {
+      ms = comm->service_due_ns <= now
+               ? 0
+               : (int)HORA_MIN((comm->service_due_ns - now + 999999) / 1000000, (uint64_t)1000);
+    }
+    int r = poll(fds, (nfds_t)n, ms);
     if (r < 0 && errno != EINTR) {
       return hora__error_errno(HORA_ERR_SYSTEM, "poll");
     }
-    /* Control traffic is serviced when it arrives and at least once a
-     * second, so aborts and heartbeats are seen during long transfers. */
-    bool service = r == 0;
+    /* Control traffic is serviced when it arrives and whenever it is due. */
+    bool service = false;
     for (int i = ndata; i < n && !service; i++) {
       service = fds[i].revents != 0;
     }
     if (service && comm->service) {
-      HORA_CHECK(comm->service(comm->service_arg));
+      HORA_CHECK(hora__service_run(comm));
+    } else {
+      HORA_CHECK(hora__service_maybe(comm));
     }
     HORA_CHECK(hora__progress(comm, &progressed));
     if (progressed || !comm->active) {

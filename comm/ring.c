@@ -36,6 +36,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
      * changed nothing, since retiring a send can open the send window and
      * retiring a receive can satisfy a send's dependency. */
     bool changed = false;
+    HORA_CHECK(hora__service_maybe(comm)); /* passes that always change never wait */
     while (recv_posted < ring->nrecv && recv_posted - recv_done < RING_WINDOW) {
       size_t slot = recv_posted % RING_WINDOW;
       void *ptr;

@@ -327,11 +327,15 @@ int hora__shm_barrier(hora__comm *comm) {
         if (hora__now_ns() >= until) {
           break;
         }
+        HORA_CHECK(hora__service_maybe(comm));
         sched_yield();
       }
       cpu_relax();
     }
   }
+  /* Reached between the pieces of every shared-memory collective, so the
+   * service clock is read here even when nobody waits. */
+  HORA_CHECK(hora__service_maybe(comm));
   uint64_t next_check = hora__now_ns() + 100 * 1000000ull;
   uint64_t waiting_since = hora__now_ns();
   while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
@@ -347,11 +351,9 @@ int hora__shm_barrier(hora__comm *comm) {
       futex(&b->generation, FUTEX_WAIT, gen, &ts);
     }
     atomic_fetch_sub_explicit(&b->sleepers, 1, memory_order_acq_rel);
+    HORA_CHECK(hora__service_maybe(comm));
     if (hora__now_ns() >= next_check) {
       next_check = hora__now_ns() + 100 * 1000000ull;
-      if (comm->service) {
-        HORA_CHECK(comm->service(comm->service_arg));
-      }
       HORA_CHECK(check_peers_alive(comm, s));
     }
   }

@@ -478,6 +478,8 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   struct iovec remote[IOV_BATCH], local[IOV_BATCH];
   size_t chunk = BOUNCE / es * es;
   for (size_t x = a * es; x < b * es; x += chunk) {
+    /* No barrier until the end: a large slice would starve the service. */
+    HORA_CHECK(hora__service_maybe(comm));
     size_t m = HORA_MIN(chunk, b * es - x);
     int first = 1;
     for (int j = 0; j < L; j++) {

@@ -422,7 +422,7 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
   if (now - hora__ctrl_last_in(c) >= limit) {
     char name[160];
     return hora__error(HORA_ERR_PEER_LOST,
-                       "lost %s: nothing heard from it for %.0f s (HORA_PEER_TIMEOUT_SECONDS)",
+                       "lost %s: nothing heard from it for %.1f s (HORA_PEER_TIMEOUT_SECONDS)",
                        hora__peer_name(e->comm, hora__ctrl_peer(c), name, sizeof(name)),
                        (double)(now - hora__ctrl_last_in(c)) * 1e-9);
   }
@@ -1498,6 +1498,8 @@ static int sleep_until_work(struct hora__engine *e) {
   int timeout = 1000;
   uint64_t due = HORA_MIN(HORA_MIN(e->next_stall_ns, e->send_at_ns), e->next_wait_scan_ns);
   due = HORA_MIN(due, e->next_stuck_ns);
+  /* An idle rank still owes its peers heartbeats. */
+  due = HORA_MIN(due, c->service_due_ns);
   uint64_t half = stall_half_ns();
   if (half && !e->stuck_reported && e->cycle_phase != CYCLE_IDLE && e->cycle_phase != CYCLE_DONE) {
     due = HORA_MIN(due, e->cycle_started_ns + half);
@@ -1542,7 +1544,7 @@ woke:
 static int cycle(struct hora__engine *e) {
   bool busy = false;
   HORA_CHECK(take_submissions(e, &busy));
-  HORA_CHECK(service(e));
+  HORA_CHECK(hora__service_run(e->comm));
   if (e->ctl && hora__controller_has_ready(e->ctl)) {
     HORA_CHECK(distribute(e));
   }
@@ -1683,12 +1685,22 @@ static void *coordinator_main(void *arg) {
   e->comm->service = service;
   e->comm->service_pollfds = service_pollfds;
   e->comm->service_arg = e;
+  /* Often enough for heartbeats at a quarter of the peer timeout, and for
+   * an abort to stop a collective well within a second. */
+  uint64_t peer_ns = (uint64_t)(hora__params.PEER_TIMEOUT_SECONDS * 1e9);
+  e->comm->service_interval_ns = peer_ns > 0 ? HORA_MIN(peer_ns / 8, 100000000ull) : 100000000ull;
+  e->comm->service_due_ns = hora__now_ns() + e->comm->service_interval_ns;
   int rc = HORA_SUCCESS;
   while (!e->stop && rc == HORA_SUCCESS) {
     rc = cycle(e);
   }
   if (rc != HORA_SUCCESS) {
-    if (rc == HORA_ERR_PEER_LOST && strstr(hora__error_message(), "data connection")) {
+    /* A broken data connection, or a peer's buffer gone from under a kernel
+     * copy (the peer left the collective), is usually explained by what
+     * that peer sent on its control connection: an abort, say. */
+    const char *why = hora__error_message();
+    if ((rc == HORA_ERR_PEER_LOST && strstr(why, "data connection")) ||
+        (rc == HORA_ERR_SYSTEM && strstr(why, "process_vm_"))) {
       rc = attribute_failure(e, rc);
     }
     /* The first fatal error wins: hora_abort may have recorded one already. */
