@@ -1,6 +1,6 @@
 /* Strangers at the door: while the job runs allreduces, every rank attacks
  * its own listening sockets (TCP and Unix): random bytes, a well-formed
- * handshake with the wrong job secret, 200 connections that send nothing,
+ * hello (which proves nothing without the job secret), 200 connections that send nothing,
  * a truncated handshake. The job must keep computing right, log every
  * refused connection, and keep its file descriptors and memory bounded. */
 #include <arpa/inet.h>
@@ -105,11 +105,11 @@ static void *attacker(void *arg) {
         close(fd);
       }
     }
-    { /* the right shape, the wrong secret */
+    { /* a well-formed hello (it proves nothing) */
       struct hora__hello h = {.magic = HORA_HELLO_MAGIC, .version = HORA_HELLO_VERSION,
                               .kind = HORA_CONN_DATA, .rank = 0, .size = mt_size};
-      if (getrandom(h.secret, sizeof(h.secret), 0) < 0) {
-        memset(h.secret, 7, sizeof(h.secret));
+      if (getrandom(h.nonce, sizeof(h.nonce), 0) < 0) {
+        memset(h.nonce, 7, sizeof(h.nonce));
       }
       uint8_t wire[HORA_HELLO_WIRE_SIZE];
       hora__hello_encode(&h, wire);
