@@ -19,6 +19,9 @@
  *            ahead of the real one: it must be refused
  *   flood    2,000 connections (half TCP, half Unix), with this rank's
  *            descriptor limit 48 above what it holds, so accept meets EMFILE
+ *   slow     silent connections again, while the last rank waits 2.5 s
+ *            before its first hello: the bootstrap lasts, and the strangers
+ *            must be dropped by their 1 s deadline, not at its end
  * Each must start the job (every rank's hora_init succeeds), compute an
  * allreduce right, and take at most 2 s longer than a round without attack
  * (measured from the address exchange to the end of hora_init). The
@@ -40,8 +43,9 @@
 #include "../../comm/comm.h"
 #include "mpitest.h"
 
-enum attack { A_NONE, A_SILENT, A_HALF, A_GARBAGE, A_REPLAY, A_FLOOD };
-static const char *attack_names[] = {"none", "silent", "half", "garbage", "replay", "flood"};
+enum attack { A_NONE, A_SILENT, A_HALF, A_GARBAGE, A_REPLAY, A_FLOOD, A_SLOW };
+static const char *attack_names[] = {"none", "silent", "half", "garbage", "replay", "flood",
+                                     "slow-peer"};
 
 enum op { OP_ARM, OP_STRIKE, OP_REPLAY_MSG, OP_RESULT, OP_QUIT };
 
@@ -69,6 +73,7 @@ static volatile int cur_attack = A_NONE;
 static volatile int in_init;
 static double connect_phase_start;
 static int replay_fd = -1, replay_msgs;
+#define SLOW_PEER_US 2500000
 
 static double now_s(void) {
   struct timespec ts;
@@ -243,8 +248,8 @@ static int held[4096];
 static int nheld;
 static int replay_conn = -1;
 
-/* Waits up to `hold` seconds; counts held connections the target has not
- * closed within `must_close` seconds (0: no such duty). */
+/* Waits up to `hold` seconds for the target to close the held connections,
+ * or with `must_close` > 0, that long, and counts those still open then. */
 static int watch_held(double hold, double must_close) {
   double start = now_s();
   int open_left = nheld, bad = 0;
@@ -252,7 +257,8 @@ static int watch_held(double hold, double must_close) {
   for (int i = 0; i < nheld; i++) {
     pf[i] = (struct pollfd){.fd = held[i], .events = POLLIN};
   }
-  while (open_left > 0 && now_s() - start < hold) {
+  double until = must_close > 0 ? must_close : hold;
+  while (open_left > 0 && now_s() - start < until) {
     if (poll(pf, (nfds_t)nheld, 50) < 0) {
       break;
     }
@@ -290,6 +296,7 @@ static void strike(int attack, struct res *r) {
     case A_SILENT:
     case A_HALF:
     case A_GARBAGE:
+    case A_SLOW:
       for (int i = 0; i < 50; i++) {
         int fd = dial(i % 2);
         if (fd < 0) {
@@ -387,17 +394,20 @@ static void attacker_main(int in, int out) {
       case OP_STRIKE:
         strike(attack, &r);
         write_full(out, &r, sizeof(r));
+        /* Then watch the connections at once, while the bootstrap runs:
+         * the target must close them within 1.5 s of being made. */
+        if (attack == A_SILENT || attack == A_HALF || attack == A_GARBAGE || attack == A_SLOW) {
+          r.bad = watch_held(4.0, c.len ? 1.5 : 0);
+        } else if (attack == A_FLOOD) {
+          watch_held(1.0, 0);
+        }
         break;
       case OP_REPLAY_MSG:
         replay_step(&c, &r);
         write_full(out, &r, sizeof(r));
         break;
       case OP_RESULT:
-        if (attack == A_SILENT || attack == A_HALF || attack == A_GARBAGE) {
-          r.bad = watch_held(3.0, 1.5);
-        } else if (attack == A_FLOOD) {
-          watch_held(1.0, 0);
-        } else if (attack == A_REPLAY && replay_conn >= 0 && !r.eof) {
+        if (attack == A_REPLAY && replay_conn >= 0 && !r.eof) {
           struct pollfd pf = {.fd = replay_conn, .events = POLLIN};
           char b[64];
           if (poll(&pf, 1, 1000) > 0 && recv(replay_conn, b, sizeof(b), 0) <= 0) {
@@ -454,7 +464,10 @@ int MPI_Allgather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc, MPI
                   MPI_Comm comm) {
   bool hora_exchange = in_init && st == MPI_BYTE && sc == (int)sizeof(struct hora__peer_info);
   if (hora_exchange && cur_attack != A_NONE && cur_attack != A_REPLAY) {
-    struct cmd c = {.op = OP_STRIKE};
+    /* The slow rank itself sleeps inside its bootstrap: its own strangers
+     * wait for it. */
+    struct cmd c = {.op = OP_STRIKE,
+                    .len = !(cur_attack == A_SLOW && world_rank == world_size - 1)};
     ask(&c, &strike_res, 10000);
   }
   int ret = PMPI_Allgather(sb, sc, st, rb, rc, rt, comm);
@@ -489,7 +502,14 @@ static int is_replay_target(int fd) {
   return 1;
 }
 
+static int slowed;
+
 ssize_t send(int fd, const void *buf, size_t len, int flags) {
+  if (in_init && cur_attack == A_SLOW && world_rank == world_size - 1 && world_rank > 0 &&
+      !slowed && is_replay_target(fd)) {
+    slowed = 1;
+    usleep(SLOW_PEER_US); /* a peer that is slow to say hello keeps the bootstrap going */
+  }
   if (in_init && cur_attack == A_REPLAY && world_rank == world_size - 1 && world_rank > 0 &&
       is_replay_target(fd) && len <= sizeof(((struct cmd *)0)->data)) {
     struct cmd c = {.op = OP_REPLAY_MSG, .len = (uint32_t)len};
@@ -516,6 +536,7 @@ static struct outcome one_round(int attack) {
   cur_attack = attack;
   replay_fd = -1;
   replay_msgs = 0;
+  slowed = 0;
   memset(&strike_res, 0, sizeof(strike_res));
   struct cmd c = {.op = OP_ARM, .attack = attack};
   struct res r;
@@ -567,7 +588,7 @@ static struct outcome one_round(int attack) {
   }
   struct cmd q = {.op = OP_RESULT};
   ask(&q, &r, 10000);
-  if (attack == A_SILENT || attack == A_HALF || attack == A_GARBAGE || attack == A_FLOOD) {
+  if (attack != A_NONE && attack != A_REPLAY) {
     MT_CHECK(strike_res.made > 0, "%s: the attacker made no connection", attack_names[attack]);
   }
   MT_CHECK(r.bad == 0, "%s: %d of %d connections still open 1.5 s after they were made",
@@ -591,7 +612,8 @@ static void check_round(int attack) {
            baseline_s);
     fflush(stdout);
   }
-  MT_CHECK(worst <= baseline_s + 2.0, "%s: bootstrap took %.3f s, %.3f s without attack",
+  double allowed = baseline_s + 2.0 + (attack == A_SLOW ? SLOW_PEER_US * 1e-6 : 0);
+  MT_CHECK(worst <= allowed, "%s: bootstrap took %.3f s, %.3f s without attack",
            attack_names[attack], worst, baseline_s);
 }
 
@@ -611,6 +633,7 @@ static void half(void) { check_round(A_HALF); }
 static void garbage(void) { check_round(A_GARBAGE); }
 static void replay(void) { check_round(A_REPLAY); }
 static void flood(void) { check_round(A_FLOOD); }
+static void slow_peer(void) { check_round(A_SLOW); }
 
 int main(int argc, char **argv) {
   /* Before MPI: the attacker must share nothing with it. */
@@ -634,6 +657,7 @@ int main(int argc, char **argv) {
   mt_run("init_attack/garbage", garbage);
   mt_run("init_attack/replayed_hello", replay);
   mt_run("init_attack/flood_2000_connections_emfile", flood);
+  mt_run("init_attack/silent_clients_dropped_after_1s", slow_peer);
   struct cmd q = {.op = OP_QUIT};
   (void)!write(to_attacker, &q, sizeof(q));
   waitpid(attacker_pid, NULL, 0);
