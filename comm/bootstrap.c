@@ -902,6 +902,11 @@ static int connect_all(hora__comm *c) {
     }
   }
 
+  /* Whoever has not proved the secret by now never will be needed. */
+  while (p.nhalf > 0) {
+    refuse(&p, p.nhalf - 1, "the bootstrap ended before it proved the job secret");
+  }
+
   /* Sockets become control connections, or data connections of the chosen
    * transport, whose own set-up (the RDMA queue-pair exchange) then runs
    * for all of them together. Sorted so that a TCP connection's first
