@@ -10,7 +10,7 @@
  *      the higher rank of a pair connects, and both prove to each other
  *      that they know the secret (handshake.h: HMAC-SHA-256 over nonces of
  *      both sides; the secret itself never crosses the wire). Strangers
- *      are dropped after 1 s and at most 64 are held (see HALF_OPEN_MAX)
+ *      are dropped after 1 s and few are held (see HALF_OPEN_MAX)
  *
  * Planned connections: control star (rank 0 <-> every rank) and data ring
  * (rank r <-> r+1). Peers on one host use Unix sockets. */
@@ -142,12 +142,15 @@ static int make_secret(hora__comm *c) {
 /* Strangers. Anyone may connect to a listener, so an accepted connection
  * is held to a deadline and a bound until it has proved the job secret:
  * HELLO_DEADLINE_NS for the whole handshake, and at most HALF_OPEN_MAX of
- * them at once. When the table is full the oldest is dropped, not the
- * newcomer: connections held open (silent, or half a hello) then cannot
- * keep peers out, since an attacker would have to open HALF_OPEN_MAX new
- * ones within each peer's handshake round trip. A peer dropped anyway is
- * not lost: the connecting side retries any connection closed before the
- * acknowledgement, until HORA_CONNECT_TIMEOUT_SECONDS. */
+ * them at once, plus one per connection this rank expects (rank 0 of a
+ * large job takes thousands of control connections at once, and needs
+ * their descriptors anyway). When the table is full the oldest is dropped,
+ * not the newcomer: connections held open (silent, or half a hello) then
+ * cannot keep peers out, since an attacker would have to open more than
+ * the table's worth of new ones within each peer's handshake round trip. A
+ * peer dropped anyway is not lost: the connecting side retries any
+ * connection closed before the acknowledgement, until
+ * HORA_CONNECT_TIMEOUT_SECONDS. */
 #define HALF_OPEN_MAX 64
 #define HELLO_DEADLINE_NS 1000000000ull
 #define ACCEPT_BATCH 16 /* per listener and turn: handshakes in flight move between batches */
@@ -188,8 +191,8 @@ struct plan {
   int nsocks, cap;
   int expected_in;  /* incoming connections still to arrive */
   uint8_t *want_in; /* [size * slots]: 1 while (peer, kind) is expected */
-  struct stranger *half; /* [HALF_OPEN_MAX] */
-  int nhalf;
+  struct stranger *half; /* [half_max] */
+  int nhalf, half_max;
   int reserve_fd;            /* spare descriptor, given up to shed a connection on EMFILE */
   uint64_t listen_resume_at; /* accepting paused (out of descriptors, no spare left) */
   int refused;
@@ -449,7 +452,7 @@ static int accept_from(struct plan *p, int lfd, bool unix_socket) {
           return hora__error_errno(HORA_ERR_SYSTEM, "accept");
       }
     }
-    if (p->nhalf == HALF_OPEN_MAX) {
+    if (p->nhalf == p->half_max) {
       drop_oldest(p, "dropped as the oldest of too many connections that have not proved "
                      "the job secret");
     }
@@ -765,10 +768,7 @@ static int connect_all(hora__comm *c) {
   p.rng = hora__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)c->rank;
   p.rng |= 1;
   p.want_in = hora__calloc((size_t)c->size * HORA_CONN_SLOTS, 1);
-  p.half = hora__calloc(HALF_OPEN_MAX, sizeof(*p.half));
-  if (!p.want_in || !p.half) {
-    free(p.want_in);
-    free(p.half);
+  if (!p.want_in) {
     return HORA_ERR_NO_MEMORY;
   }
   /* Kept for EMFILE: see shed_one. */
@@ -795,6 +795,12 @@ static int connect_all(hora__comm *c) {
   if (c->cross_ring.size > 1) {
     HORA_CHECK_GOTO(plan_connection(&p, cross_peer(c, 1), HORA_CONN_CROSS), rc, out);
     HORA_CHECK_GOTO(plan_connection(&p, cross_peer(c, -1), HORA_CONN_CROSS), rc, out);
+  }
+  p.half_max = HALF_OPEN_MAX + p.expected_in;
+  p.half = hora__calloc((size_t)p.half_max, sizeof(*p.half));
+  if (!p.half) {
+    rc = HORA_ERR_NO_MEMORY;
+    goto out;
   }
   uint64_t deadline = hora__now_ns() + (uint64_t)(hora__params.CONNECT_TIMEOUT_SECONDS * 1e9);
   for (;;) {
