@@ -17,7 +17,8 @@
  *            is sent (this program also wraps send()), and the attacker
  *            replays each message on a connection of its own, one step
  *            ahead of the real one: it must be refused
- *   flood    2,000 connections (half TCP, half Unix), with this rank's
+ *   flood    2,000 connections (half TCP, half Unix; 1,000 before the
+ *            connections start, 1,000 among them), with this rank's
  *            descriptor limit 48 above what it holds, so accept meets EMFILE
  *   slow     silent connections again, while the last rank waits 2.5 s
  *            before its first hello: the bootstrap lasts, and the strangers
@@ -319,8 +320,8 @@ static void strike(int attack, struct res *r) {
         held[nheld++] = fd;
       }
       break;
-    case A_FLOOD:
-      for (int i = 0; i < 2000 && nheld < (int)HORA_ARRAY_SIZE(held); i++) {
+    case A_FLOOD: /* the first half now, the rest while the bootstrap runs */
+      for (int i = 0; i < 1000 && nheld < (int)HORA_ARRAY_SIZE(held); i++) {
         int fd = dial(i % 2);
         if (fd >= 0) {
           r->made++;
@@ -399,6 +400,13 @@ static void attacker_main(int in, int out) {
         if (attack == A_SILENT || attack == A_HALF || attack == A_GARBAGE || attack == A_SLOW) {
           r.bad = watch_held(4.0, c.len ? 1.5 : 0);
         } else if (attack == A_FLOOD) {
+          for (int i = 0; i < 1000 && nheld < (int)HORA_ARRAY_SIZE(held); i++) {
+            int fd = dial(i % 2);
+            if (fd >= 0) {
+              r.made++;
+              held[nheld++] = fd;
+            }
+          }
           watch_held(1.0, 0);
         }
         break;
