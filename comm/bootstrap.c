@@ -193,7 +193,6 @@ struct plan {
   uint8_t *want_in; /* [size * slots]: 1 while (peer, kind) is expected */
   struct stranger *half; /* [half_max] */
   int nhalf, half_max;
-  int reserve_fd;            /* spare descriptor, given up to shed a connection on EMFILE */
   uint64_t listen_resume_at; /* accepting paused (out of descriptors, no spare left) */
   int refused;
   char first_refused[256];
@@ -382,25 +381,20 @@ static int step_incoming(struct plan *p, int i) {
   return HORA_SUCCESS;
 }
 
-/* The descriptor table is full and no stranger is left to drop: give up
- * the spare descriptor for a moment to accept one connection and close it,
- * so the listener's queue shrinks instead of waking poll() forever. */
+/* The descriptor table is full and no stranger is left to drop: shed one
+ * connection through the spare descriptor. */
 static bool shed_one(struct plan *p, int lfd) {
-  if (p->reserve_fd < 0) {
-    return false;
-  }
-  close(p->reserve_fd);
   struct sockaddr_storage ss;
   socklen_t len = sizeof(ss);
-  int fd = accept4(lfd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (fd >= 0) {
-    char who[96];
-    describe_peer(fd, &ss, who, sizeof(who));
-    note_refusal(p, who, "out of file descriptors (EMFILE/ENFILE)");
-    close(fd);
+  if (hora__accept_shed(lfd, &p->c->reserve_fd, &ss, &len) != 0) {
+    return false;
   }
-  p->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  return fd >= 0;
+  char who[96] = "a local process";
+  if (ss.ss_family == AF_INET) {
+    describe_peer(-1, &ss, who, sizeof(who));
+  }
+  note_refusal(p, who, "out of file descriptors (EMFILE/ENFILE)");
+  return true;
 }
 
 /* Out of descriptors or kernel memory: poll() would report the listener
@@ -761,7 +755,7 @@ static int timed_out(struct plan *p) {
 }
 
 static int connect_all(hora__comm *c) {
-  struct plan p = {.c = c, .reserve_fd = -1};
+  struct plan p = {.c = c};
   int rc = HORA_SUCCESS;
   hora__conn **setting_up = NULL;
   int nsetting = 0;
@@ -771,8 +765,10 @@ static int connect_all(hora__comm *c) {
   if (!p.want_in) {
     return HORA_ERR_NO_MEMORY;
   }
-  /* Kept for EMFILE: see shed_one. */
-  p.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  /* Kept for EMFILE, during the bootstrap and after (hora__accept_shed). */
+  if (c->reserve_fd < 0) {
+    c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
   if (c->rank == 0) {
     for (int r = 1; r < c->size; r++) {
       HORA_CHECK_GOTO(plan_connection(&p, r, HORA_CONN_CTRL), rc, out);
@@ -987,9 +983,6 @@ out:
               p.refused, p.refused == 1 ? "" : "s", p.first_refused,
               hora__log_enabled(HORA_LOG_INFO) ? "" : "; HORA_LOG_LEVEL=info names each");
   }
-  if (p.reserve_fd >= 0) {
-    close(p.reserve_fd);
-  }
   free(p.socks);
   free(p.half);
   free(p.fds);
@@ -1148,7 +1141,7 @@ int hora__comm_create(MPI_Comm world, hora__comm **out) {
   if (!c) {
     return HORA_ERR_NO_MEMORY;
   }
-  c->tcp_listen_fd = c->unix_listen_fd = -1;
+  c->tcp_listen_fd = c->unix_listen_fd = c->reserve_fd = -1;
   c->mpi = MPI_COMM_NULL;
   int rc = comm_create(world, c);
   if (rc != HORA_SUCCESS) {
@@ -1185,6 +1178,10 @@ void hora__comm_disconnect(hora__comm *c) {
   if (c->unix_listen_fd >= 0) {
     close(c->unix_listen_fd);
     c->unix_listen_fd = -1;
+  }
+  if (c->reserve_fd >= 0) {
+    close(c->reserve_fd);
+    c->reserve_fd = -1;
   }
 }
 

@@ -59,6 +59,7 @@ struct hora__comm {
 
   int tcp_listen_fd;
   int unix_listen_fd;
+  int reserve_fd; /* spare descriptor for shedding connections on EMFILE (hora__accept_shed) */
   struct sockaddr_in tcp_addr;
 
   /* Control plane: a star around rank 0 (at rank 0 ctrl[r] for every
@@ -190,6 +191,13 @@ int hora__choose_ipv4(const char *iface, bool single_host, struct in_addr *out, 
 int hora__listen_tcp(struct in_addr addr, int *fd, struct sockaddr_in *bound);
 int hora__listen_unix(const char *job_id, int rank, int *fd);
 int hora__unix_address(const char *job_id, int rank, void *sun, unsigned *len);
+/* accept() failed with EMFILE/ENFILE: gives up the spare descriptor
+ * *reserve_fd for a moment to accept one pending connection and close it at
+ * once, so the listener's queue shrinks instead of poll() reporting it ready
+ * forever. 0 when one was shed (its address in *ss), -1 when there was no
+ * spare or nothing to accept. */
+struct sockaddr_storage;
+int hora__accept_shed(int lfd, int *reserve_fd, struct sockaddr_storage *ss, socklen_t *len);
 
 /* The kinds of bootstrap connection (handshake.h moves them). */
 enum hora__conn_kind { HORA_CONN_CTRL = 1, HORA_CONN_DATA = 2, HORA_CONN_CROSS = 3 };

@@ -131,3 +131,17 @@ int hora__listen_unix(const char *job_id, int rank, int *fd_out) {
   *fd_out = fd;
   return HORA_SUCCESS;
 }
+
+int hora__accept_shed(int lfd, int *reserve_fd, struct sockaddr_storage *ss, socklen_t *len) {
+  if (*reserve_fd < 0) {
+    return -1;
+  }
+  close(*reserve_fd);
+  int fd = accept4(lfd, (struct sockaddr *)ss, len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  int got = fd >= 0 ? 0 : -1;
+  if (fd >= 0) {
+    close(fd);
+  }
+  *reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return got;
+}
