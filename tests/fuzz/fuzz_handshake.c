@@ -30,7 +30,8 @@ static void check(const struct hora__hs *hs) {
   if (hs->state == HORA_HS_DONE && !hs->authenticated) {
     __builtin_trap();
   }
-  if (hs->claimed && (hs->peer < 0 || hs->peer >= hs->size || hs->kind < 1 || hs->kind > hs->kinds)) {
+  if (hs->claimed &&
+      (hs->peer < 0 || hs->peer >= hs->size || hs->kind < 1 || hs->kind > hs->kinds)) {
     __builtin_trap();
   }
 }

@@ -340,7 +340,8 @@ static void strike(int attack, struct res *r) {
 static void replay_step(const struct cmd *c, struct res *r) {
   if (replay_conn < 0) {
     replay_conn = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (replay_conn < 0 || connect(replay_conn, (const struct sockaddr *)&c->addr, c->addr_len) != 0) {
+    if (replay_conn < 0 ||
+        connect(replay_conn, (const struct sockaddr *)&c->addr, c->addr_len) != 0) {
       snprintf(r->why, sizeof(r->why), "replay connect: %s", strerror(errno));
       r->status = -1;
       return;

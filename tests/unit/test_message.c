@@ -201,7 +201,8 @@ TEST(hello_checks_shape_and_rank) {
   struct hora__hello out;
   ASSERT(hora__hello_decode(wire, 8, HORA_CONN_SLOTS, &out) == HORA_SUCCESS);
   ASSERT(out.rank == 3 && out.kind == HORA_CONN_DATA && out.nonce[2] == 7);
-  ASSERT(hora__hello_decode(wire, 4, HORA_CONN_SLOTS, &out) == HORA_ERR_INVALID_ARG); /* other job size */
+  /* another job's size */
+  ASSERT(hora__hello_decode(wire, 4, HORA_CONN_SLOTS, &out) == HORA_ERR_INVALID_ARG);
   wire[4] = 1; /* version 1 carried the secret itself */
   ASSERT(hora__hello_decode(wire, 8, HORA_CONN_SLOTS, &out) == HORA_ERR_INVALID_ARG);
   ASSERT_STR_CONTAINS(hora_last_error(), "version 1");
