@@ -157,6 +157,7 @@ static int make_secret(hora__comm *c) {
 #define RETRY_MIN_NS (10 * 1000000ull)
 #define RETRY_MAX_NS (200 * 1000000ull)
 #define LISTEN_PAUSE_NS (100 * 1000000ull)
+#define REFUSED_FOR_NS (1000 * 1000000ull) /* connections refused this long: the peer is gone */
 
 /* One of this rank's planned connections: outgoing, or incoming once the
  * peer has proved the secret (then only the acknowledgement is left). */
@@ -169,7 +170,8 @@ struct pending {
   int peer;
   int kind;
   int attempts;
-  uint64_t retry_at; /* outgoing, fd < 0: when to connect again */
+  uint64_t retry_at;      /* outgoing, fd < 0: when to connect again */
+  uint64_t refused_since; /* first of the connection refusals in a row, or 0 */
   int pfd;           /* index in the poll set, -1 when not polled */
   struct hora__hs hs;
   char last_error[200];
@@ -500,15 +502,28 @@ static void retry_later(struct plan *p, struct pending *s, const char *why) {
 static int connect_failed(struct plan *p, struct pending *s, int err) {
   char name[160];
   hora__peer_name(p->c, s->peer, name, sizeof(name));
-  close(s->fd);
-  s->fd = -1;
-  errno = err;
   if (err == ECONNREFUSED || err == ENOENT) {
     /* Every rank listens before any connects (the listening step agrees
-     * on it), so nothing listening means the peer is gone. */
+     * on it), so nothing listening means the peer is gone. Unless refusals
+     * last a while, though: a TCP listener whose queue a flood has filled
+     * refuses too where net.ipv4.tcp_abort_on_overflow is set. */
+    uint64_t now = hora__now_ns();
+    if (!s->refused_since) {
+      s->refused_since = now;
+    }
+    if (now - s->refused_since < REFUSED_FOR_NS) {
+      retry_later(p, s, strerror(err));
+      return HORA_SUCCESS;
+    }
+    close(s->fd);
+    s->fd = -1;
+    errno = err;
     return hora__error_errno(HORA_ERR_PEER_LOST,
                              "connect to %s (its listener is closed: it died or gave up)", name);
   }
+  close(s->fd);
+  s->fd = -1;
+  errno = err;
   return hora__error_errno(HORA_ERR_PEER_LOST, "connect to %s", name);
 }
 
@@ -572,6 +587,7 @@ static int step_outgoing(struct plan *p, struct pending *s) {
       return connect_failed(p, s, err);
     }
     s->connecting = false;
+    s->refused_since = 0;
   }
   for (;;) {
     int err = 0, r = pump(s->fd, &s->hs, &err);
