@@ -415,7 +415,8 @@ static int accept_from(struct plan *p, int lfd, bool unix_socket) {
     socklen_t len = sizeof(ss);
     int fd = accept4(lfd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      switch (errno) {
+      int err = errno;
+      switch (err) {
         case EAGAIN:
 #if EWOULDBLOCK != EAGAIN
         case EWOULDBLOCK:
@@ -440,11 +441,12 @@ static int accept_from(struct plan *p, int lfd, bool unix_socket) {
           if (shed_one(p, lfd)) {
             continue;
           }
-          return pause_accepting(p, EMFILE);
+          return pause_accepting(p, err);
         case ENOBUFS:
         case ENOMEM:
-          return pause_accepting(p, errno);
+          return pause_accepting(p, err);
         default:
+          errno = err;
           return hora__error_errno(HORA_ERR_SYSTEM, "accept");
       }
     }
@@ -547,12 +549,14 @@ static int start_connect(struct plan *p, struct pending *s) {
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   }
   if (fd < 0) {
-    if (errno == EMFILE || errno == ENFILE) {
+    int err = errno;
+    if (err == EMFILE || err == ENFILE) {
       /* A stranger's descriptor is worth less than a peer's. */
       drop_oldest(p, "dropped to free a file descriptor (EMFILE/ENFILE)");
-      retry_later(p, s, strerror(errno));
+      retry_later(p, s, strerror(err));
       return HORA_SUCCESS;
     }
+    errno = err;
     return hora__error_errno(HORA_ERR_SYSTEM, "socket");
   }
   s->fd = fd;
