@@ -3,17 +3,21 @@
  *
  *   1. duplicate MPI_COMM_WORLD; rank, size
  *   2. local rank/size by shared-memory domain, host index by local leaders
- *   3. rank 0 draws the job secret; MPI_Bcast
+ *   3. rank 0 draws the job secret and a separate job id; MPI_Bcast
  *   4. every rank listens (TCP on the chosen interface, Unix socket for its
  *      host) and the addresses are allgathered
  *   5. the planned connections are made, all at once and without blocking:
- *      the higher rank of a pair connects, sends a hello carrying the
- *      secret, and waits for the acknowledgement
+ *      the higher rank of a pair connects, and both prove to each other
+ *      that they know the secret (handshake.h: HMAC-SHA-256 over nonces of
+ *      both sides; the secret itself never crosses the wire). Strangers
+ *      are dropped after 1 s and few are held (see HALF_OPEN_MAX)
  *
  * Planned connections: control star (rank 0 <-> every rank) and data ring
  * (rank r <-> r+1). Peers on one host use Unix sockets. */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +30,6 @@
 #include "../runtime/params.h"
 #include "comm.h"
 #include "shm.h"
-
-#define HELLO_ACK_WORD 0x214b4f48u /* "HOK!" */
 
 int hora__mpi_error(int err, const char *call) {
   char msg[MPI_MAX_ERROR_STRING];
@@ -102,50 +104,103 @@ static int agree(hora__comm *c, int rc, const char *step) {
   return HORA_SUCCESS;
 }
 
-static int make_secret(hora__comm *c) {
-  int rc = HORA_SUCCESS;
-  if (c->rank == 0) {
-    size_t got = 0;
-    while (got < HORA_SECRET_LEN && rc == HORA_SUCCESS) {
-      ssize_t n = getrandom(c->secret + got, HORA_SECRET_LEN - got, 0);
-      if (n < 0 && errno != EINTR) {
-        rc = hora__error_errno(HORA_ERR_SYSTEM, "getrandom (job secret)");
-      }
-      if (n > 0) {
-        got += (size_t)n;
-      }
+static int random_bytes(void *buf, size_t n, const char *what) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom((uint8_t *)buf + got, n - got, 0);
+    if (r < 0 && errno != EINTR) {
+      return hora__error_errno(HORA_ERR_SYSTEM, "getrandom (%s)", what);
+    }
+    if (r > 0) {
+      got += (size_t)r;
     }
   }
-  HORA_CHECK(agree(c, rc, "job secret"));
-  MPI_CHECK(MPI_Bcast(c->secret, HORA_SECRET_LEN, MPI_BYTE, 0, c->mpi));
-  for (int i = 0; i < 8; i++) {
-    snprintf(c->job_id + 2 * i, 3, "%02x", c->secret[i]);
+  return HORA_SUCCESS;
+}
+
+/* Rank 0 draws the job secret and, apart from it, the job id that names
+ * the Unix sockets: the id is public (anyone on the host can list the
+ * abstract names), so it must carry no bit of the secret. */
+static int make_secret(hora__comm *c) {
+  uint8_t drawn[HORA_SECRET_LEN + 8];
+  int rc = HORA_SUCCESS;
+  if (c->rank == 0) {
+    rc = random_bytes(drawn, sizeof(drawn), "job secret");
   }
+  HORA_CHECK(agree(c, rc, "job secret"));
+  MPI_CHECK(MPI_Bcast(drawn, (int)sizeof(drawn), MPI_BYTE, 0, c->mpi));
+  memcpy(c->secret, drawn, HORA_SECRET_LEN);
+  for (int i = 0; i < 8; i++) {
+    snprintf(c->job_id + 2 * i, 3, "%02x", drawn[HORA_SECRET_LEN + i]);
+  }
+  OPENSSL_cleanse(drawn, sizeof(drawn));
   return HORA_SUCCESS;
 }
 
 /* ---- connection setup ----------------------------------------------------- */
 
-enum sock_state { S_CONNECTING, S_SEND_HELLO, S_WAIT_ACK, S_WAIT_HELLO, S_SEND_ACK, S_DONE };
+/* Strangers. Anyone may connect to a listener, so an accepted connection
+ * is held to a deadline and a bound until it has proved the job secret:
+ * HELLO_DEADLINE_NS for the whole handshake, and at most HALF_OPEN_MAX of
+ * them at once, plus one per connection this rank expects (rank 0 of a
+ * large job takes thousands of control connections at once, and needs
+ * their descriptors anyway). When the table is full the oldest is dropped,
+ * not the newcomer: connections held open (silent, or half a hello) then
+ * cannot keep peers out, since an attacker would have to open more than
+ * the table's worth of new ones within each peer's handshake round trip. A
+ * peer dropped anyway is not lost: the connecting side retries any
+ * connection closed before the acknowledgement, until
+ * HORA_CONNECT_TIMEOUT_SECONDS. */
+#define HALF_OPEN_MAX 64
+#define HELLO_DEADLINE_NS 1000000000ull
+#define ACCEPT_BATCH 16 /* per listener and turn: handshakes in flight move between batches */
+#define RETRY_MIN_NS (10 * 1000000ull)
+#define RETRY_MAX_NS (200 * 1000000ull)
+#define LISTEN_PAUSE_NS (100 * 1000000ull)
+#define REFUSED_FOR_NS (1000 * 1000000ull) /* connections refused this long: the peer is gone */
 
+/* One of this rank's planned connections: outgoing, or incoming once the
+ * peer has proved the secret (then only the acknowledgement is left). */
 struct pending {
   int fd;
-  enum sock_state state;
   bool outgoing;
   bool unix_socket;
+  bool connecting; /* connect() in progress */
+  bool done;
   int peer;
   int kind;
-  uint8_t buf[HORA_HELLO_WIRE_SIZE];
-  size_t done; /* bytes of buf sent or received */
-  uint64_t retry_at;
+  int attempts;
+  uint64_t retry_at;      /* outgoing, fd < 0: when to connect again */
+  uint64_t refused_since; /* first of the connection refusals in a row, or 0 */
+  int pfd;           /* index in the poll set, -1 when not polled */
+  struct hora__hs hs;
+  char last_error[200];
+};
+
+/* An accepted connection that has not yet proved the secret. */
+struct stranger {
+  int fd;
+  bool unix_socket;
+  uint64_t since;
+  int pfd;
+  struct hora__hs hs;
+  char who[96];
 };
 
 struct plan {
   hora__comm *c;
   struct pending *socks;
   int nsocks, cap;
-  int expected_in; /* incoming connections still to arrive */
-  uint8_t *want_in;   /* [size * kinds]: 1 while (peer, kind) is expected */
+  int expected_in;  /* incoming connections still to arrive */
+  uint8_t *want_in; /* [size * slots]: 1 while (peer, kind) is expected */
+  struct stranger *half; /* [half_max] */
+  int nhalf, half_max;
+  uint64_t listen_resume_at; /* accepting paused (out of descriptors, no spare left) */
+  int refused;
+  char first_refused[256];
+  uint64_t rng;
+  struct pollfd *fds;
+  int fds_cap;
 };
 
 static bool same_host(const hora__comm *c, int peer) {
@@ -164,6 +219,314 @@ static int add_sock(struct plan *p, struct pending s) {
   }
   p->socks[p->nsocks++] = s;
   return HORA_SUCCESS;
+}
+
+static size_t slot_of(int peer, int kind) {
+  return (size_t)peer * HORA_CONN_SLOTS + (size_t)(kind - 1);
+}
+
+static const char *kind_name(int kind) {
+  int k = (kind - 1) % HORA_CONN_KINDS + 1;
+  return k == HORA_CONN_CTRL ? "control" : k == HORA_CONN_DATA ? "data" : "cross-host data";
+}
+
+/* ---- strangers ---- */
+
+static void describe_peer(int fd, const struct sockaddr_storage *ss, char *who, size_t n) {
+  if (ss->ss_family == AF_INET) {
+    const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
+    snprintf(who, n, "%s:%d", ip, ntohs(sin->sin_port));
+    return;
+  }
+  struct ucred cred;
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    snprintf(who, n, "a local process (pid %d, uid %u)", (int)cred.pid, (unsigned)cred.uid);
+  } else {
+    snprintf(who, n, "a local process");
+  }
+}
+
+static void note_refusal(struct plan *p, const char *who, const char *why) {
+  HORA_INFO("bootstrap: closed the connection from %s: %s", who, why);
+  if (p->refused++ == 0) {
+    snprintf(p->first_refused, sizeof(p->first_refused), "%s: %s", who, why);
+  }
+}
+
+static void refuse(struct plan *p, int i, const char *why) {
+  struct stranger *t = &p->half[i];
+  note_refusal(p, t->who, why);
+  close(t->fd);
+  p->half[i] = p->half[--p->nhalf];
+}
+
+static void drop_oldest(struct plan *p, const char *why) {
+  if (p->nhalf == 0) {
+    return;
+  }
+  int oldest = 0;
+  for (int i = 1; i < p->nhalf; i++) {
+    if (p->half[i].since < p->half[oldest].since) {
+      oldest = i;
+    }
+  }
+  refuse(p, oldest, why);
+}
+
+/* Moves bytes of a handshake until the socket would block or a message is
+ * complete. Returns 1 after a complete message (call again), 0 when it
+ * would block or the handshake ended, -1 when the connection broke
+ * (*err: errno, or 0 for EOF). */
+static int pump(int fd, struct hora__hs *hs, int *err) {
+  while (hs->state == HORA_HS_SEND || hs->state == HORA_HS_RECV) {
+    uint8_t *buf;
+    size_t n;
+    int step = hs->step;
+    bool sending = hs->state == HORA_HS_SEND;
+    hora__hs_io(hs, &buf, &n);
+    ssize_t r = sending ? send(fd, buf, n, MSG_NOSIGNAL) : recv(fd, buf, n, 0);
+    if (r < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return 0;
+      }
+      *err = errno;
+      return -1;
+    }
+    if (r == 0 && !sending) {
+      *err = 0;
+      return -1;
+    }
+    hora__hs_advance(hs, (size_t)r);
+    if (hs->step != step || (hs->state != HORA_HS_SEND && hs->state != HORA_HS_RECV)) {
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int step_incoming(struct plan *p, int i);
+
+/* A stranger's handshake moves; it leaves the table refused, or as one of
+ * the planned connections once it has proved the secret. */
+static int step_stranger(struct plan *p, int i) {
+  hora__comm *c = p->c;
+  struct stranger *t = &p->half[i];
+  char why[200];
+  for (;;) {
+    int err = 0, r = pump(t->fd, &t->hs, &err);
+    if (r < 0) {
+      snprintf(why, sizeof(why), "%s before proving the job secret",
+               err ? strerror(err) : "closed");
+      refuse(p, i, why);
+      return HORA_SUCCESS;
+    }
+    if (t->hs.state == HORA_HS_FAILED) {
+      refuse(p, i, t->hs.why);
+      return HORA_SUCCESS;
+    }
+    /* Refused at once when no such connection is expected (any more):
+     * nothing to gain from going on. Checked again once authenticated. */
+    if (t->hs.claimed && !p->want_in[slot_of(t->hs.peer, t->hs.kind)]) {
+      snprintf(why, sizeof(why), "unexpected or duplicate %s connection from rank %d",
+               kind_name(t->hs.kind), t->hs.peer);
+      refuse(p, i, why);
+      return HORA_SUCCESS;
+    }
+    if (t->hs.authenticated) {
+      struct pending s = {.fd = t->fd, .unix_socket = t->unix_socket, .peer = t->hs.peer,
+                          .kind = t->hs.kind, .pfd = -1, .hs = t->hs};
+      p->half[i] = p->half[--p->nhalf];
+      if (add_sock(p, s) != HORA_SUCCESS) {
+        close(s.fd);
+        return HORA_ERR_NO_MEMORY;
+      }
+      p->want_in[slot_of(s.peer, s.kind)] = 0;
+      p->expected_in--;
+      char name[160];
+      HORA_DEBUG("bootstrap: %s connection from %s authenticated", kind_name(s.kind),
+                 hora__peer_name(c, s.peer, name, sizeof(name)));
+      return step_incoming(p, p->nsocks - 1);
+    }
+    if (r == 0) {
+      return HORA_SUCCESS;
+    }
+  }
+}
+
+/* An authenticated incoming connection sends its acknowledgement. If the
+ * connection breaks first, the slot opens again: the peer, which has not
+ * seen the acknowledgement, connects again. */
+static int step_incoming(struct plan *p, int i) {
+  struct pending *s = &p->socks[i];
+  int err = 0, r;
+  while ((r = pump(s->fd, &s->hs, &err)) > 0) {
+  }
+  if (s->hs.state == HORA_HS_DONE) {
+    s->done = true;
+    return HORA_SUCCESS;
+  }
+  if (r < 0 || s->hs.state == HORA_HS_FAILED) {
+    char name[160];
+    HORA_DEBUG("bootstrap: the connection from %s broke before its acknowledgement",
+               hora__peer_name(p->c, s->peer, name, sizeof(name)));
+    close(s->fd);
+    p->want_in[slot_of(s->peer, s->kind)] = 1;
+    p->expected_in++;
+    p->socks[i] = p->socks[--p->nsocks];
+  }
+  return HORA_SUCCESS;
+}
+
+/* The descriptor table is full and no stranger is left to drop: shed one
+ * connection through the spare descriptor. */
+static bool shed_one(struct plan *p, int lfd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  if (hora__accept_shed(lfd, &p->c->reserve_fd, &ss, &len) != 0) {
+    return false;
+  }
+  char who[96] = "a local process";
+  if (ss.ss_family == AF_INET) {
+    describe_peer(-1, &ss, who, sizeof(who));
+  }
+  note_refusal(p, who, "out of file descriptors (EMFILE/ENFILE)");
+  return true;
+}
+
+/* Out of descriptors or kernel memory: poll() would report the listener
+ * ready again at once, so stop watching it for a moment instead. */
+static int pause_accepting(struct plan *p, int err) {
+  HORA_WARN("bootstrap: accept: %s; not accepting for %llu ms", strerror(err),
+            (unsigned long long)(LISTEN_PAUSE_NS / 1000000));
+  p->listen_resume_at = hora__now_ns() + LISTEN_PAUSE_NS;
+  return HORA_SUCCESS;
+}
+
+static int accept_from(struct plan *p, int lfd, bool unix_socket) {
+  hora__comm *c = p->c;
+  for (int n = 0; n < ACCEPT_BATCH; n++) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    int fd = accept4(lfd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      int err = errno;
+      switch (err) {
+        case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+        case EWOULDBLOCK:
+#endif
+          return HORA_SUCCESS;
+        case EINTR:
+        case ECONNABORTED:
+        case EPROTO:
+        case ENETDOWN:
+        case ENOPROTOOPT:
+        case EHOSTDOWN:
+        case ENONET:
+        case EHOSTUNREACH:
+        case ENETUNREACH:
+          continue; /* that connection's trouble, not the listener's (accept(2)) */
+        case EMFILE:
+        case ENFILE:
+          if (p->nhalf > 0) {
+            drop_oldest(p, "dropped to free a file descriptor (EMFILE/ENFILE)");
+            continue;
+          }
+          if (shed_one(p, lfd)) {
+            continue;
+          }
+          return pause_accepting(p, err);
+        case ENOBUFS:
+        case ENOMEM:
+          return pause_accepting(p, err);
+        default:
+          errno = err;
+          return hora__error_errno(HORA_ERR_SYSTEM, "accept");
+      }
+    }
+    if (p->nhalf == p->half_max) {
+      drop_oldest(p, "dropped as the oldest of too many connections that have not proved "
+                     "the job secret");
+    }
+    struct stranger *t = &p->half[p->nhalf++];
+    t->fd = fd;
+    t->unix_socket = unix_socket;
+    t->since = hora__now_ns();
+    t->pfd = -1;
+    describe_peer(fd, &ss, t->who, sizeof(t->who));
+    uint8_t nonce[HORA_HS_NONCE_LEN];
+    int rc = random_bytes(nonce, sizeof(nonce), "handshake nonce");
+    if (rc != HORA_SUCCESS) {
+      close(fd);
+      p->nhalf--;
+      return rc;
+    }
+    hora__hs_acceptor(&t->hs, c->secret, c->size, HORA_CONN_SLOTS, c->rank, nonce);
+    /* A peer's hello is usually there already: answer it now. */
+    HORA_CHECK(step_stranger(p, p->nhalf - 1));
+  }
+  return HORA_SUCCESS;
+}
+
+/* ---- outgoing ---- */
+
+/* The connection was closed or refused before the acknowledgement, as a
+ * peer does with strangers beyond its bound: connect again, after a
+ * back-off that grows and is jittered so that ranks do not come back in
+ * lockstep. */
+static void retry_later(struct plan *p, struct pending *s, const char *why) {
+  char name[160];
+  if (s->fd >= 0) {
+    close(s->fd);
+    s->fd = -1;
+  }
+  s->connecting = false;
+  hora__strlcpy(s->last_error, why, sizeof(s->last_error));
+  uint64_t wait = RETRY_MIN_NS << HORA_MIN(s->attempts, 5);
+  wait = HORA_MIN(wait, RETRY_MAX_NS);
+  p->rng ^= p->rng << 13;
+  p->rng ^= p->rng >> 7;
+  p->rng ^= p->rng << 17;
+  wait = wait / 2 + p->rng % (wait + 1);
+  s->attempts++;
+  s->retry_at = hora__now_ns() + wait;
+  HORA_DEBUG("bootstrap: %s connection to %s: %s; connecting again in %llu ms",
+             kind_name(s->kind), hora__peer_name(p->c, s->peer, name, sizeof(name)), why,
+             (unsigned long long)(wait / 1000000));
+}
+
+static int connect_failed(struct plan *p, struct pending *s, int err) {
+  char name[160];
+  hora__peer_name(p->c, s->peer, name, sizeof(name));
+  if (err == ECONNREFUSED || err == ENOENT) {
+    /* Every rank listens before any connects (the listening step agrees
+     * on it), so nothing listening means the peer is gone. Unless refusals
+     * last a while, though: a TCP listener whose queue a flood has filled
+     * refuses too where net.ipv4.tcp_abort_on_overflow is set. */
+    uint64_t now = hora__now_ns();
+    if (!s->refused_since) {
+      s->refused_since = now;
+    }
+    if (now - s->refused_since < REFUSED_FOR_NS) {
+      retry_later(p, s, strerror(err));
+      return HORA_SUCCESS;
+    }
+    close(s->fd);
+    s->fd = -1;
+    errno = err;
+    return hora__error_errno(HORA_ERR_PEER_LOST,
+                             "connect to %s (its listener is closed: it died or gave up)", name);
+  }
+  close(s->fd);
+  s->fd = -1;
+  errno = err;
+  return hora__error_errno(HORA_ERR_PEER_LOST, "connect to %s", name);
 }
 
 static int start_connect(struct plan *p, struct pending *s) {
@@ -186,158 +549,71 @@ static int start_connect(struct plan *p, struct pending *s) {
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   }
   if (fd < 0) {
+    int err = errno;
+    if (err == EMFILE || err == ENFILE) {
+      /* A stranger's descriptor is worth less than a peer's. */
+      drop_oldest(p, "dropped to free a file descriptor (EMFILE/ENFILE)");
+      retry_later(p, s, strerror(err));
+      return HORA_SUCCESS;
+    }
+    errno = err;
     return hora__error_errno(HORA_ERR_SYSTEM, "socket");
   }
   s->fd = fd;
-  s->state = S_CONNECTING;
-  if (connect(fd, (struct sockaddr *)&ss, len) < 0 && errno != EINPROGRESS && errno != EAGAIN) {
-    if (errno == ECONNREFUSED || errno == ENOENT) {
-      /* Not listening yet, or momentarily full: try again shortly. */
-      close(fd);
-      s->fd = -1;
-      s->retry_at = hora__now_ns() + 20 * 1000000ull;
+  s->connecting = true;
+  if (connect(fd, (struct sockaddr *)&ss, len) < 0 && errno != EINPROGRESS) {
+    if (errno == EAGAIN) {
+      /* A Unix listener's queue is full: its rank is busy accepting. */
+      retry_later(p, s, "the listener's queue is full");
       return HORA_SUCCESS;
     }
-    char name[160];
-    return hora__error_errno(HORA_ERR_PEER_LOST, "connect to %s",
-                             hora__peer_name(c, s->peer, name, sizeof(name)));
+    return connect_failed(p, s, errno);
   }
-  struct hora__hello h = {.magic = HORA_HELLO_MAGIC,
-                          .version = HORA_HELLO_VERSION,
-                          .kind = (uint16_t)s->kind,
-                          .rank = c->rank,
-                          .size = c->size};
-  memcpy(h.secret, c->secret, HORA_SECRET_LEN);
-  hora__hello_encode(&h, s->buf);
-  s->done = 0;
+  uint8_t nonce[HORA_HS_NONCE_LEN];
+  HORA_CHECK(random_bytes(nonce, sizeof(nonce), "handshake nonce"));
+  hora__hs_connector(&s->hs, c->secret, c->size, HORA_CONN_SLOTS, c->rank, s->peer, s->kind,
+                     nonce);
   return HORA_SUCCESS;
 }
 
-/* Closes an incoming connection that failed or was refused before its
- * handshake ended; the listener goes on waiting for the real peer. */
-static int drop_incoming(struct pending *s) {
-  close(s->fd);
-  s->fd = -1;
-  s->state = S_DONE;
-  s->peer = -1;
-  return HORA_SUCCESS;
-}
-
-/* Moves one socket's handshake forward; returns PEER_LOST on failures of
- * our own outgoing connections, and refuses bad incoming ones. */
-static int step(struct plan *p, struct pending *s) {
-  hora__comm *c = p->c;
-  char name[160];
+static int step_outgoing(struct plan *p, struct pending *s) {
+  char name[160], why[200];
+  if (s->connecting) {
+    int err = 0;
+    socklen_t l = sizeof(err);
+    if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0) {
+      err = errno;
+    }
+    if (err == EINPROGRESS || err == EALREADY) {
+      return HORA_SUCCESS;
+    }
+    if (err != 0) {
+      return connect_failed(p, s, err);
+    }
+    s->connecting = false;
+    s->refused_since = 0;
+  }
   for (;;) {
-    switch (s->state) {
-      case S_CONNECTING: {
-        int err = 0;
-        socklen_t l = sizeof(err);
-        if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0) {
-          err = errno;
-        }
-        if (err == EINPROGRESS) {
-          return HORA_SUCCESS;
-        }
-        if (err == ECONNREFUSED) {
-          close(s->fd);
-          s->fd = -1;
-          s->retry_at = hora__now_ns() + 20 * 1000000ull;
-          return HORA_SUCCESS;
-        }
-        if (err != 0) {
-          errno = err;
-          return hora__error_errno(HORA_ERR_PEER_LOST, "connect to %s",
-                                   hora__peer_name(c, s->peer, name, sizeof(name)));
-        }
-        s->state = S_SEND_HELLO;
-        break;
-      }
-      case S_SEND_HELLO:
-      case S_SEND_ACK: {
-        size_t total = s->state == S_SEND_HELLO ? HORA_HELLO_WIRE_SIZE : 4;
-        ssize_t n = send(s->fd, s->buf + s->done, total - s->done, MSG_NOSIGNAL);
-        if (n < 0) {
-          if (errno == EAGAIN || errno == EINTR) {
-            return HORA_SUCCESS;
-          }
-          if (s->outgoing) {
-            return hora__error_errno(HORA_ERR_PEER_LOST, "handshake with %s",
-                                     hora__peer_name(c, s->peer, name, sizeof(name)));
-          }
-          HORA_WARN("bootstrap: connection from %s broke during the handshake",
-                    hora__peer_name(c, s->peer, name, sizeof(name)));
-          return drop_incoming(s);
-        }
-        s->done += (size_t)n;
-        if (s->done < total) {
-          return HORA_SUCCESS;
-        }
-        s->done = 0;
-        s->state = s->state == S_SEND_HELLO ? S_WAIT_ACK : S_DONE;
-        if (s->state == S_DONE) {
-          return HORA_SUCCESS;
-        }
-        break;
-      }
-      case S_WAIT_ACK:
-      case S_WAIT_HELLO: {
-        size_t total = s->state == S_WAIT_ACK ? 4 : HORA_HELLO_WIRE_SIZE;
-        ssize_t n = recv(s->fd, s->buf + s->done, total - s->done, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-          return HORA_SUCCESS;
-        }
-        if (n <= 0) {
-          if (s->outgoing) {
-            return hora__error(HORA_ERR_PEER_LOST, "%s closed the connection during the handshake",
-                               hora__peer_name(c, s->peer, name, sizeof(name)));
-          }
-          HORA_WARN("bootstrap: refused a connection that closed before its handshake");
-          return drop_incoming(s);
-        }
-        s->done += (size_t)n;
-        if (s->done < total) {
-          return HORA_SUCCESS;
-        }
-        s->done = 0;
-        if (s->state == S_WAIT_ACK) {
-          uint32_t w = (uint32_t)s->buf[0] | (uint32_t)s->buf[1] << 8 |
-                       (uint32_t)s->buf[2] << 16 | (uint32_t)s->buf[3] << 24;
-          if (w != HELLO_ACK_WORD) {
-            return hora__error(HORA_ERR_PEER_LOST, "%s answered the handshake with garbage",
-                               hora__peer_name(c, s->peer, name, sizeof(name)));
-          }
-          s->state = S_DONE;
-          return HORA_SUCCESS;
-        }
-        struct hora__hello h;
-        int rc = hora__hello_decode(s->buf, c->secret, c->size, &h);
-        if (rc == HORA_SUCCESS) {
-          size_t slot = (size_t)h.rank * HORA_CONN_SLOTS + (size_t)(h.kind - 1);
-          if (!p->want_in[slot]) {
-            rc = hora__error(HORA_ERR_INVALID_ARG, "unexpected or duplicate %s connection from rank %d",
-                             h.kind == HORA_CONN_CTRL ? "control" : "data", h.rank);
-          } else {
-            p->want_in[slot] = 0;
-            p->expected_in--;
-            s->peer = h.rank;
-            s->kind = h.kind;
-          }
-        }
-        if (rc != HORA_SUCCESS) {
-          HORA_WARN("bootstrap: refused a connection: %s", hora__error_message());
-          return drop_incoming(s);
-        }
-        uint32_t w = HELLO_ACK_WORD;
-        s->buf[0] = (uint8_t)w;
-        s->buf[1] = (uint8_t)(w >> 8);
-        s->buf[2] = (uint8_t)(w >> 16);
-        s->buf[3] = (uint8_t)(w >> 24);
-        s->state = S_SEND_ACK;
-        break;
-      }
-      case S_DONE:
-        return HORA_SUCCESS;
+    int err = 0, r = pump(s->fd, &s->hs, &err);
+    if (r < 0) {
+      snprintf(why, sizeof(why), "%s during the handshake",
+               err ? strerror(err) : "closed by the peer");
+      retry_later(p, s, why);
+      return HORA_SUCCESS;
+    }
+    if (s->hs.state == HORA_HS_FAILED) {
+      /* Whoever answered at the peer's address does not know the secret. */
+      HORA_WARN("bootstrap: %s connection to %s: the other end %s", kind_name(s->kind),
+                hora__peer_name(p->c, s->peer, name, sizeof(name)), s->hs.why);
+      retry_later(p, s, s->hs.why);
+      return HORA_SUCCESS;
+    }
+    if (s->hs.state == HORA_HS_DONE) {
+      s->done = true;
+      return HORA_SUCCESS;
+    }
+    if (r == 0) {
+      return HORA_SUCCESS;
     }
   }
 }
@@ -348,20 +624,6 @@ static int by_peer_and_kind(const void *a, const void *b) {
     return x->peer < y->peer ? -1 : 1;
   }
   return x->kind < y->kind ? -1 : x->kind > y->kind;
-}
-
-static int accept_from(struct plan *p, int lfd, bool unix_socket) {
-  for (;;) {
-    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) {
-        return HORA_SUCCESS;
-      }
-      return hora__error_errno(HORA_ERR_SYSTEM, "accept");
-    }
-    struct pending s = {.fd = fd, .state = S_WAIT_HELLO, .unix_socket = unix_socket, .peer = -1};
-    HORA_CHECK(add_sock(p, s));
-  }
 }
 
 /* Whether connections to peer of this kind use the RDMA transport. */
@@ -384,11 +646,12 @@ static int plan_socket(struct plan *p, int peer, int kind, bool use_unix) {
     }
   }
   if (c->rank > peer) {
-    struct pending s = {.fd = -1, .outgoing = true, .unix_socket = use_unix, .peer = peer, .kind = kind};
+    struct pending s = {.fd = -1, .outgoing = true, .unix_socket = use_unix, .peer = peer,
+                        .kind = kind, .pfd = -1};
     HORA_CHECK(add_sock(p, s));
     return start_connect(p, &p->socks[p->nsocks - 1]);
   }
-  size_t slot = (size_t)peer * HORA_CONN_SLOTS + (size_t)(kind - 1);
+  size_t slot = slot_of(peer, kind);
   if (!p->want_in[slot]) {
     p->want_in[slot] = 1;
     p->expected_in++;
@@ -485,14 +748,46 @@ out:
   return rc;
 }
 
+/* The message when HORA_CONNECT_TIMEOUT_SECONDS passed: the ranks still
+ * missing, and why the last try to reach one failed. */
+static int timed_out(struct plan *p) {
+  hora__comm *c = p->c;
+  char missing[512] = "", last[300] = "";
+  size_t m = 0;
+  for (int i = 0; i < p->nsocks && m + 32 < sizeof(missing); i++) {
+    struct pending *s = &p->socks[i];
+    if (s->outgoing && !s->done) {
+      m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", s->peer);
+      if (!last[0] && s->last_error[0]) {
+        snprintf(last, sizeof(last), " (to rank %d, the last try: %s)", s->peer, s->last_error);
+      }
+    }
+  }
+  for (int r = 0; r < c->size * HORA_CONN_SLOTS && m + 32 < sizeof(missing); r++) {
+    if (p->want_in[r]) {
+      m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", r / HORA_CONN_SLOTS);
+    }
+  }
+  return hora__error(HORA_ERR_PEER_LOST,
+                     "bootstrap: timed out after %gs (HORA_CONNECT_TIMEOUT_SECONDS) connecting "
+                     "to ranks:%s%s",
+                     hora__params.CONNECT_TIMEOUT_SECONDS, missing, last);
+}
+
 static int connect_all(hora__comm *c) {
   struct plan p = {.c = c};
   int rc = HORA_SUCCESS;
   hora__conn **setting_up = NULL;
   int nsetting = 0;
+  p.rng = hora__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)c->rank;
+  p.rng |= 1;
   p.want_in = hora__calloc((size_t)c->size * HORA_CONN_SLOTS, 1);
   if (!p.want_in) {
     return HORA_ERR_NO_MEMORY;
+  }
+  /* Kept for EMFILE, during the bootstrap and after (hora__accept_shed). */
+  if (c->reserve_fd < 0) {
+    c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
   if (c->rank == 0) {
     for (int r = 1; r < c->size; r++) {
@@ -517,76 +812,121 @@ static int connect_all(hora__comm *c) {
     HORA_CHECK_GOTO(plan_connection(&p, cross_peer(c, 1), HORA_CONN_CROSS), rc, out);
     HORA_CHECK_GOTO(plan_connection(&p, cross_peer(c, -1), HORA_CONN_CROSS), rc, out);
   }
+  p.half_max = HALF_OPEN_MAX + p.expected_in;
+  p.half = hora__calloc((size_t)p.half_max, sizeof(*p.half));
+  if (!p.half) {
+    rc = HORA_ERR_NO_MEMORY;
+    goto out;
+  }
   uint64_t deadline = hora__now_ns() + (uint64_t)(hora__params.CONNECT_TIMEOUT_SECONDS * 1e9);
   for (;;) {
-    bool outgoing_pending = false;
     uint64_t now = hora__now_ns();
+    bool pending = p.expected_in > 0;
     for (int i = 0; i < p.nsocks; i++) {
       struct pending *s = &p.socks[i];
-      if (s->outgoing && s->fd < 0 && s->state != S_DONE && now >= s->retry_at) {
+      if (s->outgoing && !s->done && s->fd < 0 && now >= s->retry_at) {
         HORA_CHECK_GOTO(start_connect(&p, s), rc, out);
       }
-      if (s->fd >= 0 && s->state != S_DONE) {
-        HORA_CHECK_GOTO(step(&p, s), rc, out);
-      }
-      if (s->outgoing && s->state != S_DONE) {
-        outgoing_pending = true;
-      }
+      pending = pending || !s->done;
     }
-    if (!outgoing_pending && p.expected_in == 0) {
-      bool handshakes_pending = false;
-      for (int i = 0; i < p.nsocks; i++) {
-        if (p.socks[i].fd >= 0 && p.socks[i].state != S_DONE) {
-          handshakes_pending = true;
-        }
-      }
-      if (!handshakes_pending) {
-        break;
+    if (!pending) {
+      break;
+    }
+    for (int i = 0; i < p.nhalf;) {
+      if (now - p.half[i].since >= HELLO_DEADLINE_NS) {
+        refuse(&p, i, "did not prove the job secret within 1 s");
+      } else {
+        i++;
       }
     }
     if (now >= deadline) {
-      char missing[512] = "";
-      size_t m = 0;
-      for (int i = 0; i < p.nsocks && m + 32 < sizeof(missing); i++) {
-        if (p.socks[i].outgoing && p.socks[i].state != S_DONE) {
-          m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", p.socks[i].peer);
-        }
-      }
-      for (int r = 0; r < c->size * HORA_CONN_SLOTS && m + 32 < sizeof(missing); r++) {
-        if (p.want_in[r]) {
-          m += (size_t)snprintf(missing + m, sizeof(missing) - m, " %d", r / HORA_CONN_SLOTS);
-        }
-      }
-      rc = hora__error(HORA_ERR_PEER_LOST,
-                       "bootstrap: timed out after %gs (HORA_CONNECT_TIMEOUT_SECONDS) connecting "
-                       "to ranks:%s",
-                       hora__params.CONNECT_TIMEOUT_SECONDS, missing);
+      rc = timed_out(&p);
       goto out;
     }
-    struct pollfd fds[2 + 256];
+    /* The poll set: both listeners (unless accepting is paused), every
+     * connection in its handshake. */
+    int need = 2 + p.nsocks + p.nhalf;
+    if (need > p.fds_cap) {
+      struct pollfd *f = hora__realloc(p.fds, (size_t)need * sizeof(*f));
+      if (!f) {
+        rc = HORA_ERR_NO_MEMORY;
+        goto out;
+      }
+      p.fds = f;
+      p.fds_cap = need;
+    }
     int n = 0;
-    fds[n++] = (struct pollfd){.fd = c->tcp_listen_fd, .events = POLLIN};
-    fds[n++] = (struct pollfd){.fd = c->unix_listen_fd, .events = POLLIN};
-    for (int i = 0; i < p.nsocks && n < (int)HORA_ARRAY_SIZE(fds); i++) {
+    uint64_t wake = deadline;
+    bool listening = now >= p.listen_resume_at;
+    short lev = listening ? POLLIN : 0;
+    if (!listening) {
+      wake = HORA_MIN(wake, p.listen_resume_at);
+    }
+    p.fds[n++] = (struct pollfd){.fd = c->tcp_listen_fd, .events = lev};
+    p.fds[n++] = (struct pollfd){.fd = c->unix_listen_fd, .events = lev};
+    for (int i = 0; i < p.nsocks; i++) {
       struct pending *s = &p.socks[i];
-      if (s->fd < 0 || s->state == S_DONE) {
+      s->pfd = -1;
+      if (s->done) {
         continue;
       }
-      short ev = (s->state == S_CONNECTING || s->state == S_SEND_HELLO || s->state == S_SEND_ACK)
-                     ? POLLOUT
-                     : POLLIN;
-      fds[n++] = (struct pollfd){.fd = s->fd, .events = ev};
+      if (s->fd < 0) {
+        wake = HORA_MIN(wake, s->retry_at);
+        continue;
+      }
+      s->pfd = n;
+      short ev = s->connecting || s->hs.state == HORA_HS_SEND ? POLLOUT : POLLIN;
+      p.fds[n++] = (struct pollfd){.fd = s->fd, .events = ev};
     }
-    if (poll(fds, (nfds_t)n, 20) < 0 && errno != EINTR) {
+    for (int i = 0; i < p.nhalf; i++) {
+      struct stranger *t = &p.half[i];
+      t->pfd = n;
+      wake = HORA_MIN(wake, t->since + HELLO_DEADLINE_NS);
+      short ev = t->hs.state == HORA_HS_SEND ? POLLOUT : POLLIN;
+      p.fds[n++] = (struct pollfd){.fd = t->fd, .events = ev};
+    }
+    int wait_ms = wake > now ? (int)HORA_MIN((wake - now + 999999) / 1000000, (uint64_t)1000) : 0;
+    if (poll(p.fds, (nfds_t)n, wait_ms) < 0 && errno != EINTR) {
       rc = hora__error_errno(HORA_ERR_SYSTEM, "poll");
       goto out;
     }
-    if (fds[0].revents) {
+    /* Only what poll() reported moves. Entries can move within their
+     * arrays as others leave, so each is found by its own index. */
+    for (int i = 0; i < p.nsocks; i++) {
+      struct pending *s = &p.socks[i];
+      if (s->pfd < 0 || !p.fds[s->pfd].revents) {
+        continue;
+      }
+      s->pfd = -1;
+      if (s->outgoing) {
+        HORA_CHECK_GOTO(step_outgoing(&p, s), rc, out);
+      } else {
+        int before = p.nsocks;
+        HORA_CHECK_GOTO(step_incoming(&p, i), rc, out);
+        i -= p.nsocks < before; /* the last one moved here */
+      }
+    }
+    for (int i = 0; i < p.nhalf; i++) {
+      struct stranger *t = &p.half[i];
+      if (t->pfd < 0 || !p.fds[t->pfd].revents) {
+        continue;
+      }
+      t->pfd = -1;
+      int before = p.nhalf;
+      HORA_CHECK_GOTO(step_stranger(&p, i), rc, out);
+      i -= p.nhalf < before;
+    }
+    if (p.fds[0].revents) {
       HORA_CHECK_GOTO(accept_from(&p, c->tcp_listen_fd, false), rc, out);
     }
-    if (fds[1].revents) {
+    if (p.fds[1].revents) {
       HORA_CHECK_GOTO(accept_from(&p, c->unix_listen_fd, true), rc, out);
     }
+  }
+
+  /* Whoever has not proved the secret by now never will be needed. */
+  while (p.nhalf > 0) {
+    refuse(&p, p.nhalf - 1, "the bootstrap ended before it proved the job secret");
   }
 
   /* Sockets become control connections, or data connections of the chosen
@@ -655,7 +995,17 @@ out:
       close(p.socks[i].fd);
     }
   }
+  while (p.nhalf > 0) {
+    refuse(&p, p.nhalf - 1, "the bootstrap ended before it proved the job secret");
+  }
+  if (p.refused > 0) {
+    HORA_WARN("bootstrap: closed %d connection%s that did not prove the job secret (first: %s)%s",
+              p.refused, p.refused == 1 ? "" : "s", p.first_refused,
+              hora__log_enabled(HORA_LOG_INFO) ? "" : "; HORA_LOG_LEVEL=info names each");
+  }
   free(p.socks);
+  free(p.half);
+  free(p.fds);
   free(p.want_in);
   free(setting_up);
   return rc;
@@ -877,7 +1227,7 @@ int hora__comm_create(MPI_Comm world, hora__comm **out) {
   if (!c) {
     return HORA_ERR_NO_MEMORY;
   }
-  c->tcp_listen_fd = c->unix_listen_fd = -1;
+  c->tcp_listen_fd = c->unix_listen_fd = c->reserve_fd = -1;
   c->mpi = MPI_COMM_NULL;
   int rc = comm_create(world, c);
   if (rc != HORA_SUCCESS) {
@@ -914,6 +1264,10 @@ void hora__comm_disconnect(hora__comm *c) {
   if (c->unix_listen_fd >= 0) {
     close(c->unix_listen_fd);
     c->unix_listen_fd = -1;
+  }
+  if (c->reserve_fd >= 0) {
+    close(c->reserve_fd);
+    c->reserve_fd = -1;
   }
 }
 

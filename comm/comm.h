@@ -8,9 +8,9 @@
 #include <netinet/in.h>
 
 #include "../runtime/common.h"
+#include "handshake.h"
 #include "transport.h"
 
-#define HORA_SECRET_LEN 32
 #define HORA_HOST_MAX 64
 
 /* What every rank tells every other at bootstrap (MPI_Allgather). Plain
@@ -54,11 +54,12 @@ struct hora__comm {
   int cross_rank, cross_size;
   struct hora__peer_info *peers; /* [size] */
   uint8_t secret[HORA_SECRET_LEN];
-  char job_id[17]; /* hex of the secret's first 8 bytes: names sockets */
+  char job_id[17]; /* 8 random bytes in hex, drawn apart from the secret: names sockets */
   MPI_Comm mpi;    /* the job's duplicate of MPI_COMM_WORLD; bootstrap only */
 
   int tcp_listen_fd;
   int unix_listen_fd;
+  int reserve_fd; /* spare descriptor for shedding connections on EMFILE (hora__accept_shed) */
   struct sockaddr_in tcp_addr;
 
   /* Control plane: a star around rank 0 (at rank 0 ctrl[r] for every
@@ -206,31 +207,19 @@ int hora__choose_ipv4(const char *iface, bool single_host, struct in_addr *out, 
 int hora__listen_tcp(struct in_addr addr, int *fd, struct sockaddr_in *bound);
 int hora__listen_unix(const char *job_id, int rank, int *fd);
 int hora__unix_address(const char *job_id, int rank, void *sun, unsigned *len);
+/* accept() failed with EMFILE/ENFILE: gives up the spare descriptor
+ * *reserve_fd for a moment to accept one pending connection and close it at
+ * once, so the listener's queue shrinks instead of poll() reporting it ready
+ * forever. 0 when one was shed (its address in *ss), -1 when there was no
+ * spare or nothing to accept. */
+struct sockaddr_storage;
+int hora__accept_shed(int lfd, int *reserve_fd, struct sockaddr_storage *ss, socklen_t *len);
 
-/* The handshake every connection opens with. */
-#define HORA_HELLO_MAGIC 0x41524f48u /* "HORA" */
-#define HORA_HELLO_VERSION 1
-#define HORA_HELLO_ACK 0x4b41u
+/* The kinds of bootstrap connection (handshake.h moves them). */
 enum hora__conn_kind { HORA_CONN_CTRL = 1, HORA_CONN_DATA = 2, HORA_CONN_CROSS = 3 };
 #define HORA_CONN_KINDS 3
 /* On the wire a connection's kind also names which of a TCP connection's
  * sockets it is: kind + HORA_CONN_KINDS * socket index. */
 #define HORA_CONN_SLOTS (HORA_CONN_KINDS * HORA_TCP_STREAMS_MAX)
-
-struct hora__hello {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t kind;
-  int32_t rank;
-  int32_t size;
-  uint8_t secret[HORA_SECRET_LEN];
-};
-#define HORA_HELLO_WIRE_SIZE 48
-
-void hora__hello_encode(const struct hora__hello *h, uint8_t out[HORA_HELLO_WIRE_SIZE]);
-/* Checks a received hello against this job; fills *h. On failure returns
- * HORA_ERR_INVALID_ARG with the reason (for the refusal log). */
-int hora__hello_decode(const uint8_t in[HORA_HELLO_WIRE_SIZE], const uint8_t *secret, int size,
-                       struct hora__hello *h);
 
 #endif

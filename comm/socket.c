@@ -1,5 +1,5 @@
-/* Socket helpers: interface choice, listeners, and the connection handshake
- * that admits only processes of this job. */
+/* Socket helpers: interface choice and listeners (the handshake that admits
+ * only processes of this job is handshake.c). */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -132,56 +132,16 @@ int hora__listen_unix(const char *job_id, int rank, int *fd_out) {
   return HORA_SUCCESS;
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-  p[2] = (uint8_t)(v >> 16);
-  p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-void hora__hello_encode(const struct hora__hello *h, uint8_t out[HORA_HELLO_WIRE_SIZE]) {
-  put32(out, h->magic);
-  put32(out + 4, (uint32_t)h->version | (uint32_t)h->kind << 16);
-  put32(out + 8, (uint32_t)h->rank);
-  put32(out + 12, (uint32_t)h->size);
-  memcpy(out + 16, h->secret, HORA_SECRET_LEN);
-}
-
-int hora__hello_decode(const uint8_t in[HORA_HELLO_WIRE_SIZE], const uint8_t *secret, int size,
-                       struct hora__hello *h) {
-  h->magic = get32(in);
-  uint32_t vk = get32(in + 4);
-  h->version = (uint16_t)vk;
-  h->kind = (uint16_t)(vk >> 16);
-  h->rank = (int32_t)get32(in + 8);
-  h->size = (int32_t)get32(in + 12);
-  memcpy(h->secret, in + 16, HORA_SECRET_LEN);
-  if (h->magic != HORA_HELLO_MAGIC) {
-    return hora__error(HORA_ERR_INVALID_ARG, "not a hora handshake (magic 0x%08x)", h->magic);
+int hora__accept_shed(int lfd, int *reserve_fd, struct sockaddr_storage *ss, socklen_t *len) {
+  if (*reserve_fd < 0) {
+    return -1;
   }
-  if (h->version != HORA_HELLO_VERSION) {
-    return hora__error(HORA_ERR_INVALID_ARG, "handshake version %u, expected %u", h->version,
-                       HORA_HELLO_VERSION);
+  close(*reserve_fd);
+  int fd = accept4(lfd, (struct sockaddr *)ss, len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  int got = fd >= 0 ? 0 : -1;
+  if (fd >= 0) {
+    close(fd);
   }
-  /* Compare the whole secret whatever differs first, so timing does not
-   * tell a prober how much of it was right. */
-  uint8_t diff = 0;
-  for (int i = 0; i < HORA_SECRET_LEN; i++) {
-    diff |= (uint8_t)(h->secret[i] ^ secret[i]);
-  }
-  if (diff != 0) {
-    return hora__error(HORA_ERR_INVALID_ARG, "wrong job secret");
-  }
-  if (h->size != size || h->rank < 0 || h->rank >= size) {
-    return hora__error(HORA_ERR_INVALID_ARG, "rank %d of %d does not fit this job of %d ranks",
-                       h->rank, h->size, size);
-  }
-  if (h->kind < HORA_CONN_CTRL || h->kind > HORA_CONN_SLOTS) {
-    return hora__error(HORA_ERR_INVALID_ARG, "unknown connection kind %u", h->kind);
-  }
-  return HORA_SUCCESS;
+  *reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return got;
 }

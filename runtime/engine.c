@@ -1431,7 +1431,16 @@ static void refuse_connections(struct hora__engine *e, int lfd) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
     int fd = accept4(lfd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+      /* Out of descriptors, the connection would stay queued and wake
+       * poll() at once, again and again: shed it. */
+      len = sizeof(ss);
+      if (hora__accept_shed(lfd, &e->comm->reserve_fd, &ss, &len) != 0) {
+        return;
+      }
+      fd = -2;
+    }
+    if (fd == -1) {
       return;
     }
     char who[64] = "a local process";
@@ -1440,6 +1449,10 @@ static void refuse_connections(struct hora__engine *e, int lfd) {
       char ip[INET_ADDRSTRLEN];
       inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
       snprintf(who, sizeof(who), "%s:%d", ip, ntohs(sin->sin_port));
+    }
+    if (fd < 0) {
+      HORA_WARN("refused a connection from %s: out of file descriptors (EMFILE/ENFILE)", who);
+      continue;
     }
     HORA_WARN("refused a connection from %s: every connection of this job is already made",
               who);

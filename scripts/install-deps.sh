@@ -9,6 +9,7 @@ PACKAGES="
   openmpi-bin libopenmpi-dev
   mpich libmpich-dev
   libhwloc-dev hwloc
+  libssl-dev
   libibverbs-dev rdma-core ibverbs-providers ibverbs-utils perftest
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   clang libclang-rt-14-dev

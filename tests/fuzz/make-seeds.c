@@ -27,11 +27,35 @@ int main(int argc, char **argv) {
   struct hora__wbuf w = {0};
   /* hello */
   struct hora__hello h = {.magic = HORA_HELLO_MAGIC, .version = HORA_HELLO_VERSION,
-                          .kind = HORA_CONN_DATA, .rank = 3, .size = 16, .secret = {1, 2, 3}};
+                          .kind = HORA_CONN_DATA, .rank = 3, .size = 16, .nonce = {1, 2, 3}};
   uint8_t wire[HORA_HELLO_WIRE_SIZE];
   hora__hello_encode(&h, wire);
   snprintf(dir, sizeof(dir), "%s/fuzz_hello", root);
   put(dir, "valid", wire, sizeof(wire));
+  /* handshake: mode byte, nonce, then per mode (see fuzz_handshake.c) */
+  {
+    uint8_t in[1 + HORA_HS_NONCE_LEN + 1 + HORA_HELLO_WIRE_SIZE + 1 + HORA_HS_PROOF_SIZE];
+    memset(in, 0x11, sizeof(in));
+    size_t n = 0;
+    in[n++] = 0; /* a stranger's hello and a made-up proof to an acceptor */
+    n += HORA_HS_NONCE_LEN;
+    in[n++] = HORA_HELLO_WIRE_SIZE - 1;
+    hora__hello_encode(&h, in + n);
+    n += HORA_HELLO_WIRE_SIZE;
+    in[n++] = HORA_HS_PROOF_SIZE - 1;
+    snprintf(dir, sizeof(dir), "%s/fuzz_handshake", root);
+    put(dir, "stranger_hello", in, sizeof(in));
+    uint8_t wire_in[1 + HORA_HS_NONCE_LEN + 3 + 2 * HORA_HS_NONCE_LEN + 2];
+    memset(wire_in, 0x22, sizeof(wire_in));
+    wire_in[0] = 2; /* connector and acceptor, untouched wire */
+    wire_in[1 + HORA_HS_NONCE_LEN] = 5;
+    wire_in[2 + HORA_HS_NONCE_LEN] = 2;
+    wire_in[3 + HORA_HS_NONCE_LEN] = HORA_CONN_DATA - 1;
+    put(dir, "honest_wire", wire_in, sizeof(wire_in) - 2);
+    wire_in[sizeof(wire_in) - 2] = 100; /* a byte of the challenge's MAC flipped */
+    wire_in[sizeof(wire_in) - 1] = 1;
+    put(dir, "tampered_wire", wire_in, sizeof(wire_in));
+  }
   /* requests */
   struct hora__op_meta m = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .op = HORA_SUM,
                             .root = -1, .count = 1000, .prescale = 1, .postscale = 1};

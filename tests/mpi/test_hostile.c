@@ -1,13 +1,16 @@
 /* Strangers at the door: while the job runs allreduces, every rank attacks
  * its own listening sockets (TCP and Unix): random bytes, a well-formed
- * handshake with the wrong job secret, 200 connections that send nothing,
+ * hello (which proves nothing without the job secret), 200 connections that send nothing,
  * a truncated handshake. The job must keep computing right, log every
  * refused connection, and keep its file descriptors and memory bounded. */
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -105,11 +108,11 @@ static void *attacker(void *arg) {
         close(fd);
       }
     }
-    { /* the right shape, the wrong secret */
+    { /* a well-formed hello (it proves nothing) */
       struct hora__hello h = {.magic = HORA_HELLO_MAGIC, .version = HORA_HELLO_VERSION,
                               .kind = HORA_CONN_DATA, .rank = 0, .size = mt_size};
-      if (getrandom(h.secret, sizeof(h.secret), 0) < 0) {
-        memset(h.secret, 7, sizeof(h.secret));
+      if (getrandom(h.nonce, sizeof(h.nonce), 0) < 0) {
+        memset(h.nonce, 7, sizeof(h.nonce));
       }
       uint8_t wire[HORA_HELLO_WIRE_SIZE];
       hora__hello_encode(&h, wire);
@@ -201,6 +204,51 @@ static void under_attack(void) {
            attacks_made, refused);
 }
 
+/* Out of file descriptors after hora_init: connections still arrive, and
+ * the coordinator, idle, must shed them rather than spin on a listener
+ * that poll() reports ready forever. A forked child connects 200 times
+ * while this rank's descriptor limit is at its lowest free descriptor. */
+static void no_spin_out_of_descriptors(void) {
+  MT_CHECK(find_addresses(), "rank %d: no 'listening on' line in its debug log", mt_rank);
+  MT_OK(hora_barrier());
+  pid_t child = fork();
+  if (child == 0) {
+    usleep(200000);
+    int fds[200];
+    for (int i = 0; i < 200; i++) {
+      fds[i] = dial(i % 2);
+    }
+    usleep(300000);
+    for (int i = 0; i < 200; i++) {
+      if (fds[i] >= 0) {
+        close(fds[i]);
+      }
+    }
+    _exit(0);
+  }
+  struct rlimit saved, low;
+  getrlimit(RLIMIT_NOFILE, &saved);
+  int lowest = open("/dev/null", O_RDONLY);
+  close(lowest);
+  low = saved;
+  low.rlim_cur = (rlim_t)lowest;
+  struct rusage r0, r1;
+  getrusage(RUSAGE_SELF, &r0);
+  setrlimit(RLIMIT_NOFILE, &low);
+  usleep(1500000);
+  setrlimit(RLIMIT_NOFILE, &saved);
+  getrusage(RUSAGE_SELF, &r1);
+  waitpid(child, NULL, 0);
+  double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec -
+                        r0.ru_stime.tv_sec) +
+               (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec -
+                        r0.ru_stime.tv_usec) * 1e-6;
+  MT_CHECK(cpu < 0.3, "%.2f s of CPU in 1.5 s idle with no file descriptor left", cpu);
+  float v = 1;
+  MT_OK(hora_allreduce("after-emfile", &v, &v, 1, HORA_FLOAT32, HORA_SUM));
+  MT_CHECK(v == (float)mt_size, "allreduce after EMFILE gave %g", (double)v);
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -211,6 +259,7 @@ int main(int argc, char **argv) {
   setenv("HORA_LOG_LEVEL", "debug", 1);
   mt_init();
   mt_run("hostile/connections_refused_training_goes_on", under_attack);
+  mt_run("hostile/out_of_descriptors_no_spin", no_spin_out_of_descriptors);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   mt_remove_shared_dir(logdir);

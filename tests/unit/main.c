@@ -25,7 +25,8 @@ int test_skipped;
   X(message_responses_roundtrip)                                                             \
   X(message_responses_reject_malformed)                                                      \
   X(message_abort_roundtrip)                                                                 \
-  X(hello_checks_secret_and_rank)                                                            \
+  X(hello_checks_shape_and_rank)                                                             \
+  X(handshake_proves_the_secret_both_ways)                                                   \
   X(table_put_get_remove_grow)                                                               \
   X(table_reuses_removed_entries)                                                            \
   X(strerror_covers_every_code)                                                              \

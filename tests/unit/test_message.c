@@ -193,26 +193,150 @@ TEST(message_abort_roundtrip) {
   hora__wbuf_free(&w);
 }
 
-TEST(hello_checks_secret_and_rank) {
-  uint8_t secret[HORA_SECRET_LEN];
-  for (int i = 0; i < HORA_SECRET_LEN; i++) {
-    secret[i] = (uint8_t)(i * 7 + 1);
-  }
+TEST(hello_checks_shape_and_rank) {
   struct hora__hello h = {.magic = HORA_HELLO_MAGIC, .version = HORA_HELLO_VERSION,
-                          .kind = HORA_CONN_DATA, .rank = 3, .size = 8};
-  memcpy(h.secret, secret, sizeof(secret));
+                          .kind = HORA_CONN_DATA, .rank = 3, .size = 8, .nonce = {9, 8, 7}};
   uint8_t wire[HORA_HELLO_WIRE_SIZE];
   hora__hello_encode(&h, wire);
   struct hora__hello out;
-  ASSERT(hora__hello_decode(wire, secret, 8, &out) == HORA_SUCCESS);
-  ASSERT(out.rank == 3 && out.kind == HORA_CONN_DATA);
-  ASSERT(hora__hello_decode(wire, secret, 4, &out) == HORA_ERR_INVALID_ARG); /* other job size */
-  wire[20] ^= 1;
-  ASSERT(hora__hello_decode(wire, secret, 8, &out) == HORA_ERR_INVALID_ARG);
-  ASSERT_STR_CONTAINS(hora_last_error(), "secret");
-  wire[20] ^= 1;
+  ASSERT(hora__hello_decode(wire, 8, HORA_CONN_SLOTS, &out) == HORA_SUCCESS);
+  ASSERT(out.rank == 3 && out.kind == HORA_CONN_DATA && out.nonce[2] == 7);
+  /* another job's size */
+  ASSERT(hora__hello_decode(wire, 4, HORA_CONN_SLOTS, &out) == HORA_ERR_INVALID_ARG);
+  wire[4] = 1; /* version 1 carried the secret itself */
+  ASSERT(hora__hello_decode(wire, 8, HORA_CONN_SLOTS, &out) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "version 1");
+  wire[4] = HORA_HELLO_VERSION;
   wire[0] = 'G'; /* e.g. an HTTP client */
-  ASSERT(hora__hello_decode(wire, secret, 8, &out) == HORA_ERR_INVALID_ARG);
+  ASSERT(hora__hello_decode(wire, 8, HORA_CONN_SLOTS, &out) == HORA_ERR_INVALID_ARG);
+}
+
+/* Moves bytes between two handshakes until neither can move; `tap`, when
+ * set, records what the connector sent. */
+struct hs_tap {
+  uint8_t bytes[256];
+  size_t n;
+};
+
+static void hs_run(struct hora__hs *c, struct hora__hs *a, struct hs_tap *tap) {
+  for (int guard = 0; guard < 64; guard++) {
+    struct hora__hs *from = c->state == HORA_HS_SEND ? c : a->state == HORA_HS_SEND ? a : NULL;
+    struct hora__hs *to = from == c ? a : c;
+    if (!from || to->state != HORA_HS_RECV) {
+      return;
+    }
+    uint8_t *src, *dst;
+    size_t ns, nd;
+    hora__hs_io(from, &src, &ns);
+    hora__hs_io(to, &dst, &nd);
+    size_t n = ns < nd ? ns : nd;
+    memcpy(dst, src, n);
+    if (tap && from == c && tap->n + n <= sizeof(tap->bytes)) {
+      memcpy(tap->bytes + tap->n, src, n);
+      tap->n += n;
+    }
+    hora__hs_advance(from, n);
+    hora__hs_advance(to, n);
+  }
+}
+
+/* Feeds recorded connector bytes to a fresh acceptor, as a replay would. */
+static void hs_replay(struct hora__hs *a, const struct hs_tap *tap) {
+  size_t off = 0;
+  while (a->state != HORA_HS_FAILED && a->state != HORA_HS_DONE && off <= tap->n) {
+    uint8_t *p;
+    size_t n;
+    hora__hs_io(a, &p, &n);
+    if (a->state == HORA_HS_SEND) {
+      hora__hs_advance(a, n); /* the attacker reads the challenge and ignores it */
+      continue;
+    }
+    if (off == tap->n) {
+      break;
+    }
+    n = n < tap->n - off ? n : tap->n - off;
+    memcpy(p, tap->bytes + off, n);
+    off += n;
+    hora__hs_advance(a, n);
+  }
+}
+
+TEST(handshake_proves_the_secret_both_ways) {
+  uint8_t secret[HORA_SECRET_LEN], other[HORA_SECRET_LEN];
+  for (int i = 0; i < HORA_SECRET_LEN; i++) {
+    secret[i] = (uint8_t)(i * 7 + 1);
+    other[i] = (uint8_t)(i * 7 + 2);
+  }
+  uint8_t n1[HORA_HS_NONCE_LEN] = {1}, n2[HORA_HS_NONCE_LEN] = {2}, n3[HORA_HS_NONCE_LEN] = {3};
+  struct hora__hs c, a;
+  /* Rank 5 connects to rank 2 for data: both sides end authenticated. */
+  struct hs_tap tap = {.n = 0};
+  hora__hs_connector(&c, secret, 8, HORA_CONN_SLOTS, 5, 2, HORA_CONN_DATA, n1);
+  hora__hs_acceptor(&a, secret, 8, HORA_CONN_SLOTS, 2, n2);
+  hs_run(&c, &a, &tap);
+  ASSERT(c.state == HORA_HS_DONE && a.state == HORA_HS_DONE);
+  ASSERT(a.authenticated && a.peer == 5 && a.kind == HORA_CONN_DATA);
+  /* The secret never crossed the wire, not even 4 bytes of it. */
+  for (size_t i = 0; i + 4 <= tap.n; i++) {
+    for (int j = 0; j + 4 <= HORA_SECRET_LEN; j++) {
+      ASSERT(memcmp(tap.bytes + i, secret + j, 4) != 0);
+    }
+  }
+  /* A replay of everything the connector sent meets a new nonce: refused. */
+  hora__hs_acceptor(&a, secret, 8, HORA_CONN_SLOTS, 2, n3);
+  hs_replay(&a, &tap);
+  ASSERT(a.state == HORA_HS_FAILED && !a.authenticated);
+  ASSERT_STR_CONTAINS(a.why, "no proof of the job secret");
+  /* Wrong secret on either side: neither accepts the other. */
+  hora__hs_connector(&c, other, 8, HORA_CONN_SLOTS, 5, 2, HORA_CONN_DATA, n1);
+  hora__hs_acceptor(&a, secret, 8, HORA_CONN_SLOTS, 2, n2);
+  hs_run(&c, &a, NULL);
+  ASSERT(c.state == HORA_HS_FAILED && a.state != HORA_HS_DONE && !a.authenticated);
+  ASSERT_STR_CONTAINS(c.why, "without proof of the job secret");
+  hora__hs_connector(&c, secret, 8, HORA_CONN_SLOTS, 5, 2, HORA_CONN_DATA, n1);
+  hora__hs_acceptor(&a, other, 8, HORA_CONN_SLOTS, 2, n2);
+  hs_run(&c, &a, NULL);
+  ASSERT(c.state == HORA_HS_FAILED && !c.authenticated);
+  /* Reflection: the acceptor's own MAC sent back as the proof fails (the
+   * role is in the MAC). */
+  hora__hs_acceptor(&a, secret, 8, HORA_CONN_SLOTS, 2, n2);
+  uint8_t *p;
+  size_t n;
+  struct hora__hello h = {.magic = HORA_HELLO_MAGIC, .version = HORA_HELLO_VERSION,
+                          .kind = HORA_CONN_CTRL, .rank = 5, .size = 8};
+  hora__hello_encode(&h, tap.bytes);
+  hora__hs_io(&a, &p, &n);
+  memcpy(p, tap.bytes, n);
+  hora__hs_advance(&a, n);
+  ASSERT(a.state == HORA_HS_SEND && a.claimed && a.peer == 5);
+  uint8_t challenge[HORA_HS_CHALLENGE_SIZE];
+  hora__hs_io(&a, &p, &n);
+  memcpy(challenge, p, n);
+  hora__hs_advance(&a, n);
+  hora__hs_io(&a, &p, &n);
+  ASSERT(n == HORA_HS_PROOF_SIZE);
+  memcpy(p, challenge + 8 + HORA_HS_NONCE_LEN, n);
+  hora__hs_advance(&a, n);
+  ASSERT(a.state == HORA_HS_FAILED && !a.authenticated);
+  /* A proof for another kind or rank pair does not open this one. */
+  uint8_t mac[HORA_HS_MAC_LEN];
+  hora__hs_mac(secret, 'C', HORA_CONN_DATA, 5, 2, 8, h.nonce, challenge + 8, mac);
+  hora__hs_acceptor(&a, secret, 8, HORA_CONN_SLOTS, 2, challenge + 8);
+  hora__hs_io(&a, &p, &n);
+  memcpy(p, tap.bytes, n);
+  hora__hs_advance(&a, n);
+  hora__hs_io(&a, &p, &n);
+  hora__hs_advance(&a, n);
+  hora__hs_io(&a, &p, &n);
+  memcpy(p, mac, n);
+  hora__hs_advance(&a, n);
+  ASSERT(a.state == HORA_HS_FAILED);
+  /* An answer from the wrong rank is refused before any MAC. */
+  hora__hs_connector(&c, secret, 8, HORA_CONN_SLOTS, 5, 3, HORA_CONN_DATA, n1);
+  hora__hs_acceptor(&a, secret, 8, HORA_CONN_SLOTS, 2, n2);
+  hs_run(&c, &a, NULL);
+  ASSERT(c.state == HORA_HS_FAILED);
+  ASSERT_STR_CONTAINS(c.why, "answered as rank 2");
 }
 
 /* Two caches fed the same response frames stay identical (each rank's
