@@ -175,7 +175,7 @@ int hora__ctrl_next(hora__ctrl *c, bool *got, uint16_t *type, const uint8_t **pa
   const uint8_t *h = c->in + c->in_off;
   uint32_t l = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
   if (l > HORA_CTRL_MAX_FRAME || h[6] != 0 || h[7] != 0) {
-    return hora__error(HORA_ERR_PEER_LOST,
+    return hora__error(HORA_ERR_PROTOCOL,
                        "malformed control frame from rank %d (length %u, flags %u,%u)", c->peer, l,
                        h[6], h[7]);
   }

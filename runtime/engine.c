@@ -198,7 +198,7 @@ static int on_abort_frame(struct hora__engine *e, int from, const uint8_t *p, si
   int origin, code;
   char msg[900];
   if (hora__decode_abort(p, n, &origin, &code, msg, sizeof(msg)) != HORA_SUCCESS) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed abort message", from);
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d sent a malformed abort message", from);
   }
   (void)origin;
   if (from == 0) {
@@ -231,21 +231,21 @@ static struct cycle_inbox *inbox_of(struct hora__engine *e, uint64_t cycle, int 
 static int on_cycle_frame(struct hora__engine *e, int from, const uint8_t *p, size_t n) {
   struct hora__cycle_msg m;
   if (hora__decode_cycle(p, n, &m) != HORA_SUCCESS) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed cycle message", from);
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d sent a malformed cycle message", from);
   }
   const struct hora__cycle_partners *cp = &e->partners;
   bool from_fold = from == cp->fold && (cp->folds_out ? m.step == STEP_FOLD_OUT || m.step == STEP_ASK
                                                       : m.step == STEP_FOLD_IN);
   bool from_round = m.step >= 1 && m.step <= cp->nrounds && cp->round[m.step - 1] == from;
   if ((!from_fold && !from_round) || m.cycle <= e->cycles || m.cycle > e->cycles + 2) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent step %u of cycle %llu, which this rank "
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d sent step %u of cycle %llu, which this rank "
                        "(at cycle %llu) does not expect from it", from, m.step,
                        (unsigned long long)m.cycle, (unsigned long long)e->cycles);
   }
   struct cycle_inbox *in = inbox_of(e, m.cycle, m.step);
   size_t need = 3 * (size_t)m.nbytes;
   if (in->has) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent step %u of cycle %llu twice", from,
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d sent step %u of cycle %llu twice", from,
                        m.step, (unsigned long long)m.cycle);
   }
   if (need > in->cap) {
@@ -286,7 +286,7 @@ static int queue_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
 static int on_responses_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
   struct hora__response *peek = NULL, **tail = &peek;
   if (hora__decode_responses(p, n, &tail, NULL) != HORA_SUCCESS) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
+    return hora__error(HORA_ERR_PROTOCOL, "rank 0 sent a malformed response list: %s",
                        hora__error_message());
   }
   while (peek) {
@@ -338,7 +338,7 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
       struct submit_ctx s = {e, peer};
       struct hora__request_sink sink = {submit_cb, &s};
       if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
-        return hora__error(HORA_ERR_PEER_LOST, "%s sent a malformed request list: %s",
+        return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed request list: %s",
                            hora__peer_name(e->comm, peer, name, sizeof(name)),
                            hora__error_message());
       }
@@ -352,14 +352,14 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
       const char *key;
       size_t klen;
       if (hora__decode_stuck(p, n, &cyc, &waited, &key, &klen) != HORA_SUCCESS) {
-        return hora__error(HORA_ERR_PEER_LOST, "%s sent a malformed stuck-cycle message",
+        return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed stuck-cycle message",
                            hora__peer_name(e->comm, peer, name, sizeof(name)));
       }
       record_stuck(e, peer, cyc, waited, key, klen);
     } else if (type == HORA_MSG_HEARTBEAT) {
       /* Arriving was the point. */
     } else {
-      return hora__error(HORA_ERR_PEER_LOST, "%s sent an unexpected control message (type %u)",
+      return hora__error(HORA_ERR_PROTOCOL, "%s sent an unexpected control message (type %u)",
                          hora__peer_name(e->comm, peer, name, sizeof(name)), type);
     }
   }
@@ -549,6 +549,7 @@ static int take_submissions(struct hora__engine *e, bool *busy) {
   size_t nfull = 0;
   for (struct hora_request *r = head; r; r = r->next) {
     r->sent_slot = -1;
+    r->taken = true;
     e->join_pending |= r->meta.kind == HORA_KIND_JOIN;
     if (r->meta.kind > HORA_KIND_ALLGATHER) {
       e->reqs[nfull++] = r;
@@ -575,11 +576,15 @@ static int take_submissions(struct hora__engine *e, bool *busy) {
 
 /* ---- execution -------------------------------------------------------------- */
 
+/* Our request for a tensor of a response. One still on the submission
+ * queue is not ours to run yet: a joined rank's stand-in can meet such a
+ * request, and running it would leave the queue pointing at a request the
+ * caller may already have freed. */
 static struct hora_request *lookup(struct hora__engine *e, const struct hora__resp_tensor *t) {
   pthread_mutex_lock(&e->rt->mu);
   struct hora_request *r = hora__table_get(&e->rt->inflight, t->key, t->key_len);
   pthread_mutex_unlock(&e->rt->mu);
-  return r;
+  return r && r->taken ? r : NULL;
 }
 
 static void complete(struct hora__engine *e, struct hora_request **reqs, size_t n, int status,
@@ -595,10 +600,39 @@ static void complete(struct hora__engine *e, struct hora_request **reqs, size_t 
   pthread_mutex_unlock(&rt->mu);
 }
 
+/* Rank 0 failed an operation: our request fails too, even one still on
+ * the submission queue (this rank would only send it to rank 0 to hear the
+ * same); that one is unlinked from the queue first, so that nothing holds
+ * it once its caller has it back. */
+static void fail_by_key(struct hora__engine *e, const struct hora__resp_tensor *t, int status,
+                        const char *msg) {
+  struct hora__runtime *rt = e->rt;
+  pthread_mutex_lock(&rt->mu);
+  struct hora_request *q = hora__table_get(&rt->inflight, t->key, t->key_len);
+  if (q && !q->taken) {
+    struct hora_request **p = &rt->queue_head, *prev = NULL;
+    while (*p && *p != q) {
+      prev = *p;
+      p = &(*p)->next;
+    }
+    if (*p) {
+      *p = q->next;
+      if (rt->queue_tail == q) {
+        rt->queue_tail = prev;
+      }
+    }
+  }
+  if (q) {
+    hora__request_complete_locked(rt, q, status, msg);
+    pthread_cond_broadcast(&rt->done_cv);
+  }
+  pthread_mutex_unlock(&rt->mu);
+}
+
 static int missing_tensor(struct hora__engine *e, const struct hora__response *r,
                           const struct hora__resp_tensor *t) {
   char name[300];
-  return hora__error(HORA_ERR_SYSTEM, "rank 0 scheduled %s %s, which this rank never submitted",
+  return hora__error(HORA_ERR_PROTOCOL, "rank 0 scheduled %s %s, which this rank never submitted",
                      hora__kind_name(r->kind), hora__key_display(t->key, t->key_len, name, sizeof(name)));
 }
 
@@ -640,15 +674,75 @@ static hora_dtype wire_dtype(const struct hora__response *r) {
   return r->compression == HORA_COMPRESSION_FP16 ? HORA_FLOAT16 : HORA_BFLOAT16;
 }
 
-/* Looks up the local request of every tensor; a joined rank may lack some. */
+/* Whether request q asked for what tensor i of response r runs; if not,
+ * says how they differ ("allreduce 'x': rank 1 submitted 10 elements, the
+ * response it ran under has 20"), in the order rank 0's mismatch messages
+ * use. */
+static bool request_matches(const struct hora__response *r, uint32_t i, int rank,
+                            const struct hora_request *q, char *msg, size_t size) {
+  struct hora__op_meta m;
+  const struct hora__op_meta *f = &q->meta;
+  hora__response_meta(r, i, &m);
+  char name[300], what[360];
+  hora__key_display(q->key, q->key_len, name, sizeof(name));
+  snprintf(what, sizeof(what), "%s %s: rank %d submitted", hora__kind_name(f->kind), name, rank);
+  const char *ran = "the response it ran under";
+  bool allreduce = m.kind == HORA_KIND_ALLREDUCE;
+  if (f->kind != m.kind) {
+    snprintf(msg, size, "%s it, %s is a %s", what, ran, hora__kind_name(m.kind));
+  } else if (f->device != m.device) {
+    snprintf(msg, size, "%s %s memory, %s is for %s memory", what, f->device ? "GPU" : "host",
+             ran, m.device ? "GPU" : "host");
+  } else if (f->dtype != m.dtype) {
+    snprintf(msg, size, "%s %s, %s has %s", what, hora_dtype_name(f->dtype), ran,
+             hora_dtype_name(m.dtype));
+  } else if (f->count != m.count) {
+    snprintf(msg, size, "%s %llu elements, %s has %llu", what, (unsigned long long)f->count, ran,
+             (unsigned long long)m.count);
+  } else if (m.kind == HORA_KIND_BROADCAST && f->root != m.root) {
+    snprintf(msg, size, "%s root %d, %s has root %d", what, f->root, ran, m.root);
+  } else if (allreduce && f->op != m.op) {
+    snprintf(msg, size, "%s %s, %s has %s", what, hora_op_name(f->op), ran, hora_op_name(m.op));
+  } else if (allreduce && f->compression != m.compression) {
+    snprintf(msg, size, "%s compression %u, %s has %u", what, f->compression, ran, m.compression);
+  } else if (allreduce && (f->prescale != m.prescale || f->postscale != m.postscale)) {
+    snprintf(msg, size, "%s prescale %g and postscale %g, %s has %g and %g", what, f->prescale,
+             f->postscale, ran, m.prescale, m.postscale);
+  } else {
+    return true;
+  }
+  return false;
+}
+
+/* Looks up the local request of every tensor; a joined rank may lack some.
+ * A request that asked for something else than the response runs (a
+ * joined rank's other thread submitting a name it stands in for, with its
+ * own count) fails with HORA_ERR_MISMATCH, and this rank stands in for it
+ * with zeros like a joined rank: sized from its request, the collective
+ * would run past the caller's buffers. The others' allreduce goes on. */
 static int gather_requests(struct hora__engine *e, const struct hora__response *r, bool *joined) {
   HORA_CHECK(grow_reqs(e, r->ntensors));
   pthread_mutex_lock(&e->rt->mu);
   *joined = e->rt->joined;
   pthread_mutex_unlock(&e->rt->mu);
   for (uint32_t i = 0; i < r->ntensors; i++) {
-    e->reqs[i] = lookup(e, &r->tensors[i]);
-    if (!e->reqs[i] && !(*joined && r->kind == HORA_KIND_ALLREDUCE)) {
+    struct hora_request *q = lookup(e, &r->tensors[i]);
+    char msg[700];
+    if (q && !request_matches(r, i, e->rt->rank, q, msg, sizeof(msg))) {
+      bool stand_in = r->kind == HORA_KIND_ALLREDUCE;
+      HORA_WARN("%s%s", msg, stand_in ? "; it fails, and this rank adds zeros to the others'" : "");
+      complete(e, &q, 1, HORA_ERR_MISMATCH, msg);
+      if (!stand_in) {
+        /* Ranks agree on what a broadcast or an allgather moves before it
+         * is scheduled, so rank 0 and this rank no longer do. */
+        return hora__error(HORA_ERR_PROTOCOL, "rank 0 scheduled a response this rank cannot "
+                           "take part in: %s", msg);
+      }
+      e->reqs[i] = NULL;
+      continue;
+    }
+    e->reqs[i] = q;
+    if (!q && !(*joined && r->kind == HORA_KIND_ALLREDUCE)) {
       return missing_tensor(e, r, &r->tensors[i]);
     }
   }
@@ -909,8 +1003,7 @@ static int execute(struct hora__engine *e, const struct hora__response *r) {
       return HORA_SUCCESS;
     case HORA_KIND_ERROR:
       for (uint32_t i = 0; i < r->ntensors; i++) {
-        struct hora_request *x = lookup(e, &r->tensors[i]);
-        complete(e, &x, 1, r->error_code, r->error_msg ? r->error_msg : "");
+        fail_by_key(e, &r->tensors[i], r->error_code, r->error_msg ? r->error_msg : "");
       }
       return HORA_SUCCESS;
     case HORA_KIND_JOIN: {
@@ -935,7 +1028,7 @@ static int execute(struct hora__engine *e, const struct hora__response *r) {
       return HORA_SUCCESS;
     }
     default:
-      return hora__error(HORA_ERR_SYSTEM, "response of unknown kind %u", r->kind);
+      return hora__error(HORA_ERR_PROTOCOL, "response of unknown kind %u", r->kind);
   }
 }
 
@@ -1053,7 +1146,7 @@ static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
   }
   uint32_t nb = e->cycle_nbytes;
   if (in->nbytes != nb) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d's response cache is out of step with this "
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d's response cache is out of step with this "
                        "rank's (%u against %u bytes of bits in cycle %llu)", peer, in->nbytes, nb,
                        (unsigned long long)(e->cycles + 1));
   }
@@ -1211,7 +1304,7 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
     struct hora__response *r = ce ? hora__response_for(&ce->meta, ce->key, ce->key_len) : NULL;
     if (!r) {
       rc = ce ? HORA_ERR_NO_MEMORY
-              : hora__error(HORA_ERR_PEER_LOST, "cycle %llu scheduled cache slot %u, which is "
+              : hora__error(HORA_ERR_PROTOCOL, "cycle %llu scheduled cache slot %u, which is "
                             "empty here: the ranks' caches are out of step",
                             (unsigned long long)(e->cycles + 1), s);
       break;
@@ -1242,7 +1335,7 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
       e->frames_tail = &e->frames_head;
     }
     if (hora__decode_responses(f->data, f->len, &tail, &e->cache) != HORA_SUCCESS) {
-      rc = hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank 0 sent a malformed response list: %s",
                        hora__error_message());
     }
     free(f);

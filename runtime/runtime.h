@@ -33,6 +33,10 @@ struct hora_request {
   void *ready_event, *done_event;
   /* Coordinator only: the cache slot it waits on, or -1 (sent in full). */
   int32_t sent_slot;
+  /* Coordinator only: taken off the submission queue. Until then it is in
+   * the in-flight table but not yet known to the coordinator, and no
+   * response may run or complete it (it is still linked in the queue). */
+  bool taken;
   /* Results, written by the coordinator before `done`. */
   int status;
   char *error; /* message when status != 0 */
