@@ -220,6 +220,7 @@ static int submit_cb(void *arg, const struct hora__wire_request *req) {
 
 static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
                      size_t n);
+static int lost_partner(struct hora__engine *e, int peer);
 
 /* Where a partner's step of a cycle waits: at most the next two cycles
  * can have steps in flight, so the inbox is indexed by parity. */
@@ -311,6 +312,15 @@ static void record_stuck(struct hora__engine *e, int from, uint64_t cycle, uint3
   e->next_stuck_ns = now; /* look at it in this turn of the loop */
 }
 
+/* After the job's end, or from a partner that is no longer needed (its
+ * cycles are done; rank 0, which also hears it, reports a real loss), a
+ * closed connection is not an error by itself; a cycle that still needs
+ * the partner fails then. */
+static bool may_close(const struct hora__engine *e, int peer) {
+  bool partner_only = e->rt->rank != 0 && peer != 0;
+  return e->shutting_down || e->shutdown_seen || partner_only;
+}
+
 /* Reads and handles every complete frame on one control connection. */
 static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
   int peer = hora__ctrl_peer(c);
@@ -365,12 +375,7 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
   }
   if (rc == HORA_ERR_PEER_LOST) {
     HORA_DEBUG("control: connection to rank %d closed", peer);
-    /* After the job's end, or from a partner that is no longer needed (its
-     * cycles are done; rank 0, which also hears it, reports a real loss),
-     * a closed connection is not an error by itself; a cycle that still
-     * needs the partner fails then. */
-    bool partner_only = e->rt->rank != 0 && peer != 0;
-    if (e->shutting_down || e->shutdown_seen || partner_only) {
+    if (may_close(e, peer)) {
       hora__ctrl_free(c);
       e->comm->ctrl[peer] = NULL;
       return HORA_SUCCESS;
@@ -389,16 +394,29 @@ static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) 
   }
   char original[1024];
   hora__strlcpy(original, hora__error_message(), sizeof(original));
+  int peer = hora__ctrl_peer(c);
   int why = read_ctrl(e, c);
   /* An abort frame explains the broken connection, whatever its code, and
    * an EOF names the lost peer's host and pid, which the errno does not. */
   if (why != HORA_SUCCESS) {
     return why;
   }
+  /* The peer went away after the job's end, or was a partner no longer
+   * needed: the write did not matter. read_ctrl may have closed (and freed)
+   * the connection already; it sees the EOF only after the last frames. */
+  if (!e->comm->ctrl[peer]) {
+    return HORA_SUCCESS;
+  }
+  if (may_close(e, peer)) {
+    HORA_DEBUG("control: connection to rank %d closed", peer);
+    hora__ctrl_free(c);
+    e->comm->ctrl[peer] = NULL;
+    return HORA_SUCCESS;
+  }
   /* Nothing left to read says more (what the peer sent before dying was
    * still queued): name it as lost, with its host and pid, all the same. */
   char name[160];
-  hora__peer_name(e->comm, hora__ctrl_peer(c), name, sizeof(name));
+  hora__peer_name(e->comm, peer, name, sizeof(name));
   return hora__error(rc, "lost %s: %s", name, original);
 }
 
@@ -416,8 +434,12 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
     return HORA_SUCCESS;
   }
   uint64_t now = hora__now_ns();
+  int peer = hora__ctrl_peer(c);
   if (now - hora__ctrl_last_out(c) >= limit / 4) {
     HORA_CHECK(ctrl_send(e, c, HORA_MSG_HEARTBEAT, NULL, 0));
+    if (!e->comm->ctrl[peer]) {
+      return HORA_SUCCESS; /* closed (and freed) after the job's end */
+    }
   }
   if (now - hora__ctrl_last_in(c) >= limit) {
     char name[160];
@@ -443,6 +465,8 @@ static int service(void *arg) {
     }
     if (c->ctrl[r] && !e->shutting_down) {
       HORA_CHECK(explain_write_failure(e, c->ctrl[r], hora__ctrl_flush(c->ctrl[r])));
+    }
+    if (c->ctrl[r] && !e->shutting_down) {
       HORA_CHECK(heartbeat(e, c->ctrl[r]));
     }
   }
@@ -509,6 +533,11 @@ static int send_full(struct hora__engine *e, struct hora_request *const *list, s
   hora__encode_requests_end(&e->wbuf, (uint32_t)n);
   if (e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %zu requests", n);
+  }
+  if (!e->comm->ctrl[0]) {
+    /* Rank 0 closed its end after the job's end (hora_finalize racing a
+     * submission): these fail as finalized when the coordinator stops. */
+    return e->shutdown_seen || e->shutting_down ? HORA_SUCCESS : lost_partner(e, 0);
   }
   return ctrl_send(e, e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
 }
@@ -1142,7 +1171,8 @@ static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
   *got = in->has;
   if (!in->has) {
     /* Its connection closed with the step not there: it never comes. */
-    return !e->comm->ctrl[peer] && !e->shutdown_seen ? lost_partner(e, peer) : HORA_SUCCESS;
+    bool ended = e->shutdown_seen || e->shutting_down; /* it stopped after the job's end */
+    return !e->comm->ctrl[peer] && !ended ? lost_partner(e, peer) : HORA_SUCCESS;
   }
   uint32_t nb = e->cycle_nbytes;
   if (in->nbytes != nb) {
