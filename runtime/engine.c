@@ -321,56 +321,72 @@ static bool may_close(const struct hora__engine *e, int peer) {
   return e->shutting_down || e->shutdown_seen || partner_only;
 }
 
-/* Reads and handles every complete frame on one control connection. */
+/* One frame from `peer`. */
+static int on_ctrl_frame(struct hora__engine *e, int peer, uint16_t type, const uint8_t *p,
+                         size_t n) {
+  char name[160];
+  e->frames_in++;
+  HORA_TRACE("control: frame type %u (%zu bytes) from rank %d", type, n, peer);
+  if (type == HORA_MSG_ABORT) {
+    return on_abort_frame(e, peer, p, n);
+  }
+  if (type == HORA_MSG_REQUESTS && e->ctl) {
+    struct submit_ctx s = {e, peer};
+    struct hora__request_sink sink = {submit_cb, &s};
+    if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
+      return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed request list: %s",
+                         hora__peer_name(e->comm, peer, name, sizeof(name)),
+                         hora__error_message());
+    }
+  } else if (type == HORA_MSG_RESPONSES && !e->ctl && peer == 0) {
+    HORA_CHECK(on_responses_frame(e, p, n));
+  } else if (type == HORA_MSG_CYCLE) {
+    HORA_CHECK(on_cycle_frame(e, peer, p, n));
+  } else if (type == HORA_MSG_STUCK && e->ctl) {
+    uint64_t cyc;
+    uint32_t waited;
+    const char *key;
+    size_t klen;
+    if (hora__decode_stuck(p, n, &cyc, &waited, &key, &klen) != HORA_SUCCESS) {
+      return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed stuck-cycle message",
+                         hora__peer_name(e->comm, peer, name, sizeof(name)));
+    }
+    record_stuck(e, peer, cyc, waited, key, klen);
+  } else if (type != HORA_MSG_HEARTBEAT) { /* a heartbeat's arriving was the point */
+    return hora__error(HORA_ERR_PROTOCOL, "%s sent an unexpected control message (type %u)",
+                       hora__peer_name(e->comm, peer, name, sizeof(name)), type);
+  }
+  return HORA_SUCCESS;
+}
+
+/* Rounds of reading and parsing one connection per call: the connection
+ * holds at most one frame and one read beyond it, and a peer that keeps
+ * sending cannot keep the coordinator here (poll brings it back). */
+#define READ_ROUNDS 64
+
+/* Reads and handles the complete frames on one control connection. */
 static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
   int peer = hora__ctrl_peer(c);
   char name[160];
-  int rc = hora__ctrl_read(c);
-  /* Frames that arrived before an EOF still count: an abort explains it. */
-  for (;;) {
-    bool got;
-    uint16_t type;
-    const uint8_t *p;
-    size_t n;
-    int prc = hora__ctrl_next(c, &got, &type, &p, &n);
-    if (prc != HORA_SUCCESS) {
-      return prc;
+  int rc = HORA_SUCCESS;
+  for (int round = 0; round < READ_ROUNDS; round++) {
+    rc = hora__ctrl_read(c);
+    /* Frames that arrived before an EOF still count: an abort explains it. */
+    int frames = 0;
+    for (;;) {
+      bool got;
+      uint16_t type;
+      const uint8_t *p;
+      size_t n;
+      HORA_CHECK(hora__ctrl_next(c, &got, &type, &p, &n));
+      if (!got) {
+        break;
+      }
+      frames++;
+      HORA_CHECK(on_ctrl_frame(e, peer, type, p, n));
     }
-    if (!got) {
+    if (rc != HORA_SUCCESS || frames == 0) {
       break;
-    }
-    e->frames_in++;
-    HORA_TRACE("control: frame type %u (%zu bytes) from rank %d", type, n, peer);
-    if (type == HORA_MSG_ABORT) {
-      return on_abort_frame(e, peer, p, n);
-    }
-    if (type == HORA_MSG_REQUESTS && e->ctl) {
-      struct submit_ctx s = {e, peer};
-      struct hora__request_sink sink = {submit_cb, &s};
-      if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
-        return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed request list: %s",
-                           hora__peer_name(e->comm, peer, name, sizeof(name)),
-                           hora__error_message());
-      }
-    } else if (type == HORA_MSG_RESPONSES && !e->ctl && peer == 0) {
-      HORA_CHECK(on_responses_frame(e, p, n));
-    } else if (type == HORA_MSG_CYCLE) {
-      HORA_CHECK(on_cycle_frame(e, peer, p, n));
-    } else if (type == HORA_MSG_STUCK && e->ctl) {
-      uint64_t cyc;
-      uint32_t waited;
-      const char *key;
-      size_t klen;
-      if (hora__decode_stuck(p, n, &cyc, &waited, &key, &klen) != HORA_SUCCESS) {
-        return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed stuck-cycle message",
-                           hora__peer_name(e->comm, peer, name, sizeof(name)));
-      }
-      record_stuck(e, peer, cyc, waited, key, klen);
-    } else if (type == HORA_MSG_HEARTBEAT) {
-      /* Arriving was the point. */
-    } else {
-      return hora__error(HORA_ERR_PROTOCOL, "%s sent an unexpected control message (type %u)",
-                         hora__peer_name(e->comm, peer, name, sizeof(name)), type);
     }
   }
   if (rc == HORA_ERR_PEER_LOST) {
