@@ -47,7 +47,9 @@ int test_skipped;
   X(path_tuner_counts_trials_in_flight)                                                       \
   X(ctrl_read_is_bounded_while_the_peer_streams)                                             \
   X(ctrl_frames_arrive_whole_in_pieces)                                                      \
-  X(ctrl_refuses_malformed_headers)
+  X(ctrl_refuses_malformed_headers)                                                          \
+  X(ib_immediates_are_checked_against_the_ring)                                              \
+  X(ib_record_roundtrip_and_rejects)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)
