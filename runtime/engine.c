@@ -53,30 +53,20 @@
 #include "../comm/gpu.h"
 #include "../comm/reduce.h"
 #include "cache.h"
+#include "cycle.h"
 #include "log.h"
 #include "params.h"
 #include "runtime.h"
 #include "verify.h"
 #include "timeline.h"
 
-/* Cycle steps on the wire: 0 a fold in, 1 + i round i, FOLD_OUT the result,
- * ASK a rank's request that its fold partner take part (it sends first). */
-#define STEP_FOLD_IN 0
-#define STEP_FOLD_OUT 32
-#define STEP_ASK 33
-#define INBOX_STEPS 34
+/* Cycle steps on the wire (cycle.h). */
+#define STEP_FOLD_IN HORA_STEP_FOLD_IN
+#define STEP_FOLD_OUT HORA_STEP_FOLD_OUT
+#define STEP_ASK HORA_STEP_ASK
+#define INBOX_STEPS HORA_INBOX_STEPS
 
 enum { CYCLE_IDLE, CYCLE_FOLD_IN, CYCLE_ROUNDS, CYCLE_RESULT, CYCLE_DONE };
-
-/* A partner's message for a cycle, kept until the cycle gets to it. */
-struct cycle_inbox {
-  bool has;
-  uint8_t flags;
-  uint64_t frames;
-  uint32_t nbytes;
-  uint8_t *vec; /* 3 x nbytes */
-  size_t cap;
-};
 
 struct frame {
   struct frame *next;
@@ -135,7 +125,7 @@ struct hora__engine {
    * that response), so every rank agrees on who stands in for which cycle. */
   bool join_pending;
   bool others_joined;    /* what the last cycle said */
-  struct cycle_inbox *inbox; /* [2 * INBOX_STEPS]: by cycle parity and step */
+  struct hora__cycle_inbox *inbox; /* [2 * INBOX_STEPS]: by cycle parity and step */
   /* Response frames, applied at the end of the cycle that counts them. */
   struct frame *frames_head, **frames_tail;
   uint64_t frames_got;   /* received (rank 0: sent) */
@@ -161,12 +151,7 @@ static void engine_free(struct hora__engine *e) {
   free(e->waiting);
   free(e->evict_wish);
   free(e->acc);
-  if (e->inbox) {
-    for (int i = 0; i < 2 * INBOX_STEPS; i++) {
-      free(e->inbox[i].vec);
-    }
-  }
-  free(e->inbox);
+  hora__cycle_inbox_free(e->inbox);
   free(e->stuck_cycle);
   free(e->stuck_since_ns);
   while (e->frames_head) {
@@ -222,49 +207,16 @@ static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const
                      size_t n);
 static int lost_partner(struct hora__engine *e, int peer);
 
-/* Where a partner's step of a cycle waits: at most the next two cycles
- * can have steps in flight, so the inbox is indexed by parity. */
-static struct cycle_inbox *inbox_of(struct hora__engine *e, uint64_t cycle, int step) {
-  return &e->inbox[(cycle & 1) * INBOX_STEPS + step];
+/* Where a partner's step of a cycle waits. */
+static struct hora__cycle_inbox *inbox_of(struct hora__engine *e, uint64_t cycle, int step) {
+  return hora__cycle_inbox_of(e->inbox, cycle, step);
 }
 
-/* A partner's step of a cycle: kept in the inbox until the cycle uses it. */
+/* A partner's step of a cycle: checked, and kept in the inbox until the
+ * cycle uses it. */
 static int on_cycle_frame(struct hora__engine *e, int from, const uint8_t *p, size_t n) {
-  struct hora__cycle_msg m;
-  if (hora__decode_cycle(p, n, &m) != HORA_SUCCESS) {
-    return hora__error(HORA_ERR_PROTOCOL, "rank %d sent a malformed cycle message", from);
-  }
-  const struct hora__cycle_partners *cp = &e->partners;
-  bool from_fold = from == cp->fold && (cp->folds_out ? m.step == STEP_FOLD_OUT || m.step == STEP_ASK
-                                                      : m.step == STEP_FOLD_IN);
-  bool from_round = m.step >= 1 && m.step <= cp->nrounds && cp->round[m.step - 1] == from;
-  if ((!from_fold && !from_round) || m.cycle <= e->cycles || m.cycle > e->cycles + 2) {
-    return hora__error(HORA_ERR_PROTOCOL, "rank %d sent step %u of cycle %llu, which this rank "
-                       "(at cycle %llu) does not expect from it", from, m.step,
-                       (unsigned long long)m.cycle, (unsigned long long)e->cycles);
-  }
-  struct cycle_inbox *in = inbox_of(e, m.cycle, m.step);
-  size_t need = 3 * (size_t)m.nbytes;
-  if (in->has) {
-    return hora__error(HORA_ERR_PROTOCOL, "rank %d sent step %u of cycle %llu twice", from,
-                       m.step, (unsigned long long)m.cycle);
-  }
-  if (need > in->cap) {
-    uint8_t *v = hora__realloc(in->vec, need);
-    if (!v) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    in->vec = v;
-    in->cap = need;
-  }
-  if (need) {
-    memcpy(in->vec, m.vec, need);
-  }
-  in->has = true;
-  in->flags = m.flags;
-  in->frames = m.frames;
-  in->nbytes = m.nbytes;
-  return HORA_SUCCESS;
+  uint32_t max_nbytes = (e->cache.capacity + 7) / 8;
+  return hora__cycle_accept(e->inbox, &e->partners, e->cycles, max_nbytes, from, p, n);
 }
 
 static int queue_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
@@ -1183,7 +1135,7 @@ static int send_step(struct hora__engine *e, int peer, int step) {
 /* Folds a partner's step into ours (or, for the result, takes it), once
  * it has arrived. */
 static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
-  struct cycle_inbox *in = inbox_of(e, e->cycles + 1, step);
+  struct hora__cycle_inbox *in = inbox_of(e, e->cycles + 1, step);
   *got = in->has;
   if (!in->has) {
     /* Its connection closed with the step not there: it never comes. */

@@ -49,7 +49,8 @@ int test_skipped;
   X(ctrl_frames_arrive_whole_in_pieces)                                                      \
   X(ctrl_refuses_malformed_headers)                                                          \
   X(ib_immediates_are_checked_against_the_ring)                                              \
-  X(ib_record_roundtrip_and_rejects)
+  X(ib_record_roundtrip_and_rejects)                                                         \
+  X(cycle_steps_are_checked_on_arrival)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)
