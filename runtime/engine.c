@@ -1150,7 +1150,9 @@ static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
   }
   in->has = false;
   if (step == STEP_FOLD_OUT) {
-    memcpy(e->acc, in->vec, 3 * (size_t)nb);
+    if (nb) { /* without a cache the vectors are empty (and vec may be NULL) */
+      memcpy(e->acc, in->vec, 3 * (size_t)nb);
+    }
     e->acc_frames = in->frames;
     e->acc_flags = in->flags;
     return HORA_SUCCESS;
