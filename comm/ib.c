@@ -1039,7 +1039,7 @@ static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_
     return HORA_SUCCESS;
   }
   if (d.len != x->left) {
-    return hora__error(HORA_ERR_SYSTEM,
+    return hora__error(HORA_ERR_PROTOCOL,
                        "RDMA transfer to %s out of step: it expects %llu bytes, this send has %zu",
                        hora__peer_name(comm, c->base.peer, name, sizeof(name)),
                        (unsigned long long)d.len, x->left);

@@ -4,6 +4,7 @@
  * rank, peer, cycle count and cache size the first five bytes choose. What
  * is accepted must come from a partner of this rank, for one of the next
  * two cycles, once per step, within the cache's size. */
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
