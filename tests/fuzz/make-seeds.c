@@ -90,16 +90,22 @@ int main(int argc, char **argv) {
     p[4] = i < 2 ? 3 : 1;
   }
   /* cycle: rank 0 of 4 at cycle 0 with a 2-byte bitmap, rank 1's step 1
-   * of cycle 1 in a control frame */
+   * of cycle 1 in a control frame (raw); and the same step built by the
+   * target, then rank 1's step 1 of cycle 2 (peer byte 3: the first of
+   * rank 0's partners, rank 1) */
   hora__encode_cycle(&w, &(struct hora__cycle_msg){.cycle = 1, .step = 1, .frames = 2,
                                                    .nbytes = 2, .vec = vec});
-  uint8_t cyc_stream[5 + 8 + 64] = {3, 0, 1, 0, 2};
-  uint8_t *fh = cyc_stream + 5;
+  uint8_t cyc_stream[6 + 8 + 64] = {3, 0, 3, 0, 2, 0};
+  uint8_t *fh = cyc_stream + 6;
   fh[0] = (uint8_t)w.len;
   fh[4] = HORA_MSG_CYCLE;
   memcpy(fh + 8, w.data, w.len);
   snprintf(dir, sizeof(dir), "%s/fuzz_cycle", root);
-  put(dir, "step_from_partner", cyc_stream, 5 + 8 + w.len);
+  put(dir, "step_from_partner", cyc_stream, 6 + 8 + w.len);
+  const uint8_t built[] = {3, 0, 3, 0, 2, 1, /* step cycle+ nbytes flags frames at val vec */
+                           1, 0, 2, 0, 2, 0xff, 0, 5, 1, 0xff, 3, 0, 0x10,
+                           1, 1, 2, 1, 3, 0xff, 0, 7, 7, 7, 7, 7, 7};
+  put(dir, "built_steps", built, sizeof(built));
   snprintf(dir, sizeof(dir), "%s/fuzz_ib", root);
   put(dir, "record_and_ring", ib, sizeof(ib));
   return 0;
