@@ -606,6 +606,11 @@ static void fail_by_key(struct hora__engine *e, const struct hora__resp_tensor *
   struct hora__runtime *rt = e->rt;
   pthread_mutex_lock(&rt->mu);
   struct hora_request *q = hora__table_get(&rt->inflight, t->key, t->key_len);
+  if (q && q->placeholder) {
+    hora__table_remove(&rt->inflight, q->key, q->key_len);
+    free(q);
+    q = NULL;
+  }
   if (q && !q->taken) {
     struct hora_request **p = &rt->queue_head, *prev = NULL;
     while (*p && *p != q) {
@@ -624,6 +629,37 @@ static void fail_by_key(struct hora__engine *e, const struct hora__resp_tensor *
     pthread_cond_broadcast(&rt->done_cv);
   }
   pthread_mutex_unlock(&rt->mu);
+}
+
+/* A request that did not match the response it met fails now. When it
+ * went to rank 0 in full, rank 0 still holds it and will answer it: a
+ * placeholder keeps its key in flight until then. */
+static void fail_mismatched(struct hora__engine *e, struct hora_request *q, const char *msg) {
+  struct hora__runtime *rt = e->rt;
+  struct hora_request *p = q->sent_slot < 0 ? hora__calloc(1, sizeof(*p)) : NULL;
+  pthread_mutex_lock(&rt->mu);
+  if (p) {
+    memcpy(p->key, q->key, q->key_len);
+    p->key_len = q->key_len;
+    p->meta = q->meta;
+    p->sent_slot = -1;
+    p->taken = p->placeholder = true;
+  }
+  hora__request_complete_locked(rt, q, HORA_ERR_MISMATCH, msg);
+  if (p && hora__table_put(&rt->inflight, p->key, p->key_len, p) != HORA_SUCCESS) {
+    free(p); /* then a new request under the key may reach rank 0 twice */
+  }
+  pthread_cond_broadcast(&rt->done_cv);
+  pthread_mutex_unlock(&rt->mu);
+}
+
+/* Rank 0's answer for a request that already failed here: the key is free
+ * again, and this rank stands in for it. */
+static void retire_placeholder(struct hora__engine *e, struct hora_request *p) {
+  pthread_mutex_lock(&e->rt->mu);
+  hora__table_remove(&e->rt->inflight, p->key, p->key_len);
+  pthread_mutex_unlock(&e->rt->mu);
+  free(p);
 }
 
 static int missing_tensor(struct hora__engine *e, const struct hora__response *r,
@@ -725,10 +761,15 @@ static int gather_requests(struct hora__engine *e, const struct hora__response *
   for (uint32_t i = 0; i < r->ntensors; i++) {
     struct hora_request *q = lookup(e, &r->tensors[i]);
     char msg[700];
+    bool retired = q && q->placeholder;
+    if (retired) {
+      retire_placeholder(e, q);
+      q = NULL;
+    }
     if (q && !request_matches(r, i, e->rt->rank, q, msg, sizeof(msg))) {
       bool stand_in = r->kind == HORA_KIND_ALLREDUCE;
       HORA_WARN("%s%s", msg, stand_in ? "; it fails, and this rank adds zeros to the others'" : "");
-      complete(e, &q, 1, HORA_ERR_MISMATCH, msg);
+      fail_mismatched(e, q, msg);
       if (!stand_in) {
         /* Ranks agree on what a broadcast or an allgather moves before it
          * is scheduled, so rank 0 and this rank no longer do. */
@@ -739,7 +780,7 @@ static int gather_requests(struct hora__engine *e, const struct hora__response *
       continue;
     }
     e->reqs[i] = q;
-    if (!q && !(*joined && r->kind == HORA_KIND_ALLREDUCE)) {
+    if (!q && !((*joined || retired) && r->kind == HORA_KIND_ALLREDUCE)) {
       return missing_tensor(e, r, &r->tensors[i]);
     }
   }
@@ -1733,7 +1774,12 @@ static void fail_everything(struct hora__engine *e) {
       }
     }
     for (size_t i = 0; i < n; i++) {
-      hora__request_complete_locked(rt, victims[i], code, msg);
+      if (victims[i]->placeholder) {
+        hora__table_remove(&rt->inflight, victims[i]->key, victims[i]->key_len);
+        free(victims[i]);
+      } else {
+        hora__request_complete_locked(rt, victims[i], code, msg);
+      }
     }
   }
   rt->coordinator_exited = true;

@@ -257,6 +257,21 @@ static void joined_rank_request_must_match_its_response(void) {
   if (mt_rank == 1) {
     MT_FAILS(hora_wait(&req), HORA_ERR_MISMATCH, "2048");
     MT_CHECK(out[N / 2 - 1] == -1, "rank 1's request wrote its output: %g", (double)out[N / 2 - 1]);
+    /* Still joined, it submits the name again. Rank 0 may still hold the
+     * failed request (sent to it in full): the name is then still in
+     * flight here, and the new one is refused (it once reached rank 0 as
+     * a second submission, a fatal protocol error). Otherwise it runs
+     * once the others have joined, rank 1 alone contributing. */
+    int again = hora_allreduce_async("jm/x", in, out, N / 2, HORA_FLOAT32, HORA_SUM, &req);
+    MPI_Barrier(MPI_COMM_WORLD); /* now the others join */
+    if (again == HORA_SUCCESS) {
+      MT_OK(hora_wait(&req));
+      MT_CHECK(out[0] == 2 && out[N / 2 - 1] == 2, "jm/x again: %g, expected rank 1's 2",
+               (double)out[0]);
+    } else {
+      MT_CHECK(again == HORA_ERR_INVALID_USAGE && strstr(hora_last_error(), "in flight"),
+               "jm/x again: %s: %s", hora_strerror(again), hora_last_error());
+    }
     MT_CHECK(pthread_join(joiner, NULL) == 0, "pthread_join");
     MT_OK(j.rc);
     MT_CHECK(j.last != 1, "rank 1 joined first, yet hora_join says it was last");
@@ -273,6 +288,7 @@ static void joined_rank_request_must_match_its_response(void) {
       MT_CHECK(rc == HORA_ERR_MISMATCH && strstr(hora_last_error(), "2048"),
                "allreduce jm/x: %s: %s", hora_strerror(rc), hora_last_error());
     }
+    MPI_Barrier(MPI_COMM_WORLD); /* rank 1 has submitted it again */
     MT_OK(hora_join(NULL));
   }
   /* The job goes on. */
