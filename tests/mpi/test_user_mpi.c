@@ -39,6 +39,9 @@ static void *submit_until_finalized(void *arg) {
     if (!hora_initialized()) {
       return NULL;
     }
+    /* Shutting down, not yet finalized: no busy loop meanwhile. */
+    struct timespec pause = {0, 100000};
+    nanosleep(&pause, NULL);
   }
 }
 
