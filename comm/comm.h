@@ -172,8 +172,10 @@ int hora__ctrl_send(hora__ctrl *c, uint16_t type, const void *payload, size_t le
 /* Writes queued bytes without blocking. */
 int hora__ctrl_flush(hora__ctrl *c);
 bool hora__ctrl_has_output(const hora__ctrl *c);
-/* Reads what is available without blocking. EOF or a reset gives
- * HORA_ERR_PEER_LOST (message recorded). */
+/* Reads without blocking until the first frame is complete or nothing
+ * more is there: parse it (hora__ctrl_next) before reading again. EOF or a
+ * reset gives HORA_ERR_PEER_LOST, a malformed frame header
+ * HORA_ERR_PROTOCOL (message recorded). */
 int hora__ctrl_read(hora__ctrl *c);
 /* Takes the next complete frame, if any: *got = false when none is complete.
  * The payload stays valid until the next call on this connection. A frame

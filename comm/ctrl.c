@@ -12,6 +12,7 @@
 #include "comm.h"
 
 #define FRAME_HEADER 8
+#define CTRL_READ_CHUNK 65536 /* bytes asked of one recv() beyond the frame in hand */
 
 struct hora__ctrl {
   int fd;
@@ -133,6 +134,30 @@ int hora__ctrl_send_blocking(hora__ctrl *c, uint16_t type, const void *payload, 
   return HORA_SUCCESS;
 }
 
+/* The length of the frame at the head of the input, once its header is
+ * there and valid: a bad header is refused before its payload is read. */
+static int head_frame(const hora__ctrl *c, bool *have_header, size_t *total) {
+  size_t avail = c->in_len - c->in_off;
+  *have_header = avail >= FRAME_HEADER;
+  if (!*have_header) {
+    return HORA_SUCCESS;
+  }
+  const uint8_t *h = c->in + c->in_off;
+  uint32_t l = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+  if (l > HORA_CTRL_MAX_FRAME || h[6] != 0 || h[7] != 0) {
+    return hora__error(HORA_ERR_PROTOCOL,
+                       "malformed control frame from rank %d (length %u of at most %u, flags "
+                       "%u,%u)", c->peer, l, HORA_CTRL_MAX_FRAME, h[6], h[7]);
+  }
+  *total = FRAME_HEADER + (size_t)l;
+  return HORA_SUCCESS;
+}
+
+/* Reads until the first frame is complete, or the socket has no more.
+ * The caller parses that frame before the next read, so the buffer never
+ * holds more than one frame and one read's worth of the next: a peer
+ * streaming faster than we parse, or garbage, cannot grow it without
+ * bound, and a bad header fails at once. */
 int hora__ctrl_read(hora__ctrl *c) {
   /* Drop what was parsed before reading more. */
   if (c->in_off > 0) {
@@ -140,14 +165,30 @@ int hora__ctrl_read(hora__ctrl *c) {
     c->in_len -= c->in_off;
     c->in_off = 0;
   }
+  /* A huge frame's buffer is not kept once it is parsed. */
+  if (c->in_len == 0 && c->in_cap > CTRL_READ_CHUNK * 16) {
+    free(c->in);
+    c->in = NULL;
+    c->in_cap = 0;
+  }
   for (;;) {
-    HORA_CHECK(reserve(&c->in, &c->in_cap, c->in_len + 65536));
-    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+    bool have_header;
+    size_t total = 0;
+    HORA_CHECK(head_frame(c, &have_header, &total));
+    if (have_header && c->in_len >= total) {
+      return HORA_SUCCESS; /* parse it first */
+    }
+    size_t want = have_header ? total - c->in_len : FRAME_HEADER - c->in_len;
+    size_t room = HORA_MAX(want, (size_t)CTRL_READ_CHUNK);
+    HORA_CHECK(reserve(&c->in, &c->in_cap, c->in_len + room));
+    ssize_t n = recv(c->fd, c->in + c->in_len, room, 0);
     if (n > 0) {
       c->in_len += (size_t)n;
       c->last_in_ns = hora__now_ns();
-      if (c->in_len < c->in_cap) {
-        return HORA_SUCCESS; /* short read: nothing more now */
+      if ((size_t)n < room) {
+        /* Short read: nothing more now, unless it completed a header. */
+        HORA_CHECK(head_frame(c, &have_header, &total));
+        return HORA_SUCCESS;
       }
       continue;
     }
@@ -168,24 +209,17 @@ int hora__ctrl_read(hora__ctrl *c) {
 int hora__ctrl_next(hora__ctrl *c, bool *got, uint16_t *type, const uint8_t **payload,
                     size_t *len) {
   *got = false;
-  size_t avail = c->in_len - c->in_off;
-  if (avail < FRAME_HEADER) {
+  bool have_header;
+  size_t total = 0;
+  HORA_CHECK(head_frame(c, &have_header, &total));
+  if (!have_header || c->in_len - c->in_off < total) {
     return HORA_SUCCESS;
   }
   const uint8_t *h = c->in + c->in_off;
-  uint32_t l = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
-  if (l > HORA_CTRL_MAX_FRAME || h[6] != 0 || h[7] != 0) {
-    return hora__error(HORA_ERR_PEER_LOST,
-                       "malformed control frame from rank %d (length %u, flags %u,%u)", c->peer, l,
-                       h[6], h[7]);
-  }
-  if (avail < FRAME_HEADER + (size_t)l) {
-    return HORA_SUCCESS;
-  }
   *type = (uint16_t)(h[4] | h[5] << 8);
   *payload = h + FRAME_HEADER;
-  *len = l;
-  c->in_off += FRAME_HEADER + l;
+  *len = total - FRAME_HEADER;
+  c->in_off += total;
   *got = true;
   return HORA_SUCCESS;
 }

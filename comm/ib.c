@@ -56,26 +56,25 @@
 #include "../runtime/log.h"
 #include "../runtime/params.h"
 #include "comm.h"
+#include "ib_wire.h"
 
-#define SLOTS 16              /* ring slots per direction and connection */
-#define SLOT (256 * 1024)     /* bytes per slot (fits the 21-bit length field) */
+#define SLOTS HORA_IB_SLOTS
+#define SLOT HORA_IB_SLOT
 #define RTR_SLOTS 8           /* receive descriptors in flight per connection */
 #define RECV_DEPTH (2 * SLOTS + 2 * RTR_SLOTS) /* receive WRs kept posted */
 #define SEND_DEPTH (2 * SLOTS + 2 * RTR_SLOTS)
 #define ZC_PIECE (1u << 30)   /* largest single RDMA write */
 #define SIGNAL_EVERY 8 /* ask for a send completion on every 8th write */
-/* Immediate data: a data write carries its slot and length and the
- * credits its sender owes the other way; a bare write carries credits and
- * its kind (credits only, a descriptor, or the end of a direct write).
- *   data: bit 31 = 0 | bits 26-30: credits | bits 21-25: slot | 0-20: length
- *   bare: bit 31 = 1 | bits 26-30: credits | bits 21-25: kind */
+/* Immediate data: see ib_wire.h. */
 #define INLINE_MAX 128 /* small writes travel inside the work request */
-#define IMM_CREDIT 0x80000000u
-#define IMM_CREDITS_SHIFT 26
-#define IMM_SLOT_SHIFT 21
-#define IMM_LEN_MASK 0x001fffffu
-#define IMM_FIELD_MASK 0x1fu
-enum { KIND_CREDIT = 0, KIND_DESCRIPTOR = 1, KIND_DIRECT_DONE = 2 };
+#define IMM_CREDIT HORA_IB_IMM_BARE
+#define IMM_CREDITS_SHIFT HORA_IB_IMM_CREDITS_SHIFT
+#define IMM_SLOT_SHIFT HORA_IB_IMM_SLOT_SHIFT
+enum {
+  KIND_CREDIT = HORA_IB_KIND_CREDIT,
+  KIND_DESCRIPTOR = HORA_IB_KIND_DESCRIPTOR,
+  KIND_DIRECT_DONE = HORA_IB_KIND_DIRECT_DONE
+};
 
 /* Where a receive wants its bytes; len 0: through the ring. */
 struct ib_descriptor {
@@ -139,22 +138,6 @@ static uint64_t zero_copy_min(void) {
   return v > 0 ? (uint64_t)v : UINT64_MAX;
 }
 
-/* What one side tells the other. Plain fixed-size data, sent as bytes. */
-struct ib_wire {
-  uint32_t magic;
-  uint32_t qpn;
-  uint32_t psn;
-  uint16_t lid;
-  uint8_t mtu;
-  uint8_t pad;
-  uint8_t gid[16];
-  uint64_t ring_addr;
-  uint32_t ring_rkey;
-  uint32_t ctl_rkey;
-  uint64_t ctl_addr; /* the descriptor array this side reads */
-  uint64_t zero_copy_min; /* HORA_IB_ZERO_COPY_MIN; the larger of the two applies */
-};
-#define IB_WIRE_MAGIC 0x48524942u /* "HRIB" */
 
 /* Where a connection's set-up stands: the two sides swap their records
  * over the socket, connect the queue pair, then swap one byte saying it
@@ -165,7 +148,8 @@ struct ib_conn {
   struct hora__conn base;
   int fd; /* the TCP socket the peers met on */
   enum ib_setup setup;
-  struct ib_wire me, them;  /* the records swapped during set-up */
+  struct hora__ib_record me, them; /* the records swapped during set-up */
+  uint8_t me_wire[HORA_IB_RECORD_SIZE], them_wire[HORA_IB_RECORD_SIZE];
   size_t sent, got;         /* bytes of the current swap moved */
   uint32_t psn;             /* our first packet sequence number */
   struct ibv_qp *qp;
@@ -511,7 +495,7 @@ static int post_recv(struct ib_conn *c) {
 
 /* INIT -> RTR -> RTS towards peer; c (when given) gets its receives posted
  * before the QP can receive. */
-static int connect_qp(struct ibv_qp *qp, struct ib_conn *c, const struct ib_wire *peer,
+static int connect_qp(struct ibv_qp *qp, struct ib_conn *c, const struct hora__ib_record *peer,
                       uint32_t my_psn) {
   struct ibv_qp_attr a;
   memset(&a, 0, sizeof(a));
@@ -623,17 +607,17 @@ static int ib_begin(hora__comm *comm, int fd, int peer, hora__conn **out) {
     goto fail;
   }
   c->psn = (uint32_t)(hora__now_ns() & 0xffffff);
-  c->me = (struct ib_wire){.magic = IB_WIRE_MAGIC,
-                           .qpn = c->qp->qp_num,
-                           .psn = c->psn,
-                           .lid = dev->lid,
-                           .mtu = (uint8_t)dev->mtu,
-                           .ring_addr = (uint64_t)(uintptr_t)c->ring,
-                           .ring_rkey = c->ring_mr->rkey,
-                           .ctl_rkey = c->ctl_mr->rkey,
-                           .ctl_addr = (uint64_t)(uintptr_t)c->ctl,
-                           .zero_copy_min = zero_copy_min()};
+  c->me = (struct hora__ib_record){.qpn = c->qp->qp_num,
+                                   .psn = c->psn,
+                                   .lid = dev->lid,
+                                   .mtu = (uint8_t)dev->mtu,
+                                   .ring_addr = (uint64_t)(uintptr_t)c->ring,
+                                   .ring_rkey = c->ring_mr->rkey,
+                                   .ctl_rkey = c->ctl_mr->rkey,
+                                   .ctl_addr = (uint64_t)(uintptr_t)c->ctl,
+                                   .zero_copy_min = zero_copy_min()};
   memcpy(c->me.gid, dev->gid.raw, 16);
+  hora__ib_record_encode(&c->me, c->me_wire);
   *out = &c->base;
   return HORA_SUCCESS;
 fail:
@@ -647,13 +631,10 @@ static int ib_establish(hora__comm *comm, hora__conn *conn, bool *ready, int *fd
   bool done = false;
   *ready = false;
   if (c->setup == SETUP_RECORDS) {
-    HORA_CHECK(swap_step(c, &c->me, &c->them, sizeof(c->me), &done));
+    HORA_CHECK(swap_step(c, c->me_wire, c->them_wire, HORA_IB_RECORD_SIZE, &done));
     if (done) {
-      const struct ib_wire *them = &c->them;
-      if (them->magic != IB_WIRE_MAGIC) {
-        return hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed RDMA connection record",
-                           conn->peer);
-      }
+      const struct hora__ib_record *them = &c->them;
+      HORA_CHECK(hora__ib_record_decode(c->them_wire, conn->peer, &c->them));
       c->remote_ring = them->ring_addr;
       c->remote_rkey = them->ring_rkey;
       c->remote_ctl = them->ctl_addr;
@@ -668,6 +649,10 @@ static int ib_establish(hora__comm *comm, hora__conn *conn, bool *ready, int *fd
     static const uint8_t can_receive = 1;
     uint8_t peer_can_receive = 0;
     HORA_CHECK(swap_step(c, &can_receive, &peer_can_receive, 1, &done));
+    if (done && peer_can_receive != can_receive) {
+      return hora__error(HORA_ERR_PROTOCOL, "RDMA connection set-up: rank %d sent %u where it "
+                         "says it can receive (1)", conn->peer, peer_can_receive);
+    }
     if (done) {
       if (dev->nconns == dev->capconns) {
         int cap = dev->capconns ? 2 * dev->capconns : 8;
@@ -684,7 +669,7 @@ static int ib_establish(hora__comm *comm, hora__conn *conn, bool *ready, int *fd
   }
   *ready = c->setup == SETUP_DONE;
   *fd = c->fd;
-  size_t swapping = c->setup == SETUP_RECORDS ? sizeof(c->me) : 1;
+  size_t swapping = c->setup == SETUP_RECORDS ? HORA_IB_RECORD_SIZE : 1;
   *events = (short)(POLLIN | (c->sent < swapping ? POLLOUT : 0));
   return HORA_SUCCESS;
 }
@@ -805,15 +790,22 @@ static int drain_cq(bool *progressed) {
         continue;
       }
       if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-        uint32_t imm = ntohl(wc[i].imm_data);
-        c->credits += (imm >> IMM_CREDITS_SHIFT) & IMM_FIELD_MASK;
-        uint32_t field = (imm >> IMM_SLOT_SHIFT) & IMM_FIELD_MASK;
-        if (!(imm & IMM_CREDIT)) {
-          c->ring_len[field] = imm & IMM_LEN_MASK;
+        /* The slot indexes ring_len and the length sizes a copy out of
+         * the ring: checked before either is used. */
+        struct hora__ib_ring_state st = {c->ring_head, c->ring_ready, c->credits};
+        struct hora__ib_imm m;
+        HORA_CHECK(hora__ib_imm_decode(ntohl(wc[i].imm_data), &st, c->base.peer, &m));
+        c->credits += m.credits;
+        if (!m.bare) {
+          c->ring_len[m.slot] = m.len;
           c->ring_ready++;
-        } else if (field == KIND_DESCRIPTOR) {
+        } else if (m.kind == KIND_DESCRIPTOR) {
+          if (c->desc_got - c->desc_used >= RTR_SLOTS) {
+            return hora__error(HORA_ERR_PROTOCOL, "rank %d announced more than %d RDMA receive "
+                               "descriptors at once", c->base.peer, RTR_SLOTS);
+          }
           c->desc_got++;
-        } else if (field == KIND_DIRECT_DONE) {
+        } else if (m.kind == KIND_DIRECT_DONE) {
           c->direct_done++;
         }
         HORA_CHECK(post_recv(c));
@@ -914,7 +906,7 @@ static int open_flush_qp(void) {
     return verbs_error("setting up the GPUDirect flush queue pair");
   }
   uint32_t psn = (uint32_t)(hora__now_ns() & 0xffffff);
-  struct ib_wire self = {.qpn = dev->flush_qp->qp_num, .psn = psn, .lid = dev->lid,
+  struct hora__ib_record self = {.qpn = dev->flush_qp->qp_num, .psn = psn, .lid = dev->lid,
                          .mtu = (uint8_t)dev->mtu};
   memcpy(self.gid, dev->gid.raw, 16);
   return connect_qp(dev->flush_qp, NULL, &self, psn);
@@ -957,7 +949,7 @@ static int deliver_received(hora__comm *comm, struct ib_conn *c, bool *progresse
            * end means the sender did not take the descriptor. */
           char name[160];
           const struct ib_region *r = region_of(x->ptr, x->left);
-          return hora__error(HORA_ERR_SYSTEM,
+          return hora__error(HORA_ERR_PROTOCOL,
                              "RDMA transfer from %s out of step: %zu bytes came through the ring "
                              "for a receive into registered %s memory",
                              hora__peer_name(comm, c->base.peer, name, sizeof(name)),
@@ -1047,7 +1039,7 @@ static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_
     return HORA_SUCCESS;
   }
   if (d.len != x->left) {
-    return hora__error(HORA_ERR_SYSTEM,
+    return hora__error(HORA_ERR_PROTOCOL,
                        "RDMA transfer to %s out of step: it expects %llu bytes, this send has %zu",
                        hora__peer_name(comm, c->base.peer, name, sizeof(name)),
                        (unsigned long long)d.len, x->left);

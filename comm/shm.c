@@ -155,22 +155,36 @@ void hora__shm_path_end(struct hora__shm *shm, uint64_t ns) {
  * word whose address and value every rank knows. */
 static const uint64_t cma_probe = 0x686f7261636d6121ull; /* "hora cma!" */
 
-static bool try_cma(struct hora__shm *s, MPI_Comm local) {
+/* An MPI call of the set-up: a failure is HORA_ERR_SYSTEM naming it. */
+#define SHM_MPI(call)                                                                        \
+  do {                                                                                       \
+    int mpi_rc_ = (call);                                                                    \
+    if (mpi_rc_ != MPI_SUCCESS) {                                                            \
+      rc = hora__mpi_error(mpi_rc_, #call);                                                  \
+      goto out;                                                                              \
+    }                                                                                        \
+  } while (0)
+
+static int try_cma(struct hora__shm *s, MPI_Comm local, bool *works) {
+  int rc = HORA_SUCCESS;
+  *works = false;
   uint64_t addr = (uint64_t)(uintptr_t)&cma_probe;
   uint64_t *addrs = hora__calloc((size_t)s->local_size, sizeof(*addrs));
   if (!addrs) {
-    return false;
+    return HORA_ERR_NO_MEMORY;
   }
-  MPI_Allgather(&addr, 1, MPI_UINT64_T, addrs, 1, MPI_UINT64_T, local);
+  SHM_MPI(MPI_Allgather(&addr, 1, MPI_UINT64_T, addrs, 1, MPI_UINT64_T, local));
   int peer = (s->local_rank + 1) % s->local_size;
   uint64_t got = 0;
   struct iovec l = {&got, sizeof(got)}, r = {(void *)(uintptr_t)addrs[peer], sizeof(got)};
   int ok = process_vm_readv(s->pids[peer], &l, 1, &r, 1, 0) == (ssize_t)sizeof(got) &&
            got == cma_probe;
-  free(addrs);
   int all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, local);
-  return all != 0;
+  SHM_MPI(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, local));
+  *works = all != 0;
+out:
+  free(addrs);
+  return rc;
 }
 
 size_t hora__shm_half_bytes(const struct hora__shm *shm) { return shm->half; }
@@ -212,8 +226,9 @@ int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
   if (!s) {
     return HORA_ERR_NO_MEMORY;
   }
-  MPI_Comm_rank(local, &s->local_rank);
-  MPI_Comm_size(local, &s->local_size);
+  int rc = HORA_SUCCESS, my_fd = -1;
+  SHM_MPI(MPI_Comm_rank(local, &s->local_rank));
+  SHM_MPI(MPI_Comm_size(local, &s->local_size));
   size_t half = (size_t)hora__params.SHM_BUFFER_SIZE;
   half = (half + PAGE - 1) / PAGE * PAGE;
   s->half = half;
@@ -222,11 +237,11 @@ int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
   s->pids = hora__calloc((size_t)s->local_size, sizeof(*s->pids));
   s->global = hora__calloc((size_t)s->local_size, sizeof(*s->global));
   if (!s->pids || !s->global) {
-    hora__shm_destroy(s);
-    return HORA_ERR_NO_MEMORY;
+    rc = HORA_ERR_NO_MEMORY;
+    goto out;
   }
   /* The leader creates the segment; the others learn where to find it. */
-  int info[2] = {(int)getpid(), -1}, my_fd = -1, ok = 1;
+  int info[2] = {(int)getpid(), -1}, ok = 1;
   char why[512] = "";
   if (s->local_rank == 0) {
     my_fd = memfd_create("hora-shm", MFD_CLOEXEC);
@@ -237,18 +252,19 @@ int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
     }
     info[1] = my_fd;
   }
-  MPI_Bcast(info, 2, MPI_INT, 0, local);
+  SHM_MPI(MPI_Bcast(info, 2, MPI_INT, 0, local));
   if (info[1] >= 0 && map_segment(s, (pid_t)info[0], info[1], s->local_rank == 0 ? my_fd : -1) != HORA_SUCCESS) {
     hora__strlcpy(why, hora__error_message(), sizeof(why));
     ok = 0;
   }
   int all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, local);
+  SHM_MPI(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, local));
   int me = (int)getpid();
-  MPI_Allgather(&me, 1, MPI_INT, s->pids, 1, MPI_INT, local);
-  MPI_Allgather(&comm->rank, 1, MPI_INT, s->global, 1, MPI_INT, local);
+  SHM_MPI(MPI_Allgather(&me, 1, MPI_INT, s->pids, 1, MPI_INT, local));
+  SHM_MPI(MPI_Allgather(&comm->rank, 1, MPI_INT, s->global, 1, MPI_INT, local));
   if (my_fd >= 0) {
     close(my_fd); /* the mappings keep the memory alive */
+    my_fd = -1;
   }
   if (!all_ok) {
     if (!ok) {
@@ -263,12 +279,23 @@ int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
              : !strcmp(want, "1")      ? SINGLE_COPY_KERNEL
                                        : SINGLE_COPY_AUTO;
   int agreed = SINGLE_COPY_OFF;
-  MPI_Allreduce(&mode, &agreed, 1, MPI_INT, MPI_MIN, local);
-  s->cma = agreed != SINGLE_COPY_OFF && try_cma(s, local);
+  SHM_MPI(MPI_Allreduce(&mode, &agreed, 1, MPI_INT, MPI_MIN, local));
+  if (agreed != SINGLE_COPY_OFF) {
+    rc = try_cma(s, local, &s->cma);
+    if (rc != HORA_SUCCESS) {
+      goto out;
+    }
+  }
   s->tuning = s->cma && agreed == SINGLE_COPY_AUTO;
   s->staged = agreed == SINGLE_COPY_STAGED;
   *out = s;
   return HORA_SUCCESS;
+out:
+  if (my_fd >= 0) {
+    close(my_fd);
+  }
+  hora__shm_destroy(s);
+  return rc;
 }
 
 void hora__shm_destroy(struct hora__shm *s) {

@@ -39,7 +39,8 @@ extern "C" {
   X(ERR_TIMEOUT, "an operation stalled past the shutdown time")                     \
   X(ERR_ABORTED, "the runtime was shut down by a fatal error or hora_abort")        \
   X(ERR_NOT_SUPPORTED, "not supported by this build or configuration")                \
-  X(ERR_CORRUPT, "ranks hold different results (HORA_VERIFY)")
+  X(ERR_CORRUPT, "ranks hold different results (HORA_VERIFY)")                       \
+  X(ERR_PROTOCOL, "a peer broke the wire protocol, or the ranks' caches diverged")
 
 typedef enum hora_result {
 #define HORA_RESULT_ENUM_(name, text) HORA_##name,

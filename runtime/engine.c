@@ -53,30 +53,20 @@
 #include "../comm/gpu.h"
 #include "../comm/reduce.h"
 #include "cache.h"
+#include "cycle.h"
 #include "log.h"
 #include "params.h"
 #include "runtime.h"
 #include "verify.h"
 #include "timeline.h"
 
-/* Cycle steps on the wire: 0 a fold in, 1 + i round i, FOLD_OUT the result,
- * ASK a rank's request that its fold partner take part (it sends first). */
-#define STEP_FOLD_IN 0
-#define STEP_FOLD_OUT 32
-#define STEP_ASK 33
-#define INBOX_STEPS 34
+/* Cycle steps on the wire (cycle.h). */
+#define STEP_FOLD_IN HORA_STEP_FOLD_IN
+#define STEP_FOLD_OUT HORA_STEP_FOLD_OUT
+#define STEP_ASK HORA_STEP_ASK
+#define INBOX_STEPS HORA_INBOX_STEPS
 
 enum { CYCLE_IDLE, CYCLE_FOLD_IN, CYCLE_ROUNDS, CYCLE_RESULT, CYCLE_DONE };
-
-/* A partner's message for a cycle, kept until the cycle gets to it. */
-struct cycle_inbox {
-  bool has;
-  uint8_t flags;
-  uint64_t frames;
-  uint32_t nbytes;
-  uint8_t *vec; /* 3 x nbytes */
-  size_t cap;
-};
 
 struct frame {
   struct frame *next;
@@ -135,7 +125,7 @@ struct hora__engine {
    * that response), so every rank agrees on who stands in for which cycle. */
   bool join_pending;
   bool others_joined;    /* what the last cycle said */
-  struct cycle_inbox *inbox; /* [2 * INBOX_STEPS]: by cycle parity and step */
+  struct hora__cycle_inbox *inbox; /* [2 * INBOX_STEPS]: by cycle parity and step */
   /* Response frames, applied at the end of the cycle that counts them. */
   struct frame *frames_head, **frames_tail;
   uint64_t frames_got;   /* received (rank 0: sent) */
@@ -161,12 +151,7 @@ static void engine_free(struct hora__engine *e) {
   free(e->waiting);
   free(e->evict_wish);
   free(e->acc);
-  if (e->inbox) {
-    for (int i = 0; i < 2 * INBOX_STEPS; i++) {
-      free(e->inbox[i].vec);
-    }
-  }
-  free(e->inbox);
+  hora__cycle_inbox_free(e->inbox);
   free(e->stuck_cycle);
   free(e->stuck_since_ns);
   while (e->frames_head) {
@@ -198,7 +183,7 @@ static int on_abort_frame(struct hora__engine *e, int from, const uint8_t *p, si
   int origin, code;
   char msg[900];
   if (hora__decode_abort(p, n, &origin, &code, msg, sizeof(msg)) != HORA_SUCCESS) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed abort message", from);
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d sent a malformed abort message", from);
   }
   (void)origin;
   if (from == 0) {
@@ -220,50 +205,18 @@ static int submit_cb(void *arg, const struct hora__wire_request *req) {
 
 static int ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
                      size_t n);
+static int lost_partner(struct hora__engine *e, int peer);
 
-/* Where a partner's step of a cycle waits: at most the next two cycles
- * can have steps in flight, so the inbox is indexed by parity. */
-static struct cycle_inbox *inbox_of(struct hora__engine *e, uint64_t cycle, int step) {
-  return &e->inbox[(cycle & 1) * INBOX_STEPS + step];
+/* Where a partner's step of a cycle waits. */
+static struct hora__cycle_inbox *inbox_of(struct hora__engine *e, uint64_t cycle, int step) {
+  return hora__cycle_inbox_of(e->inbox, cycle, step);
 }
 
-/* A partner's step of a cycle: kept in the inbox until the cycle uses it. */
+/* A partner's step of a cycle: checked, and kept in the inbox until the
+ * cycle uses it. */
 static int on_cycle_frame(struct hora__engine *e, int from, const uint8_t *p, size_t n) {
-  struct hora__cycle_msg m;
-  if (hora__decode_cycle(p, n, &m) != HORA_SUCCESS) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent a malformed cycle message", from);
-  }
-  const struct hora__cycle_partners *cp = &e->partners;
-  bool from_fold = from == cp->fold && (cp->folds_out ? m.step == STEP_FOLD_OUT || m.step == STEP_ASK
-                                                      : m.step == STEP_FOLD_IN);
-  bool from_round = m.step >= 1 && m.step <= cp->nrounds && cp->round[m.step - 1] == from;
-  if ((!from_fold && !from_round) || m.cycle <= e->cycles || m.cycle > e->cycles + 2) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent step %u of cycle %llu, which this rank "
-                       "(at cycle %llu) does not expect from it", from, m.step,
-                       (unsigned long long)m.cycle, (unsigned long long)e->cycles);
-  }
-  struct cycle_inbox *in = inbox_of(e, m.cycle, m.step);
-  size_t need = 3 * (size_t)m.nbytes;
-  if (in->has) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d sent step %u of cycle %llu twice", from,
-                       m.step, (unsigned long long)m.cycle);
-  }
-  if (need > in->cap) {
-    uint8_t *v = hora__realloc(in->vec, need);
-    if (!v) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    in->vec = v;
-    in->cap = need;
-  }
-  if (need) {
-    memcpy(in->vec, m.vec, need);
-  }
-  in->has = true;
-  in->flags = m.flags;
-  in->frames = m.frames;
-  in->nbytes = m.nbytes;
-  return HORA_SUCCESS;
+  uint32_t max_nbytes = (e->cache.capacity + 7) / 8;
+  return hora__cycle_accept(e->inbox, &e->partners, e->cycles, max_nbytes, from, p, n);
 }
 
 static int queue_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
@@ -286,7 +239,7 @@ static int queue_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
 static int on_responses_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
   struct hora__response *peek = NULL, **tail = &peek;
   if (hora__decode_responses(p, n, &tail, NULL) != HORA_SUCCESS) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
+    return hora__error(HORA_ERR_PROTOCOL, "rank 0 sent a malformed response list: %s",
                        hora__error_message());
   }
   while (peek) {
@@ -311,66 +264,86 @@ static void record_stuck(struct hora__engine *e, int from, uint64_t cycle, uint3
   e->next_stuck_ns = now; /* look at it in this turn of the loop */
 }
 
-/* Reads and handles every complete frame on one control connection. */
+/* After the job's end, or from a partner that is no longer needed (its
+ * cycles are done; rank 0, which also hears it, reports a real loss), a
+ * closed connection is not an error by itself; a cycle that still needs
+ * the partner fails then. */
+static bool may_close(const struct hora__engine *e, int peer) {
+  bool partner_only = e->rt->rank != 0 && peer != 0;
+  return e->shutting_down || e->shutdown_seen || partner_only;
+}
+
+/* One frame from `peer`. */
+static int on_ctrl_frame(struct hora__engine *e, int peer, uint16_t type, const uint8_t *p,
+                         size_t n) {
+  char name[160];
+  e->frames_in++;
+  HORA_TRACE("control: frame type %u (%zu bytes) from rank %d", type, n, peer);
+  if (type == HORA_MSG_ABORT) {
+    return on_abort_frame(e, peer, p, n);
+  }
+  if (type == HORA_MSG_REQUESTS && e->ctl) {
+    struct submit_ctx s = {e, peer};
+    struct hora__request_sink sink = {submit_cb, &s};
+    if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
+      return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed request list: %s",
+                         hora__peer_name(e->comm, peer, name, sizeof(name)),
+                         hora__error_message());
+    }
+  } else if (type == HORA_MSG_RESPONSES && !e->ctl && peer == 0) {
+    HORA_CHECK(on_responses_frame(e, p, n));
+  } else if (type == HORA_MSG_CYCLE) {
+    HORA_CHECK(on_cycle_frame(e, peer, p, n));
+  } else if (type == HORA_MSG_STUCK && e->ctl) {
+    uint64_t cyc;
+    uint32_t waited;
+    const char *key;
+    size_t klen;
+    if (hora__decode_stuck(p, n, &cyc, &waited, &key, &klen) != HORA_SUCCESS) {
+      return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed stuck-cycle message",
+                         hora__peer_name(e->comm, peer, name, sizeof(name)));
+    }
+    record_stuck(e, peer, cyc, waited, key, klen);
+  } else if (type != HORA_MSG_HEARTBEAT) { /* a heartbeat's arriving was the point */
+    return hora__error(HORA_ERR_PROTOCOL, "%s sent an unexpected control message (type %u)",
+                       hora__peer_name(e->comm, peer, name, sizeof(name)), type);
+  }
+  return HORA_SUCCESS;
+}
+
+/* Rounds of reading and parsing one connection per call: the connection
+ * holds at most one frame and one read beyond it, and a peer that keeps
+ * sending cannot keep the coordinator here (poll brings it back). */
+#define READ_ROUNDS 64
+
+/* Reads and handles the complete frames on one control connection. */
 static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
   int peer = hora__ctrl_peer(c);
   char name[160];
-  int rc = hora__ctrl_read(c);
-  /* Frames that arrived before an EOF still count: an abort explains it. */
-  for (;;) {
-    bool got;
-    uint16_t type;
-    const uint8_t *p;
-    size_t n;
-    int prc = hora__ctrl_next(c, &got, &type, &p, &n);
-    if (prc != HORA_SUCCESS) {
-      return prc;
+  int rc = HORA_SUCCESS;
+  for (int round = 0; round < READ_ROUNDS; round++) {
+    rc = hora__ctrl_read(c);
+    /* Frames that arrived before an EOF still count: an abort explains it. */
+    int frames = 0;
+    for (;;) {
+      bool got;
+      uint16_t type;
+      const uint8_t *p;
+      size_t n;
+      HORA_CHECK(hora__ctrl_next(c, &got, &type, &p, &n));
+      if (!got) {
+        break;
+      }
+      frames++;
+      HORA_CHECK(on_ctrl_frame(e, peer, type, p, n));
     }
-    if (!got) {
+    if (rc != HORA_SUCCESS || frames == 0) {
       break;
-    }
-    e->frames_in++;
-    HORA_TRACE("control: frame type %u (%zu bytes) from rank %d", type, n, peer);
-    if (type == HORA_MSG_ABORT) {
-      return on_abort_frame(e, peer, p, n);
-    }
-    if (type == HORA_MSG_REQUESTS && e->ctl) {
-      struct submit_ctx s = {e, peer};
-      struct hora__request_sink sink = {submit_cb, &s};
-      if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
-        return hora__error(HORA_ERR_PEER_LOST, "%s sent a malformed request list: %s",
-                           hora__peer_name(e->comm, peer, name, sizeof(name)),
-                           hora__error_message());
-      }
-    } else if (type == HORA_MSG_RESPONSES && !e->ctl && peer == 0) {
-      HORA_CHECK(on_responses_frame(e, p, n));
-    } else if (type == HORA_MSG_CYCLE) {
-      HORA_CHECK(on_cycle_frame(e, peer, p, n));
-    } else if (type == HORA_MSG_STUCK && e->ctl) {
-      uint64_t cyc;
-      uint32_t waited;
-      const char *key;
-      size_t klen;
-      if (hora__decode_stuck(p, n, &cyc, &waited, &key, &klen) != HORA_SUCCESS) {
-        return hora__error(HORA_ERR_PEER_LOST, "%s sent a malformed stuck-cycle message",
-                           hora__peer_name(e->comm, peer, name, sizeof(name)));
-      }
-      record_stuck(e, peer, cyc, waited, key, klen);
-    } else if (type == HORA_MSG_HEARTBEAT) {
-      /* Arriving was the point. */
-    } else {
-      return hora__error(HORA_ERR_PEER_LOST, "%s sent an unexpected control message (type %u)",
-                         hora__peer_name(e->comm, peer, name, sizeof(name)), type);
     }
   }
   if (rc == HORA_ERR_PEER_LOST) {
     HORA_DEBUG("control: connection to rank %d closed", peer);
-    /* After the job's end, or from a partner that is no longer needed (its
-     * cycles are done; rank 0, which also hears it, reports a real loss),
-     * a closed connection is not an error by itself; a cycle that still
-     * needs the partner fails then. */
-    bool partner_only = e->rt->rank != 0 && peer != 0;
-    if (e->shutting_down || e->shutdown_seen || partner_only) {
+    if (may_close(e, peer)) {
       hora__ctrl_free(c);
       e->comm->ctrl[peer] = NULL;
       return HORA_SUCCESS;
@@ -389,16 +362,29 @@ static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) 
   }
   char original[1024];
   hora__strlcpy(original, hora__error_message(), sizeof(original));
+  int peer = hora__ctrl_peer(c);
   int why = read_ctrl(e, c);
   /* An abort frame explains the broken connection, whatever its code, and
    * an EOF names the lost peer's host and pid, which the errno does not. */
   if (why != HORA_SUCCESS) {
     return why;
   }
+  /* The peer went away after the job's end, or was a partner no longer
+   * needed: the write did not matter. read_ctrl may have closed (and freed)
+   * the connection already; it sees the EOF only after the last frames. */
+  if (!e->comm->ctrl[peer]) {
+    return HORA_SUCCESS;
+  }
+  if (may_close(e, peer)) {
+    HORA_DEBUG("control: connection to rank %d closed", peer);
+    hora__ctrl_free(c);
+    e->comm->ctrl[peer] = NULL;
+    return HORA_SUCCESS;
+  }
   /* Nothing left to read says more (what the peer sent before dying was
    * still queued): name it as lost, with its host and pid, all the same. */
   char name[160];
-  hora__peer_name(e->comm, hora__ctrl_peer(c), name, sizeof(name));
+  hora__peer_name(e->comm, peer, name, sizeof(name));
   return hora__error(rc, "lost %s: %s", name, original);
 }
 
@@ -416,8 +402,12 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
     return HORA_SUCCESS;
   }
   uint64_t now = hora__now_ns();
+  int peer = hora__ctrl_peer(c);
   if (now - hora__ctrl_last_out(c) >= limit / 4) {
     HORA_CHECK(ctrl_send(e, c, HORA_MSG_HEARTBEAT, NULL, 0));
+    if (!e->comm->ctrl[peer]) {
+      return HORA_SUCCESS; /* closed (and freed) after the job's end */
+    }
   }
   if (now - hora__ctrl_last_in(c) >= limit) {
     char name[160];
@@ -443,6 +433,8 @@ static int service(void *arg) {
     }
     if (c->ctrl[r] && !e->shutting_down) {
       HORA_CHECK(explain_write_failure(e, c->ctrl[r], hora__ctrl_flush(c->ctrl[r])));
+    }
+    if (c->ctrl[r] && !e->shutting_down) {
       HORA_CHECK(heartbeat(e, c->ctrl[r]));
     }
   }
@@ -510,6 +502,11 @@ static int send_full(struct hora__engine *e, struct hora_request *const *list, s
   if (e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %zu requests", n);
   }
+  if (!e->comm->ctrl[0]) {
+    /* Rank 0 closed its end after the job's end (hora_finalize racing a
+     * submission): these fail as finalized when the coordinator stops. */
+    return e->shutdown_seen || e->shutting_down ? HORA_SUCCESS : lost_partner(e, 0);
+  }
   return ctrl_send(e, e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
 }
 
@@ -549,6 +546,7 @@ static int take_submissions(struct hora__engine *e, bool *busy) {
   size_t nfull = 0;
   for (struct hora_request *r = head; r; r = r->next) {
     r->sent_slot = -1;
+    r->taken = true;
     e->join_pending |= r->meta.kind == HORA_KIND_JOIN;
     if (r->meta.kind > HORA_KIND_ALLGATHER) {
       e->reqs[nfull++] = r;
@@ -575,11 +573,15 @@ static int take_submissions(struct hora__engine *e, bool *busy) {
 
 /* ---- execution -------------------------------------------------------------- */
 
+/* Our request for a tensor of a response. One still on the submission
+ * queue is not ours to run yet: a joined rank's stand-in can meet such a
+ * request, and running it would leave the queue pointing at a request the
+ * caller may already have freed. */
 static struct hora_request *lookup(struct hora__engine *e, const struct hora__resp_tensor *t) {
   pthread_mutex_lock(&e->rt->mu);
   struct hora_request *r = hora__table_get(&e->rt->inflight, t->key, t->key_len);
   pthread_mutex_unlock(&e->rt->mu);
-  return r;
+  return r && r->taken ? r : NULL;
 }
 
 static void complete(struct hora__engine *e, struct hora_request **reqs, size_t n, int status,
@@ -595,10 +597,75 @@ static void complete(struct hora__engine *e, struct hora_request **reqs, size_t 
   pthread_mutex_unlock(&rt->mu);
 }
 
+/* Rank 0 failed an operation: our request fails too, even one still on
+ * the submission queue (this rank would only send it to rank 0 to hear the
+ * same); that one is unlinked from the queue first, so that nothing holds
+ * it once its caller has it back. */
+static void fail_by_key(struct hora__engine *e, const struct hora__resp_tensor *t, int status,
+                        const char *msg) {
+  struct hora__runtime *rt = e->rt;
+  pthread_mutex_lock(&rt->mu);
+  struct hora_request *q = hora__table_get(&rt->inflight, t->key, t->key_len);
+  if (q && q->placeholder) {
+    hora__table_remove(&rt->inflight, q->key, q->key_len);
+    free(q);
+    q = NULL;
+  }
+  if (q && !q->taken) {
+    struct hora_request **p = &rt->queue_head, *prev = NULL;
+    while (*p && *p != q) {
+      prev = *p;
+      p = &(*p)->next;
+    }
+    if (*p) {
+      *p = q->next;
+      if (rt->queue_tail == q) {
+        rt->queue_tail = prev;
+      }
+    }
+  }
+  if (q) {
+    hora__request_complete_locked(rt, q, status, msg);
+    pthread_cond_broadcast(&rt->done_cv);
+  }
+  pthread_mutex_unlock(&rt->mu);
+}
+
+/* A request that did not match the response it met fails now. When it
+ * went to rank 0 in full, rank 0 still holds it and will answer it: a
+ * placeholder keeps its key in flight until then. */
+static void fail_mismatched(struct hora__engine *e, struct hora_request *q, const char *msg) {
+  struct hora__runtime *rt = e->rt;
+  struct hora_request *p = q->sent_slot < 0 ? hora__calloc(1, sizeof(*p)) : NULL;
+  pthread_mutex_lock(&rt->mu);
+  if (p) {
+    memcpy(p->key, q->key, q->key_len);
+    p->key_len = q->key_len;
+    p->meta = q->meta;
+    p->sent_slot = -1;
+    p->taken = p->placeholder = true;
+  }
+  hora__request_complete_locked(rt, q, HORA_ERR_MISMATCH, msg);
+  if (p && hora__table_put(&rt->inflight, p->key, p->key_len, p) != HORA_SUCCESS) {
+    free(p); /* then a new request under the key may reach rank 0 twice */
+  }
+  pthread_cond_broadcast(&rt->done_cv);
+  pthread_mutex_unlock(&rt->mu);
+}
+
+/* Rank 0's answer for a request that already failed here: the key is free
+ * again, and this rank stands in for it. */
+static void retire_placeholder(struct hora__engine *e, struct hora_request *p) {
+  pthread_mutex_lock(&e->rt->mu);
+  hora__table_remove(&e->rt->inflight, p->key, p->key_len);
+  pthread_mutex_unlock(&e->rt->mu);
+  free(p);
+}
+
 static int missing_tensor(struct hora__engine *e, const struct hora__response *r,
                           const struct hora__resp_tensor *t) {
   char name[300];
-  return hora__error(HORA_ERR_SYSTEM, "rank 0 scheduled %s %s, which this rank never submitted",
+  return hora__error(HORA_ERR_PROTOCOL, "rank 0 scheduled %s %s, which this rank never submitted",
                      hora__kind_name(r->kind), hora__key_display(t->key, t->key_len, name, sizeof(name)));
 }
 
@@ -640,15 +707,80 @@ static hora_dtype wire_dtype(const struct hora__response *r) {
   return r->compression == HORA_COMPRESSION_FP16 ? HORA_FLOAT16 : HORA_BFLOAT16;
 }
 
-/* Looks up the local request of every tensor; a joined rank may lack some. */
+/* Whether request q asked for what tensor i of response r runs; if not,
+ * says how they differ ("allreduce 'x': rank 1 submitted 10 elements, the
+ * response it ran under has 20"), in the order rank 0's mismatch messages
+ * use. */
+static bool request_matches(const struct hora__response *r, uint32_t i, int rank,
+                            const struct hora_request *q, char *msg, size_t size) {
+  struct hora__op_meta m;
+  const struct hora__op_meta *f = &q->meta;
+  hora__response_meta(r, i, &m);
+  char name[300], what[360];
+  hora__key_display(q->key, q->key_len, name, sizeof(name));
+  snprintf(what, sizeof(what), "%s %s: rank %d submitted", hora__kind_name(f->kind), name, rank);
+  const char *ran = "the response it ran under";
+  bool allreduce = m.kind == HORA_KIND_ALLREDUCE;
+  if (f->kind != m.kind) {
+    snprintf(msg, size, "%s it, %s is a %s", what, ran, hora__kind_name(m.kind));
+  } else if (f->device != m.device) {
+    snprintf(msg, size, "%s %s memory, %s is for %s memory", what, f->device ? "GPU" : "host",
+             ran, m.device ? "GPU" : "host");
+  } else if (f->dtype != m.dtype) {
+    snprintf(msg, size, "%s %s, %s has %s", what, hora_dtype_name(f->dtype), ran,
+             hora_dtype_name(m.dtype));
+  } else if (f->count != m.count) {
+    snprintf(msg, size, "%s %llu elements, %s has %llu", what, (unsigned long long)f->count, ran,
+             (unsigned long long)m.count);
+  } else if (m.kind == HORA_KIND_BROADCAST && f->root != m.root) {
+    snprintf(msg, size, "%s root %d, %s has root %d", what, f->root, ran, m.root);
+  } else if (allreduce && f->op != m.op) {
+    snprintf(msg, size, "%s %s, %s has %s", what, hora_op_name(f->op), ran, hora_op_name(m.op));
+  } else if (allreduce && f->compression != m.compression) {
+    snprintf(msg, size, "%s compression %u, %s has %u", what, f->compression, ran, m.compression);
+  } else if (allreduce && (f->prescale != m.prescale || f->postscale != m.postscale)) {
+    snprintf(msg, size, "%s prescale %g and postscale %g, %s has %g and %g", what, f->prescale,
+             f->postscale, ran, m.prescale, m.postscale);
+  } else {
+    return true;
+  }
+  return false;
+}
+
+/* Looks up the local request of every tensor; a joined rank may lack some.
+ * A request that asked for something else than the response runs (a
+ * joined rank's other thread submitting a name it stands in for, with its
+ * own count) fails with HORA_ERR_MISMATCH, and this rank stands in for it
+ * with zeros like a joined rank: sized from its request, the collective
+ * would run past the caller's buffers. The others' allreduce goes on. */
 static int gather_requests(struct hora__engine *e, const struct hora__response *r, bool *joined) {
   HORA_CHECK(grow_reqs(e, r->ntensors));
   pthread_mutex_lock(&e->rt->mu);
   *joined = e->rt->joined;
   pthread_mutex_unlock(&e->rt->mu);
   for (uint32_t i = 0; i < r->ntensors; i++) {
-    e->reqs[i] = lookup(e, &r->tensors[i]);
-    if (!e->reqs[i] && !(*joined && r->kind == HORA_KIND_ALLREDUCE)) {
+    struct hora_request *q = lookup(e, &r->tensors[i]);
+    char msg[700];
+    bool retired = q && q->placeholder;
+    if (retired) {
+      retire_placeholder(e, q);
+      q = NULL;
+    }
+    if (q && !request_matches(r, i, e->rt->rank, q, msg, sizeof(msg))) {
+      bool stand_in = r->kind == HORA_KIND_ALLREDUCE;
+      HORA_WARN("%s%s", msg, stand_in ? "; it fails, and this rank adds zeros to the others'" : "");
+      fail_mismatched(e, q, msg);
+      if (!stand_in) {
+        /* Ranks agree on what a broadcast or an allgather moves before it
+         * is scheduled, so rank 0 and this rank no longer do. */
+        return hora__error(HORA_ERR_PROTOCOL, "rank 0 scheduled a response this rank cannot "
+                           "take part in: %s", msg);
+      }
+      e->reqs[i] = NULL;
+      continue;
+    }
+    e->reqs[i] = q;
+    if (!q && !((*joined || retired) && r->kind == HORA_KIND_ALLREDUCE)) {
       return missing_tensor(e, r, &r->tensors[i]);
     }
   }
@@ -909,8 +1041,7 @@ static int execute(struct hora__engine *e, const struct hora__response *r) {
       return HORA_SUCCESS;
     case HORA_KIND_ERROR:
       for (uint32_t i = 0; i < r->ntensors; i++) {
-        struct hora_request *x = lookup(e, &r->tensors[i]);
-        complete(e, &x, 1, r->error_code, r->error_msg ? r->error_msg : "");
+        fail_by_key(e, &r->tensors[i], r->error_code, r->error_msg ? r->error_msg : "");
       }
       return HORA_SUCCESS;
     case HORA_KIND_JOIN: {
@@ -935,7 +1066,7 @@ static int execute(struct hora__engine *e, const struct hora__response *r) {
       return HORA_SUCCESS;
     }
     default:
-      return hora__error(HORA_ERR_SYSTEM, "response of unknown kind %u", r->kind);
+      return hora__error(HORA_ERR_PROTOCOL, "response of unknown kind %u", r->kind);
   }
 }
 
@@ -1045,21 +1176,24 @@ static int send_step(struct hora__engine *e, int peer, int step) {
 /* Folds a partner's step into ours (or, for the result, takes it), once
  * it has arrived. */
 static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
-  struct cycle_inbox *in = inbox_of(e, e->cycles + 1, step);
+  struct hora__cycle_inbox *in = inbox_of(e, e->cycles + 1, step);
   *got = in->has;
   if (!in->has) {
     /* Its connection closed with the step not there: it never comes. */
-    return !e->comm->ctrl[peer] && !e->shutdown_seen ? lost_partner(e, peer) : HORA_SUCCESS;
+    bool ended = e->shutdown_seen || e->shutting_down; /* it stopped after the job's end */
+    return !e->comm->ctrl[peer] && !ended ? lost_partner(e, peer) : HORA_SUCCESS;
   }
   uint32_t nb = e->cycle_nbytes;
   if (in->nbytes != nb) {
-    return hora__error(HORA_ERR_PEER_LOST, "rank %d's response cache is out of step with this "
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d's response cache is out of step with this "
                        "rank's (%u against %u bytes of bits in cycle %llu)", peer, in->nbytes, nb,
                        (unsigned long long)(e->cycles + 1));
   }
   in->has = false;
   if (step == STEP_FOLD_OUT) {
-    memcpy(e->acc, in->vec, 3 * (size_t)nb);
+    if (nb) { /* without a cache the vectors are empty (and vec may be NULL) */
+      memcpy(e->acc, in->vec, 3 * (size_t)nb);
+    }
     e->acc_frames = in->frames;
     e->acc_flags = in->flags;
     return HORA_SUCCESS;
@@ -1211,7 +1345,7 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
     struct hora__response *r = ce ? hora__response_for(&ce->meta, ce->key, ce->key_len) : NULL;
     if (!r) {
       rc = ce ? HORA_ERR_NO_MEMORY
-              : hora__error(HORA_ERR_PEER_LOST, "cycle %llu scheduled cache slot %u, which is "
+              : hora__error(HORA_ERR_PROTOCOL, "cycle %llu scheduled cache slot %u, which is "
                             "empty here: the ranks' caches are out of step",
                             (unsigned long long)(e->cycles + 1), s);
       break;
@@ -1242,7 +1376,7 @@ static int cycle_end(struct hora__engine *e, bool *progressed) {
       e->frames_tail = &e->frames_head;
     }
     if (hora__decode_responses(f->data, f->len, &tail, &e->cache) != HORA_SUCCESS) {
-      rc = hora__error(HORA_ERR_PEER_LOST, "rank 0 sent a malformed response list: %s",
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank 0 sent a malformed response list: %s",
                        hora__error_message());
     }
     free(f);
@@ -1655,7 +1789,12 @@ static void fail_everything(struct hora__engine *e) {
       }
     }
     for (size_t i = 0; i < n; i++) {
-      hora__request_complete_locked(rt, victims[i], code, msg);
+      if (victims[i]->placeholder) {
+        hora__table_remove(&rt->inflight, victims[i]->key, victims[i]->key_len);
+        free(victims[i]);
+      } else {
+        hora__request_complete_locked(rt, victims[i], code, msg);
+      }
     }
   }
   rt->coordinator_exited = true;

@@ -522,7 +522,7 @@ int hora__controller_submit(struct hora__controller *c, int rank,
     }
   } else if (op->have[rank]) {
     /* The API refuses a key already in flight, so this is a broken peer. */
-    return hora__error(HORA_ERR_SYSTEM, "rank %d submitted operation %.*s twice", rank,
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d submitted operation %.*s twice", rank,
                        (int)req->key_len, req->key);
   }
   add_variant(op, rank, &m);

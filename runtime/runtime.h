@@ -33,6 +33,16 @@ struct hora_request {
   void *ready_event, *done_event;
   /* Coordinator only: the cache slot it waits on, or -1 (sent in full). */
   int32_t sent_slot;
+  /* Coordinator only: taken off the submission queue. Until then it is in
+   * the in-flight table but not yet known to the coordinator, and no
+   * response may run or complete it (it is still linked in the queue). */
+  bool taken;
+  /* Coordinator only: not a caller's request but the engine's, keeping the
+   * key in flight for one that failed here (a mismatch) while rank 0 still
+   * holds it: rank 0's answer for it retires this (stood in for), and a new
+   * request under the key is refused until then, as it would be a second
+   * submission at rank 0. */
+  bool placeholder;
   /* Results, written by the coordinator before `done`. */
   int status;
   char *error; /* message when status != 0 */

@@ -24,6 +24,21 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 np=4
 
+# The processes this script started under mpirun $1: its descendants (the
+# ranks, and any daemon between), never processes of the same name that
+# belong to someone else.
+descendants() {
+  ps -e -o pid=,ppid= | awk -v root="$1" '
+    { parent[$1] = $2 }
+    END {
+      for (p in parent) {
+        for (q = parent[p]; q != "" && q != 0 && q != 1; q = parent[q]) {
+          if (q == root) { print p; break }
+        }
+      }
+    }'
+}
+
 scenario() { # label expected-survivor-lines args...
   label=$1 want=$2
   shift 2
@@ -37,8 +52,11 @@ scenario() { # label expected-survivor-lines args...
     sleep 0.1
   done
   sleep 0.5
-  pkill -CONT -f "$prog" 2>/dev/null
-  pkill -KILL -f "$prog" 2>/dev/null
+  pids=$(descendants $mpid)
+  if [ -n "$pids" ]; then
+    kill -CONT $pids 2>/dev/null
+    kill -KILL $pids 2>/dev/null
+  fi
   for i in $(seq 1 100); do
     kill -0 $mpid 2>/dev/null || break
     sleep 0.1

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "../../comm/comm.h"
+#include "../../comm/ib_wire.h"
 #include "../../runtime/cache.h"
 #include "../../runtime/message.h"
 
@@ -93,5 +94,43 @@ int main(int argc, char **argv) {
   uint8_t frames[8 + 8 + 3] = {0, 0, 0, 0, 5, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0, 'a', 'b', 'c'};
   snprintf(dir, sizeof(dir), "%s/fuzz_frames", root);
   put(dir, "two_frames", frames, sizeof(frames));
+  /* ib: a connection record, then immediates (4 bytes and an action
+   * byte each): data into slots 0 and 1, a descriptor, credits back */
+  struct hora__ib_record rec = {.qpn = 0x11, .psn = 0x123456, .lid = 1, .mtu = 5,
+                                .ring_addr = 0x7f0000001000ull, .ring_rkey = 9, .ctl_rkey = 10,
+                                .ctl_addr = 0x7f0000200000ull, .zero_copy_min = 65536};
+  uint8_t ib[HORA_IB_RECORD_SIZE + 4 * 5];
+  hora__ib_record_encode(&rec, ib);
+  const uint32_t imms[4] = {
+      0u << HORA_IB_IMM_SLOT_SHIFT | 100u, 1u << HORA_IB_IMM_SLOT_SHIFT | HORA_IB_SLOT,
+      HORA_IB_IMM_BARE | (uint32_t)HORA_IB_KIND_DESCRIPTOR << HORA_IB_IMM_SLOT_SHIFT,
+      HORA_IB_IMM_BARE | 2u << HORA_IB_IMM_CREDITS_SHIFT};
+  for (int i = 0; i < 4; i++) {
+    uint8_t *p = ib + HORA_IB_RECORD_SIZE + 5 * i;
+    p[0] = (uint8_t)imms[i];
+    p[1] = (uint8_t)(imms[i] >> 8);
+    p[2] = (uint8_t)(imms[i] >> 16);
+    p[3] = (uint8_t)(imms[i] >> 24);
+    p[4] = i < 2 ? 3 : 1;
+  }
+  /* cycle: rank 0 of 4 at cycle 0 with a 2-byte bitmap, rank 1's step 1
+   * of cycle 1 in a control frame (raw); and the same step built by the
+   * target, then rank 1's step 1 of cycle 2 (peer byte 3: the first of
+   * rank 0's partners, rank 1) */
+  hora__encode_cycle(&w, &(struct hora__cycle_msg){.cycle = 1, .step = 1, .frames = 2,
+                                                   .nbytes = 2, .vec = vec});
+  uint8_t cyc_stream[6 + 8 + 64] = {3, 0, 3, 0, 2, 0};
+  uint8_t *fh = cyc_stream + 6;
+  fh[0] = (uint8_t)w.len;
+  fh[4] = HORA_MSG_CYCLE;
+  memcpy(fh + 8, w.data, w.len);
+  snprintf(dir, sizeof(dir), "%s/fuzz_cycle", root);
+  put(dir, "step_from_partner", cyc_stream, 6 + 8 + w.len);
+  const uint8_t built[] = {3, 0, 3, 0, 2, 1, /* step cycle+ nbytes flags frames at val vec */
+                           1, 0, 2, 0, 2, 0xff, 0, 5, 1, 0xff, 3, 0, 0x10,
+                           1, 1, 2, 1, 3, 0xff, 0, 7, 7, 7, 7, 7, 7};
+  put(dir, "built_steps", built, sizeof(built));
+  snprintf(dir, sizeof(dir), "%s/fuzz_ib", root);
+  put(dir, "record_and_ring", ib, sizeof(ib));
   return 0;
 }

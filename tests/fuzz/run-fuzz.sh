@@ -21,14 +21,15 @@ if ! command -v "$cc" >/dev/null 2>&1; then
 else
   mpi_cflags=$(mpicc --showme:compile 2>/dev/null || mpicc -show 2>/dev/null | sed 's/^[^ ]* //; s/ -l[^ ]*//g; s/ -L[^ ]*//g; s/ -Wl[^ ]*//g')
   sources="runtime/error.c runtime/dtype.c runtime/log.c runtime/params.c runtime/wire.c
-           runtime/table.c runtime/message.c runtime/cache.c comm/handshake.c comm/socket.c comm/ctrl.c"
+           runtime/table.c runtime/message.c runtime/cache.c comm/handshake.c comm/socket.c comm/ctrl.c
+           comm/ib_wire.c runtime/cycle.c"
   flags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$src/include -I$builddir $mpi_cflags"
   if ! (cd "$src" && $cc $flags tests/fuzz/make-seeds.c $sources -o "$work/make-seeds" -lcrypto -lm) \
        >"$work/seeds.build" 2>&1 || ! "$work/make-seeds" "$work/corpus" >"$work/seeds.log" 2>&1; then
     echo "FAIL fuzz/seeds: make-seeds does not build or run" | tee -a "$results"
     tail -n 10 "$work/seeds.build" "$work/seeds.log"
   fi
-  for t in fuzz_hello fuzz_handshake fuzz_requests fuzz_responses fuzz_small fuzz_frames; do
+  for t in fuzz_hello fuzz_handshake fuzz_requests fuzz_responses fuzz_small fuzz_frames fuzz_ib fuzz_cycle; do
     if ! (cd "$src" && $cc $flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
           tests/fuzz/$t.c $sources -o "$work/$t" -lcrypto -lm) >"$work/$t.build" 2>&1; then
       echo "FAIL fuzz/$t: does not build" | tee -a "$results"

@@ -239,8 +239,10 @@ static void cycle_time_never_delays_a_lone_op(void) {
 /* In the steady state (the same tensors every step) nothing goes to rank
  * 0: every rank agrees on what is ready by cycles of bit vectors with its
  * partners. Six tensors, so that they fit the small cache of the variant. */
+enum { STEADY_TENSORS = 6 };
+
 static void steady_state_skips_rank_0(void) {
-  enum { N = 6, STEPS = 5 };
+  enum { N = STEADY_TENSORS, STEPS = 5 };
   static float bufs[N][64];
   hora_stats before = {.struct_size = sizeof(before)};
   for (int step = 0; step < STEPS + 1; step++) {
@@ -263,10 +265,6 @@ static void steady_state_skips_rank_0(void) {
     }
   }
   hora_stats after = stats_now();
-  const char *cap = getenv("HORA_CACHE_CAPACITY");
-  if (cap && atoi(cap) < N) {
-    return; /* no room in the cache: everything goes through rank 0 */
-  }
   MT_CHECK(after.cache_hits - before.cache_hits == (uint64_t)N * STEPS, "%llu cache hits, want %d",
            (unsigned long long)(after.cache_hits - before.cache_hits), N * STEPS);
   MT_CHECK(after.sent_in_full == before.sent_in_full,
@@ -291,7 +289,18 @@ int main(int argc, char **argv) {
   RUN(options_scale_and_compress);
   RUN(parameter_broadcast);
   RUN(statistics);
-  RUN(steady_state_skips_rank_0);
+  if (cap && atoi(cap) < STEADY_TENSORS) {
+    /* No room in the cache for the steady state: everything goes through
+     * rank 0, so there is nothing to check (and a PASS would claim it). */
+    snprintf(name, sizeof(name), "engine%s/steady_state_skips_rank_0",
+             atoi(cap) ? "-small-cache" : "-no-cache");
+    char why[96];
+    snprintf(why, sizeof(why), "HORA_CACHE_CAPACITY=%s has no room for the %d steady tensors", cap,
+             STEADY_TENSORS);
+    mt_skip(name, why);
+  } else {
+    RUN(steady_state_skips_rank_0);
+  }
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;

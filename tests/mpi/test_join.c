@@ -2,6 +2,7 @@
  * part with zeros, AVERAGE still divides by the full size, hora_join
  * returns the last rank to join, broadcast and allgather fail while some
  * rank has joined, and the job goes on normally afterwards. */
+#include <pthread.h>
 #include <time.h>
 
 #include "mpitest.h"
@@ -201,6 +202,103 @@ static void cached_broadcast_right_after_join(void) {
   }
 }
 
+struct join_arg {
+  int rc, last;
+};
+
+static void *join_in_thread(void *arg) {
+  struct join_arg *j = arg;
+  j->rc = hora_join(&j->last);
+  return NULL;
+}
+
+static void pause_ms(long ms) {
+  struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&t, NULL);
+}
+
+/* A joined rank stands in for the other ranks' allreduces, yet another of
+ * its threads may still submit one under the same name, with its own
+ * count. Here rank 1 joins, then submits "jm/x" with the count cached
+ * (N/2), while the others submit it with N: rank 0 runs their N with rank
+ * 1 standing in, and rank 1 must not run its own N/2-element request under
+ * that response (it once did: reading and writing N elements of its
+ * N/2-element buffers, and reporting success). Rank 1's request fails with
+ * HORA_ERR_MISMATCH; the others get their sum (rank 1 adding zeros) or, if
+ * rank 1's request reached rank 0 first, the same mismatch. */
+static void joined_rank_request_must_match_its_response(void) {
+  if (mt_size < 2) {
+    return;
+  }
+  enum { N = 4096 };
+  size_t mine = mt_rank == 1 ? N / 2 : N;
+  float *in = malloc(mine * sizeof(float)), *out = malloc(mine * sizeof(float));
+  for (int step = 0; step < 3; step++) { /* cached with N/2 everywhere */
+    for (size_t i = 0; i < N / 2; i++) {
+      in[i] = 1;
+    }
+    MT_OK(hora_allreduce("jm/x", in, out, N / 2, HORA_FLOAT32, HORA_SUM));
+  }
+  for (size_t i = 0; i < mine; i++) {
+    in[i] = (float)(mt_rank + 1);
+    out[i] = -1;
+  }
+  pthread_t joiner;
+  struct join_arg j = {-1, -2};
+  hora_request *req = NULL;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (mt_rank == 1) {
+    MT_CHECK(pthread_create(&joiner, NULL, join_in_thread, &j) == 0, "pthread_create");
+    pause_ms(50); /* the join is taken: rank 1 stands in for the cached allreduces */
+    MT_OK(hora_allreduce_async("jm/x", in, out, N / 2, HORA_FLOAT32, HORA_SUM, &req));
+    pause_ms(50); /* and this one waits in the cache, where it matches */
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (mt_rank == 1) {
+    MT_FAILS(hora_wait(&req), HORA_ERR_MISMATCH, "2048");
+    MT_CHECK(out[N / 2 - 1] == -1, "rank 1's request wrote its output: %g", (double)out[N / 2 - 1]);
+    /* Still joined, it submits the name again. Rank 0 may still hold the
+     * failed request (sent to it in full): the name is then still in
+     * flight here, and the new one is refused (it once reached rank 0 as
+     * a second submission, a fatal protocol error). Otherwise it runs
+     * once the others have joined, rank 1 alone contributing. */
+    int again = hora_allreduce_async("jm/x", in, out, N / 2, HORA_FLOAT32, HORA_SUM, &req);
+    MPI_Barrier(MPI_COMM_WORLD); /* now the others join */
+    if (again == HORA_SUCCESS) {
+      MT_OK(hora_wait(&req));
+      MT_CHECK(out[0] == 2 && out[N / 2 - 1] == 2, "jm/x again: %g, expected rank 1's 2",
+               (double)out[0]);
+    } else {
+      MT_CHECK(again == HORA_ERR_INVALID_USAGE && strstr(hora_last_error(), "in flight"),
+               "jm/x again: %s: %s", hora_strerror(again), hora_last_error());
+    }
+    MT_CHECK(pthread_join(joiner, NULL) == 0, "pthread_join");
+    MT_OK(j.rc);
+    MT_CHECK(j.last != 1, "rank 1 joined first, yet hora_join says it was last");
+  } else {
+    int rc = hora_allreduce("jm/x", in, out, N, HORA_FLOAT32, HORA_SUM);
+    if (rc == HORA_SUCCESS) {
+      float want = 0;
+      for (int r = 0; r < mt_size; r++) {
+        want += r == 1 ? 0.0f : (float)(r + 1);
+      }
+      MT_CHECK(out[0] == want && out[N - 1] == want, "sum %g / %g, expected %g", (double)out[0],
+               (double)out[N - 1], (double)want);
+    } else {
+      MT_CHECK(rc == HORA_ERR_MISMATCH && strstr(hora_last_error(), "2048"),
+               "allreduce jm/x: %s: %s", hora_strerror(rc), hora_last_error());
+    }
+    MPI_Barrier(MPI_COMM_WORLD); /* rank 1 has submitted it again */
+    MT_OK(hora_join(NULL));
+  }
+  /* The job goes on. */
+  float v = 1, w = 0;
+  MT_OK(hora_allreduce("jm/after", &v, &w, 1, HORA_FLOAT32, HORA_SUM));
+  MT_CHECK(w == (float)mt_size, "allreduce after the mismatch: %g", (double)w);
+  free(in);
+  free(out);
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
@@ -209,6 +307,8 @@ int main(int argc, char **argv) {
   mt_run("join/stand_in_for_fused_tensors", joined_ranks_stand_in_for_fused_tensors);
   mt_run("join/refused_operations_keep_ranks_in_step", refused_operations_keep_ranks_in_step);
   mt_run("join/cached_broadcast_right_after_join", cached_broadcast_right_after_join);
+  mt_run("join/joined_rank_request_must_match_its_response",
+         joined_rank_request_must_match_its_response);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;

@@ -46,7 +46,13 @@ int test_skipped;
   X(path_tuner_size_classes)                                                                 \
   X(path_tuner_runs_both_then_keeps_the_faster)                                              \
   X(path_tuner_decides_by_best_time_after_warm_up)                                           \
-  X(path_tuner_counts_trials_in_flight)
+  X(path_tuner_counts_trials_in_flight)                                                       \
+  X(ctrl_read_is_bounded_while_the_peer_streams)                                             \
+  X(ctrl_frames_arrive_whole_in_pieces)                                                      \
+  X(ctrl_refuses_malformed_headers)                                                          \
+  X(ib_immediates_are_checked_against_the_ring)                                              \
+  X(ib_record_roundtrip_and_rejects)                                                         \
+  X(cycle_steps_are_checked_on_arrival)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)

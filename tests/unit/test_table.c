@@ -63,7 +63,7 @@ TEST(strerror_covers_every_code) {
   const int codes[] = {HORA_SUCCESS,        HORA_ERR_INVALID_ARG, HORA_ERR_INVALID_USAGE,
                        HORA_ERR_MISMATCH,   HORA_ERR_NO_MEMORY,   HORA_ERR_SYSTEM,
                        HORA_ERR_PEER_LOST,  HORA_ERR_TIMEOUT,     HORA_ERR_ABORTED,
-                       HORA_ERR_NOT_SUPPORTED, HORA_ERR_CORRUPT};
+                       HORA_ERR_NOT_SUPPORTED, HORA_ERR_CORRUPT, HORA_ERR_PROTOCOL};
   for (int i = 0; i < (int)(sizeof(codes) / sizeof(codes[0])); i++) {
     ASSERT_EQ_INT(codes[i], i); /* the order API.md fixes */
     const char *s = hora_strerror(codes[i]);

@@ -1,0 +1,141 @@
+/* The cycle frames, as the coordinator reads them: bytes arrive on a
+ * control connection in pieces (read_ctrl), and each CYCLE frame is checked
+ * and kept (on_cycle_frame, hora__cycle_accept) for a rank whose job size,
+ * rank, peer, cycle count and cache size the first bytes choose. What is
+ * accepted must come from a partner of this rank, for one of the next two
+ * cycles, once per step, within the cache's size.
+ *
+ * Byte 5 picks the mode: raw, the rest is the stream itself; or built, the
+ * rest is a list of cycle messages (step, cycle ahead, nbytes, flags, frames,
+ * then one byte to corrupt and its value, then the vectors) encoded with
+ * the runtime's encoder and framed, so that most of them get past the
+ * decoder and exercise the checks behind it. */
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../../comm/comm.h"
+#include "../../runtime/cycle.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 6) {
+    return 0;
+  }
+  int nranks = 1 + data[0] % 64, rank = data[1] % nranks, from = data[2] % nranks;
+  uint64_t cycles = data[3];
+  uint32_t max_nbytes = data[4] % 129u;
+  bool built = data[5] & 1;
+  data += 6;
+  size -= 6;
+  struct hora__cycle_partners cp;
+  hora__cycle_partners(rank, nranks, &cp);
+  /* Mostly a real partner, so that the checks past "who" are reached. */
+  if ((data[-4] & 0x80) == 0 && (cp.fold >= 0 || cp.nrounds > 0)) {
+    int k = data[-4] % (cp.nrounds + 1);
+    from = k < cp.nrounds ? cp.round[k] : cp.fold >= 0 ? cp.fold : cp.round[0];
+  }
+  uint8_t *stream = NULL;
+  if (built) {
+    struct hora__wbuf w = {0};
+    size_t cap = 0, len = 0;
+    for (size_t i = 0; i + 7 <= size;) {
+      uint32_t nb = data[i + 2] % 8u;
+      struct hora__cycle_msg m = {.cycle = cycles + 1 + data[i + 1] % 3u,
+                                  .step = data[i] % (HORA_INBOX_STEPS + 2),
+                                  .flags = data[i + 3] & 3u,
+                                  .frames = data[i + 4],
+                                  .nbytes = nb};
+      uint8_t vec[24] = {0};
+      memcpy(vec, data + i + 7, HORA_MIN(3 * (size_t)nb, size - (i + 7)));
+      m.vec = vec;
+      uint8_t at = data[i + 5], val = data[i + 6];
+      i += 7 + 3 * nb;
+      hora__encode_cycle(&w, &m);
+      if (w.failed || len + 8 + w.len > cap) {
+        uint8_t *p = realloc(stream, cap = 2 * (len + 8 + w.len));
+        if (w.failed || !p) {
+          break;
+        }
+        stream = p;
+      }
+      uint8_t *h = stream + len;
+      memset(h, 0, 8);
+      h[0] = (uint8_t)w.len;
+      h[4] = HORA_MSG_CYCLE;
+      memcpy(h + 8, w.data, w.len);
+      if (at < 8 + w.len && at != 0xff) {
+        h[at] = val; /* one byte of this frame corrupted */
+      }
+      len += 8 + w.len;
+    }
+    hora__wbuf_free(&w);
+    data = stream;
+    size = stream ? len : 0;
+  }
+  struct hora__cycle_inbox *inbox = calloc(2 * HORA_INBOX_STEPS, sizeof(*inbox));
+  int sv[2];
+  if (!inbox || socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) != 0) {
+    free(inbox);
+    free(stream);
+    return 0;
+  }
+  hora__ctrl *c = hora__ctrl_new(sv[1], from);
+  size_t off = 0;
+  int dead = 0, accepted = 0;
+  while (off < size && !dead) {
+    size_t piece = 1 + (data[off] % 97);
+    piece = piece > size - off ? size - off : piece;
+    if (write(sv[0], data + off, piece) < 0) {
+      break;
+    }
+    off += piece;
+    if (hora__ctrl_read(c) != HORA_SUCCESS) {
+      break;
+    }
+    for (;;) {
+      bool got;
+      uint16_t type;
+      const uint8_t *p;
+      size_t n;
+      if (hora__ctrl_next(c, &got, &type, &p, &n) != HORA_SUCCESS) {
+        dead = 1;
+        break;
+      }
+      if (!got) {
+        break;
+      }
+      if (type != HORA_MSG_CYCLE) {
+        continue;
+      }
+      if (hora__cycle_accept(inbox, &cp, cycles, max_nbytes, from, p, n) != HORA_SUCCESS) {
+        dead = 1; /* the job fails here */
+        break;
+      }
+      struct hora__cycle_msg m;
+      if (hora__decode_cycle(p, n, &m) != HORA_SUCCESS || m.cycle <= cycles ||
+          m.cycle > cycles + 2 || m.nbytes > max_nbytes || m.step >= HORA_INBOX_STEPS) {
+        __builtin_trap();
+      }
+      bool partner = from == cp.fold || (m.step >= 1 && m.step <= cp.nrounds &&
+                                         cp.round[m.step - 1] == from);
+      struct hora__cycle_inbox *in = hora__cycle_inbox_of(inbox, m.cycle, m.step);
+      if (!partner || !in->has || in->nbytes != m.nbytes || in->cap < 3 * (size_t)m.nbytes ||
+          (m.nbytes && memcmp(in->vec, m.vec, 3 * (size_t)m.nbytes) != 0)) {
+        __builtin_trap();
+      }
+      /* Every third step ends the next cycle, which spends its inbox. */
+      if (++accepted % 3 == 0) {
+        for (int s = 0; s < HORA_INBOX_STEPS; s++) {
+          hora__cycle_inbox_of(inbox, cycles + 1, s)->has = false;
+        }
+        cycles++;
+      }
+    }
+  }
+  close(sv[0]);
+  hora__ctrl_free(c);
+  hora__cycle_inbox_free(inbox);
+  free(stream);
+  return 0;
+}

@@ -1,0 +1,54 @@
+/* A partner's cycle step as it arrives (cycle.c): kept when it comes from
+ * the right partner, for the next two cycles, once, within the cache's
+ * size; refused as a protocol error otherwise. */
+#include <stdlib.h>
+
+#include "../../runtime/cycle.h"
+#include "../runner.h"
+
+static size_t encode(struct hora__wbuf *w, uint64_t cycle, uint8_t step, uint32_t nbytes,
+                     const uint8_t *vec) {
+  struct hora__cycle_msg m = {.cycle = cycle, .step = step, .frames = 4, .nbytes = nbytes,
+                              .vec = vec};
+  hora__encode_cycle(w, &m);
+  return w->len;
+}
+
+TEST(cycle_steps_are_checked_on_arrival) {
+  struct hora__cycle_partners cp; /* rank 0 of 4: rounds with 1 and 2 */
+  hora__cycle_partners(0, 4, &cp);
+  struct hora__cycle_inbox *inbox = calloc(2 * HORA_INBOX_STEPS, sizeof(*inbox));
+  ASSERT(inbox);
+  struct hora__wbuf w = {0};
+  const uint8_t vec[6] = {1, 2, 3, 4, 5, 6};
+  int rc[8];
+  char msg[8][160];
+  size_t n = encode(&w, 6, 1, 2, vec);
+  rc[0] = hora__cycle_accept(inbox, &cp, 5, 2, 1, w.data, n); /* fine */
+  rc[1] = hora__cycle_accept(inbox, &cp, 5, 2, 1, w.data, n); /* twice */
+  snprintf(msg[1], sizeof(msg[1]), "%s", hora__error_message());
+  rc[2] = hora__cycle_accept(inbox, &cp, 5, 2, 3, w.data, n); /* not the partner of step 1 */
+  snprintf(msg[2], sizeof(msg[2]), "%s", hora__error_message());
+  n = encode(&w, 8, 2, 2, vec);
+  rc[3] = hora__cycle_accept(inbox, &cp, 5, 2, 2, w.data, n); /* three cycles ahead */
+  n = encode(&w, 7, 2, 2, vec);
+  rc[4] = hora__cycle_accept(inbox, &cp, 5, 1, 2, w.data, n); /* more bits than the cache */
+  snprintf(msg[4], sizeof(msg[4]), "%s", hora__error_message());
+  rc[5] = hora__cycle_accept(inbox, &cp, 5, 2, 2, w.data, n - 1); /* truncated */
+  rc[6] = hora__cycle_accept(inbox, &cp, 5, 2, 2, w.data, n); /* fine */
+  struct hora__cycle_inbox *in = hora__cycle_inbox_of(inbox, 6, 1);
+  int kept = in->has && in->nbytes == 2 && in->frames == 4 && memcmp(in->vec, vec, 6) == 0;
+  hora__cycle_inbox_free(inbox);
+  hora__wbuf_free(&w);
+  ASSERT_EQ_INT(rc[0], HORA_SUCCESS);
+  ASSERT(kept);
+  ASSERT_EQ_INT(rc[1], HORA_ERR_PROTOCOL);
+  ASSERT_STR_CONTAINS(msg[1], "rank 1 sent step 1 of cycle 6 twice");
+  ASSERT_EQ_INT(rc[2], HORA_ERR_PROTOCOL);
+  ASSERT_STR_CONTAINS(msg[2], "does not expect from it");
+  ASSERT_EQ_INT(rc[3], HORA_ERR_PROTOCOL);
+  ASSERT_EQ_INT(rc[4], HORA_ERR_PROTOCOL);
+  ASSERT_STR_CONTAINS(msg[4], "this rank's cache has 1");
+  ASSERT_EQ_INT(rc[5], HORA_ERR_PROTOCOL);
+  ASSERT_EQ_INT(rc[6], HORA_SUCCESS);
+}
