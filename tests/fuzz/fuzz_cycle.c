@@ -11,11 +11,50 @@
  * the runtime's encoder and framed, so that most of them get past the
  * decoder and exercise the checks behind it. */
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include "../../comm/comm.h"
 #include "../../runtime/cycle.h"
+#include "ctrl_feed.h"
+
+/* The coordinator's view: where this rank stands, and what it has kept. */
+struct target {
+  struct hora__cycle_inbox *inbox;
+  const struct hora__cycle_partners *cp;
+  uint64_t cycles;
+  uint32_t max_nbytes;
+  int from;
+  int accepted;
+};
+
+static int on_frame(void *arg, uint16_t type, const uint8_t *p, size_t n) {
+  struct target *t = arg;
+  const struct hora__cycle_partners *cp = t->cp;
+  if (type != HORA_MSG_CYCLE) {
+    return 0;
+  }
+  if (hora__cycle_accept(t->inbox, cp, t->cycles, t->max_nbytes, t->from, p, n) != HORA_SUCCESS) {
+    return 1; /* the job fails here */
+  }
+  struct hora__cycle_msg m;
+  if (hora__decode_cycle(p, n, &m) != HORA_SUCCESS || m.cycle <= t->cycles ||
+      m.cycle > t->cycles + 2 || m.nbytes > t->max_nbytes || m.step >= HORA_INBOX_STEPS) {
+    __builtin_trap();
+  }
+  bool partner = t->from == cp->fold ||
+                 (m.step >= 1 && m.step <= cp->nrounds && cp->round[m.step - 1] == t->from);
+  struct hora__cycle_inbox *in = hora__cycle_inbox_of(t->inbox, m.cycle, m.step);
+  if (!partner || !in->has || in->nbytes != m.nbytes || in->cap < 3 * (size_t)m.nbytes ||
+      (m.nbytes && memcmp(in->vec, m.vec, 3 * (size_t)m.nbytes) != 0)) {
+    __builtin_trap();
+  }
+  /* Every third step ends the next cycle, which spends its inbox. */
+  if (++t->accepted % 3 == 0) {
+    for (int s = 0; s < HORA_INBOX_STEPS; s++) {
+      hora__cycle_inbox_of(t->inbox, t->cycles + 1, s)->has = false;
+    }
+    t->cycles++;
+  }
+  return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -74,68 +113,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size = stream ? len : 0;
   }
   struct hora__cycle_inbox *inbox = calloc(2 * HORA_INBOX_STEPS, sizeof(*inbox));
-  int sv[2];
-  if (!inbox || socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) != 0) {
-    free(inbox);
-    free(stream);
-    return 0;
+  if (inbox) {
+    struct target t = {inbox, &cp, cycles, max_nbytes, from, 0};
+    fuzz_feed_ctrl(data, size, from, on_frame, &t);
   }
-  hora__ctrl *c = hora__ctrl_new(sv[1], from);
-  size_t off = 0;
-  int dead = 0, accepted = 0;
-  while (off < size && !dead) {
-    size_t piece = 1 + (data[off] % 97);
-    piece = piece > size - off ? size - off : piece;
-    if (write(sv[0], data + off, piece) < 0) {
-      break;
-    }
-    off += piece;
-    if (hora__ctrl_read(c) != HORA_SUCCESS) {
-      break;
-    }
-    for (;;) {
-      bool got;
-      uint16_t type;
-      const uint8_t *p;
-      size_t n;
-      if (hora__ctrl_next(c, &got, &type, &p, &n) != HORA_SUCCESS) {
-        dead = 1;
-        break;
-      }
-      if (!got) {
-        break;
-      }
-      if (type != HORA_MSG_CYCLE) {
-        continue;
-      }
-      if (hora__cycle_accept(inbox, &cp, cycles, max_nbytes, from, p, n) != HORA_SUCCESS) {
-        dead = 1; /* the job fails here */
-        break;
-      }
-      struct hora__cycle_msg m;
-      if (hora__decode_cycle(p, n, &m) != HORA_SUCCESS || m.cycle <= cycles ||
-          m.cycle > cycles + 2 || m.nbytes > max_nbytes || m.step >= HORA_INBOX_STEPS) {
-        __builtin_trap();
-      }
-      bool partner = from == cp.fold || (m.step >= 1 && m.step <= cp.nrounds &&
-                                         cp.round[m.step - 1] == from);
-      struct hora__cycle_inbox *in = hora__cycle_inbox_of(inbox, m.cycle, m.step);
-      if (!partner || !in->has || in->nbytes != m.nbytes || in->cap < 3 * (size_t)m.nbytes ||
-          (m.nbytes && memcmp(in->vec, m.vec, 3 * (size_t)m.nbytes) != 0)) {
-        __builtin_trap();
-      }
-      /* Every third step ends the next cycle, which spends its inbox. */
-      if (++accepted % 3 == 0) {
-        for (int s = 0; s < HORA_INBOX_STEPS; s++) {
-          hora__cycle_inbox_of(inbox, cycles + 1, s)->has = false;
-        }
-        cycles++;
-      }
-    }
-  }
-  close(sv[0]);
-  hora__ctrl_free(c);
   hora__cycle_inbox_free(inbox);
   free(stream);
   return 0;
 }
+
