@@ -402,8 +402,8 @@ static int gpu_open(hora__comm *c, struct hora__gpu **out) {
     if (c->rank == 0) {
       ncclResult_t nr = ncclGetUniqueId(&root.id);
       if (nr != ncclSuccess) {
-        root.rc = hora__error(HORA_ERR_SYSTEM, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
-        hora__strlcpy(why, hora__error_message(), sizeof(why));
+        root.rc = HORA_ERR_SYSTEM;
+        snprintf(why, sizeof(why), "ncclGetUniqueId: %s", ncclGetErrorString(nr));
       }
     }
     struct hora__iov v = {&root, sizeof(root)};
@@ -417,8 +417,7 @@ static int gpu_open(hora__comm *c, struct hora__gpu **out) {
     int32_t ok = nr == ncclSuccess;
     if (!ok) {
       g->nccl = NULL;
-      hora__error(HORA_ERR_SYSTEM, "ncclCommInitRank: %s", ncclGetErrorString(nr));
-      hora__strlcpy(why, hora__error_message(), sizeof(why));
+      snprintf(why, sizeof(why), "ncclCommInitRank: %s", ncclGetErrorString(nr));
     }
     /* Every rank has a communicator, or none keeps one. */
     struct hora__iov o = {&ok, sizeof(ok)};
