@@ -87,11 +87,6 @@ int hora__gpu_stream_wait_event(void *stream, void *event) {
   return HORA_SUCCESS;
 }
 
-int hora__gpu_event_sync(void *event) {
-  CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)event));
-  return HORA_SUCCESS;
-}
-
 int hora__gpu_event_query(void *event, bool *happened) {
   cudaError_t e = cudaEventQuery((cudaEvent_t)event);
   *happened = e == cudaSuccess;
@@ -113,6 +108,12 @@ struct hora__gpu {
   int device;
   cudaStream_t stream;
   cudaEvent_t finished;
+  /* Recorded after each copy out of the staging or the fusion buffer: the
+   * host and the NIC write them again only once it has happened. A
+   * stream-ordered copy-out may still wait for the caller's stream when
+   * its request completes. (Writes by the GPU itself are ordered by the
+   * runtime stream, as is everything on the NCCL path.) */
+  cudaEvent_t unpacked;
   bool use_nccl;
 #if HORA_HAVE_NCCL
   ncclComm_t nccl;
@@ -134,6 +135,8 @@ const char *hora__gpu_path(const struct hora__gpu *g) {
   return g ? (g->use_nccl ? "nccl" : "staged") : NULL;
 }
 
+static int wait_stream(hora__comm *c, struct hora__gpu *g);
+
 static int grow_device(void **p, size_t *have, size_t need) {
   if (*have >= need) {
     return HORA_SUCCESS;
@@ -153,6 +156,7 @@ static int grow_stage(hora__comm *c, struct hora__gpu *g, size_t need) {
     return HORA_SUCCESS;
   }
   if (g->stage) {
+    HORA_CHECK(wait_stream(c, g)); /* queued copies may still use it */
     hora__comm_deregister(c, &g->stage_reg);
     cudaFreeHost(g->stage);
     g->stage = g->stage_dev = NULL;
@@ -170,13 +174,14 @@ static int grow_fusion(hora__comm *c, struct hora__gpu *g, size_t need) {
   if (g->fusion_bytes >= need) {
     return HORA_SUCCESS;
   }
+  if (g->fusion) {
+    HORA_CHECK(wait_stream(c, g)); /* queued copies and NCCL may still use it */
+  }
   hora__comm_deregister(c, &g->fusion_reg);
   g->direct = 0;
   size_t page = (size_t)2 << 20;
   return grow_device(&g->fusion, &g->fusion_bytes, (need + page - 1) / page * page);
 }
-
-static int wait_stream(hora__comm *c, struct hora__gpu *g);
 
 static int alloc_descs(struct hora__gpu *g, int cap) {
   CUDA_CHECK(cudaHostAlloc((void **)&g->descs, (size_t)cap * sizeof(*g->descs),
@@ -203,42 +208,65 @@ static int take_descs(hora__comm *c, struct hora__gpu *g, int n) {
   return HORA_SUCCESS;
 }
 
-/* Sleeps until the runtime stream has done everything queued so far. Reads
- * control traffic meanwhile (a lost peer, an abort) and NCCL's asynchronous
- * errors, and gives up after the stall shutdown time. */
-static int wait_stream(hora__comm *c, struct hora__gpu *g) {
-  CUDA_CHECK(cudaEventRecord(g->finished, g->stream));
+#if HORA_HAVE_NCCL
+/* NCCL's asynchronous error, if any; aborts the communicator then. */
+static int nccl_health(struct hora__gpu *g) {
+  if (!g->nccl) {
+    return HORA_SUCCESS;
+  }
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(g->nccl, &async);
+  if (async == ncclSuccess || async == ncclInProgress) {
+    return HORA_SUCCESS;
+  }
+  char msg[512];
+  snprintf(msg, sizeof(msg), "%s", ncclGetLastError(g->nccl));
+  ncclCommAbort(g->nccl);
+  g->nccl = NULL;
+  return hora__error(HORA_ERR_SYSTEM, "NCCL: %s: %s", ncclGetErrorString(async), msg);
+}
+#endif
+
+int hora__gpu_check(struct hora__gpu *g) {
+#if HORA_HAVE_NCCL
+  if (g) {
+    return nccl_health(g);
+  }
+#else
+  (void)g;
+#endif
+  return HORA_SUCCESS;
+}
+
+void hora__gpu_abort(struct hora__gpu *g) {
+#if HORA_HAVE_NCCL
+  if (g && g->nccl) {
+    ncclCommAbort(g->nccl);
+    g->nccl = NULL;
+  }
+#else
+  (void)g;
+#endif
+}
+
+/* Sleeps until ev has happened. Reads control traffic meanwhile (a lost
+ * peer, an abort) and NCCL's asynchronous errors, and gives up after the
+ * stall shutdown time. */
+static int wait_event(hora__comm *c, struct hora__gpu *g, cudaEvent_t ev) {
   uint64_t start = hora__now_ns();
   long sleep_ns = 2000;
   for (;;) {
-    cudaError_t e = cudaEventQuery(g->finished);
+    cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) {
       return HORA_SUCCESS;
     }
     if (e != cudaErrorNotReady) {
       return hora__error(HORA_ERR_SYSTEM, "device collective failed: %s", cudaGetErrorString(e));
     }
-#if HORA_HAVE_NCCL
-    if (g->nccl) {
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(g->nccl, &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
-        char msg[512];
-        snprintf(msg, sizeof(msg), "%s", ncclGetLastError(g->nccl));
-        ncclCommAbort(g->nccl);
-        g->nccl = NULL;
-        return hora__error(HORA_ERR_SYSTEM, "NCCL: %s: %s", ncclGetErrorString(async), msg);
-      }
-    }
-#endif
+    HORA_CHECK(hora__gpu_check(g));
     uint64_t now = hora__now_ns();
     if (c->stall_ns && now - start > c->stall_ns) {
-#if HORA_HAVE_NCCL
-      if (g->nccl) {
-        ncclCommAbort(g->nccl);
-        g->nccl = NULL;
-      }
-#endif
+      hora__gpu_abort(g);
       return hora__error(HORA_ERR_TIMEOUT,
                          "a device collective made no progress for %.0f s "
                          "(HORA_STALL_SHUTDOWN_TIME_SECONDS)",
@@ -247,12 +275,7 @@ static int wait_stream(hora__comm *c, struct hora__gpu *g) {
     if (c->service && now >= c->service_due_ns) {
       int rc = hora__service_run(c);
       if (rc != HORA_SUCCESS) {
-#if HORA_HAVE_NCCL
-        if (g->nccl) {
-          ncclCommAbort(g->nccl);
-          g->nccl = NULL;
-        }
-#endif
+        hora__gpu_abort(g);
         return rc;
       }
     }
@@ -263,11 +286,25 @@ static int wait_stream(hora__comm *c, struct hora__gpu *g) {
   }
 }
 
+/* Sleeps until the runtime stream has done everything queued so far. */
+static int wait_stream(hora__comm *c, struct hora__gpu *g) {
+  CUDA_CHECK(cudaEventRecord(g->finished, g->stream));
+  return wait_event(c, g, g->finished);
+}
+
+/* Marks the end of a copy out of the staging or the fusion buffer. */
+static int copied_out(struct hora__gpu *g) {
+  CUDA_CHECK(cudaEventRecord(g->unpacked, g->stream));
+  return HORA_SUCCESS;
+}
+
 /* What every rank says about itself when the path is chosen. */
 struct gpu_card {
   int32_t host_index;
   int32_t want_nccl;
   uint64_t device_id; /* hash of the PCI bus id */
+  int32_t rc;         /* of this rank's own set-up */
+  int32_t pad;
 };
 
 static uint64_t hash_str(const char *s) {
@@ -278,14 +315,13 @@ static uint64_t hash_str(const char *s) {
   return h;
 }
 
-static int gpu_open(hora__comm *c, struct hora__gpu **out) {
-  struct hora__gpu *g = calloc(1, sizeof(*g));
-  if (!g) {
-    return hora__error(HORA_ERR_NO_MEMORY, "GPU state");
-  }
-  *out = g;
+/* This process's part of the set-up: device, stream, events, descriptors. */
+static int gpu_local(hora__comm *c, struct hora__gpu *g, char *bus, size_t bus_len) {
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count <= 0) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED, "this process sees no GPU");
+  }
   g->device = hora__params.GPU >= 0 ? (int)hora__params.GPU : c->local_rank % count;
   if (g->device >= count) {
     return hora__error(HORA_ERR_INVALID_ARG, "HORA_GPU=%d, but this process sees %d GPU(s)",
@@ -294,22 +330,44 @@ static int gpu_open(hora__comm *c, struct hora__gpu **out) {
   CUDA_CHECK(cudaSetDevice(g->device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreateWithFlags(&g->finished, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&g->unpacked, cudaEventDisableTiming));
   HORA_CHECK(alloc_descs(g, 4096));
-  char bus[64] = "";
-  CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), g->device));
+  CUDA_CHECK(cudaDeviceGetPCIBusId(bus, (int)bus_len, g->device));
+  return HORA_SUCCESS;
+}
+
+/* Every rank calls this together. Each step that can fail on one rank is
+ * followed by an exchange the others wait in anyway, so that a failure on
+ * one rank fails the set-up on all instead of leaving them waiting. */
+static int gpu_open(hora__comm *c, struct hora__gpu **out) {
+  struct hora__gpu *g = calloc(1, sizeof(*g));
+  if (!g) {
+    return hora__error(HORA_ERR_NO_MEMORY, "GPU state");
+  }
+  *out = g;
+  char bus[64] = "", why[1024] = "";
+  int local = gpu_local(c, g, bus, sizeof(bus));
+  if (local != HORA_SUCCESS) {
+    hora__strlcpy(why, hora__error_message(), sizeof(why));
+  }
 
   /* One decision for the whole job: NCCL only if every rank can, and no
    * two ranks of a host drive the same GPU. */
   bool want = HORA_HAVE_NCCL && strcmp(hora__params.GPU_TRANSPORT, "host") != 0;
-  struct gpu_card mine = {c->peers[c->rank].host_index, want, hash_str(bus)};
+  struct gpu_card mine = {c->peers[c->rank].host_index, want, hash_str(bus), local, 0};
   struct gpu_card *all = calloc((size_t)c->size, sizeof(*all));
   if (!all) {
     return hora__error(HORA_ERR_NO_MEMORY, "GPU cards");
   }
   int rc = hora__allgather(c, &mine, sizeof(mine), all);
   bool every = true, shared = false;
+  int failed = -1, failed_rc = HORA_SUCCESS;
   for (int r = 0; rc == HORA_SUCCESS && r < c->size; r++) {
     every = every && all[r].want_nccl;
+    if (all[r].rc != HORA_SUCCESS && failed < 0) {
+      failed = r;
+      failed_rc = all[r].rc;
+    }
     for (int q = 0; q < r; q++) {
       shared = shared || (all[q].host_index == all[r].host_index &&
                           all[q].device_id == all[r].device_id);
@@ -317,6 +375,13 @@ static int gpu_open(hora__comm *c, struct hora__gpu **out) {
   }
   free(all);
   HORA_CHECK(rc);
+  if (local != HORA_SUCCESS) {
+    return hora__error(local, "setting up the GPU: %s", why);
+  }
+  if (failed >= 0) {
+    return hora__error(failed_rc, "rank %d could not set up its GPU (its own error says why)",
+                       failed);
+  }
   g->use_nccl = every && !shared;
   if (!g->use_nccl && strcmp(hora__params.GPU_TRANSPORT, "nccl") == 0) {
     return hora__error(HORA_ERR_NOT_SUPPORTED,
@@ -327,22 +392,43 @@ static int gpu_open(hora__comm *c, struct hora__gpu **out) {
   }
 #if HORA_HAVE_NCCL
   if (g->use_nccl) {
-    /* The unique id travels over the host data plane, from rank 0. */
-    ncclUniqueId id;
-    memset(&id, 0, sizeof(id));
+    /* The unique id travels over the host data plane, from rank 0, with
+     * rank 0's result: the others must not wait in NCCL for it. */
+    struct {
+      ncclUniqueId id;
+      int32_t rc;
+    } root;
+    memset(&root, 0, sizeof(root));
     if (c->rank == 0) {
-      ncclResult_t nr = ncclGetUniqueId(&id);
+      ncclResult_t nr = ncclGetUniqueId(&root.id);
       if (nr != ncclSuccess) {
-        return hora__error(HORA_ERR_SYSTEM, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
+        root.rc = HORA_ERR_SYSTEM;
+        snprintf(why, sizeof(why), "ncclGetUniqueId: %s", ncclGetErrorString(nr));
       }
     }
-    struct hora__iov v = {&id, sizeof(id)};
+    struct hora__iov v = {&root, sizeof(root)};
     struct hora__coll_opts none = {.prescale = 1, .postscale = 1};
-    HORA_CHECK(hora__broadcast(c, &v, 1, sizeof(id), 0, &none));
-    ncclResult_t nr = ncclCommInitRank(&g->nccl, c->size, id, c->rank);
-    if (nr != ncclSuccess) {
+    HORA_CHECK(hora__broadcast(c, &v, 1, sizeof(root), 0, &none));
+    if (root.rc != HORA_SUCCESS) {
+      return c->rank == 0 ? hora__error(root.rc, "%s", why)
+                          : hora__error(root.rc, "ncclGetUniqueId failed on rank 0");
+    }
+    ncclResult_t nr = ncclCommInitRank(&g->nccl, c->size, root.id, c->rank);
+    int32_t ok = nr == ncclSuccess;
+    if (!ok) {
       g->nccl = NULL;
-      return hora__error(HORA_ERR_SYSTEM, "ncclCommInitRank: %s", ncclGetErrorString(nr));
+      snprintf(why, sizeof(why), "ncclCommInitRank: %s", ncclGetErrorString(nr));
+    }
+    /* Every rank has a communicator, or none keeps one. */
+    struct hora__iov o = {&ok, sizeof(ok)};
+    HORA_CHECK(hora__allreduce(c, &o, 1, &o, 1, 1, HORA_INT32, HORA_MIN, HORA_INT32, NULL));
+    if (!ok) {
+      if (g->nccl) {
+        ncclCommAbort(g->nccl);
+        g->nccl = NULL;
+        return hora__error(HORA_ERR_SYSTEM, "ncclCommInitRank failed on another rank");
+      }
+      return hora__error(HORA_ERR_SYSTEM, "%s", why);
     }
   }
 #endif
@@ -351,28 +437,49 @@ static int gpu_open(hora__comm *c, struct hora__gpu **out) {
   return HORA_SUCCESS;
 }
 
-void hora__gpu_destroy(hora__comm *c, struct hora__gpu *g) {
+int hora__gpu_setup(hora__comm *c, struct hora__gpu **gpu) {
+  return *gpu ? HORA_SUCCESS : gpu_open(c, gpu);
+}
+
+void hora__gpu_destroy(hora__comm *c, struct hora__gpu *g, bool failed) {
   if (!g) {
     return;
   }
   /* Registrations go before the memory they cover. */
   hora__comm_deregister(c, &g->fusion_reg);
   hora__comm_deregister(c, &g->stage_reg);
+  if (failed) {
+    /* Nothing here may wait for the GPU: NCCL is aborted, not destroyed
+     * (ncclCommDestroy waits for operations that may need a lost peer),
+     * and the memory stays allocated, since cudaFree waits for the device
+     * too, and the runtime stream may still wait for a caller's stream.
+     * The process is expected to exit after a fatal error. */
+    hora__gpu_abort(g);
+    if (g->stream) {
+      cudaStreamDestroy(g->stream); /* returns at once; released when idle */
+    }
+  } else {
+    if (g->stream) {
+      cudaStreamSynchronize(g->stream);
+    }
 #if HORA_HAVE_NCCL
-  if (g->nccl) {
-    ncclCommDestroy(g->nccl);
-  }
+    if (g->nccl) {
+      ncclCommDestroy(g->nccl);
+    }
 #endif
-  if (g->stream) {
-    cudaStreamSynchronize(g->stream);
-    cudaStreamDestroy(g->stream);
+    if (g->stream) {
+      cudaStreamDestroy(g->stream);
+    }
+    cudaFree(g->fusion);
+    cudaFreeHost(g->stage);
+    cudaFreeHost(g->descs);
   }
   if (g->finished) {
     cudaEventDestroy(g->finished);
   }
-  cudaFree(g->fusion);
-  cudaFreeHost(g->stage);
-  cudaFreeHost(g->descs);
+  if (g->unpacked) {
+    cudaEventDestroy(g->unpacked);
+  }
   free(g);
 }
 
@@ -596,6 +703,8 @@ static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hor
     HORA_CHECK(pack(c, g, op->out, op->n, g->fusion, true));
     HORA_CHECK(wait_stream(c, g)); /* the NIC reads what the kernel wrote */
     phase(op, NULL);
+  } else {
+    HORA_CHECK(wait_event(c, g, g->unpacked)); /* the NIC writes the fusion buffer */
   }
   phase(op, "BROADCAST");
   HORA_CHECK(hora__ring_broadcast(c, &c->world_ring, g->fusion, bytes, op->root));
@@ -603,6 +712,7 @@ static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hor
   if (!root) {
     phase(op, "MEMCPY_OUT_FUSION_BUFFER");
     HORA_CHECK(pack(c, g, op->out, op->n, g->fusion, false));
+    HORA_CHECK(copied_out(g));
     phase(op, NULL);
   }
   return HORA_SUCCESS;
@@ -621,6 +731,7 @@ static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu
     phase(op, "MEMCPY_HOST_TO_DEVICE");
     CUDA_CHECK(cudaMemcpyAsync(op->out[0].base, g->stage, bytes * (size_t)c->size,
                                cudaMemcpyHostToDevice, g->stream));
+    HORA_CHECK(copied_out(g));
     phase(op, NULL);
     return HORA_SUCCESS;
   }
@@ -636,6 +747,11 @@ static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu
                     (char *)g->stage_dev, true));
     HORA_CHECK(wait_stream(c, g)); /* the host reduces what the GPU wrote */
     phase(op, NULL);
+  } else {
+    /* The host writes the staging next: after the last copy out of it,
+     * which may wait for a caller's stream (a stream-ordered request
+     * completes when queued). */
+    HORA_CHECK(wait_event(c, g, g->unpacked));
   }
   struct hora__iov host = {g->stage, bytes};
   if (op->kind == HORA_KIND_ALLREDUCE) {
@@ -646,6 +762,7 @@ static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu
   }
   phase(op, "MEMCPY_HOST_TO_DEVICE");
   HORA_CHECK(pack(c, g, op->out, op->n, (char *)g->stage_dev, false));
+  HORA_CHECK(copied_out(g));
   phase(op, NULL);
   return HORA_SUCCESS;
 }

@@ -32,8 +32,6 @@ int hora__gpu_is_device(const void *p, bool *device);
 int hora__gpu_record_event(void *stream, void **event);
 /* Makes a caller's stream wait for an event, without blocking the host. */
 int hora__gpu_stream_wait_event(void *stream, void *event);
-/* Blocks until the event has happened (the host sleeps, no spinning). */
-int hora__gpu_event_sync(void *event);
 /* *happened = the event has happened (never blocks). */
 int hora__gpu_event_query(void *event, bool *happened);
 int hora__gpu_event_create(void **event);
@@ -57,10 +55,23 @@ struct hora__gpu_op {
 
 /* Runs op; sets up the GPU state in *gpu on first use. */
 int hora__gpu_collective(hora__comm *comm, struct hora__gpu **gpu, const struct hora__gpu_op *op);
+/* Sets up the GPU state in *gpu now (HORA_GPU_INIT=eager), if it is not
+ * yet; every rank calls it together, and a failure on one rank fails it on
+ * all. */
+int hora__gpu_setup(hora__comm *comm, struct hora__gpu **gpu);
+/* NCCL's asynchronous errors, for the coordinator's periodic service: work
+ * queued for stream-ordered requests is watched even while nothing waits
+ * for it. Aborts NCCL on an error. */
+int hora__gpu_check(struct hora__gpu *gpu);
+/* The job has failed: aborts NCCL, so that kernels waiting for a lost peer
+ * end, and refuses later device operations. */
+void hora__gpu_abort(struct hora__gpu *gpu);
 /* Which path the job chose ("nccl" or "staged"), or NULL before the first
  * device operation. */
 const char *hora__gpu_path(const struct hora__gpu *gpu);
-void hora__gpu_destroy(hora__comm *comm, struct hora__gpu *gpu);
+/* failed: after a fatal error (see gpu.c: nothing that may wait for the
+ * GPU). */
+void hora__gpu_destroy(hora__comm *comm, struct hora__gpu *gpu, bool failed);
 
 /* For the GPU check: the batched copy kernel against cudaMemcpy
  * device-to-device on n tensors of `bytes` each; GB/s of both. */

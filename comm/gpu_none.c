@@ -23,10 +23,6 @@ int hora__gpu_stream_wait_event(void *stream, void *event) {
   (void)stream, (void)event;
   return no_cuda();
 }
-int hora__gpu_event_sync(void *event) {
-  (void)event;
-  return no_cuda();
-}
 int hora__gpu_event_query(void *event, bool *happened) {
   (void)event;
   *happened = true;
@@ -46,9 +42,17 @@ const char *hora__gpu_path(const struct hora__gpu *gpu) {
   (void)gpu;
   return NULL;
 }
-void hora__gpu_destroy(hora__comm *comm, struct hora__gpu *gpu) {
-  (void)comm;
+int hora__gpu_setup(hora__comm *comm, struct hora__gpu **gpu) {
+  (void)comm, (void)gpu;
+  return no_cuda();
+}
+int hora__gpu_check(struct hora__gpu *gpu) {
   (void)gpu;
+  return HORA_SUCCESS;
+}
+void hora__gpu_abort(struct hora__gpu *gpu) { (void)gpu; }
+void hora__gpu_destroy(hora__comm *comm, struct hora__gpu *gpu, bool failed) {
+  (void)comm, (void)gpu, (void)failed;
 }
 
 int hora__gpu_copy_bandwidth(size_t bytes, int n, int reps, double *kernel_gbs, double *memcpy_gbs) {

@@ -30,7 +30,17 @@ void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg
     return;
   }
   hora__strlcpy(rt->fatal_msg, msg && msg[0] ? msg : hora_strerror(code), sizeof(rt->fatal_msg));
+  if (rt->fate) {
+    hora__strlcpy(rt->fate->msg, rt->fatal_msg, sizeof(rt->fate->msg));
+    atomic_store_explicit(&rt->fate->code, code, memory_order_release);
+  }
   atomic_store_explicit(&rt->fatal_code, code, memory_order_release);
+}
+
+static void fate_release(struct hora__fate *f) {
+  if (f && atomic_fetch_sub(&f->refs, 1) == 1) {
+    free(f);
+  }
 }
 
 int hora__runtime_fatal(struct hora__runtime *rt) {
@@ -89,6 +99,7 @@ static void runtime_free(struct hora__runtime *rt) {
   }
   pthread_mutex_destroy(&rt->mu);
   pthread_cond_destroy(&rt->done_cv);
+  fate_release(rt->fate);
   free(rt);
 }
 
@@ -157,6 +168,12 @@ static int init_locked(void) {
   pthread_mutex_init(&rt->mu, NULL);
   pthread_cond_init(&rt->done_cv, NULL);
   rt->accepting = true;
+  rt->fate = hora__calloc(1, sizeof(*rt->fate));
+  if (!rt->fate) {
+    rc = HORA_ERR_NO_MEMORY;
+    goto fail;
+  }
+  atomic_init(&rt->fate->refs, 1);
   rt->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (rt->wake_fd < 0) {
     rc = hora__error_errno(HORA_ERR_SYSTEM, "eventfd");
@@ -313,6 +330,7 @@ static void request_free(struct hora_request *r) {
   if (r) {
     hora__gpu_event_destroy(r->ready_event);
     hora__gpu_event_destroy(r->done_event);
+    fate_release(r->fate);
     free(r->error);
     free(r);
   }
@@ -334,7 +352,7 @@ static int check_name(const char *name) {
 /* Host or device memory: both buffers of an operation must agree. A
  * caller's stream asks for device memory, and the runtime's stream will
  * wait for the work already queued on it. */
-static int classify_memory(struct hora_request *r, const char *call) {
+static int classify_memory(struct hora__runtime *rt, struct hora_request *r, const char *call) {
   uint8_t k = r->meta.kind;
   if (k != HORA_KIND_ALLREDUCE && k != HORA_KIND_BROADCAST && k != HORA_KIND_ALLGATHER) {
     return HORA_SUCCESS;
@@ -352,6 +370,8 @@ static int classify_memory(struct hora_request *r, const char *call) {
       return hora__error(HORA_ERR_INVALID_ARG,
                          "%s: a stream is given, but the buffers are host memory", call);
     }
+    r->fate = rt->fate;
+    atomic_fetch_add(&r->fate->refs, 1);
     HORA_CHECK(hora__gpu_record_event(r->stream, &r->ready_event));
     HORA_CHECK(hora__gpu_event_create(&r->done_event));
   }
@@ -363,7 +383,7 @@ static int submit(struct hora__runtime *rt, struct hora_request *r, const char *
   int rc = HORA_SUCCESS;
   char shown[300];
   r->submit_ns = hora__now_ns();
-  rc = classify_memory(r, hora__kind_name(r->meta.kind));
+  rc = classify_memory(rt, r, hora__kind_name(r->meta.kind));
   if (rc != HORA_SUCCESS) {
     request_free(r);
     return rc;
@@ -440,13 +460,44 @@ fail:
   return rc;
 }
 
+/* The job's fatal error, once it has failed (and then sets the message). */
+static int job_failed(const struct hora_request *r) {
+  int code = atomic_load_explicit(&r->fate->code, memory_order_acquire);
+  if (code != HORA_SUCCESS) {
+    hora__error_set_message(r->fate->msg);
+  }
+  return code;
+}
+
+/* A stream-ordered request's results on the GPU. The host polls, sleeping
+ * (lengthening up to 100 us), instead of blocking in cudaEventSynchronize:
+ * after a lost peer NCCL's kernels may never end, and the job's failure
+ * (the coordinator watches NCCL's errors and the peers) must end the wait.
+ * Once the job has failed the results are not trusted even where the event
+ * has happened: aborting NCCL ends its kernels early, and the event then
+ * fires. */
+static int wait_results(struct hora_request *r) {
+  long sleep_ns = 2000;
+  for (;;) {
+    HORA_CHECK(job_failed(r));
+    bool happened = false;
+    HORA_CHECK(hora__gpu_event_query(r->done_event, &happened));
+    if (happened) {
+      return HORA_SUCCESS;
+    }
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, NULL);
+    sleep_ns = sleep_ns < 100000 ? sleep_ns * 2 : 100000;
+  }
+}
+
 static int finish(hora_request **req) {
   struct hora_request *r = *req;
   int status = r->status;
   /* A stream-ordered request completes once queued on the GPU; a plain
-   * wait also waits for its results (the host sleeps meanwhile). */
+   * wait also waits for its results. */
   if (status == HORA_SUCCESS && r->done_event) {
-    status = hora__gpu_event_sync(r->done_event);
+    status = wait_results(r);
     if (status != HORA_SUCCESS) {
       request_free(r);
       *req = NULL;
@@ -516,7 +567,8 @@ HORA_EXTERN int hora_test(hora_request **req, int *done) {
                        !req ? "req" : !*req ? "*req" : "done");
   }
   bool happened = atomic_load_explicit(&(*req)->done, memory_order_acquire);
-  if (happened && (*req)->status == HORA_SUCCESS && (*req)->done_event) {
+  if (happened && (*req)->status == HORA_SUCCESS && (*req)->done_event &&
+      job_failed(*req) == HORA_SUCCESS) {
     HORA_CHECK(hora__gpu_event_query((*req)->done_event, &happened));
   }
   *done = happened;
@@ -711,8 +763,12 @@ int hora__wait_stream(hora_request **req, void *stream) {
   }
   int status = r->status;
   if (status == HORA_SUCCESS) {
+    /* A failed job's results may never come: no stream waits for them. */
+    status = job_failed(r);
+  }
+  if (status == HORA_SUCCESS) {
     status = hora__gpu_stream_wait_event(stream, r->done_event);
-  } else {
+  } else if (r->status != HORA_SUCCESS) {
     hora__error_set_message(r->error);
   }
   request_free(r);

@@ -140,6 +140,7 @@ struct hora__engine {
   struct hora__gpu *gpu; /* device data plane, set up by the first device op */
   void **ready, **done;  /* per tensor of a device response */
   uint32_t events_cap;
+  bool setup_done;       /* HORA_GPU_INIT=eager: hora_init may go on (under rt->mu) */
 };
 
 static void engine_free(struct hora__engine *e) {
@@ -171,7 +172,7 @@ static void engine_free(struct hora__engine *e) {
   free(e->iov_in);
   free(e->iov_out);
   free(e->reqs);
-  hora__gpu_destroy(e->comm, e->gpu);
+  hora__gpu_destroy(e->comm, e->gpu, atomic_load(&e->rt->fatal_code) != HORA_SUCCESS);
   free(e->ready);
   free(e->done);
   free(e);
@@ -427,6 +428,9 @@ static int service(void *arg) {
   if (!e->shutting_down && hora__runtime_fatal(e->rt) != HORA_SUCCESS) {
     return atomic_load_explicit(&e->rt->fatal_code, memory_order_acquire);
   }
+  /* Stream-ordered device requests complete once queued: NCCL's errors
+   * are watched here, idle or not, so their waits end. */
+  HORA_CHECK(hora__gpu_check(e->gpu));
   for (int r = 0; r < c->size; r++) {
     if (c->ctrl[r]) {
       HORA_CHECK(read_ctrl(e, c->ctrl[r]));
@@ -1830,6 +1834,45 @@ static void flush_control(struct hora__engine *e, double timeout_s) {
   }
 }
 
+static bool gpu_eager(void) { return strcmp(hora__params.GPU_INIT, "eager") == 0; }
+
+/* HORA_GPU_INIT=eager: the device data plane is set up in hora_init, on
+ * every rank together. The ranks first agree that each can (a build with
+ * CUDA, a GPU it sees), so that none waits in the set-up for one that
+ * cannot. */
+static int gpu_setup_eager(struct hora__engine *e) {
+  hora__comm *c = e->comm;
+  uint8_t mine = !HORA_HAVE_CUDA ? 0 : hora__gpu_present() ? 2 : 1;
+  uint8_t *all = hora__calloc((size_t)c->size, 1);
+  if (!all) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  int rc = hora__allgather(c, &mine, 1, all);
+  char lacking[256] = "";
+  size_t used = 0;
+  for (int r = 0; rc == HORA_SUCCESS && r < c->size; r++) {
+    if (all[r] != 2 && used < sizeof(lacking)) {
+      used += (size_t)snprintf(lacking + used, sizeof(lacking) - used, "%s%d", used ? ", " : "", r);
+    }
+  }
+  free(all);
+  HORA_CHECK(rc);
+  if (mine == 0) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED, "HORA_GPU_INIT=eager, but this build of hora has no "
+                       "CUDA (configure --with-cuda)");
+  }
+  if (mine == 1) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED, "HORA_GPU_INIT=eager, but this process sees no GPU");
+  }
+  if (lacking[0]) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED,
+                       "HORA_GPU_INIT=eager, but rank(s) %s cannot use a GPU (none visible there, "
+                       "or a build without CUDA)",
+                       lacking);
+  }
+  return hora__gpu_setup(c, &e->gpu);
+}
+
 static void *coordinator_main(void *arg) {
   struct hora__runtime *rt = arg;
   struct hora__engine *e = rt->engine;
@@ -1843,6 +1886,18 @@ static void *coordinator_main(void *arg) {
   e->comm->service_interval_ns = peer_ns > 0 ? HORA_MIN(peer_ns / 8, 100000000ull) : 100000000ull;
   e->comm->service_due_ns = hora__now_ns() + e->comm->service_interval_ns;
   int rc = HORA_SUCCESS;
+  if (gpu_eager()) {
+    /* hora_init waits for this; on failure the fatal path below ends the
+     * coordinator, and hora_init fails with the error. */
+    rc = gpu_setup_eager(e);
+    if (rc != HORA_SUCCESS) {
+      hora__runtime_set_fatal(rt, rc, hora__error_message());
+    }
+    pthread_mutex_lock(&rt->mu);
+    e->setup_done = true;
+    pthread_cond_broadcast(&rt->done_cv);
+    pthread_mutex_unlock(&rt->mu);
+  }
   while (!e->stop && rc == HORA_SUCCESS) {
     rc = cycle(e);
   }
@@ -1862,6 +1917,12 @@ static void *coordinator_main(void *arg) {
     broadcast_fatal(e, code, rt->fatal_msg, e->abort_from_root);
   }
   fail_everything(e);
+  if (rc != HORA_SUCCESS) {
+    /* NCCL kernels waiting for a lost peer end now, not at hora_finalize;
+     * after the requests have failed, since aborting may wait for the
+     * device. */
+    hora__gpu_abort(e->gpu);
+  }
   if (rc == HORA_SUCCESS) {
     flush_control(e, 5.0);
   }
@@ -1923,6 +1984,17 @@ int hora__engine_start(struct hora__runtime *rt) {
     return hora__error_errno(HORA_ERR_SYSTEM, "pthread_create(coordinator)");
   }
   rt->thread_started = true;
+  if (gpu_eager()) {
+    pthread_mutex_lock(&rt->mu);
+    while (!e->setup_done) {
+      pthread_cond_wait(&rt->done_cv, &rt->mu);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    int code = atomic_load_explicit(&rt->fatal_code, memory_order_acquire);
+    if (code != HORA_SUCCESS) {
+      return hora__error(code, "%s", rt->fatal_msg);
+    }
+  }
   return HORA_SUCCESS;
 }
 

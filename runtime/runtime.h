@@ -18,6 +18,15 @@
 #include "table.h"
 #include "topology.h"
 
+/* Whether the job has failed, for stream-ordered requests: their results
+ * come after they complete, and may then never come. Shared by the runtime
+ * and those requests (counted), so it outlives hora_finalize. */
+struct hora__fate {
+  atomic_int refs;
+  atomic_int code; /* the fatal error; set last, with release, after msg */
+  char msg[1024];
+};
+
 struct hora_request {
   struct hora_request *next; /* submission queue */
   char key[HORA_KEY_MAX + 1];
@@ -31,6 +40,7 @@ struct hora_request {
    * queued on the GPU, and `done` marks when its results are written. */
   void *stream;
   void *ready_event, *done_event;
+  struct hora__fate *fate;
   /* Coordinator only: the cache slot it waits on, or -1 (sent in full). */
   int32_t sent_slot;
   /* Coordinator only: taken off the submission queue. Until then it is in
@@ -82,6 +92,7 @@ struct hora__runtime {
   atomic_int fatal_code;
   char fatal_msg[1024];
   atomic_flag fatal_claimed;
+  struct hora__fate *fate; /* the same, for stream-ordered requests */
 
   /* Coordinator-thread state (engine.c). */
   struct hora__engine *engine;

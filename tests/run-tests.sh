@@ -187,6 +187,27 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     tail -n 20 "$work/out"
   fi
 
+  # HORA_GPU_INIT=eager where no rank can use a GPU (no device here, or a
+  # build without CUDA): hora_init fails on every rank with
+  # HORA_ERR_NOT_SUPPORTED, saying why, and nothing hangs.
+  if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+    # Open MPI is told to leave the second rank running while the first
+    # exits, so both messages are there; other launchers may kill it.
+    keep="" want=1
+    [ "$MPI_FLAVOR" = openmpi ] && keep="--mca orte_abort_on_non_zero_status 0" want=2
+    # shellcheck disable=SC2086
+    HORA_GPU_INIT=eager timeout -k 10 120 "$MPIEXEC" $(launcher_flags) $keep -np 2 \
+      "$builddir/tests/mpi/test_contract" </dev/null >"$work/out" 2>&1
+    rc=$?
+    if [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
+       [ "$(grep -c "hora_init (HORA_GPU_INIT=eager, but" "$work/out")" -ge $want ]; then
+      echo "PASS settings/gpu_init_eager_without_gpu_fails_every_rank" | tee -a "$results"
+    else
+      echo "FAIL settings/gpu_init_eager_without_gpu_fails_every_rank: exit status $rc" | tee -a "$results"
+      tail -n 20 "$work/out"
+    fi
+  fi
+
   # A setting that fails the bootstrap on one rank only (an interface its
   # host lacks) fails hora_init on every rank, naming that rank: the others
   # once waited in MPI for ever. (mpirun must not kill the second rank when

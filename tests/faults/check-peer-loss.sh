@@ -89,4 +89,10 @@ scenario "stop/victim2" $((np - 1)) 2 stop HORA_STALL_CHECK_TIME_SECONDS=1 HORA_
 # Alive but silent, no stall shutdown: the heartbeats find it lost.
 scenario "silent/victim2" $((np - 1)) 2 silent HORA_PEER_TIMEOUT_SECONDS=4
 scenario "silent/victim0" $((np - 1)) 0 silent HORA_PEER_TIMEOUT_SECONDS=4
+# Device buffers (a CUDA build on a machine with a GPU): rank 1 dies while
+# rank 0 waits for stream-ordered results (test_gpu peer_loss, np=2).
+if [ -x "$builddir/tests/mpi/test_gpu" ] && ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+  prog="$builddir/tests/mpi/test_gpu" np=2
+  scenario "gpu/exit/victim1" 1 peer_loss
+fi
 exit 0

@@ -1,11 +1,22 @@
 /* Device buffers end to end (CUDA builds). Every dtype x op, several
  * tensors at once so they fuse on the GPU, compared with the same
  * allreduce on host buffers; broadcast and allgather; prescale/postscale;
- * a joined rank; the stream-ordered calls of hora_cuda.h; and the errors
- * (host on one rank, device on another; host sendbuf with device recvbuf).
- * Without a GPU every test reports SKIP with the reason. */
+ * a joined rank; the stream-ordered calls of hora_cuda.h, back to back
+ * behind slow work on the caller's stream; the errors (host on one rank,
+ * device on another; host sendbuf with device recvbuf); HORA_GPU_INIT=eager;
+ * and last, a job that fails with stream-ordered work in flight.
+ * Without a GPU every test reports SKIP with the reason.
+ *
+ * With the argument peer_loss (np=2, under a launcher that leaves the
+ * survivor running: mpirun --mca orte_abort_on_non_zero_status 0) rank 1
+ * dies instead and rank 0 prints its own line, PASS|FAIL
+ * peer_loss/gpu/victim1/rank0; see peer_loss(). */
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "hora_cuda.h"
 #include "mpitest.h"
@@ -183,6 +194,104 @@ static void stream_ordered(void) {
   free(back);
 }
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Slow work on a caller's stream, as a long kernel would be: a host
+ * function that the stream runs in order and that holds back everything
+ * queued after it (this file is built by the C compiler, without nvcc). */
+static void CUDART_CB sleep_on_stream(void *us) { usleep((useconds_t)(uintptr_t)us); }
+
+static void slow_work(cudaStream_t s, unsigned us) {
+  cudaError_t e = cudaLaunchHostFunc(s, sleep_on_stream, (void *)(uintptr_t)us);
+  MT_CHECK(e == cudaSuccess, "cudaLaunchHostFunc: %s", cudaGetErrorString(e));
+}
+
+/* Work that never ends as far as the runtime can tell (a kernel waiting for
+ * a lost peer): holds the stream until the gate opens, 30 s at most. */
+static atomic_int gate_open;
+static void CUDART_CB gate(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 30000 && !atomic_load(&gate_open); i++) {
+    usleep(1000);
+  }
+}
+
+static void closed_gate(cudaStream_t s) {
+  atomic_store(&gate_open, 0);
+  cudaError_t e = cudaLaunchHostFunc(s, gate, NULL);
+  MT_CHECK(e == cudaSuccess, "cudaLaunchHostFunc: %s", cudaGetErrorString(e));
+}
+
+/* Stream-ordered allreduces and broadcasts (root 0) back to back, each
+ * behind slow work on the caller's stream (20 ms on the ranks that receive
+ * the broadcasts, 0.2 ms on the root), each followed only by
+ * hora_wait_stream: the host never waits for the GPU, as a trainer does.
+ * Such a request completes once its copy-out is queued, and the copy-out
+ * waits for the caller's stream. The old code received the next broadcast
+ * into the pinned staging at once, while the copy-out of the previous one
+ * from it still waited behind the slow work: tensor b of a step got c's
+ * bytes (the staged path: np >= 2 on one GPU, or HORA_GPU_TRANSPORT=host).
+ * Every tensor has its own buffer and is checked at the end. */
+static void stream_ordered_back_to_back(void) {
+  enum { STEPS = 12, N = 256 << 10 };
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  uint8_t *a[STEPS], *b[STEPS], *c[STEPS], *back = malloc(N);
+  for (int i = 0; i < STEPS; i++) {
+    cudaMalloc((void **)&a[i], N);
+    cudaMalloc((void **)&b[i], N);
+    cudaMalloc((void **)&c[i], N);
+  }
+  unsigned us = mt_rank == 0 ? 200 : 20000;
+  hora_request *r;
+  for (int i = 0; i < STEPS; i++) {
+    slow_work(s, us);
+    cudaMemsetAsync(a[i], (mt_rank + i) % 7, N, s);
+    MT_OK(hora_allreduce_async_stream("b2b/a", a[i], a[i], N, HORA_UINT8, HORA_SUM, NULL, s, &r));
+    MT_OK(hora_wait_stream(&r, s));
+    /* The receivers' bytes are junk, written after the slow work: the
+     * results must come after them. */
+    slow_work(s, us);
+    cudaMemsetAsync(b[i], mt_rank == 0 ? 100 + i : 0xee, N, s);
+    MT_OK(hora_broadcast_async_stream("b2b/b", b[i], N, HORA_UINT8, 0, s, &r));
+    MT_OK(hora_wait_stream(&r, s));
+    slow_work(s, us);
+    cudaMemsetAsync(c[i], mt_rank == 0 ? 150 + i : 0xee, N, s);
+    MT_OK(hora_broadcast_async_stream("b2b/c", c[i], N, HORA_UINT8, 0, s, &r));
+    MT_OK(hora_wait_stream(&r, s));
+  }
+  cudaError_t e = cudaStreamSynchronize(s);
+  MT_CHECK(e == cudaSuccess, "cudaStreamSynchronize: %s", cudaGetErrorString(e));
+  for (int i = 0; i < STEPS; i++) {
+    int sum = 0;
+    for (int q = 0; q < mt_size; q++) {
+      sum += (q + i) % 7;
+    }
+    uint8_t *bufs[3] = {a[i], b[i], c[i]};
+    int want[3] = {sum, 100 + i, 150 + i};
+    for (int k = 0; k < 3; k++) {
+      cudaMemcpy(back, bufs[k], N, cudaMemcpyDeviceToHost);
+      size_t bad = 0;
+      while (bad < N && back[bad] == want[k]) {
+        bad++;
+      }
+      MT_CHECK(bad == N, "step %d, tensor %c: byte %zu is %d, expected %d", i, "abc"[k], bad,
+               bad < N ? back[bad] : 0, want[k]);
+    }
+  }
+  for (int i = 0; i < STEPS; i++) {
+    cudaFree(a[i]);
+    cudaFree(b[i]);
+    cudaFree(c[i]);
+  }
+  free(back);
+  cudaStreamDestroy(s);
+}
+
 static void host_and_device_never_mix(void) {
   float h[16] = {0};
   float *d = dev_copy(h, sizeof(h));
@@ -196,31 +305,272 @@ static void host_and_device_never_mix(void) {
   cudaFree(d);
 }
 
+/* The job fails (hora_abort on every rank) while two stream-ordered
+ * allreduces wait behind a caller's stream that does not move (a closed
+ * gate): hora_wait, hora_wait_stream and hora_finalize must each return
+ * the error, within 10 s together. Through NCCL (np=1 here) the requests
+ * complete once queued; the old code then blocked in cudaEventSynchronize
+ * in hora_wait until the gate opened (30 s) and returned success, and
+ * hora_wait_stream returned success. Staged (np >= 2 on one GPU), the
+ * coordinator itself waits for the GPU and the requests fail, but the old
+ * hora_finalize blocked in cudaStreamSynchronize (hora__gpu_destroy) until
+ * the gate opened. Ends the runtime. */
+static void failed_job_with_stream_work_in_flight(void) {
+  enum { N = 4096 };
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  float *d1 = NULL, *d2 = NULL;
+  cudaMalloc((void **)&d1, N * sizeof(float));
+  cudaMalloc((void **)&d2, N * sizeof(float));
+  hora_stats st0 = {.struct_size = sizeof(st0)}, st = {.struct_size = sizeof(st)};
+  MT_OK(hora_get_stats(&st0));
+  closed_gate(s);
+  hora_request *r1 = NULL, *r2 = NULL;
+  MT_OK(hora_allreduce_async_stream("fail/a", d1, d1, N, HORA_FLOAT32, HORA_SUM, NULL, s, &r1));
+  MT_OK(hora_allreduce_async_stream("fail/b", d2, d2, N, HORA_FLOAT32, HORA_SUM, NULL, s, &r2));
+  /* Until both are queued on the GPU (NCCL), or a second has passed (staged:
+   * the coordinator waits for the gate, and the requests never complete). */
+  bool queued = false;
+  for (int i = 0; i < 100 && !queued; i++) {
+    MT_OK(hora_get_stats(&st));
+    queued = st.allreduces >= st0.allreduces + 2;
+    if (!queued) {
+      usleep(10000);
+    }
+  }
+  MT_OK(hora_abort("gpu test: the job fails with device work in flight"));
+  double t0 = now_s();
+  int w = hora_wait(&r1);
+  int ws = hora_wait_stream(&r2, s);
+  /* Through NCCL the gate opens before hora_finalize: ncclCommAbort may
+   * wait for the device, and a caller's stream is not a kernel waiting for
+   * a lost peer, which the abort would end. */
+  if (queued) {
+    atomic_store(&gate_open, 1);
+  }
+  int fin = hora_finalize();
+  double dt = now_s() - t0;
+  MT_CHECK(w == HORA_ERR_ABORTED, "hora_wait returned %s", hora_strerror(w));
+  MT_CHECK(ws == HORA_ERR_ABORTED, "hora_wait_stream returned %s", hora_strerror(ws));
+  MT_CHECK(fin == HORA_ERR_ABORTED, "hora_finalize returned %s", hora_strerror(fin));
+  MT_CHECK(dt < 10.0, "hora_wait, hora_wait_stream and hora_finalize took %.1f s", dt);
+  atomic_store(&gate_open, 1);
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  cudaFree(d1);
+  cudaFree(d2);
+}
+
+/* Saved and restored around the HORA_GPU_INIT tests, which set up a
+ * runtime of their own. */
+static char *saved_env[4];
+static const char *const env_names[4] = {"HORA_LOG_LEVEL", "HORA_LOG_FILE", "HORA_TIMELINE", "HORA_GPU"};
+
+static void save_env(void) {
+  for (int i = 0; i < 4; i++) {
+    const char *v = getenv(env_names[i]);
+    saved_env[i] = v ? strdup(v) : NULL;
+  }
+}
+
+static void restore_env(void) {
+  unsetenv("HORA_GPU_INIT");
+  for (int i = 0; i < 4; i++) {
+    if (saved_env[i]) {
+      setenv(env_names[i], saved_env[i], 1);
+    } else {
+      unsetenv(env_names[i]);
+    }
+    free(saved_env[i]);
+    saved_env[i] = NULL;
+  }
+}
+
+/* HORA_GPU_INIT=eager: hora_init itself sets up the device data plane (its
+ * log line "device collectives ..." is there before any device operation),
+ * and a device allreduce then works. The old code had no such setting and
+ * set up nothing before the first device operation. */
+static void eager_init_sets_up_the_gpu(void) {
+  char dir[256], path[300];
+  mt_shared_dir("hora-gpu-eager", dir, sizeof(dir));
+  snprintf(path, sizeof(path), "%s/log-%d", dir, mt_rank);
+  save_env();
+  setenv("HORA_GPU_INIT", "eager", 1);
+  setenv("HORA_LOG_LEVEL", "info", 1);
+  setenv("HORA_LOG_FILE", path, 1);
+  unsetenv("HORA_TIMELINE");
+  int rc = hora_init();
+  MT_CHECK(rc == HORA_SUCCESS, "hora_init with HORA_GPU_INIT=eager: %s: %s", hora_strerror(rc),
+           hora_last_error());
+  if (rc == HORA_SUCCESS) {
+    char log[1 << 16] = "";
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(log, 1, sizeof(log) - 1, f) : 0;
+    log[n] = '\0';
+    if (f) {
+      fclose(f);
+    }
+    MT_CHECK(strstr(log, "device collectives") != NULL,
+             "no device set-up logged by hora_init in %s", path);
+    enum { N = 1000 };
+    float h[N], back[N];
+    for (int i = 0; i < N; i++) {
+      h[i] = 1.0f;
+    }
+    float *d = dev_copy(h, sizeof(h));
+    MT_OK(hora_allreduce("eager/sum", d, d, N, HORA_FLOAT32, HORA_SUM));
+    cudaMemcpy(back, d, sizeof(back), cudaMemcpyDeviceToHost);
+    MT_CHECK(back[N - 1] == (float)mt_size, "after an eager set-up: %g", (double)back[N - 1]);
+    cudaFree(d);
+    MT_OK(hora_finalize());
+  }
+  restore_env();
+  mt_remove_shared_dir(dir);
+}
+
+/* HORA_GPU_INIT=eager with the last rank's HORA_GPU out of range: hora_init
+ * fails on every rank, within 10 s (the ranks agree; none waits for the one
+ * that failed), the last naming its setting, the others that rank. The old
+ * code let hora_init succeed. Run after the last runtime. */
+static void eager_init_failure_on_every_rank(void) {
+  save_env();
+  setenv("HORA_GPU_INIT", "eager", 1);
+  unsetenv("HORA_TIMELINE");
+  if (mt_rank == mt_size - 1) {
+    setenv("HORA_GPU", "99", 1);
+  }
+  double t0 = now_s();
+  int rc = hora_init();
+  double dt = now_s() - t0;
+  char want[64];
+  snprintf(want, sizeof(want), mt_rank == mt_size - 1 ? "HORA_GPU=99" : "rank %d", mt_size - 1);
+  MT_CHECK(rc == HORA_ERR_INVALID_ARG && strstr(hora_last_error(), want),
+           "hora_init returned %s (%s), expected HORA_ERR_INVALID_ARG naming '%s'",
+           hora_strerror(rc), hora_last_error(), want);
+  MT_CHECK(dt < 10.0, "hora_init took %.1f s to fail", dt);
+  if (rc == HORA_SUCCESS) {
+    hora_finalize();
+  }
+  restore_env();
+}
+
+/* peer_loss (np=2): rank 1 queues a stream-ordered broadcast from itself
+ * behind a closed gate on its own stream, so that its part never runs, and
+ * dies (_exit). Rank 0's part of it (and of a second one) is queued on the
+ * GPU. Rank 0's hora_wait, hora_wait_stream and hora_finalize must return
+ * the same error within 10 s. With a GPU per rank this is the NCCL path:
+ * rank 0's NCCL kernel waits for the dead peer, and the old code blocked
+ * in cudaEventSynchronize for ever (nothing aborted NCCL). On one GPU the
+ * ranks take the staged path, where rank 0's coordinator sees the loss in
+ * the host transfer and the old code failed the requests as well: there
+ * this only checks that the errors come (the failed_job test covers the
+ * staged waits). An alarm turns a hang into a FAIL line. */
+static void peer_loss_timeout(int sig) {
+  (void)sig;
+  static const char line[] = "FAIL peer_loss/gpu/victim1/rank0 (hung for 60 s)\n";
+  ssize_t n = write(1, line, sizeof(line) - 1);
+  (void)n;
+  _exit(1);
+}
+
+static int peer_loss(void) {
+  enum { N = 1 << 16 };
+  float h[N];
+  for (int i = 0; i < N; i++) {
+    h[i] = (float)mt_rank;
+  }
+  float *d = dev_copy(h, sizeof(h)), *e = dev_copy(h, sizeof(h));
+  for (int i = 0; i < 3; i++) {
+    MT_OK(hora_allreduce("loss/warm", d, d, N, HORA_FLOAT32, HORA_SUM));
+  }
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  hora_request *rb = NULL, *rc = NULL;
+  if (mt_rank == 1) {
+    closed_gate(s);
+    MT_OK(hora_broadcast_async_stream("loss/b", d, N, HORA_FLOAT32, 1, s, &rb));
+    MT_OK(hora_broadcast_async_stream("loss/c", e, N, HORA_FLOAT32, 1, s, &rc));
+    sleep(1); /* both queued (NCCL), or the coordinator waits for the gate */
+    fflush(stdout);
+    fflush(stderr);
+    _exit(3);
+  }
+  signal(SIGALRM, peer_loss_timeout);
+  alarm(60);
+  MT_OK(hora_broadcast_async_stream("loss/b", d, N, HORA_FLOAT32, 1, s, &rb));
+  MT_OK(hora_broadcast_async_stream("loss/c", e, N, HORA_FLOAT32, 1, s, &rc));
+  double t0 = now_s();
+  int w = hora_wait(&rb);
+  char msg[512];
+  snprintf(msg, sizeof(msg), "%s", hora_last_error());
+  int ws = hora_wait_stream(&rc, s);
+  int fin = hora_finalize();
+  double dt = now_s() - t0;
+  int ok = w != HORA_SUCCESS && ws == w && fin == w && dt < 10.0;
+  printf("%s peer_loss/gpu/victim1/rank0 (hora_wait %s, hora_wait_stream %s, hora_finalize %s "
+         "after %.2f s: %s)\n",
+         ok ? "PASS" : "FAIL", hora_strerror(w), hora_strerror(ws), hora_strerror(fin), dt, msg);
+  fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
+  /* MPI is the test's own, so that it outlives a failed runtime and more
+   * than one hora_init. */
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &mt_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mt_size);
   mt_setenv_args(argc, argv);
-  mt_init();
   int devices = 0;
   cudaError_t e = cudaGetDeviceCount(&devices);
-  const char *tests[] = {"gpu/every_dtype_and_op_fused", "gpu/large_scaled_and_out_of_place",
-                         "gpu/broadcast_and_allgather", "gpu/joined_rank_stands_in_on_the_gpu",
-                         "gpu/stream_ordered", "gpu/host_and_device_never_mix"};
-  if (e != cudaSuccess || devices == 0) {
+  bool have_gpu = e == cudaSuccess && devices > 0;
+  if (argc > 1 && strcmp(argv[1], "peer_loss") == 0) {
+    if (!have_gpu || mt_size != 2) {
+      if (mt_rank == 0) {
+        printf("SKIP peer_loss/gpu: %s\n", have_gpu ? "needs np=2" : "no GPU visible");
+      }
+      MPI_Finalize();
+      return 0;
+    }
+    cudaSetDevice(mt_rank % devices);
+    mt_init();
+    int rc = peer_loss();
+    /* A peer is gone: MPI_Finalize could wait for it. */
+    fflush(stdout);
+    _exit(rc);
+  }
+  const char *tests[] = {"gpu/eager_init_sets_up_the_gpu", "gpu/every_dtype_and_op_fused",
+                         "gpu/large_scaled_and_out_of_place", "gpu/broadcast_and_allgather",
+                         "gpu/joined_rank_stands_in_on_the_gpu", "gpu/stream_ordered",
+                         "gpu/stream_ordered_back_to_back", "gpu/host_and_device_never_mix",
+                         "gpu/failed_job_with_stream_work_in_flight",
+                         "gpu/eager_init_failure_on_every_rank"};
+  if (!have_gpu) {
     char why[200];
     snprintf(why, sizeof(why), "no GPU visible (cudaGetDeviceCount: %s)",
              e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
       mt_skip(tests[i], why);
     }
-  } else {
-    cudaSetDevice(mt_rank % devices);
-    mt_run(tests[0], every_dtype_and_op_fused);
-    mt_run(tests[1], large_scaled_and_out_of_place);
-    mt_run(tests[2], broadcast_and_allgather);
-    mt_run(tests[3], joined_rank_stands_in_on_the_gpu);
-    mt_run(tests[4], stream_ordered);
-    mt_run(tests[5], host_and_device_never_mix);
+    int failures = mt_total_failures();
+    MPI_Finalize();
+    return failures ? 1 : 0;
   }
+  cudaSetDevice(mt_rank % devices);
+  mt_run(tests[0], eager_init_sets_up_the_gpu);
+  mt_init();
+  mt_run(tests[1], every_dtype_and_op_fused);
+  mt_run(tests[2], large_scaled_and_out_of_place);
+  mt_run(tests[3], broadcast_and_allgather);
+  mt_run(tests[4], joined_rank_stands_in_on_the_gpu);
+  mt_run(tests[5], stream_ordered);
+  mt_run(tests[6], stream_ordered_back_to_back);
+  mt_run(tests[7], host_and_device_never_mix);
+  /* These two end the runtime. */
+  mt_run(tests[8], failed_job_with_stream_work_in_flight);
+  mt_run(tests[9], eager_init_failure_on_every_rank);
   int failures = mt_total_failures();
-  MT_OK(hora_finalize());
+  MPI_Finalize();
   return failures ? 1 : 0;
 }
