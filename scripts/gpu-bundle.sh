@@ -1,0 +1,198 @@
+#!/bin/sh
+# Builds hora with CUDA and NCCL for the H200 (sm_90, plus PTX) and gathers
+# into one folder everything a bare, offline GPU machine lacks to run the
+# GPU check there (scripts/gpu-check.sh --bundle DIR):
+#   - the built programs (test_gpu, gpu_copy_bench, test_collectives,
+#     hora-bench, hora-info, examples/train) and libhora.so;
+#   - Open MPI and its runtime closure (hwloc, libevent, PMIx, libcrypto,
+#     OpenBLAS, ...): Debian 12's .deb files (apt-get download, or the apt
+#     cache), unpacked with dpkg -x into a private root inside the bundle;
+#     Open MPI and PMIx plugins whose libraries are not carried are removed;
+#   - libcudart.so.13 of the CUDA the build used (0.7 MB);
+#   - Fashion-MNIST's four gzipped files for the trainer.
+# NCCL and cuBLAS are not carried (hundreds of MB): gpu-check.sh takes the
+# device's (its CUDA toolkit, or the nvidia-* Python wheels).
+#
+# The bundle is DIR/hora-gpu-bundle.tar.gz (symbolic links and all, which a
+# copy to the device may not keep) plus DIR/MANIFEST; gpu-check.sh unpacks
+# the tarball into a temporary folder there. It must stay under 60 MiB
+# (the device's copy limit is 64 MiB); the script fails if it does not.
+#
+# usage: scripts/gpu-bundle.sh [DIR]     (default: gpu-bundle/ in the tree)
+# The last line printed is the bundle's path.
+set -u
+src=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$src/gpu-bundle}
+build=$src/build/gpu-bundle
+jobs=${HORA_BUNDLE_JOBS:-2}
+limit_mib=60
+arch_flags="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
+cuda=${CUDA_HOME:-/usr/local/cuda}
+data=${HORA_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+
+die() { echo "gpu-bundle: FAIL $*" >&2; exit 1; }
+note() { echo "gpu-bundle: $*"; }
+
+for tool in git dpkg dpkg-query apt-get ldd tar gzip file awk sed; do
+  command -v "$tool" >/dev/null 2>&1 || die "'$tool' not found (this script runs on Debian 12 with scripts/install-deps.sh done)"
+done
+command -v mpicc >/dev/null 2>&1 || die "mpicc not found; run scripts/install-deps.sh"
+[ -x "$cuda/bin/nvcc" ] || die "nvcc not found at $cuda/bin/nvcc (set CUDA_HOME)"
+[ -f "$cuda/include/nccl.h" ] || [ -f /usr/include/nccl.h ] || die "nccl.h not found (NCCL headers are needed to build)"
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+  [ -f "$data/$f" ] || die "$data/$f missing (Debian: dataset-fashion-mnist; or set HORA_FASHION_MNIST)"
+done
+
+# ---- 1. build, on a copy of the tree --------------------------------------
+copy_tree() {
+  rm -rf "$1" && mkdir -p "$1"
+  if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+    git -C "$src" ls-files -z --cached --others --exclude-standard |
+      (cd "$src" && xargs -0 cp --parents -t "$1")
+  else
+    (cd "$src" && tar cf - --exclude=./build --exclude=./.git --exclude=./gpu-bundle .) | (cd "$1" && tar xf -)
+  fi
+}
+commit=$(git -C "$src" describe --always --dirty 2>/dev/null || echo unknown)
+note "building hora $commit in $build/src (sm_90 + PTX, make -j$jobs)"
+copy_tree "$build/src" || die "copying the tree to $build/src"
+b=$build/src
+(cd "$b" && ./autogen.sh >"$build/autogen.out" 2>&1) || { tail -n 20 "$build/autogen.out"; die "autogen.sh (log: $build/autogen.out)"; }
+(cd "$b" && ./configure --with-cuda="$cuda" --with-nccl >"$build/configure.out" 2>&1) ||
+  { tail -n 30 "$build/configure.out"; die "configure --with-cuda --with-nccl (log: $build/configure.out)"; }
+grep -q 'example train : yes' "$build/configure.out" || die "configure will not build examples/train (OpenBLAS or zlib missing; see $build/configure.out)"
+targets="all tests/mpi/test_gpu tests/gpu_copy_bench tests/mpi/test_collectives"
+# shellcheck disable=SC2086
+(cd "$b" && make -j"$jobs" NVCC_ARCH_FLAGS="$arch_flags" $targets >"$build/make.out" 2>&1) ||
+  { tail -n 40 "$build/make.out"; die "make $targets (log: $build/make.out)"; }
+
+# ---- 2. the programs and libhora ------------------------------------------
+stage=$build/stage
+rm -rf "$stage" && mkdir -p "$stage/hora/bin" "$stage/hora/lib" "$stage/data/fashion-mnist" "$stage/root" "$stage/debs"
+is_elf() { [ "$(head -c 4 "$1" 2>/dev/null | od -An -c | tr -d ' ')" = '177ELF' ]; }
+for p in hora-bench hora-info examples/train tests/mpi/test_gpu tests/gpu_copy_bench tests/mpi/test_collectives; do
+  d=$(dirname "$p") n=$(basename "$p")
+  real=
+  for c in "$b/$d/.libs/$n" "$b/$p"; do
+    if [ -f "$c" ] && is_elf "$c"; then real=$c; break; fi
+  done
+  [ -n "$real" ] || die "no built program for $p (looked in $b/$d/.libs/$n and $b/$p)"
+  cp "$real" "$stage/hora/bin/$n" || die "copying $real"
+done
+lib=$(find "$b/.libs" -maxdepth 1 -type f -name 'libhora.so.*.*.*' 2>/dev/null | head -n 1)
+[ -n "$lib" ] || die "libhora.so not built ($b/.libs)"
+cp "$lib" "$stage/hora/lib/" && (cd "$stage/hora/lib" && ln -sf "$(basename "$lib")" libhora.so.0 && ln -sf libhora.so.0 libhora.so)
+cp -L "$cuda/lib64/libcudart.so.13" "$stage/hora/lib/" 2>/dev/null || die "$cuda/lib64/libcudart.so.13 missing"
+cp "$data"/*-ubyte.gz "$stage/data/fashion-mnist/" || die "copying Fashion-MNIST from $data"
+strip --strip-unneeded "$stage/hora/bin/"* "$stage/hora/lib/libhora.so."*.*.* 2>/dev/null || true
+
+# ---- 3. the Debian runtime they need ---------------------------------------
+# Libraries every Linux with a CUDA driver has; never carried.
+base_re='^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libutil\.so|libresolv\.so|libgcc_s\.so|libstdc\+\+\.so|libcuda\.so|libnvidia-)'
+# The device's own (CUDA toolkit or nvidia-* wheels): large, never carried.
+device_re='^(libnccl\.so|libcublas\.so|libcublasLt\.so)'
+pkgs="openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15"
+
+pkg_of() { # a library path on this machine -> its Debian package
+  for f in "$1" "$(readlink -f "$1")" "/usr$1" "${1#/usr}"; do
+    p=$(dpkg -S "$f" 2>/dev/null | grep -v '^diversion' | head -n 1 | cut -d: -f1)
+    [ -n "$p" ] && { echo "$p"; return 0; }
+  done
+  return 1
+}
+fetch_deb() { # package -> $stage/debs/*.deb, from the apt cache or the archive
+  v=$(dpkg-query -W -f='${Version}' "$1" 2>/dev/null)
+  a=$(dpkg-query -W -f='${Architecture}' "$1" 2>/dev/null)
+  [ -n "$v" ] || die "package $1 is not installed here, so its version is unknown"
+  f=$(printf '%s_%s_%s.deb' "$1" "$v" "$a" | sed 's/:/%3a/')
+  if [ -f "/var/cache/apt/archives/$f" ]; then
+    cp "/var/cache/apt/archives/$f" "$stage/debs/"
+  else
+    (cd "$stage/debs" && timeout 120 apt-get download -q "$1=$v" >/dev/null 2>&1) ||
+      die "apt-get download $1=$v failed (no network and not in /var/cache/apt/archives)"
+  fi
+  dpkg -x "$stage/debs/$f" "$stage/root" || die "dpkg -x $f"
+}
+ld_path() { # where the unpacked libraries lie
+  printf '%s' "$stage/hora/lib:$stage/lib"
+}
+core_elves() {
+  ls "$stage/hora/bin/"* "$stage/hora/lib/libhora.so.0"
+  for f in "$stage/root/usr/bin/orterun" "$stage/root/usr/bin/orted"; do [ -f "$f" ] && echo "$f"; done
+}
+links() { # one symlink per soname in $stage/lib -> the unpacked file
+  mkdir -p "$stage/lib"
+  find "$stage/root" \( -type f -o -type l \) -name 'lib*.so.*' | while read -r f; do
+    n=$(basename "$f")
+    [ -e "$stage/lib/$n" ] || ln -s "../root${f#"$stage/root"}" "$stage/lib/$n"
+  done
+}
+# Resolves libraries as the device will (bundle first), and names each one
+# that still comes from this machine; repeats until none does.
+done_pkgs=
+for p in $pkgs; do fetch_deb "$p"; done_pkgs="$done_pkgs $p "; done
+links
+round=0
+while :; do
+  round=$((round + 1))
+  [ $round -le 8 ] || die "the library closure did not settle in 8 rounds"
+  new=
+  for e in $(core_elves); do
+    LD_LIBRARY_PATH=$(ld_path) ldd "$e" 2>/dev/null | awk '/=>/ { print $1, $3 }'
+  done | sort -u >"$build/ldd.txt"
+  while read -r name path; do
+    echo "$name" | grep -Eq "$base_re|$device_re" && continue
+    [ "$name" = libcudart.so.13 ] && continue
+    case $path in "$stage"/*) continue ;; esac
+    [ "$path" = "not" ] && die "$name is needed and not found, here or in the bundle"
+    p=$(pkg_of "$path") || die "no Debian package owns $path (needed as $name)"
+    case " $done_pkgs $new " in *" $p "*) ;; *) new="$new $p" ;; esac
+  done <"$build/ldd.txt"
+  [ -z "$new" ] && break
+  note "closure round $round: adding$new"
+  for p in $new; do fetch_deb "$p"; done_pkgs="$done_pkgs $p "; done
+  links
+done
+
+# Trim what no one runs: docs, manuals, headers, static and Fortran/Java/C++
+# bindings of MPI, and plugins whose libraries are not carried.
+rm -rf "$stage/root/usr/share/doc" "$stage/root/usr/share/man" "$stage/root/usr/share/lintian" "$stage/root/usr/include"
+find "$stage/root" \( -name '*.a' -o -name '*.la' -o -name 'libmpi_java*' -o -name 'libmpi_mpifh*' \
+  -o -name 'libmpi_usempi*' -o -name 'libmpi_cxx*' -o -name 'libompitrace*' -o -name '*.jar' \) -exec rm -f {} +
+find "$stage/lib" -type l ! -exec test -e {} \; -exec rm -f {} +
+pruned=
+for plug in $(find "$stage/root" -path '*/openmpi3/*.so' -o -path '*/pmix2/lib/pmix/*.so' | sort); do
+  bad=$(LD_LIBRARY_PATH=$(ld_path) ldd "$plug" 2>/dev/null | awk '/=>/ { print $1, $3 }' |
+    while read -r name path; do
+      echo "$name" | grep -Eq "$base_re|$device_re" && continue
+      case $path in "$stage"/*) continue ;; esac
+      echo "$name"
+    done | tr '\n' ' ')
+  if [ -n "$bad" ]; then
+    rm -f "$plug"
+    pruned="$pruned $(basename "$plug" .so)"
+  fi
+done
+[ -n "$pruned" ] && note "removed plugins whose libraries are not carried:$pruned"
+rm -rf "$stage/debs"
+
+# ---- 4. pack, check the size ------------------------------------------------
+nccl_built=$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$cuda/include/nccl.h" 2>/dev/null | paste -sd. -)
+{
+  echo "hora GPU bundle"
+  echo "commit: $commit"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release | tr -d '"')"
+  echo "cuda: $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') ($arch_flags)"
+  echo "nccl built against: ${nccl_built:-unknown} (not carried)"
+  echo "packages:"
+  for p in $done_pkgs; do echo "  $p $(dpkg-query -W -f='${Version}' "$p")"; done
+} >"$stage/MANIFEST"
+mkdir -p "$out" || die "cannot create $out"
+rm -f "$out/hora-gpu-bundle.tar.gz" "$out/MANIFEST"
+cp "$stage/MANIFEST" "$out/MANIFEST"
+tar -C "$stage" -czf "$out/hora-gpu-bundle.tar.gz" MANIFEST hora lib root data || die "tar into $out"
+kib=$(du -sk "$out" | cut -f1)
+unpacked=$(du -sk "$stage" | cut -f1)
+note "bundle: $((kib / 1024)) MiB packed ($((unpacked / 1024)) MiB unpacked), limit $limit_mib MiB"
+[ "$kib" -le $((limit_mib * 1024)) ] || die "the bundle is $((kib / 1024)) MiB, over the $limit_mib MiB limit"
+echo "$out"
