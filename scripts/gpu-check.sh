@@ -87,11 +87,14 @@ if [ -n "$bundle" ]; then
   OPAL_PKGLIBDIR=$ompi/lib/openmpi3 OPAL_DATAROOTDIR=$R/usr/share OPAL_DATADIR=$R/usr/share
   OPAL_PKGDATADIR=$R/usr/share/openmpi OPAL_SYSCONFDIR=$R/etc/openmpi OPAL_LIBEXECDIR=$R/usr/libexec
   OPAL_INCLUDEDIR=$ompi/include OPAL_PKGINCLUDEDIR=$ompi/include/openmpi
-  PMIX_PREFIX=$R/usr/lib/x86_64-linux-gnu/pmix2 PMIX_EXEC_PREFIX=$R/usr/lib/x86_64-linux-gnu/pmix2
+  pmix=$R/usr/lib/x86_64-linux-gnu/pmix2
+  PMIX_PREFIX=$pmix PMIX_EXEC_PREFIX=$pmix PMIX_LIBDIR=$pmix/lib PMIX_PKGLIBDIR=$pmix/lib/pmix
+  PMIX_DATAROOTDIR=$pmix/share PMIX_DATADIR=$pmix/share PMIX_PKGDATADIR=$pmix/share/pmix
   PATH=$R/usr/bin:$PATH
   export OPAL_PREFIX OPAL_EXEC_PREFIX OPAL_BINDIR OPAL_LIBDIR OPAL_PKGLIBDIR OPAL_DATAROOTDIR \
     OPAL_DATADIR OPAL_PKGDATADIR OPAL_SYSCONFDIR OPAL_LIBEXECDIR OPAL_INCLUDEDIR OPAL_PKGINCLUDEDIR \
-    PMIX_PREFIX PMIX_EXEC_PREFIX PATH
+    PMIX_PREFIX PMIX_EXEC_PREFIX PMIX_LIBDIR PMIX_PKGLIBDIR PMIX_DATAROOTDIR PMIX_DATADIR \
+    PMIX_PKGDATADIR PATH
   mpirun=$R/usr/bin/orterun
   bin=$B/hora/bin
   t_gpu=$bin/test_gpu t_copy=$bin/gpu_copy_bench t_coll=$bin/test_collectives
