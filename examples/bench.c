@@ -32,7 +32,10 @@
 #include <cuda_runtime_api.h>
 #endif
 #if HORA_HAVE_NCCL
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes" /* nccl.h declares f(); */
 #include <nccl.h>
+#pragma GCC diagnostic pop
 #endif
 
 enum coll { ALLREDUCE, BROADCAST, ALLGATHER };
@@ -97,26 +100,6 @@ static size_t check(enum coll c, const float *buf, size_t n, int salt, int root)
     bad += buf[i] != want;
   }
   return bad;
-}
-
-static double run_hora(enum coll c, float *buf, float *out, size_t n, int iters) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  double t0 = MPI_Wtime();
-  for (int i = 0; i < iters; i++) {
-    int rc;
-    if (c == ALLREDUCE) {
-      rc = hora_allreduce("bench", buf, out, n, HORA_FLOAT32, HORA_SUM);
-    } else if (c == BROADCAST) {
-      rc = hora_broadcast("bench", buf, n, HORA_FLOAT32, 0);
-    } else {
-      rc = hora_allgather("bench", buf, n / (size_t)size, HORA_FLOAT32, out);
-    }
-    if (rc != HORA_SUCCESS) {
-      fail(coll_names[c]);
-    }
-  }
-  device_sync();
-  return (MPI_Wtime() - t0) / iters;
 }
 
 /* ---- --device cuda ---------------------------------------------------------- */
@@ -236,6 +219,26 @@ static double run_nccl(enum coll c, float *buf, float *out, size_t n, int iters)
 #endif
 }
 
+static double run_hora(enum coll c, float *buf, float *out, size_t n, int iters) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  for (int i = 0; i < iters; i++) {
+    int rc;
+    if (c == ALLREDUCE) {
+      rc = hora_allreduce("bench", buf, out, n, HORA_FLOAT32, HORA_SUM);
+    } else if (c == BROADCAST) {
+      rc = hora_broadcast("bench", buf, n, HORA_FLOAT32, 0);
+    } else {
+      rc = hora_allgather("bench", buf, n / (size_t)size, HORA_FLOAT32, out);
+    }
+    if (rc != HORA_SUCCESS) {
+      fail(coll_names[c]);
+    }
+  }
+  device_sync();
+  return (MPI_Wtime() - t0) / iters;
+}
+
 static double run_mpi(enum coll c, float *buf, float *out, size_t n, int iters) {
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = MPI_Wtime();
@@ -328,10 +331,10 @@ int main(int argc, char **argv) {
   size = hora_size();
   size_t maxn = maxb / 4 + (size_t)size;
   float *buf = NULL, *out = NULL;
-  char nccl_why[256] = "--no-mpi";
   int with_peer = with_mpi;
   if (on_device) {
 #if HORA_HAVE_CUDA
+    char nccl_why[256] = "";
     int ndev = 0;
     cuda_ok(cudaGetDeviceCount(&ndev), "cudaGetDeviceCount");
     const char *g = getenv("HORA_GPU");
