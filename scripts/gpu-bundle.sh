@@ -61,10 +61,13 @@ b=$build/src
 (cd "$b" && ./configure --with-cuda="$cuda" --with-nccl >"$build/configure.out" 2>&1) ||
   { tail -n 30 "$build/configure.out"; die "configure --with-cuda --with-nccl (log: $build/configure.out)"; }
 grep -q 'example train : yes' "$build/configure.out" || die "configure will not build examples/train (OpenBLAS or zlib missing; see $build/configure.out)"
-targets="all tests/mpi/test_gpu tests/gpu_copy_bench tests/mpi/test_collectives"
+# Two make runs: `all` recurses into itself, so one run naming both would
+# build the same objects twice at once.
+tests="tests/mpi/test_gpu tests/gpu_copy_bench tests/mpi/test_collectives"
 # shellcheck disable=SC2086
-(cd "$b" && make -j"$jobs" NVCC_ARCH_FLAGS="$arch_flags" $targets >"$build/make.out" 2>&1) ||
-  { tail -n 40 "$build/make.out"; die "make $targets (log: $build/make.out)"; }
+(cd "$b" && make -j"$jobs" NVCC_ARCH_FLAGS="$arch_flags" all >"$build/make.out" 2>&1 &&
+   make -j"$jobs" NVCC_ARCH_FLAGS="$arch_flags" $tests >>"$build/make.out" 2>&1) ||
+  { tail -n 40 "$build/make.out"; die "make all $tests (log: $build/make.out)"; }
 
 # ---- 2. the programs and libhora ------------------------------------------
 stage=$build/stage
