@@ -19,6 +19,7 @@
 # (the device's copy limit is 64 MiB); the script fails if it does not.
 #
 # usage: scripts/gpu-bundle.sh [DIR]     (default: gpu-bundle/ in the tree)
+# HORA_BUNDLE_REUSE_BUILD=1 repacks the last build instead of rebuilding.
 # The last line printed is the bundle's path.
 set -u
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,9 +55,13 @@ copy_tree() {
   fi
 }
 commit=$(git -C "$src" describe --always --dirty 2>/dev/null || echo unknown)
+b=$build/src
+if [ "${HORA_BUNDLE_REUSE_BUILD:-0}" = 1 ] && [ -f "$b/tests/mpi/test_gpu" ]; then
+  note "HORA_BUNDLE_REUSE_BUILD=1: reusing the build in $b (not rebuilt from $commit)"
+  commit="$commit (build reused)"
+else
 note "building hora $commit in $build/src (sm_90 + PTX, make -j$jobs)"
 copy_tree "$build/src" || die "copying the tree to $build/src"
-b=$build/src
 (cd "$b" && ./autogen.sh >"$build/autogen.out" 2>&1) || { tail -n 20 "$build/autogen.out"; die "autogen.sh (log: $build/autogen.out)"; }
 (cd "$b" && ./configure --with-cuda="$cuda" --with-nccl >"$build/configure.out" 2>&1) ||
   { tail -n 30 "$build/configure.out"; die "configure --with-cuda --with-nccl (log: $build/configure.out)"; }
@@ -68,6 +73,7 @@ tests="tests/mpi/test_gpu tests/gpu_copy_bench tests/mpi/test_collectives"
 (cd "$b" && make -j"$jobs" NVCC_ARCH_FLAGS="$arch_flags" all >"$build/make.out" 2>&1 &&
    make -j"$jobs" NVCC_ARCH_FLAGS="$arch_flags" $tests >>"$build/make.out" 2>&1) ||
   { tail -n 40 "$build/make.out"; die "make all $tests (log: $build/make.out)"; }
+fi
 
 # ---- 2. the programs and libhora ------------------------------------------
 stage=$build/stage
@@ -108,13 +114,27 @@ fetch_deb() { # package -> $stage/debs/*.deb, from the apt cache or the archive
   a=$(dpkg-query -W -f='${Architecture}' "$1" 2>/dev/null)
   [ -n "$v" ] || die "package $1 is not installed here, so its version is unknown"
   f=$(printf '%s_%s_%s.deb' "$1" "$v" "$a" | sed 's/:/%3a/')
+  # The installed version, else (the archive keeps only the newest) the
+  # package's newest in the apt cache or the archive: same soname, same ABI.
   if [ -f "/var/cache/apt/archives/$f" ]; then
     cp "/var/cache/apt/archives/$f" "$stage/debs/"
+  elif (cd "$stage/debs" && timeout 120 apt-get download -q "$1=$v" >/dev/null 2>&1); then
+    :
   else
-    (cd "$stage/debs" && timeout 120 apt-get download -q "$1=$v" >/dev/null 2>&1) ||
-      die "apt-get download $1=$v failed (no network and not in /var/cache/apt/archives)"
+    # shellcheck disable=SC2012 # Debian file names; ls -v sorts versions
+    f=$(cd /var/cache/apt/archives && ls -v "$1"_*_"$a".deb 2>/dev/null | tail -n 1)
+    if [ -n "$f" ]; then
+      cp "/var/cache/apt/archives/$f" "$stage/debs/"
+    else
+      (cd "$stage/debs" && timeout 120 apt-get download -q "$1" >/dev/null 2>&1) ||
+        die "apt-get download $1 failed ($v is not in /var/cache/apt/archives, nor any other version)"
+      # shellcheck disable=SC2012
+      f=$(cd "$stage/debs" && ls "$1"_*_"$a".deb | tail -n 1)
+    fi
+    note "$1: installed $v is no longer in the archive; carrying $f"
   fi
   dpkg -x "$stage/debs/$f" "$stage/root" || die "dpkg -x $f"
+  echo "  $f" >>"$stage/debs.txt"
 }
 ld_path() { # where the unpacked libraries lie
   printf '%s' "$stage/hora/lib:$stage/lib"
@@ -187,8 +207,8 @@ nccl_built=$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p'
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release | tr -d '"')"
   echo "cuda: $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') ($arch_flags)"
   echo "nccl built against: ${nccl_built:-unknown} (not carried)"
-  echo "packages:"
-  for p in $done_pkgs; do echo "  $p $(dpkg-query -W -f='${Version}' "$p")"; done
+  echo "packages (dpkg -x into root/):"
+  cat "$stage/debs.txt"
 } >"$stage/MANIFEST"
 mkdir -p "$out" || die "cannot create $out"
 rm -f "$out/hora-gpu-bundle.tar.gz" "$out/MANIFEST"
