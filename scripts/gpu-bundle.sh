@@ -141,7 +141,13 @@ ld_path() { # where the unpacked libraries lie
 }
 core_elves() {
   ls "$stage/hora/bin/"* "$stage/hora/lib/libhora.so.0"
-  for f in "$stage/root/usr/bin/orterun" "$stage/root/usr/bin/orted"; do [ -f "$f" ] && echo "$f"; done
+  # mpirun and the daemon, and what Open MPI 4.1 cannot start without:
+  # Debian's build takes PMIx from libpmix2 through the ext3x plugin.
+  for f in "$stage/root/usr/bin/orterun" "$stage/root/usr/bin/orted" \
+           "$stage/root/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2" \
+           "$stage/root/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/mca_pmix_ext3x.so"; do
+    [ -e "$f" ] && echo "$f"
+  done
 }
 links() { # one symlink per soname in $stage/lib -> the unpacked file
   mkdir -p "$stage/lib"
@@ -197,6 +203,10 @@ for plug in $(find "$stage/root" -path '*/openmpi3/*.so' -o -path '*/pmix2/lib/p
   fi
 done
 [ -n "$pruned" ] && note "removed plugins whose libraries are not carried:$pruned"
+for f in openmpi/lib/openmpi3/mca_pmix_ext3x.so openmpi/lib/openmpi3/mca_plm_isolated.so \
+         openmpi/lib/openmpi3/mca_btl_vader.so openmpi/lib/openmpi3/mca_ess_hnp.so; do
+  [ -f "$stage/root/usr/lib/x86_64-linux-gnu/$f" ] || die "Open MPI's $(basename "$f" .so) is missing from the bundle"
+done
 rm -rf "$stage/debs"
 
 # ---- 4. pack, check the size ------------------------------------------------
