@@ -3,7 +3,8 @@
 # into one folder everything a bare, offline GPU machine lacks to run the
 # GPU check there (scripts/gpu-check.sh --bundle DIR):
 #   - the built programs (test_gpu, gpu_copy_bench, test_collectives,
-#     hora-bench, hora-info, examples/train) and libhora.so;
+#     hora-bench, hora-info, examples/train) and libhora.so, and a CPU-only
+#     test_collectives (needs no NCCL) for the check's np=2 self-test;
 #   - Open MPI and its runtime closure (hwloc, libevent, PMIx, libcrypto,
 #     OpenBLAS, ...): Debian 12's .deb files (apt-get download, or the apt
 #     cache), unpacked with dpkg -x into a private root inside the bundle;
@@ -73,6 +74,15 @@ tests="tests/mpi/test_gpu tests/gpu_copy_bench tests/mpi/test_collectives"
 (cd "$b" && make -j"$jobs" NVCC_ARCH_FLAGS="$arch_flags" all >"$build/make.out" 2>&1 &&
    make -j"$jobs" NVCC_ARCH_FLAGS="$arch_flags" $tests >>"$build/make.out" 2>&1) ||
   { tail -n 40 "$build/make.out"; die "make all $tests (log: $build/make.out)"; }
+# A CPU-only test_collectives for gpu-check.sh's self-test: the CUDA build's
+# programs need libnccl.so.2, which a machine without NCCL lacks, and the
+# self-test must show the bundled mpirun and hora's host data plane working
+# before any GPU step, wherever it runs.
+note "building a CPU-only tests/mpi/test_collectives in $build/cpu"
+copy_tree "$build/cpu" || die "copying the tree to $build/cpu"
+(cd "$build/cpu" && ./autogen.sh >"$build/cpu.out" 2>&1 && ./configure --without-cuda --without-nccl >>"$build/cpu.out" 2>&1 &&
+   make -j"$jobs" tests/mpi/test_collectives >>"$build/cpu.out" 2>&1) ||
+  { tail -n 30 "$build/cpu.out"; die "the CPU-only build (log: $build/cpu.out)"; }
 fi
 
 # ---- 2. the programs and libhora ------------------------------------------
@@ -88,12 +98,15 @@ for p in hora-bench hora-info examples/train tests/mpi/test_gpu tests/gpu_copy_b
   [ -n "$real" ] || die "no built program for $p (looked in $b/$d/.libs/$n and $b/$p)"
   cp "$real" "$stage/hora/bin/$n" || die "copying $real"
 done
+mkdir -p "$stage/hora/cpu"
+cp "$build/cpu/tests/mpi/test_collectives" "$stage/hora/cpu/" || die "no CPU-only test_collectives in $build/cpu"
+is_elf "$stage/hora/cpu/test_collectives" || die "$build/cpu/tests/mpi/test_collectives is not a program"
 lib=$(find "$b/.libs" -maxdepth 1 -type f -name 'libhora.so.*.*.*' 2>/dev/null | head -n 1)
 [ -n "$lib" ] || die "libhora.so not built ($b/.libs)"
 cp "$lib" "$stage/hora/lib/" && (cd "$stage/hora/lib" && ln -sf "$(basename "$lib")" libhora.so.0 && ln -sf libhora.so.0 libhora.so)
 cp -L "$cuda/lib64/libcudart.so.13" "$stage/hora/lib/" 2>/dev/null || die "$cuda/lib64/libcudart.so.13 missing"
 cp "$data"/*-ubyte.gz "$stage/data/fashion-mnist/" || die "copying Fashion-MNIST from $data"
-strip --strip-unneeded "$stage/hora/bin/"* "$stage/hora/lib/libhora.so."*.*.* 2>/dev/null || true
+strip --strip-unneeded "$stage/hora/bin/"* "$stage/hora/cpu/"* "$stage/hora/lib/libhora.so."*.*.* 2>/dev/null || true
 
 # ---- 3. the Debian runtime they need ---------------------------------------
 # Libraries every Linux with a CUDA driver has; never carried.
@@ -140,7 +153,7 @@ ld_path() { # where the unpacked libraries lie
   printf '%s' "$stage/hora/lib:$stage/lib"
 }
 core_elves() {
-  ls "$stage/hora/bin/"* "$stage/hora/lib/libhora.so.0"
+  ls "$stage/hora/bin/"* "$stage/hora/cpu/"* "$stage/hora/lib/libhora.so.0"
   # mpirun and the daemon, and what Open MPI 4.1 cannot start without:
   # Debian's build takes PMIx from libpmix2 through the ext3x plugin.
   for f in "$stage/root/usr/bin/orterun" "$stage/root/usr/bin/orted" \
