@@ -79,6 +79,24 @@ chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root OUT
 rc=$?
 cat "$root/work/check.out"
 out=$root/work/check.out
+keep=${OUT:-/tmp/hora-chroot-out}
+mkdir -p "$keep" && cp -r "$root/work/out/." "$root/work/check.out" "$keep/" && echo "chroot-bundle: logs kept in $keep"
+
+# What the CUDA build's programs still lack there must be only the
+# device's own libraries (NCCL, cuBLAS), never something the bundle forgot.
+# shellcheck disable=SC2016 # expanded by the shell in the chroot
+chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin /bin/sh -c '
+  set -u
+  d=$(mktemp -d) && tar -C "$d" -xzf /work/bundle/hora-gpu-bundle.tar.gz || exit 1
+  export LD_LIBRARY_PATH=$d/hora/lib:$d/lib
+  for e in "$d"/hora/bin/* "$d"/hora/cpu/* "$d"/root/usr/bin/orterun; do
+    ldd "$e" | awk -v e="${e##*/}" "/not found/ { print e \": \" \$1 }"
+  done | sort -u
+  rm -rf "$d"' >"$root/work/missing.txt" 2>&1
+echo "chroot-bundle: libraries the bundled programs lack in the chroot (ldd):"
+sed 's/^/  /' "$root/work/missing.txt"
+unexpected=$(grep -v -E ': (libnccl\.so\.2|libcublas\.so\.13|libcublasLt\.so\.13)$' "$root/work/missing.txt")
+[ -z "$unexpected" ] || die "the bundle lacks more than NCCL and cuBLAS: $unexpected"
 grep -q '^PASS gpu-check/selftest' "$out" || die "the np=2 self-test with the bundled mpirun did not pass (gpu-check exit $rc)"
 if grep -q '^FAIL' "$out"; then die "gpu-check reported failures (exit $rc)"; fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
