@@ -159,6 +159,7 @@ static void nccl_ok(ncclResult_t r, const char *what) {
 }
 #endif
 
+#if HORA_HAVE_CUDA
 /* Sets *why and returns 0 where the NCCL peer cannot run. */
 static int nccl_setup(char *why, size_t len) {
 #if HORA_HAVE_NCCL
@@ -196,6 +197,7 @@ static int nccl_setup(char *why, size_t len) {
   return 0;
 #endif
 }
+#endif
 
 static double run_nccl(enum coll c, float *buf, float *out, size_t n, int iters) {
 #if HORA_HAVE_NCCL
