@@ -119,7 +119,8 @@ name = sys.argv[1]
 if name.startswith("libnccl"):
     try:
         import nvidia.nccl
-        d = os.path.join(os.path.dirname(nvidia.nccl.__file__ or list(nvidia.nccl.__path__)[0]), "lib")
+        f = nvidia.nccl.__file__  # None where nvidia.nccl is a namespace package
+        d = os.path.join(os.path.dirname(f) if f else list(nvidia.nccl.__path__)[0], "lib")
         if os.path.exists(os.path.join(d, name)):
             print(d); sys.exit(0)
     except Exception:
