@@ -170,7 +170,8 @@ fi
     echo "Open MPI:  $(timeout 20 mpirun --version 2>&1 | head -n 1)"
   fi
   if [ -n "$nccl_dir" ]; then
-    echo "NCCL:      $(basename "$(readlink -f "$nccl_dir/libnccl.so.2")") in $nccl_dir"
+    v=$(timeout 20 grep -a -o -m 1 'NCCL version [0-9][0-9.]*[+a-z0-9.]*' "$nccl_dir/libnccl.so.2" | head -n 1)
+    echo "NCCL:      ${v:-version unknown}, $(readlink -f "$nccl_dir/libnccl.so.2")"
   else
     echo "NCCL:      libnccl.so.2 not found (no nvidia-nccl wheel, CUDA toolkit or ld.so.cache entry)"
   fi
@@ -181,9 +182,11 @@ fi
   else
     echo "driver:    none ($gpu_why)"
   fi
-  cudart=
-  [ -n "$bundle" ] && [ -e "$B/hora/lib/libcudart.so.13" ] && cudart=$B/hora/lib/libcudart.so.13
-  echo "CUDA:      runtime ${cudart:+$(sed -n 's/^cuda: //p' "$B/MANIFEST" 2>/dev/null) (carried)}$(command -v nvcc >/dev/null 2>&1 && nvcc --version | sed -n 's/.*release \([0-9.]*\).*/; nvcc \1 here/p')"
+  if [ -n "$bundle" ]; then
+    echo "CUDA:      runtime $(sed -n 's/^cuda: //p' "$B/MANIFEST" 2>/dev/null) (libcudart.so.13 carried)"
+  else
+    echo "CUDA:      $(command -v nvcc >/dev/null 2>&1 && nvcc --version | sed -n 's/.*release \([0-9.]*\).*/nvcc \1/p')"
+  fi
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 } | tee "$logdir/versions.txt"
 
