@@ -12,7 +12,8 @@
 #      loop on the same buffers (where NCCL can run: ranks on distinct GPUs);
 #   4. examples/train --device cuda, one epoch, at np=1 and np=2;
 #   5. python/hora/torch's tests on CUDA tensors, where that package exists.
-# Each step runs under its own timeout and the whole check within 470 s.
+# Each step runs under its own timeout and the whole check within 450 s
+# (plus at most 10 s for a last step killed at its limit): under 8 minutes.
 # Ends with one line: "gpu-check: N passed, N failed, N skipped".
 #
 # usage: scripts/gpu-check.sh --bundle DIR   (DIR from scripts/gpu-bundle.sh;
@@ -54,7 +55,7 @@ command -v timeout >/dev/null 2>&1 || { fail "setup: 'timeout' (coreutils) not f
 
 # The whole check keeps within this many seconds; each step gets its own
 # limit, cut down to what is left.
-budget=${HORA_GPU_CHECK_BUDGET:-470}
+budget=${HORA_GPU_CHECK_BUDGET:-450}
 t_start=$(date +%s)
 limit() { # wanted seconds -> what is left of the budget for one step (0: none)
   left=$((budget - ($(date +%s) - t_start)))
