@@ -220,6 +220,20 @@ for f in openmpi/lib/openmpi3/mca_pmix_ext3x.so openmpi/lib/openmpi3/mca_plm_iso
          openmpi/lib/openmpi3/mca_btl_vader.so openmpi/lib/openmpi3/mca_ess_hnp.so; do
   [ -f "$stage/root/usr/lib/x86_64-linux-gnu/$f" ] || die "Open MPI's $(basename "$f" .so) is missing from the bundle"
 done
+# Shared libraries the packages brought that nothing loads (liblapack,
+# libssl beside libcrypto, ...): gone. Kept: what ldd resolves for the
+# programs and the remaining plugins, and the plugins themselves.
+for e in $(core_elves) $(find "$stage/root" -path '*/openmpi3/*.so' -o -path '*/pmix2/lib/pmix/*.so'); do
+  LD_LIBRARY_PATH=$(ld_path) ldd "$e" 2>/dev/null | awk '/=>/ { print $3 }'
+done | while read -r f; do
+  case $f in "$stage"/*) readlink -f "$f" ;; esac
+done | sort -u >"$build/keep.txt"
+unused=
+for f in $(find "$stage/root" -type f -name 'lib*.so*' ! -path '*/openmpi3/*' ! -path '*/pmix2/lib/pmix/*' | sort); do
+  grep -qxF "$f" "$build/keep.txt" || { unused="$unused $(basename "$f")"; rm -f "$f"; }
+done
+[ -n "$unused" ] && note "removed libraries nothing loads:$unused"
+find "$stage/root" "$stage/lib" -type l ! -exec test -e {} \; -exec rm -f {} +
 rm -rf "$stage/debs"
 
 # ---- 4. pack, check the size ------------------------------------------------
