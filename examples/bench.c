@@ -14,13 +14,29 @@
  *
  * With --hora-mem the buffers come from hora_mem_alloc, and MPI's
  * collectives use the same buffers.
+ *
+ * With --device cuda (CUDA builds) the buffers are device memory and the
+ * peer printed beside hora is a plain loop of ncclAllReduce / ncclBroadcast
+ * / ncclAllGather on the same buffers (NCCL builds; MPI is not CUDA-aware
+ * here). NCCL refuses two ranks on one GPU, so where ranks share a GPU the
+ * NCCL columns read "-" and a comment line says why.
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "hora.h"
+#if HORA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#if HORA_HAVE_NCCL
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes" /* nccl.h declares f(); */
+#include <nccl.h>
+#pragma GCC diagnostic pop
+#endif
 
 enum coll { ALLREDUCE, BROADCAST, ALLGATHER };
 static const char *const coll_names[] = {"allreduce", "broadcast", "allgather"};
@@ -86,6 +102,125 @@ static size_t check(enum coll c, const float *buf, size_t n, int salt, int root)
   return bad;
 }
 
+/* ---- --device cuda ---------------------------------------------------------- */
+static int on_device; /* buf and out are device memory; hbuf mirrors them */
+static float *hbuf;
+
+#if HORA_HAVE_CUDA
+static void cuda_ok(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) {
+    fprintf(stderr, "rank %d: %s: %s\n", rank, what, cudaGetErrorString(e));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+#endif
+
+/* fill() and check() work on host memory; these move it to and from the
+ * device buffers. */
+static void to_device(float *dst, size_t n) {
+#if HORA_HAVE_CUDA
+  if (on_device) {
+    cuda_ok(cudaMemcpy(dst, hbuf, n * 4, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+#else
+  (void)dst, (void)n;
+#endif
+}
+
+static const float *from_device(const float *src, size_t n) {
+#if HORA_HAVE_CUDA
+  if (on_device) {
+    cuda_ok(cudaMemcpy(hbuf, src, n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return hbuf;
+  }
+#else
+  (void)n;
+#endif
+  return src;
+}
+
+static void device_sync(void) {
+#if HORA_HAVE_CUDA
+  if (on_device) {
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+#endif
+}
+
+#if HORA_HAVE_NCCL
+static ncclComm_t nccl_comm;
+static cudaStream_t nccl_stream;
+
+static void nccl_ok(ncclResult_t r, const char *what) {
+  if (r != ncclSuccess) {
+    fprintf(stderr, "rank %d: %s: %s\n", rank, what, ncclGetErrorString(r));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+#endif
+
+#if HORA_HAVE_CUDA
+/* Sets *why and returns 0 where the NCCL peer cannot run. */
+static int nccl_setup(char *why, size_t len) {
+#if HORA_HAVE_NCCL
+  struct {
+    char host[MPI_MAX_PROCESSOR_NAME];
+    char bus[32];
+  } me, *all = calloc((size_t)size, sizeof(me));
+  int hl = 0, dev = 0;
+  memset(&me, 0, sizeof(me));
+  MPI_Get_processor_name(me.host, &hl);
+  cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_ok(cudaDeviceGetPCIBusId(me.bus, (int)sizeof(me.bus), dev), "cudaDeviceGetPCIBusId");
+  MPI_Allgather(&me, (int)sizeof(me), MPI_BYTE, all, (int)sizeof(me), MPI_BYTE, MPI_COMM_WORLD);
+  for (int a = 0; a < size; a++) {
+    for (int b = a + 1; b < size; b++) {
+      if (!strcmp(all[a].host, all[b].host) && !strcmp(all[a].bus, all[b].bus)) {
+        snprintf(why, len, "ranks %d and %d share GPU %s on %s, which NCCL refuses", a, b,
+                 all[a].bus, all[a].host);
+        free(all);
+        return 0;
+      }
+    }
+  }
+  free(all);
+  ncclUniqueId id;
+  if (rank == 0) {
+    nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  }
+  MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  nccl_ok(ncclCommInitRank(&nccl_comm, size, id, rank), "ncclCommInitRank");
+  cuda_ok(cudaStreamCreateWithFlags(&nccl_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return 1;
+#else
+  snprintf(why, len, "this build has no NCCL");
+  return 0;
+#endif
+}
+#endif
+
+static double run_nccl(enum coll c, float *buf, float *out, size_t n, int iters) {
+#if HORA_HAVE_NCCL
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  for (int i = 0; i < iters; i++) {
+    if (c == ALLREDUCE) {
+      nccl_ok(ncclAllReduce(buf, out, n, ncclFloat, ncclSum, nccl_comm, nccl_stream), "ncclAllReduce");
+    } else if (c == BROADCAST) {
+      nccl_ok(ncclBroadcast(buf, buf, n, ncclFloat, 0, nccl_comm, nccl_stream), "ncclBroadcast");
+    } else {
+      nccl_ok(ncclAllGather(buf, out, n / (size_t)size, ncclFloat, nccl_comm, nccl_stream),
+              "ncclAllGather");
+    }
+  }
+  cuda_ok(cudaStreamSynchronize(nccl_stream), "cudaStreamSynchronize");
+  return (MPI_Wtime() - t0) / iters;
+#else
+  (void)c, (void)buf, (void)out, (void)n, (void)iters;
+  return 0;
+#endif
+}
+
 static double run_hora(enum coll c, float *buf, float *out, size_t n, int iters) {
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = MPI_Wtime();
@@ -102,6 +237,7 @@ static double run_hora(enum coll c, float *buf, float *out, size_t n, int iters)
       fail(coll_names[c]);
     }
   }
+  device_sync();
   return (MPI_Wtime() - t0) / iters;
 }
 
@@ -132,6 +268,8 @@ static void usage(void) {
           "  -r N      repetitions; the median is printed (default 5)\n"
           "  --no-mpi  do not run MPI's collectives beside hora's\n"
           "  --hora-mem  buffers from hora_mem_alloc (host-shared; MPI uses them too)\n"
+          "  --device cpu|cuda  where the buffers live (default cpu); cuda: device memory,\n"
+          "            with a plain NCCL loop on the same buffers beside hora (CUDA builds)\n"
           "float32 data; allreduce sums; broadcast from rank 0.\n");
 }
 
@@ -162,15 +300,29 @@ int main(int argc, char **argv) {
       with_mpi = 0;
     } else if (!strcmp(a, "--hora-mem")) {
       hora_mem = 1;
+    } else if (!strcmp(a, "--device") && i + 1 < argc) {
+      const char *d = argv[++i];
+      if (!strcmp(d, "cuda")) {
+        on_device = 1;
+      } else if (strcmp(d, "cpu")) {
+        usage();
+        return 2;
+      }
     } else {
       usage();
       return a[0] == '-' && a[1] == 'h' ? 0 : 2;
     }
   }
-  if (factor <= 1 || reps < 1 || minb < 4 || maxb < minb) {
+  if (factor <= 1 || reps < 1 || minb < 4 || maxb < minb || (on_device && hora_mem)) {
     usage();
     return 2;
   }
+#if !HORA_HAVE_CUDA
+  if (on_device) {
+    fprintf(stderr, "hora-bench: --device cuda: this build has no CUDA (configure found none)\n");
+    return 2;
+  }
+#endif
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (hora_init() != HORA_SUCCESS) {
@@ -181,7 +333,34 @@ int main(int argc, char **argv) {
   size = hora_size();
   size_t maxn = maxb / 4 + (size_t)size;
   float *buf = NULL, *out = NULL;
-  if (hora_mem) {
+  int with_peer = with_mpi;
+  if (on_device) {
+#if HORA_HAVE_CUDA
+    char nccl_why[256] = "";
+    int ndev = 0;
+    cuda_ok(cudaGetDeviceCount(&ndev), "cudaGetDeviceCount");
+    const char *g = getenv("HORA_GPU");
+    int dev = g && atoi(g) >= 0 ? atoi(g) : hora_local_rank() % ndev;
+    cuda_ok(cudaSetDevice(dev), "cudaSetDevice");
+    cuda_ok(cudaMalloc((void **)&buf, maxn * 4), "cudaMalloc");
+    cuda_ok(cudaMalloc((void **)&out, maxn * 4), "cudaMalloc");
+    cuda_ok(cudaMemset(buf, 0, maxn * 4), "cudaMemset");
+    cuda_ok(cudaMemset(out, 0, maxn * 4), "cudaMemset");
+    hbuf = malloc(maxn * 4);
+    if (!hbuf) {
+      fprintf(stderr, "out of memory\n");
+      return 1;
+    }
+    with_peer = with_mpi && nccl_setup(nccl_why, sizeof(nccl_why));
+    if (rank == 0) {
+      printf("# device buffers on GPU %d; peer: %s\n", dev,
+             with_peer ? "plain NCCL loop on the same buffers" : "none");
+      if (!with_peer && with_mpi) {
+        printf("# NCCL peer not run: %s\n", nccl_why);
+      }
+    }
+#endif
+  } else if (hora_mem) {
     if (hora_mem_alloc(maxn * 4, (void **)&buf) != HORA_SUCCESS ||
         hora_mem_alloc(maxn * 4, (void **)&out) != HORA_SUCCESS) {
       fail("hora_mem_alloc");
@@ -194,8 +373,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "out of memory\n");
     return 1;
   }
-  memset(buf, 0, maxn * 4);
-  memset(out, 0, maxn * 4);
+  if (!on_device) {
+    memset(buf, 0, maxn * 4);
+    memset(out, 0, maxn * 4);
+  }
+  const char *peer = on_device ? "NCCL" : "MPI";
   double *th = calloc((size_t)reps, sizeof(double)), *tm = calloc((size_t)reps, sizeof(double));
   long errors = 0;
   for (int c = 0; c < 3; c++) {
@@ -204,10 +386,13 @@ int main(int argc, char **argv) {
     }
     double bus = c == ALLREDUCE ? 2.0 * (size - 1) / size : c == ALLGATHER ? (double)(size - 1) / size : 1.0;
     if (rank == 0) {
+      char pus[16], ratio[16];
+      snprintf(pus, sizeof(pus), "%s us", peer);
+      snprintf(ratio, sizeof(ratio), "hora/%s", peer);
       printf("# %s, %d ranks, float32, median of %d repetitions%s\n", coll_names[c], size, reps,
-             hora_mem ? ", buffers from hora_mem_alloc" : "");
+             on_device ? ", device buffers" : hora_mem ? ", buffers from hora_mem_alloc" : "");
       printf("# %12s %10s | %10s %8s %8s | %10s %8s %8s | %7s %6s\n", "bytes", "count", "hora us",
-             "algbw", "busbw", "MPI us", "algbw", "busbw", "hora/MPI", "errors");
+             "algbw", "busbw", pus, "algbw", "busbw", ratio, "errors");
     }
     for (double bd = (double)minb; bd <= (double)maxb * 1.0001; bd *= factor) {
       size_t n = (size_t)bd / 4;
@@ -222,16 +407,21 @@ int main(int argc, char **argv) {
                               : (int)HORA_CLAMP_ITERS(bytes);
       size_t bad = 0;
       for (int r = 0; r < reps + 1; r++) { /* the first is a warm-up */
-        fill(buf, c == ALLGATHER ? n / (size_t)size : n, r);
+        size_t mine_n = c == ALLGATHER ? n / (size_t)size : n;
+        fill(on_device ? hbuf : buf, mine_n, r);
+        to_device(buf, mine_n);
         /* At least 10 operations in the warm-up: HORA_SHM_SINGLE_COPY=auto
          * times its two intra-host paths on the first 8 or 9 of each size. */
         int warm = r == 0 && iters < 10 ? 10 : iters;
         double t = run_hora((enum coll)c, buf, c == BROADCAST ? buf : out, n, warm);
         /* A single op with fresh data checks the result. */
-        fill(buf, c == ALLGATHER ? n / (size_t)size : n, r);
+        fill(on_device ? hbuf : buf, mine_n, r);
+        to_device(buf, mine_n);
         run_hora((enum coll)c, buf, c == BROADCAST ? buf : out, n, 1);
-        bad += check((enum coll)c, c == BROADCAST ? buf : out, n, r, 0);
-        double tmpi = with_mpi ? run_mpi((enum coll)c, buf, out, n, iters) : 0;
+        bad += check((enum coll)c, from_device(c == BROADCAST ? buf : out, n), n, r, 0);
+        double tmpi = !with_peer ? 0
+                      : on_device ? run_nccl((enum coll)c, buf, out, n, iters)
+                                  : run_mpi((enum coll)c, buf, out, n, iters);
         if (r > 0) {
           th[r - 1] = t;
           tm[r - 1] = tmpi;
@@ -240,10 +430,10 @@ int main(int argc, char **argv) {
       long all_bad = 0, mine = (long)bad;
       MPI_Allreduce(&mine, &all_bad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
       errors += all_bad;
-      double mh = median(th, reps), mm = with_mpi ? median(tm, reps) : 0;
-      double ah = (double)bytes / mh / 1e9, am = with_mpi ? (double)bytes / mm / 1e9 : 0;
+      double mh = median(th, reps), mm = with_peer ? median(tm, reps) : 0;
+      double ah = (double)bytes / mh / 1e9, am = with_peer ? (double)bytes / mm / 1e9 : 0;
       if (rank == 0) {
-        if (with_mpi) {
+        if (with_peer) {
           printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10.2f %8.3f %8.3f | %7.2fx %6ld\n", bytes, n,
                  mh * 1e6, ah, ah * bus, mm * 1e6, am, am * bus, ah / am, all_bad);
         } else {
@@ -257,7 +447,19 @@ int main(int argc, char **argv) {
   if (rank == 0) {
     printf("# %s: %ld wrong results\n", errors ? "FAILED" : "results checked", errors);
   }
-  if (hora_mem) {
+  if (on_device) {
+#if HORA_HAVE_CUDA
+#if HORA_HAVE_NCCL
+    if (with_peer) {
+      ncclCommDestroy(nccl_comm);
+      cudaStreamDestroy(nccl_stream);
+    }
+#endif
+    cudaFree(buf);
+    cudaFree(out);
+    free(hbuf);
+#endif
+  } else if (hora_mem) {
     hora_mem_free(buf);
     hora_mem_free(out);
   } else {
