@@ -14,9 +14,15 @@ set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 bundle=${1:-$src/gpu-bundle}
 cache=${HORA_CHROOT_CACHE:-/var/cache/hora-chroot}
-mirror=${HORA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 tarball=$cache/debian12-minbase.tar.gz
 die() { echo "FAIL chroot-bundle: $*"; exit 1; }
+# The Debian archive this machine's apt already uses (HORA_DEBIAN_MIRROR wins).
+apt_mirror() {
+  { grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}'
+    grep -h '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}'
+  } | grep -m1 '/debian/*$'
+}
+mirror=${HORA_DEBIAN_MIRROR:-$(apt_mirror)}
 
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap, chroot, mount)"
 [ -f "$bundle/hora-gpu-bundle.tar.gz" ] || die "no bundle at $bundle (run scripts/gpu-bundle.sh first)"
@@ -25,6 +31,7 @@ for t in chroot mount umount tar timeout git; do
 done
 
 if [ ! -f "$tarball" ]; then
+  [ -n "$mirror" ] || die "no Debian archive in apt's sources; set HORA_DEBIAN_MIRROR"
   if ! command -v debootstrap >/dev/null 2>&1; then
     echo "chroot-bundle: installing debootstrap"
     DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q --no-install-recommends debootstrap >/dev/null ||
