@@ -46,15 +46,6 @@ for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-
 done
 
 # ---- 1. build, on a copy of the tree --------------------------------------
-copy_tree() {
-  rm -rf "$1" && mkdir -p "$1"
-  if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
-    git -C "$src" ls-files -z --cached --others --exclude-standard |
-      (cd "$src" && xargs -0 cp --parents -t "$1")
-  else
-    (cd "$src" && tar cf - --exclude=./build --exclude=./.git --exclude=./gpu-bundle .) | (cd "$1" && tar xf -)
-  fi
-}
 commit=$(git -C "$src" describe --always --dirty 2>/dev/null || echo unknown)
 b=$build/src
 if [ "${HORA_BUNDLE_REUSE_BUILD:-0}" = 1 ] && [ -f "$b/tests/mpi/test_gpu" ]; then
@@ -62,7 +53,7 @@ if [ "${HORA_BUNDLE_REUSE_BUILD:-0}" = 1 ] && [ -f "$b/tests/mpi/test_gpu" ]; th
   commit="$commit (build reused)"
 else
 note "building hora $commit in $build/src (sm_90 + PTX, make -j$jobs)"
-copy_tree "$build/src" || die "copying the tree to $build/src"
+"$src/scripts/copy-tree.sh" "$src" "$build/src" || die "copying the tree to $build/src"
 (cd "$b" && ./autogen.sh >"$build/autogen.out" 2>&1) || { tail -n 20 "$build/autogen.out"; die "autogen.sh (log: $build/autogen.out)"; }
 (cd "$b" && ./configure --with-cuda="$cuda" --with-nccl >"$build/configure.out" 2>&1) ||
   { tail -n 30 "$build/configure.out"; die "configure --with-cuda --with-nccl (log: $build/configure.out)"; }
@@ -79,7 +70,7 @@ tests="tests/mpi/test_gpu tests/gpu_copy_bench tests/mpi/test_collectives"
 # self-test must show the bundled mpirun and hora's host data plane working
 # before any GPU step, wherever it runs.
 note "building a CPU-only tests/mpi/test_collectives in $build/cpu"
-copy_tree "$build/cpu" || die "copying the tree to $build/cpu"
+"$src/scripts/copy-tree.sh" "$src" "$build/cpu" || die "copying the tree to $build/cpu"
 (cd "$build/cpu" && ./autogen.sh >"$build/cpu.out" 2>&1 && ./configure --without-cuda --without-nccl >>"$build/cpu.out" 2>&1 &&
    make -j"$jobs" tests/mpi/test_collectives >>"$build/cpu.out" 2>&1) ||
   { tail -n 30 "$build/cpu.out"; die "the CPU-only build (log: $build/cpu.out)"; }

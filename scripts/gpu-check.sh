@@ -232,9 +232,7 @@ if [ $have_gpu = no ]; then
 fi
 
 if [ -z "$bundle" ]; then
-  rm -rf "$b" && mkdir -p "$b"
-  git -C "$src" ls-files -z 2>/dev/null | (cd "$src" && xargs -0 cp --parents -t "$b") 2>/dev/null ||
-    (cd "$src" && tar cf - --exclude=./build --exclude=./.git . | (cd "$b" && tar xf -))
+  "$src/scripts/copy-tree.sh" "$src" "$b"
   if (cd "$b" && ./autogen.sh >/dev/null 2>&1 && ./configure --with-cuda --with-nccl >configure.out 2>&1 &&
       timeout 900 make -j"$(nproc)" all tests/mpi/test_gpu tests/gpu_copy_bench >make.out 2>&1); then
     pass "build (configure --with-cuda --with-nccl)"

@@ -54,15 +54,7 @@ HORA_TEST_SUMMARY=$summary make check-fuzz FUZZ_SECONDS="${HORA_FUZZ_SECONDS:-10
 
 # Sanitizer builds work on a copy: a source tree configured in place cannot
 # also host out-of-tree builds.
-copy_tree() {
-  rm -rf "$1" && mkdir -p "$1"
-  if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
-    git -C "$src" ls-files -z --cached --others --exclude-standard |
-      (cd "$src" && xargs -0 cp --parents -t "$1")
-  else
-    (cd "$src" && tar cf - --exclude=./build --exclude=./.git .) | (cd "$1" && tar xf -)
-  fi
-}
+copy_tree() { "$src/scripts/copy-tree.sh" "$src" "$1"; }
 
 sanitized() { # dir, configure flags, then environment settings for make check
   dir=$1 flags=$2

@@ -70,9 +70,8 @@ for f in /usr/bin/mpirun /usr/bin/orterun /usr/bin/python3; do
 done
 ls "$root"/usr/lib/x86_64-linux-gnu/libhwloc.so* >/dev/null 2>&1 && die "the chroot has libhwloc"
 
-mkdir -p "$root/work/hora" "$root/work/bundle" "$root/work/out"
-(cd "$src" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$root/work/hora") ||
-  die "copying the working tree"
+mkdir -p "$root/work/bundle" "$root/work/out"
+"$src/scripts/copy-tree.sh" "$src" "$root/work/hora" || die "copying the working tree"
 cp "$bundle"/* "$root/work/bundle/" || die "copying the bundle"
 
 mount -t proc proc "$root/proc" || die "mount proc"
