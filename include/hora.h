@@ -240,6 +240,15 @@ typedef struct hora_stats {
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */
 HORA_EXTERN int hora_get_stats(hora_stats *stats);
 
+/* ---- Build information ------------------------------------------------------
+ * 1 when this library was built with `feature`: "mpi", "cuda", "nccl" or
+ * "verbs"; 0 otherwise (and for unknown names). Callable at any time. */
+HORA_EXTERN int hora_built(const char *feature);
+
+/* 1 when MPI runs with MPI_THREAD_MULTIPLE (what hora_init asks for when it
+ * starts MPI itself), 0 otherwise or when MPI is not running. */
+HORA_EXTERN int hora_mpi_threads_supported(void);
+
 #ifdef __cplusplus
 }
 #endif

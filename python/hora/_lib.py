@@ -1,0 +1,208 @@
+"""Loads libhora through ctypes and declares the C calls the bindings use.
+
+Nothing here imports a framework: hora.torch (and any later binding) builds
+on these prototypes. ctypes releases the GIL around every foreign call, so a
+blocking hora_wait or hora_join lets other Python threads run.
+"""
+import ctypes
+import ctypes.util
+import os
+
+__all__ = ["HoraError", "HoraInternalError", "HoraLoadError", "load", "check"]
+
+
+class HoraLoadError(ImportError):
+    """libhora could not be found or loaded."""
+
+
+class HoraError(RuntimeError):
+    """Base of the errors raised for hora's result codes."""
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        self.code = code
+
+
+class HoraInternalError(HoraError):
+    """A collective failed while running: a peer was lost, ranks disagreed
+    about an operation, the job was aborted. Carries hora_last_error()."""
+
+
+# Result codes, in the order of HORA_RESULT_MAP in hora.h (ABI).
+SUCCESS = 0
+ERR_INVALID_ARG = 1
+ERR_INVALID_USAGE = 2
+ERR_MISMATCH = 3
+ERR_NO_MEMORY = 4
+ERR_SYSTEM = 5
+ERR_PEER_LOST = 6
+ERR_TIMEOUT = 7
+ERR_ABORTED = 8
+ERR_NOT_SUPPORTED = 9
+ERR_CORRUPT = 10
+ERR_PROTOCOL = 11
+
+# hora_dtype values (ABI).
+UINT8, INT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, INT16, BOOL = range(10)
+# hora_op values (ABI).
+SUM, AVERAGE, MIN, MAX, PRODUCT = range(5)
+
+MAX_DIMS = 32
+
+
+class AllreduceOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+        ("compression", ctypes.c_int),
+        ("ndims", ctypes.c_int),
+        ("dims", ctypes.POINTER(ctypes.c_int64)),
+    ]
+
+
+class OpOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("ndims", ctypes.c_int),
+        ("dims", ctypes.POINTER(ctypes.c_int64)),
+    ]
+
+
+class Library:
+    """The loaded library, its path and which optional calls it has."""
+
+    def __init__(self, cdll, path):
+        self.cdll = cdll
+        self.path = path
+        c = cdll
+        P = ctypes.c_void_p
+        req_p = ctypes.POINTER(ctypes.c_void_p)
+        sz, i, ch = ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p
+        self._proto("hora_init", i, [])
+        self._proto("hora_finalize", i, [])
+        self._proto("hora_initialized", i, [])
+        self._proto("hora_abort", i, [ch])
+        for f in ("hora_rank", "hora_size", "hora_local_rank", "hora_local_size",
+                  "hora_cross_rank", "hora_cross_size"):
+            self._proto(f, i, [])
+        self._proto("hora_strerror", ch, [i])
+        self._proto("hora_last_error", ch, [])
+        self._proto("hora_version", ch, [])
+        self._proto("hora_dtype_size", sz, [i])
+        self._proto("hora_allreduce_async_ex", i,
+                    [ch, P, P, sz, i, i, ctypes.POINTER(AllreduceOptions), req_p])
+        self._proto("hora_broadcast_async", i, [ch, P, sz, i, i, req_p])
+        self._proto("hora_allgather_async", i, [ch, P, sz, i, P, req_p])
+        self._proto("hora_wait", i, [req_p])
+        self._proto("hora_test", i, [req_p, ctypes.POINTER(ctypes.c_int)])
+        self._proto("hora_barrier", i, [])
+        self._proto("hora_join", i, [ctypes.POINTER(ctypes.c_int)])
+        # Optional: newer or CUDA builds.
+        self.has_shapes = self._proto("hora_broadcast_async_ex", i,
+                                      [ch, P, sz, i, i, ctypes.POINTER(OpOptions), req_p],
+                                      optional=True)
+        self._proto("hora_allgather_async_ex", i,
+                    [ch, P, sz, i, P, ctypes.POINTER(OpOptions), req_p], optional=True)
+        self.has_timeline = self._proto("hora_start_timeline", i, [ch, i], optional=True)
+        self._proto("hora_stop_timeline", i, [], optional=True)
+        self._proto("hora_built", i, [ch], optional=True)
+        self._proto("hora_mpi_threads_supported", i, [], optional=True)
+        self.has_cuda = self._proto("hora_allreduce_async_stream", i,
+                                    [ch, P, P, sz, i, i, ctypes.POINTER(AllreduceOptions), P,
+                                     req_p], optional=True)
+        self._proto("hora_broadcast_async_stream_ex", i,
+                    [ch, P, sz, i, i, ctypes.POINTER(OpOptions), P, req_p], optional=True)
+        self._proto("hora_allgather_async_stream_ex", i,
+                    [ch, P, sz, i, P, ctypes.POINTER(OpOptions), P, req_p], optional=True)
+        self._proto("hora_wait_stream", i, [req_p, P], optional=True)
+        self.has_int16_bool = c.hora_dtype_size(INT16) == 2 and c.hora_dtype_size(BOOL) == 1
+        if not self.has_shapes:
+            # An older library reads only the fields its struct had.
+            self.allreduce_options_size = AllreduceOptions.ndims.offset
+        else:
+            self.allreduce_options_size = ctypes.sizeof(AllreduceOptions)
+
+    def _proto(self, name, restype, argtypes, optional=False):
+        try:
+            f = getattr(self.cdll, name)
+        except AttributeError:
+            if optional:
+                setattr(self, name, None)
+                return False
+            raise HoraLoadError("%s has no symbol %s: it is not the libhora this package "
+                                "belongs to" % (self.path, name))
+        f.restype = restype
+        f.argtypes = argtypes
+        setattr(self, name, f)
+        return True
+
+    def last_error(self):
+        msg = self.hora_last_error()
+        return msg.decode("utf-8", "replace") if msg else ""
+
+    def strerror(self, rc):
+        return self.hora_strerror(rc).decode()
+
+    def built(self, feature):
+        if self.hora_built is None:
+            return False
+        return bool(self.hora_built(feature.encode()))
+
+
+def _candidates():
+    """(path, why) pairs in the order they are tried."""
+    out = []
+    env = os.environ.get("HORA_LIBRARY")
+    if env:
+        out.append((env, "HORA_LIBRARY"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        from hora import _installed  # written by `make install`
+        out.append((os.path.join(_installed.LIBDIR, "libhora.so.0"), "the install's libdir"))
+    except ImportError:
+        pass
+    # The build tree: python/hora/ sits two levels below the top build folder.
+    top = os.path.dirname(os.path.dirname(here))
+    out.append((os.path.join(top, ".libs", "libhora.so.0"), "the build tree"))
+    found = ctypes.util.find_library("hora")
+    out.append((found or "libhora.so.0", "the system's library path"))
+    return out
+
+
+_lib = None
+
+
+def load():
+    """The Library, loaded on first use."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path, why in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append("%s (%s): no such file" % (path, why))
+            continue
+        try:
+            cdll = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            tried.append("%s (%s): %s" % (path, why, e))
+            continue
+        _lib = Library(cdll, path)
+        return _lib
+    raise HoraLoadError("cannot load libhora; tried:\n  " + "\n  ".join(tried) +
+                        "\nBuild it (make), install it (make install), or set HORA_LIBRARY to "
+                        "the path of libhora.so.")
+
+
+def check(rc, what, value_errors=(ERR_INVALID_ARG, ERR_INVALID_USAGE)):
+    """Raises for a failed call: ValueError for bad arguments or usage found
+    at submission, HoraInternalError for the rest."""
+    if rc == SUCCESS:
+        return
+    lib = load()
+    detail = lib.last_error() or lib.strerror(rc)
+    msg = "%s: %s" % (what, detail)
+    if rc in value_errors:
+        raise ValueError(msg)
+    raise HoraInternalError(msg, rc)

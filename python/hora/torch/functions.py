@@ -1,0 +1,152 @@
+"""Broadcasting model and optimizer state, and Python objects."""
+import io
+import pickle
+
+import torch
+
+from hora.torch.mpi_ops import allgather, broadcast_, broadcast_async_, rank, synchronize
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object"]
+
+
+def broadcast_parameters(params, root_rank):
+    """Overwrites every tensor of params with root_rank's. params is a
+    state_dict, or a list of (name, tensor) pairs (model.named_parameters())
+    or of tensors."""
+    if isinstance(params, dict):
+        params = sorted(params.items(), key=lambda kv: kv[0])
+    elif isinstance(params, list):
+        params = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    handles = []
+    for name, p in params:
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor):
+            raise ValueError("broadcast_parameters: %s is a %s, not a tensor"
+                             % (name, type(p).__name__))
+        # In place, under the autograd engine's radar (parameters are leaves).
+        handles.append(broadcast_async_(p.data if p.requires_grad else p, root_rank, name))
+    for h in handles:
+        synchronize(h)
+
+
+def _split_tensors(obj, tensors):
+    """obj with every tensor replaced by a placeholder; the tensors go to the list."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return {k: _split_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_split_tensors(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_split_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def _fill_tensors(obj, tensors):
+    if isinstance(obj, _TensorSlot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _fill_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fill_tensors(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_fill_tensors(v, tensors) for v in obj)
+    return obj
+
+
+class _TensorSlot:
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Gives every rank root_rank's optimizer state: hyperparameters of every
+    parameter group and the per-parameter state (momentum, Adam moments,
+    step counts). Ranks whose state is still empty get it all."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state = optimizer.state_dict()
+    tensors = []
+    skeleton = _split_tensors(state, tensors)
+    # The structure (with the scalars) travels as one object; the tensors as
+    # tensors, in place where this rank has the same ones.
+    skeleton = broadcast_object(skeleton if rank() == root_rank else None, root_rank,
+                                name="optimizer_state.structure")
+    slots = []
+    _collect_slots(skeleton, slots)
+    slots.sort(key=lambda s: s.index)
+    device = _device_of(optimizer)
+    local = {}
+    if len(tensors) == len(slots):
+        local = {s.index: t for s, t in zip(slots, tensors)
+                 if tuple(t.shape) == s.shape and t.dtype == s.dtype}
+    received = []
+    handles = []
+    for s in slots:
+        t = local.get(s.index)
+        if t is None:
+            t = torch.empty(s.shape, dtype=s.dtype, device=device)
+        received.append(t)
+        handles.append(broadcast_async_(t, root_rank, name="optimizer_state.%d" % s.index))
+    for h in handles:
+        synchronize(h)
+    optimizer.load_state_dict(_fill_tensors(skeleton, received))
+
+
+def _collect_slots(obj, out):
+    if isinstance(obj, _TensorSlot):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect_slots(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect_slots(v, out)
+
+
+def _device_of(optimizer):
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return p.device
+    return torch.device("cpu")
+
+
+def _to_bytes(obj):
+    b = io.BytesIO()
+    pickle.dump(obj, b, protocol=pickle.HIGHEST_PROTOCOL)
+    return torch.frombuffer(bytearray(b.getvalue()), dtype=torch.uint8)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns root_rank's obj on every rank (pickled; obj is ignored elsewhere)."""
+    name = name or type(obj).__name__
+    if rank() == root_rank:
+        data = _to_bytes(obj)
+        n = torch.tensor([data.numel()], dtype=torch.int64)
+    else:
+        n = torch.zeros(1, dtype=torch.int64)
+    broadcast_(n, root_rank, name=name + ".sz")
+    if rank() != root_rank:
+        data = torch.empty(int(n.item()), dtype=torch.uint8)
+    broadcast_(data, root_rank, name=name + ".t")
+    if rank() == root_rank:
+        return obj
+    return pickle.loads(data.numpy().tobytes())
+
+
+def allgather_object(obj, name=None):
+    """Returns the list of every rank's obj, in rank order."""
+    name = name or type(obj).__name__
+    data = _to_bytes(obj)
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz")
+    gathered = allgather(data, name=name + ".t").numpy().tobytes()
+    out, off = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(gathered[off:off + n]))
+        off += n
+    return out

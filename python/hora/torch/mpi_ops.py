@@ -1,0 +1,709 @@
+"""Horovod's collective calls on torch tensors, run by libhora.
+
+Each call checks its tensor (dtype, device, layout) before anything is
+sent, names the operation in its kind's name space ("allreduce.x" and
+"broadcast.x" never meet), submits it to libhora and returns an integer
+handle; synchronize(handle) waits (with the GIL released) and returns the
+output. Allgather lets the first dimension differ between ranks: a small
+exchange of the ranks' first dimensions goes first, so its handle advances
+in two phases (see _Allgather).
+"""
+import ctypes
+import enum
+import itertools
+import time
+import warnings
+
+import torch
+
+from hora import _lib as L
+from hora._lib import HoraInternalError
+
+__all__ = [
+    "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
+    "ccl_built", "ddl_built", "start_timeline", "stop_timeline",
+    "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
+    "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_",
+    "broadcast_async_", "join", "barrier", "poll", "synchronize", "global_process_set",
+    "HoraInternalError", "HorovodInternalError",
+]
+
+HorovodInternalError = HoraInternalError
+
+
+class ReduceOp(enum.IntEnum):
+    """Horovod's reduction ops (the same values as Horovod's)."""
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+Average, Sum, Adasum = ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum
+Min, Max, Product = ReduceOp.Min, ReduceOp.Max, ReduceOp.Product
+
+_HORA_OP = {Average: L.AVERAGE, Sum: L.SUM, Min: L.MIN, Max: L.MAX, Product: L.PRODUCT}
+
+_lib = L.load()
+
+_DTYPES = {
+    torch.uint8: L.UINT8, torch.int8: L.INT8, torch.int32: L.INT32, torch.int64: L.INT64,
+    torch.float16: L.FLOAT16, torch.bfloat16: L.BFLOAT16, torch.float32: L.FLOAT32,
+    torch.float64: L.FLOAT64,
+}
+if _lib.has_int16_bool:
+    _DTYPES[torch.int16] = L.INT16
+    _DTYPES[torch.bool] = L.BOOL
+
+# ---- life cycle and ranks -------------------------------------------------------
+
+
+class _GlobalProcessSet:
+    """Every rank of the job: the one process set there is until process sets
+    can be made."""
+
+    process_set_id = 0
+
+    def rank(self):
+        return rank()
+
+    def size(self):
+        return size()
+
+    def included(self):
+        return True
+
+    def __repr__(self):
+        return "ProcessSet(process_set_id=0, ranks=all)"
+
+
+global_process_set = _GlobalProcessSet()
+
+
+def _check_process_set(process_set, what):
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError("%s: only the global process set is supported in this version"
+                                  % what)
+
+
+def init(comm=None, process_sets=None):
+    """Starts the runtime (collective over the job). A second call is harmless."""
+    if comm is not None:
+        ranks = list(comm) if isinstance(comm, (list, tuple)) else None
+        if ranks is None or ranks != list(range(len(ranks))):
+            raise NotImplementedError("hora.torch.init: starting on a sub-communicator is not "
+                                      "supported in this version; call init() on every rank")
+    if process_sets:
+        raise NotImplementedError("hora.torch.init: process sets are not supported in this "
+                                  "version")
+    L.check(_lib.hora_init(), "hora.torch.init")
+    if comm is not None and len(comm) != size():
+        raise NotImplementedError("hora.torch.init: comm lists %d ranks; the job has %d"
+                                  % (len(comm), size()))
+
+
+def shutdown():
+    """Stops the runtime; blocks until every rank has called it."""
+    if _lib.hora_initialized():
+        _handles.clear()
+        _staged.clear()
+        L.check(_lib.hora_finalize(), "hora.torch.shutdown")
+
+
+def is_initialized():
+    return bool(_lib.hora_initialized())
+
+
+def _ranked(f, what):
+    v = f()
+    if v < 0:
+        raise ValueError("hora has not been initialized; use hvd.init() (asked for %s)" % what)
+    return v
+
+
+def size():
+    return _ranked(_lib.hora_size, "size")
+
+
+def rank():
+    return _ranked(_lib.hora_rank, "rank")
+
+
+def local_size():
+    return _ranked(_lib.hora_local_size, "local_size")
+
+
+def local_rank():
+    return _ranked(_lib.hora_local_rank, "local_rank")
+
+
+def cross_size():
+    return _ranked(_lib.hora_cross_size, "cross_size")
+
+
+def cross_rank():
+    return _ranked(_lib.hora_cross_rank, "cross_rank")
+
+
+def is_homogeneous():
+    """Whether every host runs the same number of ranks."""
+    sizes = allgather(torch.tensor([local_size()], dtype=torch.int64),
+                      name="hora.is_homogeneous")
+    return bool((sizes == sizes[0]).all())
+
+
+def mpi_threads_supported():
+    _ranked(_lib.hora_size, "mpi_threads_supported")
+    f = _lib.hora_mpi_threads_supported
+    return bool(f()) if f is not None else True
+
+
+def mpi_enabled():
+    return True  # MPI bootstraps every job
+
+
+def mpi_built():
+    return True
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return _lib.built("nccl")
+
+
+def cuda_built():
+    return _lib.built("cuda")
+
+
+def rocm_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome trace of every operation to file_path (rank 0
+    writes it). Call it on every rank, as Horovod's."""
+    if not _lib.has_timeline:
+        raise NotImplementedError("this libhora has no hora_start_timeline")
+    L.check(_lib.hora_start_timeline(str(file_path).encode(), 1 if mark_cycles else 0),
+            "hora.torch.start_timeline")
+
+
+def stop_timeline():
+    if not _lib.has_timeline:
+        raise NotImplementedError("this libhora has no hora_stop_timeline")
+    L.check(_lib.hora_stop_timeline(), "hora.torch.stop_timeline")
+
+
+# ---- names and tensor checks ------------------------------------------------------
+
+_unnamed = {}
+
+
+def _op_name(kind, name):
+    """Horovod's names: '<kind>.<name>', or '<kind>.noname.<n>' numbered per
+    kind, the same on every rank that submits in the same order."""
+    if name is None:
+        n = _unnamed.get(kind, 0)
+        _unnamed[kind] = n + 1
+        return "%s.noname.%d" % (kind, n)
+    return "%s.%s" % (kind, name)
+
+
+def _dtype_of(tensor, what):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(tensor).__name__))
+    dt = _DTYPES.get(tensor.dtype)
+    if dt is None:
+        raise ValueError("%s: tensor of dtype %s is not supported (supported: %s)"
+                         % (what, tensor.dtype, ", ".join(str(d) for d in _DTYPES)))
+    if tensor.layout != torch.strided:
+        raise ValueError("%s: %s tensors are not supported; convert with .to_dense()"
+                         % (what, tensor.layout))
+    dev = tensor.device.type
+    if dev == "cuda":
+        if not _lib.has_cuda:
+            raise ValueError("%s: the tensor is on %s but this libhora was built without CUDA"
+                             % (what, tensor.device))
+    elif dev != "cpu":
+        raise ValueError("%s: tensors on %s are not supported (cpu and cuda are)"
+                         % (what, tensor.device))
+    return dt
+
+
+def _dims(shape):
+    n = len(shape)
+    if n > L.MAX_DIMS or not _lib.has_shapes:
+        return -1, None
+    return n, (ctypes.c_int64 * n)(*shape)
+
+
+def _stream_of(tensor):
+    return ctypes.c_void_p(torch.cuda.current_stream(tensor.device).cuda_stream)
+
+
+# ---- handles ---------------------------------------------------------------------
+
+
+class _Handle:
+    """One submitted operation: its request, what must stay alive until it
+    completes, and what turns the finished buffer into the output."""
+
+    __slots__ = ("req", "what", "output", "keep", "finish", "rc", "err", "stream_of")
+
+    def __init__(self, what, output, keep, finish=None, stream_of=None):
+        self.req = ctypes.c_void_p()
+        self.what = what
+        self.output = output
+        self.keep = keep
+        self.finish = finish
+        self.rc = None
+        self.err = ""
+        self.stream_of = stream_of  # a CUDA tensor: wait on torch's current stream
+
+    def test(self):
+        """True once the request has completed (its result recorded)."""
+        if self.rc is not None:
+            return True
+        done = ctypes.c_int(0)
+        rc = _lib.hora_test(ctypes.byref(self.req), ctypes.byref(done))
+        if done.value:
+            self._record(rc)
+            return True
+        return False
+
+    def wait(self):
+        if self.rc is None:
+            if self.stream_of is not None:
+                rc = _lib.hora_wait_stream(ctypes.byref(self.req), _stream_of(self.stream_of))
+            else:
+                rc = _lib.hora_wait(ctypes.byref(self.req))
+            self._record(rc)
+
+    def _record(self, rc):
+        self.rc = rc
+        if rc:
+            self.err = _lib.last_error() or _lib.strerror(rc)
+
+    def result(self):
+        self.keep = None
+        if self.rc:
+            raise HoraInternalError("%s: %s" % (self.what, self.err), self.rc)
+        out = self.output
+        if self.finish is not None:
+            out = self.finish()
+        return out
+
+
+_handles = {}
+_staged = {}  # handle -> _Allgather still in its first phase
+_next_handle = itertools.count()
+
+
+def _new_handle(h):
+    i = next(_next_handle)
+    _handles[i] = h
+    return i
+
+
+def _submitted(rc, h, what):
+    if rc != L.SUCCESS:
+        L.check(rc, what)
+    return _new_handle(h)
+
+
+# ---- allreduce ------------------------------------------------------------------------
+
+
+def _resolve_op(op, average):
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if op == Adasum:
+        raise NotImplementedError("op=Adasum is not supported yet by hora")
+    if op not in _HORA_OP:
+        raise ValueError("unknown reduction op %r" % (op,))
+    return op
+
+
+def _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, in_place):
+    key = _op_name("allreduce", name)
+    what = "allreduce '%s'" % key
+    dt = _dtype_of(tensor, what)
+    src = tensor if tensor.is_contiguous() else tensor.contiguous()
+    finish = None
+    if in_place:
+        if src is not tensor:
+            def finish(t=tensor, s=src):
+                t.copy_(s)
+                return t
+        dst = src
+    else:
+        dst = output
+    nd, dims = _dims(tensor.shape)
+    opts = L.AllreduceOptions(_lib.allreduce_options_size, prescale_factor, postscale_factor,
+                              -1, nd, dims)
+    h = _Handle(what, tensor if in_place else output, (src, dst, dims, opts), finish)
+    p_src, p_dst = src.data_ptr(), dst.data_ptr()
+    n = tensor.numel()
+    hop = _HORA_OP[op]
+    if tensor.is_cuda:
+        h.stream_of = tensor
+        with torch.cuda.device(tensor.device):
+            rc = _lib.hora_allreduce_async_stream(key.encode(), p_src, p_dst, n, dt, hop,
+                                                  ctypes.byref(opts), _stream_of(tensor),
+                                                  ctypes.byref(h.req))
+    else:
+        rc = _lib.hora_allreduce_async_ex(key.encode(), p_src, p_dst, n, dt, hop,
+                                          ctypes.byref(opts), ctypes.byref(h.req))
+    return _submitted(rc, h, what)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=None):
+    """Starts an allreduce into a new tensor; returns a handle for synchronize()."""
+    op = _resolve_op(op, average)
+    _check_process_set(process_set, "allreduce_async")
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, False)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=None):
+    """Starts an in-place allreduce of tensor; returns a handle."""
+    op = _resolve_op(op, average)
+    _check_process_set(process_set, "allreduce_async_")
+    return _allreduce_submit(tensor, None, name, op, prescale_factor, postscale_factor, True)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=None):
+    """Allreduces tensor in place and returns it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    """Allreduce with a gradient: the gradient is allreduced the same way."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        h = allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor)
+        return synchronize(h)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        g = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale_factor,
+                      postscale_factor=ctx.postscale_factor)
+        return g, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None):
+    """Returns the reduction of tensor over all ranks (a new tensor). Has a
+    gradient. `compression` (Compression.fp16, ...) narrows the tensor for
+    the trip and restores its dtype after."""
+    from hora.torch.compression import Compression
+    op = _resolve_op(op, average)
+    _check_process_set(process_set, "allreduce")
+    compression = compression or Compression.none
+    compressed, ctx = compression.compress(tensor)
+    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, ctx)
+
+
+# ---- allgather ------------------------------------------------------------------------
+
+
+class _Allgather(_Handle):
+    """An allgather whose ranks may differ in the first dimension. Phase one
+    allgathers every rank's first dimension; phase two allgathers the data,
+    padded to the largest first dimension where they differ, and the output
+    is cut from it. The second phase is submitted as soon as the first is
+    seen complete, by any later call of this module, so no rank waits on a
+    phase another rank has not submitted."""
+
+    __slots__ = ("tensor", "key", "sizes", "phase")
+
+    def __init__(self, what, tensor, key):
+        super().__init__(what, None, None)
+        self.tensor = tensor
+        self.key = key
+        self.sizes = torch.empty(size(), dtype=torch.int64)
+        self.phase = 1
+
+    def submit_sizes(self):
+        first = torch.tensor([self.tensor.shape[0]], dtype=torch.int64)
+        self.keep = (first, self.sizes)
+        return _lib.hora_allgather_async((self.key + "#sizes").encode(), first.data_ptr(), 1,
+                                         L.INT64, self.sizes.data_ptr(), ctypes.byref(self.req))
+
+    def advance(self):
+        """Submits phase two once phase one is done. True when no longer staged."""
+        if not _Handle.test(self):
+            return False
+        if self.rc:
+            return True
+        self.rc = None
+        self.phase = 2
+        t = self.tensor
+        sizes = self.sizes.tolist()
+        most = max(sizes)
+        rest = tuple(t.shape[1:])
+        dt = _DTYPES[t.dtype]
+        src = t if t.is_contiguous() else t.contiguous()
+        if t.shape[0] < most:
+            pad = torch.zeros((most - t.shape[0],) + rest, dtype=t.dtype, device=t.device)
+            src = torch.cat([src, pad])
+        gathered = torch.empty((most * len(sizes),) + rest, dtype=t.dtype, device=t.device)
+        if all(s == most for s in sizes):
+            self.output = gathered
+        else:
+            def finish(g=gathered, s=sizes, m=most):
+                return torch.cat([g.narrow(0, r * m, n) for r, n in enumerate(s)])
+            self.finish = finish
+        nd, dims = _dims(src.shape)
+        opts = L.OpOptions(ctypes.sizeof(L.OpOptions), nd, dims)
+        self.keep = (src, gathered, dims, opts)
+        self.req = ctypes.c_void_p()
+        key = self.key.encode()
+        if t.is_cuda:
+            self.stream_of = t
+            with torch.cuda.device(t.device):
+                rc = _lib.hora_allgather_async_stream_ex(key, src.data_ptr(), src.numel(), dt,
+                                                         gathered.data_ptr(),
+                                                         ctypes.byref(opts), _stream_of(t),
+                                                         ctypes.byref(self.req))
+        elif _lib.has_shapes:
+            rc = _lib.hora_allgather_async_ex(key, src.data_ptr(), src.numel(), dt,
+                                              gathered.data_ptr(), ctypes.byref(opts),
+                                              ctypes.byref(self.req))
+        else:
+            rc = _lib.hora_allgather_async(key, src.data_ptr(), src.numel(), dt,
+                                           gathered.data_ptr(), ctypes.byref(self.req))
+        if rc:
+            self._record(rc)
+        return True
+
+    def test(self):
+        if self.phase == 1:
+            return False
+        return _Handle.test(self)
+
+
+def _advance_staged():
+    for i, h in list(_staged.items()):
+        if h.advance():
+            del _staged[i]
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    """Starts gathering every rank's tensor along the first dimension; the
+    ranks' first dimensions may differ. Returns a handle."""
+    _check_process_set(process_set, "allgather_async")
+    key = _op_name("allgather", name)
+    what = "allgather '%s'" % key
+    _dtype_of(tensor, what)
+    if tensor.dim() == 0:
+        raise ValueError("%s: cannot allgather a 0-dimensional tensor; give it a first "
+                         "dimension (tensor.view(1))" % what)
+    h = _Allgather(what, tensor, key)
+    rc = h.submit_sizes()
+    i = _submitted(rc, h, what)
+    _staged[i] = h
+    return i
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    """Allgather with a gradient: each rank gets the sum over ranks of the
+    gradient's rows that came from it."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.dim = tensor.shape[0]
+        return synchronize(allgather_async(tensor, name=name))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        reduced = allreduce(grad_output, op=Sum)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
+        offset = int(dims[:rank()].sum()) if rank() else 0
+        return reduced.narrow(0, offset, ctx.dim), None
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Concatenates every rank's tensor along the first dimension (a new
+    tensor). Has a gradient."""
+    _check_process_set(process_set, "allgather")
+    return _AllgatherFunction.apply(tensor, name)
+
+
+# ---- broadcast ------------------------------------------------------------------------
+
+
+def _broadcast_submit(tensor, root_rank, name, in_place):
+    key = _op_name("broadcast", name)
+    what = "broadcast '%s'" % key
+    dt = _dtype_of(tensor, what)
+    if not isinstance(root_rank, int):
+        raise TypeError("%s: root_rank must be an int, got %s" % (what, type(root_rank).__name__))
+    if in_place:
+        buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+        finish = None
+        if buf is not tensor:
+            def finish(t=tensor, b=buf):
+                t.copy_(b)
+                return t
+        out = tensor
+    else:
+        buf = tensor.clone(memory_format=torch.contiguous_format)
+        finish, out = None, buf
+    nd, dims = _dims(tensor.shape)
+    opts = L.OpOptions(ctypes.sizeof(L.OpOptions), nd, dims)
+    h = _Handle(what, out, (buf, dims, opts), finish)
+    kb = key.encode()
+    if tensor.is_cuda:
+        h.stream_of = tensor
+        with torch.cuda.device(tensor.device):
+            rc = _lib.hora_broadcast_async_stream_ex(kb, buf.data_ptr(), buf.numel(), dt,
+                                                     root_rank, ctypes.byref(opts),
+                                                     _stream_of(tensor), ctypes.byref(h.req))
+    elif _lib.has_shapes:
+        rc = _lib.hora_broadcast_async_ex(kb, buf.data_ptr(), buf.numel(), dt, root_rank,
+                                          ctypes.byref(opts), ctypes.byref(h.req))
+    else:
+        rc = _lib.hora_broadcast_async(kb, buf.data_ptr(), buf.numel(), dt, root_rank,
+                                       ctypes.byref(h.req))
+    return _submitted(rc, h, what)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Starts broadcasting root_rank's tensor into a new tensor; returns a handle."""
+    _check_process_set(process_set, "broadcast_async")
+    return _broadcast_submit(tensor, root_rank, name, False)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """Starts broadcasting root_rank's tensor into tensor; returns a handle."""
+    _check_process_set(process_set, "broadcast_async_")
+    return _broadcast_submit(tensor, root_rank, name, True)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """Overwrites tensor with root_rank's and returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    """Broadcast with a gradient: the root gets the sum of every rank's
+    gradient, the others zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return synchronize(broadcast_async(tensor, root_rank, name=name))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        reduced = allreduce(grad_output, op=Sum)
+        if rank() != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """Returns root_rank's tensor on every rank (a new tensor). Has a gradient."""
+    _check_process_set(process_set, "broadcast")
+    return _BroadcastFunction.apply(tensor, root_rank, name)
+
+
+# ---- completion ------------------------------------------------------------------------
+
+
+def poll(handle):
+    """True when the operation of handle has completed (never blocks)."""
+    h = _handles.get(handle)
+    if h is None:
+        raise ValueError("poll: unknown handle %r" % (handle,))
+    if _staged:
+        _advance_staged()
+    return h.test()
+
+
+def synchronize(handle):
+    """Waits for the operation of handle and returns its output tensor.
+    Raises HoraInternalError when it failed."""
+    h = _handles.get(handle)
+    if h is None:
+        raise ValueError("synchronize: unknown handle %r (already synchronized?)" % (handle,))
+    try:
+        if _staged:
+            _wait_staged(handle, h)
+        h.wait()
+    finally:
+        _handles.pop(handle, None)
+        _staged.pop(handle, None)
+    return h.result()
+
+
+def _wait_staged(handle, h):
+    """Waits while allgathers are between phases: their second phases must
+    go out while this rank waits, or a rank waiting on one of them would
+    wait for ever. Polls with a backoff up to 1 ms; the GIL is free while
+    it sleeps."""
+    if len(_staged) == 1 and handle in _staged:
+        h.wait()  # phase one, blocking: nothing else needs advancing
+        h.advance()
+        _staged.pop(handle, None)
+        return
+    delay = 2e-5
+    while True:
+        _advance_staged()
+        if handle not in _staged and h.test():
+            return
+        if not _staged:
+            return  # h.wait() blocks from here
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+
+
+def join(device=-1):
+    """For a rank out of data: takes part in the others' allreduces with
+    zeros until every rank has joined. Returns the rank that joined last."""
+    last = ctypes.c_int(-1)
+    L.check(_lib.hora_join(ctypes.byref(last)), "hora.torch.join", ())
+    return last.value
+
+
+def barrier(process_set=None):
+    """Returns when every rank has called it."""
+    _check_process_set(process_set, "barrier")
+    L.check(_lib.hora_barrier(), "hora.torch.barrier", ())

@@ -1,0 +1,219 @@
+"""DistributedOptimizer: Horovod's optimizer wrapper on hora.
+
+Each parameter's gradient is allreduced in place as soon as backprop has
+accumulated it (a hook on its gradient accumulator), so communication
+overlaps the rest of the backward pass; step() waits for all of them and
+then runs the wrapped optimizer's step.
+"""
+import contextlib
+import warnings
+from collections import Counter
+
+import torch
+
+from hora.torch import mpi_ops
+from hora.torch.compression import Compression
+from hora.torch.mpi_ops import Average, Adasum, allgather_async, allreduce_async_, size, synchronize
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    # Methods of this class are copied onto a subclass of the wrapped
+    # optimizer's class (see DistributedOptimizer), so super() is spelled out.
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=Average, gradient_predivide_factor=1.0, sparse_as_dense=False):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
+                                for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        dups = sorted(k for k, n in Counter(k for k, _ in named_parameters).items() if n > 1)
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. "
+                             "Found duplicates: %s" % ", ".join(dups))
+        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
+        named_ids = {id(v) for _, v in named_parameters}
+        unnamed = all_ids - named_ids
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters "
+                             "were not named. Python object ids: %s"
+                             % ", ".join(str(i) for i in sorted(unnamed)))
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        if size() > 1:
+            self._register_hooks()
+
+    def load_state_dict(self, *args, **kwargs):
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _register_hooks(self):
+        post_hook = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                self._requires_update.add(p)
+                if post_hook:
+                    self._grad_accs.append(p.register_post_accumulate_grad_hook(
+                        self._make_hook(p)))
+                else:
+                    # The AccumulateGrad node of p: its hooks run once p.grad holds the sum.
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(acc)
+
+    def _allreduce_grad_async(self, p):
+        name = self._parameter_names.get(p)
+        if p.grad is None:
+            # Not computed here (another rank's forward may have used it): zeros
+            # keep the ranks' allreduces matched.
+            p.grad = torch.zeros_like(p)
+        tensor = p.grad
+        if tensor.is_sparse:
+            if self.sparse_as_dense:
+                tensor = tensor.to_dense()
+                p.grad = tensor
+            else:
+                return self._sparse_allreduce_grad_async(p, name), None
+        compressed, ctx = self._compression.compress(tensor)
+        if self.op == Average:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        else:
+            prescale = postscale = 1.0
+        handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=prescale,
+                                  postscale_factor=postscale)
+        return handle, ctx
+
+    def _sparse_allreduce_grad_async(self, p, name):
+        # Allgather concatenates along the first dimension: indices go
+        # transposed, one row per nonzero.
+        t = p.grad.coalesce()
+        ih = allgather_async(t._indices().transpose(0, 1).contiguous(), name=name + ".indices")
+        vh = allgather_async(t._values(), name=name + ".values")
+        op = self.op
+
+        def finish():
+            values = synchronize(vh)
+            indices = synchronize(ih)
+            if op == Average:
+                values = values / size()
+            return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+        return finish
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times "
+                        "before call to step(). Increase backward_passes_per_step to "
+                        "accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce (submitting those backprop did
+        not reach) and writes the results into p.grad."""
+        if size() == 1:
+            self._synchronized = True
+            return
+        missing = self._requires_update - set(self._handles)
+        for p in sorted(missing, key=lambda q: self._parameter_names.get(q, "")):
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in self._handles.items():
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in self._handles.items():
+            if callable(handle):
+                p.grad = handle()
+            else:
+                output = synchronize(handle)
+                p.grad.set_(self._compression.decompress(output, ctx))
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For step() after an explicit synchronize() (gradient clipping)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None):
+    """Wraps a torch optimizer so that step() uses gradients averaged (or
+    reduced by `op`) over all ranks. Takes Horovod's arguments; see
+    Horovod's documentation for each."""
+    mpi_ops._check_process_set(process_set, "DistributedOptimizer")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum:
+        raise NotImplementedError("op=Adasum is not supported yet by hora")
+    if num_groups or groups:
+        raise NotImplementedError("grouped allreduce (num_groups, groups) is not supported yet "
+                                  "by hora")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be at least 1, got %r"
+                         % (backward_passes_per_step,))
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, sparse_as_dense)
