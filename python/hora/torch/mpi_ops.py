@@ -388,6 +388,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Starts an allreduce into a new tensor; returns a handle for synchronize()."""
     op = _resolve_op(op, average)
     _check_process_set(process_set, "allreduce_async")
+    _dtype_of(tensor, "allreduce '%s'" % (name or "unnamed"))  # before allocating the output
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, False)
 
