@@ -315,6 +315,26 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     sh "$srcdir/tests/timeline/check-timeline.sh" "$builddir" $np | tally "np=$np "
   done
 
+  section "python: hora.torch under pytest"
+  # Debian's torch is for /usr/bin/python3; another python3 may come first
+  # on PATH and not see it.
+  py=${HORA_TEST_PYTHON:-/usr/bin/python3}
+  if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
+    echo "SKIP python/hora_torch: sanitizer build (a plain Python cannot load a sanitized libhora; the plain build runs these)" | tee -a "$results"
+  elif ! "$py" -c 'import torch, pytest' >/dev/null 2>&1; then
+    echo "SKIP python/hora_torch: $py cannot import torch and pytest (scripts/install-deps.sh installs python3-torch and python3-pytest)" | tee -a "$results"
+  else
+    for np in 1 2 4; do
+      if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
+        continue
+      fi
+      # One line per test comes from tests/python/conftest.py on rank 0.
+      HORA_LIBRARY="$builddir/.libs/libhora.so.0" PYTHONPATH="$srcdir/python" \
+        run_mpi python/pytest "$np" "" "$py" -m pytest "$srcdir/tests/python" \
+          -p no:cacheprovider -p no:terminal
+    done
+  fi
+
   section "trainer"
   mode=
   [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ] && mode=quick

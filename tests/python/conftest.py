@@ -39,6 +39,13 @@ def pytest_runtest_logreport(report):
         _outcomes[report.nodeid] = (report.outcome, reason)
 
 
+def pytest_collectreport(report):
+    if report.failed:  # a file that cannot be imported is a failure, not a silence
+        crash = getattr(report.longrepr, "reprcrash", None)
+        why = crash.message if crash else str(report.longrepr).strip().splitlines()[-1]
+        _outcomes[report.nodeid or "collection"] = ("failed", " ".join(why.split())[:300])
+
+
 def _line(nodeid, per_rank):
     name = "python/" + nodeid.replace("tests/python/", "").replace(".py::", "::")
     failed = [(r, o[1]) for r, o in enumerate(per_rank) if o is None or o[0] == "failed"]
