@@ -381,6 +381,30 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     tail -n 20 "$work/install.log"
   fi
 
+  # The Python package, installed under a prefix, finds the libhora
+  # installed with it (not the build tree's).
+  py=${HORA_TEST_PYTHON:-/usr/bin/python3}
+  if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
+    echo "SKIP install/python_package_finds_its_libhora: sanitizer build (checked in the plain build)" | tee -a "$results"
+  elif ! "$py" -c 'import torch' >/dev/null 2>&1; then
+    echo "SKIP install/python_package_finds_its_libhora: $py cannot import torch" | tee -a "$results"
+  elif make -C "$builddir" install prefix="$work/prefix" >"$work/pyinstall.log" 2>&1 &&
+       site=$(dirname "$(find "$work/prefix" -path '*/hora/_installed.py' | head -n 1)") &&
+       (cd "$work" && env -u HORA_LIBRARY PYTHONPATH="$(dirname "$site")" timeout -k 10 120 \
+          "$MPIEXEC" $(launcher_flags) -np 2 "$py" -c '
+import hora.torch as hvd, hora._lib as L, hora._installed as I, torch
+hvd.init()
+assert L.load().path.startswith(I.LIBDIR), L.load().path
+assert hvd.allreduce(torch.ones(2), op=hvd.Sum)[0] == hvd.size()
+print("installed package ok:", L.load().path)
+hvd.shutdown()') >"$work/out" 2>&1 &&
+       [ "$(grep -c "installed package ok: $work/prefix/lib/libhora" "$work/out")" -eq 2 ]; then
+    echo "PASS np=2 install/python_package_finds_its_libhora" | tee -a "$results"
+  else
+    echo "FAIL np=2 install/python_package_finds_its_libhora" | tee -a "$results"
+    tail -n 20 "$work/pyinstall.log" "$work/out" 2>/dev/null
+  fi
+
   section "docs"
   awk '/<!-- settings-table-begin -->/{on=1;next}/<!-- settings-table-end -->/{on=0}on' \
     "$srcdir/README.md" >"$work/readme-table.md"
