@@ -156,6 +156,12 @@ int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *view, c
 /* ---- choosing the algorithm ------------------------------------------------ */
 
 void hora__post_apply(const struct hora__coll_opts *o, hora_dtype dtype, void *buf, size_t n) {
+  if (dtype == HORA_BOOL) {
+    /* The kernels write 0 or 1, but a lone rank reduces nothing: its own
+     * nonzero bytes must become 1 too. Bool is never divided or scaled. */
+    hora__normalize_bool(buf, n);
+    return;
+  }
   if (!o) {
     return;
   }

@@ -495,6 +495,8 @@ static int gpu_elem_type(hora_dtype dt) {
     case HORA_INT64: return HORA__GPU_I64;
     case HORA_UINT8: return HORA__GPU_U8;
     case HORA_INT8: return HORA__GPU_I8;
+    case HORA_INT16: return HORA__GPU_I16;
+    case HORA_BOOL: return HORA__GPU_BOOL;
   }
   return -1;
 }
@@ -562,11 +564,20 @@ static ncclDataType_t nccl_type(hora_dtype dt) {
     case HORA_BFLOAT16: return ncclBfloat16;
     case HORA_FLOAT32: return ncclFloat32;
     case HORA_FLOAT64: return ncclFloat64;
+    case HORA_BOOL: return ncclUint8; /* reduced by nccl_op's max and min */
+    case HORA_INT16: break;           /* none: nccl_reduces() sends it staged */
   }
   return ncclFloat32;
 }
 
-static ncclRedOp_t nccl_op(hora_op op) {
+/* Whether NCCL can reduce dtype; broadcast and allgather move bytes. */
+static bool nccl_reduces(hora_dtype dt) { return dt != HORA_INT16; }
+
+static ncclRedOp_t nccl_op(hora_dtype dt, hora_op op) {
+  if (dt == HORA_BOOL) {
+    /* On bytes, or is max and and is min; the results are made 0/1 after. */
+    return op == HORA_MIN || op == HORA_PRODUCT ? ncclMin : ncclMax;
+  }
   switch (op) {
     case HORA_MIN: return ncclMin;
     case HORA_MAX: return ncclMax;
@@ -620,9 +631,12 @@ static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_o
       HORA_CHECK(scale(g, buf, op->count, op->dtype, o->prescale, 0));
     }
     phase(op, "NCCL_ALLREDUCE");
-    NCCL_CHECK(ncclAllReduce(src, buf, op->count, nccl_type(op->dtype), nccl_op(op->op), g->nccl,
-                             g->stream));
+    NCCL_CHECK(ncclAllReduce(src, buf, op->count, nccl_type(op->dtype),
+                             nccl_op(op->dtype, op->op), g->nccl, g->stream));
     phase(op, NULL);
+    if (op->dtype == HORA_BOOL) {
+      CUDA_CHECK(hora__launch_scale(buf, op->count, HORA__GPU_BOOL, 1.0, 1.0, g->stream));
+    }
     HORA_CHECK(scale(g, buf, op->count, op->dtype, o->postscale, o->divisor));
   } else {
     phase(op, "NCCL_BROADCAST");
@@ -785,10 +799,15 @@ int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hor
   }
   int rc;
 #if HORA_HAVE_NCCL
-  if (g->use_nccl && !g->nccl) {
+  /* A reduction NCCL has no type for runs staged: the host data plane
+   * stays connected beside NCCL, the staging is allocated on first use,
+   * and the runtime stream orders it with the NCCL work. Every rank has
+   * the same dtype and path, so all decide alike. */
+  bool nccl = g->use_nccl && (op->kind != HORA_KIND_ALLREDUCE || nccl_reduces(op->dtype));
+  if (nccl && !g->nccl) {
     return hora__error(HORA_ERR_SYSTEM, "the NCCL communicator was aborted after an earlier error");
   }
-  rc = g->use_nccl ? nccl_run(c, g, op) : staged_run(c, g, op);
+  rc = nccl ? nccl_run(c, g, op) : staged_run(c, g, op);
 #else
   rc = staged_run(c, g, op);
 #endif

@@ -7,7 +7,8 @@
  *   - staged: tensors are packed into pinned, mapped host memory by the
  *     batched copy kernel, reduced by the host data plane (shm, TCP, RDMA)
  *     and unpacked again. Used without NCCL, with HORA_GPU_TRANSPORT=host,
- *     and when ranks share a GPU (NCCL forbids two ranks on one device).
+ *     and when ranks share a GPU (NCCL forbids two ranks on one device);
+ *     and, in an NCCL job, for int16 allreduces (NCCL has no int16).
  * Fusion happens on the GPU: one kernel launch packs any number of tensors
  * into the fusion buffer, one unpacks them. Host and device tensors never
  * share a batch (the negotiation keeps them apart).

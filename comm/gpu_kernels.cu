@@ -71,6 +71,14 @@ __global__ void hora_scale_kernel(T *p, size_t n, double mul, double div) {
   }
 }
 
+/* Bool results are 0 or 1; NCCL's byte max and min keep a 2 a 2. */
+__global__ void hora_bool_kernel(uint8_t *p, size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    p[i] = p[i] != 0;
+  }
+}
+
 static unsigned blocks_for(size_t work, unsigned threads) {
   size_t b = (work + threads - 1) / threads;
   return (unsigned)(b < 1 ? 1 : b > 1024 ? 1024 : b);
@@ -107,7 +115,11 @@ extern "C" cudaError_t hora__launch_scale(void *p, size_t count, int dtype, doub
     HORA_SCALE_CASE(HORA__GPU_I64, int64_t)
     HORA_SCALE_CASE(HORA__GPU_U8, uint8_t)
     HORA_SCALE_CASE(HORA__GPU_I8, int8_t)
+    HORA_SCALE_CASE(HORA__GPU_I16, int16_t)
 #undef HORA_SCALE_CASE
+    case HORA__GPU_BOOL:
+      hora_bool_kernel<<<blocks, threads, 0, stream>>>((uint8_t *)p, count);
+      break;
     default:
       return cudaErrorInvalidValue;
   }

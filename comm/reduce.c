@@ -43,6 +43,7 @@
 
 DEFINE_INT(u8, uint8_t, uint32_t)
 DEFINE_INT(i8, int8_t, uint32_t)
+DEFINE_INT(i16, int16_t, uint32_t)
 DEFINE_INT(i32, int32_t, uint32_t)
 DEFINE_INT(i64, int64_t, uint64_t)
 
@@ -51,6 +52,11 @@ DEFINE_INT(i64, int64_t, uint64_t)
   DEFINE_LOOP(prod_##suffix, T, OP_PROD(x, y))                                               \
   DEFINE_LOOP(min_##suffix, T, OP_FMIN(x, y))                                                \
   DEFINE_LOOP(max_##suffix, T, OP_FMAX(x, y))
+
+/* Bool: any nonzero byte is true, results are 0 or 1. No branches, so the
+ * loops vectorise like the integer ones. */
+DEFINE_LOOP(or_b, uint8_t, (x != 0) | (y != 0))
+DEFINE_LOOP(and_b, uint8_t, (x != 0) & (y != 0))
 
 DEFINE_FLOAT(f32, float)
 DEFINE_FLOAT(f64, double)
@@ -78,12 +84,14 @@ DEFINE_HALF(bf16, hora__bf16_to_f32, hora__f32_to_bf16)
 
 typedef void (*reduce_fn)(void *dst, const void *a, const void *b, size_t n);
 
-/* [dtype][op]; AVERAGE reduces as SUM. */
-static const reduce_fn kernels[8][5] = {
+/* [dtype][op]; AVERAGE reduces as SUM. Bool: SUM and MAX are OR, MIN and
+ * PRODUCT are AND (AVERAGE is refused at submission). */
+static const reduce_fn kernels[HORA__DTYPE_COUNT][5] = {
 #define ROW(s) {sum_##s, sum_##s, min_##s, max_##s, prod_##s}
     [HORA_UINT8] = ROW(u8),      [HORA_INT8] = ROW(i8),    [HORA_INT32] = ROW(i32),
     [HORA_INT64] = ROW(i64),     [HORA_FLOAT16] = ROW(f16), [HORA_BFLOAT16] = ROW(bf16),
-    [HORA_FLOAT32] = ROW(f32),   [HORA_FLOAT64] = ROW(f64),
+    [HORA_FLOAT32] = ROW(f32),   [HORA_FLOAT64] = ROW(f64), [HORA_INT16] = ROW(i16),
+    [HORA_BOOL] = {or_b, or_b, and_b, or_b, and_b},
 #undef ROW
 };
 
@@ -269,6 +277,7 @@ void hora__divide(hora_dtype dtype, void *buf, size_t n, int divisor) {
   }
     DIV_INT(HORA_UINT8, uint8_t)
     DIV_INT(HORA_INT8, int8_t)
+    DIV_INT(HORA_INT16, int16_t)
     DIV_INT(HORA_INT32, int32_t)
     DIV_INT(HORA_INT64, int64_t)
     case HORA_FLOAT32: {
@@ -301,6 +310,7 @@ void hora__divide(hora_dtype dtype, void *buf, size_t n, int divisor) {
       }
       break;
     }
+    case HORA_BOOL: break; /* AVERAGE of bool is refused at submission */
   }
 }
 
@@ -316,6 +326,7 @@ void hora__scale(hora_dtype dtype, void *buf, size_t n, double factor) {
   }
     SCALE_INT(HORA_UINT8, uint8_t)
     SCALE_INT(HORA_INT8, int8_t)
+    SCALE_INT(HORA_INT16, int16_t)
     SCALE_INT(HORA_INT32, int32_t)
     SCALE_INT(HORA_INT64, int64_t)
     case HORA_FLOAT32: {
@@ -347,6 +358,14 @@ void hora__scale(hora_dtype dtype, void *buf, size_t n, double factor) {
       }
       break;
     }
+    case HORA_BOOL: break; /* scales other than 1 are refused for bool at submission */
+  }
+}
+
+void hora__normalize_bool(void *buf, size_t n) {
+  uint8_t *p = buf;
+  for (size_t i = 0; i < n; i++) {
+    p[i] = p[i] != 0;
   }
 }
 
@@ -356,6 +375,8 @@ static double load_as_double(hora_dtype dtype, const void *p, size_t i) {
   switch (dtype) {
     case HORA_UINT8: return ((const uint8_t *)p)[i];
     case HORA_INT8: return ((const int8_t *)p)[i];
+    case HORA_INT16: return ((const int16_t *)p)[i];
+    case HORA_BOOL: return ((const uint8_t *)p)[i] != 0;
     case HORA_INT32: return ((const int32_t *)p)[i];
     case HORA_INT64: return (double)((const int64_t *)p)[i];
     case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)p)[i]);
@@ -405,6 +426,14 @@ void hora__reduce_reference(hora_dtype dtype, hora_op op, void *dst, const void 
     case HORA_INT8: REF_INT(int8_t, uint32_t) return;
     case HORA_INT32: REF_INT(int32_t, uint32_t) return;
     case HORA_INT64: REF_INT(int64_t, uint64_t) return;
+    case HORA_INT16: REF_INT(int16_t, uint32_t) return;
+    case HORA_BOOL:
+      for (size_t i = 0; i < n; i++) {
+        bool x = ((const uint8_t *)a)[i] != 0, y = ((const uint8_t *)b)[i] != 0;
+        bool conj = op == HORA_MIN || op == HORA_PRODUCT;
+        ((uint8_t *)dst)[i] = (uint8_t)(conj ? x && y : x || y);
+      }
+      return;
     default: break;
   }
   for (size_t i = 0; i < n; i++) {

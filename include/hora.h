@@ -59,6 +59,14 @@ HORA_EXTERN const char *hora_last_error(void);
 
 /* ---- Types --------------------------------------------------------------- */
 
+/* Element types. The values are ABI: new ones are only ever appended.
+ * Integers: SUM and PRODUCT wrap around, AVERAGE divides rounding toward
+ * zero, prescale/postscale round to nearest (halves away from zero).
+ * HORA_BOOL is one byte per element; any nonzero byte is true and results
+ * are 0 or 1: SUM and MAX are logical OR, MIN and PRODUCT logical AND.
+ * AVERAGE, and a prescale or postscale other than 1.0, are refused for
+ * bool (HORA_ERR_INVALID_ARG). Broadcast and allgather move bytes for
+ * every type. */
 typedef enum hora_dtype {
   HORA_UINT8,
   HORA_INT8,
@@ -67,7 +75,9 @@ typedef enum hora_dtype {
   HORA_FLOAT16,
   HORA_BFLOAT16,
   HORA_FLOAT32,
-  HORA_FLOAT64
+  HORA_FLOAT64,
+  HORA_INT16, /* int16_t */
+  HORA_BOOL   /* one byte, 0 or nonzero */
 } hora_dtype;
 
 typedef enum hora_op { HORA_SUM, HORA_AVERAGE, HORA_MIN, HORA_MAX, HORA_PRODUCT } hora_op;

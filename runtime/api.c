@@ -641,6 +641,8 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
     return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async_ex: unknown compression %d",
                        o.compression);
   }
+  HORA_CHECK(hora__check_allreduce_dtype(opts ? "hora_allreduce_async_ex" : "hora_allreduce_async",
+                                         name, dtype, op, o.prescale, o.postscale));
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt = running(&rc, "hora_allreduce_async");
   if (!rt) {

@@ -56,9 +56,14 @@ uint64_t hora__now_ns(void); /* CLOCK_MONOTONIC */
 static inline double hora__now_s(void) { return (double)hora__now_ns() * 1e-9; }
 
 /* ---- dtypes (runtime/dtype.c) ------------------------------------------ */
+#define HORA__DTYPE_COUNT (HORA_BOOL + 1) /* tables indexed by dtype have this many rows */
 bool hora__dtype_valid(int dtype);
 bool hora__op_valid(int op);
 bool hora__dtype_is_float(hora_dtype dtype);
+/* HORA_ERR_INVALID_ARG, with a message naming the tensor, for what an
+ * allreduce of dtype cannot do (bool: AVERAGE, scales other than 1). */
+int hora__check_allreduce_dtype(const char *call, const char *name, hora_dtype dtype, hora_op op,
+                                double prescale, double postscale);
 
 /* ---- small helpers ----------------------------------------------------- */
 void *hora__malloc(size_t n);                 /* NULL on failure; message recorded */

@@ -62,7 +62,8 @@ static void bad_arguments(void) {
   MT_FAILS(hora_broadcast_async("b", x, 4, HORA_FLOAT32, -1, &r), HORA_ERR_INVALID_ARG, "root -1");
   MT_FAILS(hora_broadcast_async("b", x, 4, HORA_FLOAT32, mt_size, &r), HORA_ERR_INVALID_ARG, "out of range");
   MT_FAILS(hora_broadcast_async("b", NULL, 4, HORA_FLOAT32, 0, &r), HORA_ERR_INVALID_ARG, "buf");
-  MT_FAILS(hora_broadcast_async("b", x, 4, (hora_dtype)8, 0, &r), HORA_ERR_INVALID_ARG, "dtype");
+  MT_FAILS(hora_broadcast_async("b", x, 4, (hora_dtype)(HORA_BOOL + 1), 0, &r), HORA_ERR_INVALID_ARG,
+           "dtype 10");
   MT_FAILS(hora_broadcast_async("b", x, 4, HORA_FLOAT32, 0, NULL), HORA_ERR_INVALID_ARG, "req");
   MT_FAILS(hora_allgather_async("g", NULL, 4, HORA_FLOAT32, y, &r), HORA_ERR_INVALID_ARG, "sendbuf");
   MT_FAILS(hora_allgather_async("g", x, 4, HORA_FLOAT32, NULL, &r), HORA_ERR_INVALID_ARG, "recvbuf");

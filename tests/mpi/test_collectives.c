@@ -1,18 +1,32 @@
 /* Collectives end to end: every dtype x op for allreduce, in place and not,
- * counts from 1 to several MiB; broadcast from every root; allgather;
- * barrier; unnamed operations; names submitted in different orders; and
- * hora_test polling. Expected values are exact by construction (small
- * integers), computed here independently of the library. */
+ * counts from 1 to several MiB; int16 wraparound and scaling, and bool's
+ * refusals; broadcast from every root; allgather; barrier; unnamed
+ * operations; names submitted in different orders; and hora_test polling.
+ * Expected values are exact by construction (small integers), computed
+ * here independently of the library. */
 #include <math.h>
 #include <unistd.h>
 
 #include "../../comm/half.h"
 #include "mpitest.h"
 
+/* Bool bytes by element class (i % 4): false everywhere; true everywhere;
+ * true on one rank only; false on one rank only, so that both OR and AND
+ * give both answers at any rank count. True is any nonzero byte. */
+static double bool_value(int rank, size_t i) {
+  int odd_one = (int)((i / 4) % (size_t)mt_size);
+  size_t cls = i % 4;
+  bool t = cls == 1 || (cls == 2 && rank == odd_one) || (cls == 3 && rank != odd_one);
+  return t ? (double)(1 + ((size_t)rank * 37 + i) % 255) : 0;
+}
+
 /* Small integers, chosen per op so every result is exact in every dtype
  * (bf16 holds integers exactly up to 256). */
 static double value(int op, hora_dtype dt, int rank, size_t i) {
   bool unsig = dt == HORA_UINT8;
+  if (dt == HORA_BOOL) {
+    return bool_value(rank, i);
+  }
   switch (op) {
     case HORA_SUM:
     case HORA_AVERAGE: {
@@ -37,6 +51,8 @@ static void store(hora_dtype dt, void *p, size_t i, double v) {
   switch (dt) {
     case HORA_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
     case HORA_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case HORA_INT16: ((int16_t *)p)[i] = (int16_t)v; break;
+    case HORA_BOOL: ((uint8_t *)p)[i] = (uint8_t)v; break;
     case HORA_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
     case HORA_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
     case HORA_FLOAT16: ((uint16_t *)p)[i] = hora__f32_to_f16((float)v); break;
@@ -48,6 +64,15 @@ static void store(hora_dtype dt, void *p, size_t i, double v) {
 
 /* The expected result, rounded the way the API defines it. */
 static void expected(hora_dtype dt, int op, size_t i, int nranks, void *out) {
+  if (dt == HORA_BOOL) {
+    bool conj = op == HORA_MIN || op == HORA_PRODUCT, acc = conj;
+    for (int r = 0; r < nranks; r++) {
+      bool v = value(op, dt, r, i) != 0;
+      acc = conj ? acc && v : acc || v;
+    }
+    ((uint8_t *)out)[0] = acc; /* 0 or 1, whatever the bytes were */
+    return;
+  }
   double acc = value(op, dt, 0, i);
   for (int r = 1; r < nranks; r++) {
     double v = value(op, dt, r, i);
@@ -78,9 +103,12 @@ static void expected(hora_dtype dt, int op, size_t i, int nranks, void *out) {
 static const size_t counts[] = {1, 2, 3, 7, 16, 17, 1000, 65537};
 
 static void allreduce_every_dtype_and_op(void) {
-  for (int dt = HORA_UINT8; dt <= HORA_FLOAT64; dt++) {
+  for (int dt = HORA_UINT8; dt <= HORA_BOOL; dt++) {
     size_t es = hora_dtype_size((hora_dtype)dt);
     for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
+      if (dt == HORA_BOOL && op == HORA_AVERAGE) {
+        continue; /* refused: bool_refusals */
+      }
       for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
         size_t n = counts[c];
         for (int in_place = 0; in_place < 2; in_place++) {
@@ -144,6 +172,94 @@ static void allreduce_large(void) {
   free(c);
 }
 
+/* int16 beyond small values: sums and products wrap, MIN and MAX reach the
+ * extremes, AVERAGE rounds toward zero and the scales to nearest. Fused:
+ * all in flight at once. */
+static void int16_wraps_and_scales(void) {
+  enum { K = 6 };
+  int16_t x[K][2], want[K][2];
+  uint32_t sum = 0, prod = 1;
+  for (int r = 0; r < mt_size; r++) {
+    sum += (uint32_t)(30000 + r);
+    prod *= 300u;
+  }
+  uint16_t us = (uint16_t)sum, up = (uint16_t)prod;
+  memcpy(&want[0][0], &us, 2); /* two's complement, as the library wraps */
+  memcpy(&want[1][0], &up, 2);
+  want[0][1] = (int16_t)(-mt_size);
+  want[1][1] = -1; /* -1 on rank 0, 1 elsewhere */
+  bool one = mt_rank == 0, alone = mt_size == 1;
+  /* SUM, PRODUCT, MIN, MAX, AVERAGE, and SUM with prescale 0.5 (1.5 and
+   * -1.5 round away from zero to 2 and -2) and postscale 1.5. */
+  const int16_t mine[K][2] = {
+      {(int16_t)(30000 + mt_rank), -1},
+      {300, (int16_t)(one ? -1 : 1)},
+      {(int16_t)(one ? INT16_MIN : 2), (int16_t)(one ? INT16_MAX : 1)},
+      {(int16_t)(one ? INT16_MIN : 2), (int16_t)(one ? INT16_MAX : 1)},
+      {(int16_t)(one ? -3 : 0), 7},
+      {3, -3},
+  };
+  memcpy(x, mine, sizeof(x));
+  want[2][0] = INT16_MIN;
+  want[2][1] = (int16_t)(alone ? INT16_MAX : 1);
+  want[3][0] = (int16_t)(alone ? INT16_MIN : 2);
+  want[3][1] = INT16_MAX;
+  want[4][0] = (int16_t)(-3 / mt_size); /* toward zero */
+  want[4][1] = 7;
+  want[5][0] = (int16_t)(3 * mt_size); /* 2 per rank, times 1.5 */
+  want[5][1] = (int16_t)(-3 * mt_size);
+  hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+  o.prescale = 0.5;
+  o.postscale = 1.5;
+  hora_request *r[K];
+  MT_OK(hora_allreduce_async("i16/sum", x[0], x[0], 2, HORA_INT16, HORA_SUM, &r[0]));
+  MT_OK(hora_allreduce_async("i16/prod", x[1], x[1], 2, HORA_INT16, HORA_PRODUCT, &r[1]));
+  MT_OK(hora_allreduce_async("i16/min", x[2], x[2], 2, HORA_INT16, HORA_MIN, &r[2]));
+  MT_OK(hora_allreduce_async("i16/max", x[3], x[3], 2, HORA_INT16, HORA_MAX, &r[3]));
+  MT_OK(hora_allreduce_async("i16/avg", x[4], x[4], 2, HORA_INT16, HORA_AVERAGE, &r[4]));
+  MT_OK(hora_allreduce_async_ex("i16/scaled", x[5], x[5], 2, HORA_INT16, HORA_SUM, &o, &r[5]));
+  for (int k = 0; k < K; k++) {
+    MT_OK(hora_wait(&r[k]));
+    MT_CHECK(x[k][0] == want[k][0] && x[k][1] == want[k][1], "int16 case %d: %d %d, expected %d %d",
+             k, x[k][0], x[k][1], want[k][0], want[k][1]);
+  }
+}
+
+/* Bool has no AVERAGE and no scaling: refused on every rank at submission,
+ * naming the tensor, and nothing of the refused calls is left behind (the
+ * same names and the next unnamed operation work afterwards). */
+static void bool_refusals(void) {
+  uint8_t b[4] = {0, 2, (uint8_t)(mt_rank == 0 ? 5 : 0), 0}, out[4];
+  hora_request *r = (hora_request *)b; /* must come back NULL */
+  MT_FAILS(hora_allreduce("mask/avg", b, out, 4, HORA_BOOL, HORA_AVERAGE), HORA_ERR_INVALID_ARG,
+           "'mask/avg': AVERAGE of bool");
+  MT_FAILS(hora_allreduce_async("mask/avg", b, out, 4, HORA_BOOL, HORA_AVERAGE, &r),
+           HORA_ERR_INVALID_ARG, "AVERAGE of bool");
+  MT_CHECK(r == NULL, "*req not cleared by a refused call");
+  MT_FAILS(hora_allreduce(NULL, b, b, 4, HORA_BOOL, HORA_AVERAGE), HORA_ERR_INVALID_ARG, "(unnamed)");
+  hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+  o.prescale = 2.0;
+  MT_FAILS(hora_allreduce_async_ex("mask/pre", b, out, 4, HORA_BOOL, HORA_SUM, &o, &r),
+           HORA_ERR_INVALID_ARG, "'mask/pre': bool cannot be scaled (prescale 2");
+  o.prescale = 1.0;
+  o.postscale = 0.5;
+  MT_FAILS(hora_allreduce_async_ex("mask/pre", b, out, 4, HORA_BOOL, HORA_MAX, &o, &r),
+           HORA_ERR_INVALID_ARG, "postscale 0.5");
+  MT_CHECK(r == NULL, "*req not cleared by a refused call");
+  /* Scales of exactly 1 are no scaling. */
+  o.postscale = 1.0;
+  MT_OK(hora_allreduce_async_ex("mask/pre", b, out, 4, HORA_BOOL, HORA_PRODUCT, &o, &r));
+  MT_OK(hora_wait(&r));
+  MT_CHECK(out[0] == 0 && out[1] == 1 && out[2] == (mt_size == 1) && out[3] == 0,
+           "bool AND after refusals: %d %d %d %d", out[0], out[1], out[2], out[3]);
+  MT_OK(hora_allreduce("mask/avg", b, out, 4, HORA_BOOL, HORA_SUM));
+  MT_CHECK(out[0] == 0 && out[1] == 1 && out[2] == 1 && out[3] == 0,
+           "bool OR after refusals: %d %d %d %d", out[0], out[1], out[2], out[3]);
+  int32_t v = mt_rank + 1, total = 0;
+  MT_OK(hora_allreduce(NULL, &v, &total, 1, HORA_INT32, HORA_SUM));
+  MT_CHECK(total == mt_size * (mt_size + 1) / 2, "unnamed allreduce after refusals: %d", total);
+}
+
 static void allreduce_zero_count(void) {
   MT_OK(hora_allreduce("empty", NULL, NULL, 0, HORA_FLOAT32, HORA_SUM));
   MT_OK(hora_broadcast("empty-bcast", NULL, 0, HORA_INT32, 0));
@@ -153,15 +269,18 @@ static void allreduce_zero_count(void) {
 static void broadcast_from_every_root(void) {
   const size_t sizes[] = {1, 1000, 300001};
   for (int root = 0; root < mt_size; root++) {
-    for (size_t s = 0; s < 3; s++) {
-      hora_dtype dt = (hora_dtype)((root + (int)s) % 8);
-      size_t es = hora_dtype_size(dt), n = sizes[s];
+    for (size_t s = 0; s < 9; s++) {
+      /* A rotating dtype at each size, and int16 and bool (bytes as they
+       * are: a broadcast bool keeps its 0x80) at each size too. */
+      hora_dtype dt = s < 3 ? (hora_dtype)((root + (int)s) % (HORA_BOOL + 1))
+                            : s < 6 ? HORA_INT16 : HORA_BOOL;
+      size_t es = hora_dtype_size(dt), n = sizes[s % 3];
       uint8_t *buf = malloc(n * es);
       for (size_t b = 0; b < n * es; b++) {
         buf[b] = mt_rank == root ? (uint8_t)mt_hash(b * 31 + (size_t)root) : 0xee;
       }
       char name[64];
-      snprintf(name, sizeof(name), "bcast/%d/%zu", root, n);
+      snprintf(name, sizeof(name), "bcast/%d/%zu/%s", root, n, hora_dtype_name(dt));
       MT_OK(hora_broadcast(name, buf, n, dt, root));
       for (size_t b = 0; b < n * es; b++) {
         if (buf[b] != (uint8_t)mt_hash(b * 31 + (size_t)root)) {
@@ -174,26 +293,29 @@ static void broadcast_from_every_root(void) {
   }
 }
 
+/* Rank r's byte b of an allgather block. */
+static uint8_t gather_byte(int r, size_t b) { return (uint8_t)mt_hash((uint64_t)r * 1000003 + b); }
+
 static void allgather_blocks(void) {
   const size_t counts_ag[] = {1, 5, 100003};
+  const hora_dtype dts[] = {HORA_INT32, HORA_INT16, HORA_BOOL}; /* bool: bytes as they are */
+  for (size_t d = 0; d < 3; d++)
   for (size_t c = 0; c < 3; c++) {
     for (int in_place = 0; in_place < 2; in_place++) {
-      size_t n = counts_ag[c];
-      int32_t *recv = malloc(n * (size_t)mt_size * sizeof(int32_t));
-      int32_t *send = in_place ? recv + (size_t)mt_rank * n : malloc(n * sizeof(int32_t));
-      for (size_t i = 0; i < n * (size_t)mt_size; i++) {
-        recv[i] = -1;
-      }
-      for (size_t i = 0; i < n; i++) {
-        send[i] = (int32_t)(mt_rank * 1000003 + (int)i);
+      size_t n = counts_ag[c], bytes = n * hora_dtype_size(dts[d]);
+      uint8_t *recv = malloc(bytes * (size_t)mt_size);
+      uint8_t *send = in_place ? recv + (size_t)mt_rank * bytes : malloc(bytes);
+      memset(recv, 0xee, bytes * (size_t)mt_size);
+      for (size_t b = 0; b < bytes; b++) {
+        send[b] = gather_byte(mt_rank, b);
       }
       char name[64];
-      snprintf(name, sizeof(name), "gather/%zu/%d", n, in_place);
-      MT_OK(hora_allgather(name, send, n, HORA_INT32, recv));
+      snprintf(name, sizeof(name), "gather/%s/%zu/%d", hora_dtype_name(dts[d]), n, in_place);
+      MT_OK(hora_allgather(name, send, n, dts[d], recv));
       for (int r = 0; r < mt_size; r++) {
-        for (size_t i = 0; i < n; i++) {
-          if (recv[(size_t)r * n + i] != (int32_t)(r * 1000003 + (int)i)) {
-            mt_fail(__FILE__, __LINE__, "%s: rank %d's element %zu is wrong", name, r, i);
+        for (size_t b = 0; b < bytes; b++) {
+          if (recv[(size_t)r * bytes + b] != gather_byte(r, b)) {
+            mt_fail(__FILE__, __LINE__, "%s: rank %d's byte %zu is wrong", name, r, b);
             r = mt_size;
             break;
           }
@@ -333,6 +455,8 @@ int main(int argc, char **argv) {
   mt_run("collectives/ranks_match_mpi", ranks_match_mpi);
   mt_run("collectives/allreduce_every_dtype_and_op", allreduce_every_dtype_and_op);
   mt_run("collectives/allreduce_large", allreduce_large);
+  mt_run("collectives/int16_wraps_and_scales", int16_wraps_and_scales);
+  mt_run("collectives/bool_refusals", bool_refusals);
   mt_run("collectives/zero_count", allreduce_zero_count);
   mt_run("collectives/broadcast_from_every_root", broadcast_from_every_root);
   mt_run("collectives/allgather", allgather_blocks);

@@ -14,6 +14,7 @@ int test_skipped;
   X(bf16_conversion)                                                                         \
   X(reduce_matches_reference)                                                                \
   X(reduce_nan_inf_and_edges)                                                                \
+  X(reduce_int16_and_bool)                                                                   \
   X(reduce_in_place_aliasing)                                                                \
   X(divide_and_scale)                                                                        \
   X(params_parse_values)                                                                     \
@@ -21,6 +22,7 @@ int test_skipped;
   X(params_markdown_lists_every_setting)                                                     \
   X(params_job_encoding_and_difference)                                                      \
   X(message_requests_roundtrip)                                                              \
+  X(message_requests_new_dtypes)                                                             \
   X(message_requests_reject_malformed)                                                       \
   X(message_responses_roundtrip)                                                             \
   X(message_responses_reject_malformed)                                                      \

@@ -58,6 +58,27 @@ TEST(message_requests_roundtrip) {
   hora__wbuf_free(&w);
 }
 
+/* int16 and bool (8 and 9, appended to the dtypes) travel; 10 does not. */
+TEST(message_requests_new_dtypes) {
+  const uint8_t dtypes[] = {HORA_INT16, HORA_BOOL, HORA_BOOL + 1};
+  for (int i = 0; i < 3; i++) {
+    struct hora__op_meta m = {.kind = HORA_KIND_ALLREDUCE, .dtype = dtypes[i], .op = HORA_MIN,
+                              .root = -1, .count = 5, .prescale = 1, .postscale = 1};
+    struct hora__wbuf w = {0};
+    hora__encode_requests_begin(&w);
+    hora__encode_request(&w, &m, "Nmask", 5, 0);
+    hora__encode_requests_end(&w, 1);
+    struct collected c = {0};
+    int rc = decode(w.data, w.len, &c);
+    if (i < 2) {
+      ASSERT(rc == HORA_SUCCESS && c.n == 1 && c.meta[0].dtype == dtypes[i]);
+    } else {
+      ASSERT(rc == HORA_ERR_INVALID_ARG && c.n == 0);
+    }
+    hora__wbuf_free(&w);
+  }
+}
+
 TEST(message_requests_reject_malformed) {
   struct hora__wbuf w = {0};
   encode_two(&w);
@@ -79,7 +100,7 @@ TEST(message_requests_reject_malformed) {
       if (rc == HORA_SUCCESS) {
         for (int k = 0; k < c.n; k++) {
           ASSERT(c.meta[k].kind <= HORA_KIND_SHUTDOWN);
-          ASSERT(c.meta[k].dtype <= HORA_FLOAT64 && c.meta[k].op <= HORA_PRODUCT);
+          ASSERT(c.meta[k].dtype <= HORA_BOOL && c.meta[k].op <= HORA_PRODUCT);
           ASSERT(c.meta[k].compression <= 2);
         }
       } else {

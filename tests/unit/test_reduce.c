@@ -136,6 +136,8 @@ static void fill_random(hora_dtype dt, void *p, size_t n) {
       case HORA_FLOAT64: ((double *)p)[i] = ((double)(int64_t)(r % 2000001) - 1e6) / 997.0; break;
       case HORA_FLOAT16: ((uint16_t *)p)[i] = hora__f32_to_f16((float)((int)(r % 2001) - 1000) / 7.0f); break;
       case HORA_BFLOAT16: ((uint16_t *)p)[i] = hora__f32_to_bf16((float)((int)(r % 2001) - 1000) / 7.0f); break;
+      /* A third false, the rest any nonzero byte: true is not only 1. */
+      case HORA_BOOL: ((uint8_t *)p)[i] = r % 3 == 0 ? 0 : (uint8_t)(1 + (r >> 8) % 255); break;
       default: memcpy((uint8_t *)p + i * hora_dtype_size(dt), &r, hora_dtype_size(dt)); break;
     }
   }
@@ -151,7 +153,7 @@ TEST(reduce_matches_reference) {
   enum { N = 1037 };
   static uint8_t a[N * 8], b[N * 8], got[N * 8], want[N * 8];
   for (int e = 0; e < 2; e++)
-  for (int dt = HORA_UINT8; dt <= HORA_FLOAT64; dt++) {
+  for (int dt = HORA_UINT8; dt <= HORA_BOOL; dt++) {
     for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
       for (size_t n = 1; n <= N; n = n < 40 ? n + 1 : n * 3 + 1) {
         size_t m = HORA_MIN(n, (size_t)N);
@@ -242,6 +244,52 @@ TEST(reduce_nan_inf_and_edges) {
   ASSERT_EQ_INT(ur, 200);
 }
 
+/* int16 wraps like the other integers; bool reads any nonzero byte as true
+ * and writes 0 or 1, with OR for SUM and MAX and AND for MIN and PRODUCT. */
+TEST(reduce_int16_and_bool) {
+  for (int e = 0; e < 2; e++) {
+    int16_t x[5] = {INT16_MAX, INT16_MIN, 300, -7, 12}, y[5] = {1, -1, 300, 5, -12}, r[5];
+    entries[e](HORA_INT16, HORA_SUM, r, x, y, 5);
+    ASSERT(r[0] == INT16_MIN && r[1] == INT16_MAX && r[2] == 600 && r[3] == -2 && r[4] == 0);
+    entries[e](HORA_INT16, HORA_PRODUCT, r, x, y, 5);
+    ASSERT(r[0] == INT16_MAX && r[1] == INT16_MIN && r[2] == 24464 && r[3] == -35 && r[4] == -144);
+    entries[e](HORA_INT16, HORA_MIN, r, x, y, 5);
+    ASSERT(r[0] == 1 && r[1] == INT16_MIN && r[2] == 300 && r[3] == -7 && r[4] == -12);
+    entries[e](HORA_INT16, HORA_MAX, r, x, y, 5);
+    ASSERT(r[0] == INT16_MAX && r[1] == -1 && r[2] == 300 && r[3] == 5 && r[4] == 12);
+    entries[e](HORA_INT16, HORA_AVERAGE, r, x, y, 5); /* a sum until hora__divide */
+    ASSERT(r[0] == INT16_MIN && r[3] == -2);
+
+    /* Every pair of bytes from the ones that matter, 33 elements so the
+     * vectorised loops run too. */
+    const uint8_t v[] = {0, 1, 2, 0x80, 0xff, 0, 0x10};
+    enum { V = sizeof(v), N = V * V };
+    uint8_t a[N], b[N], got[N];
+    for (int i = 0; i < N; i++) {
+      a[i] = v[i / V];
+      b[i] = v[i % V];
+    }
+    for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
+      entries[e](HORA_BOOL, (hora_op)op, got, a, b, N);
+      bool conj = op == HORA_MIN || op == HORA_PRODUCT;
+      for (int i = 0; i < N; i++) {
+        int want = conj ? a[i] && b[i] : a[i] || b[i];
+        if (got[i] != want) {
+          FAIL("%s: bool %s of 0x%02x and 0x%02x: %d, expected %d", entry_names[e],
+               hora_op_name((hora_op)op), a[i], b[i], got[i], want);
+        }
+      }
+    }
+    /* In place, as the collectives reduce. */
+    uint8_t p[3] = {0, 4, 0}, q[3] = {9, 0, 0};
+    entries[e](HORA_BOOL, HORA_MAX, p, p, q, 3);
+    ASSERT(p[0] == 1 && p[1] == 1 && p[2] == 0);
+  }
+  uint8_t raw[4] = {0, 1, 2, 0xff};
+  hora__normalize_bool(raw, 4);
+  ASSERT(raw[0] == 0 && raw[1] == 1 && raw[2] == 1 && raw[3] == 1);
+}
+
 TEST(reduce_in_place_aliasing) {
   enum { N = 333 };
   double a[N], b[N], want[N];
@@ -298,6 +346,22 @@ TEST(divide_and_scale) {
   int64_t lv = 5;
   hora__scale(HORA_INT64, &lv, 1, 0.5);
   ASSERT_EQ_INT(lv, 3); /* 2.5 rounds away from zero */
+  int16_t wv[5] = {-7, 7, INT16_MAX, INT16_MIN, 5};
+  hora__divide(HORA_INT16, wv, 5, 2);
+  ASSERT(wv[0] == -3 && wv[1] == 3 && wv[2] == 16383 && wv[3] == -16384 && wv[4] == 2);
+  int16_t wd = INT16_MIN;
+  hora__divide(HORA_INT16, &wd, 1, 40000); /* beyond int16's range */
+  ASSERT_EQ_INT(wd, 0);
+  int16_t ws[4] = {5, -5, 1000, -3};
+  hora__scale(HORA_INT16, ws, 4, 0.5);
+  ASSERT(ws[0] == 3 && ws[1] == -3 && ws[2] == 500 && ws[3] == -2); /* halves away from zero */
+  int16_t wt[3] = {7, -7, 20000};
+  hora__scale(HORA_INT16, wt, 3, 1.5);
+  ASSERT(wt[0] == 11 && wt[1] == -11 && wt[2] == 30000);
+  uint8_t bv2[3] = {0, 1, 7};
+  hora__divide(HORA_BOOL, bv2, 3, 4); /* refused before it gets here: left alone */
+  hora__scale(HORA_BOOL, bv2, 3, 2.0);
+  ASSERT(bv2[0] == 0 && bv2[1] == 1 && bv2[2] == 7);
 }
 
 TEST(compression_roundtrip_and_reduce) {

@@ -78,6 +78,13 @@ TEST(strerror_covers_every_code) {
   ASSERT(strcmp(hora_op_name((hora_op)99), "unknown") == 0);
   ASSERT_EQ_INT(hora_dtype_size(HORA_FLOAT16), 2);
   ASSERT_EQ_INT(hora_dtype_size((hora_dtype)42), 0);
+  ASSERT(strcmp(hora_dtype_name(HORA_INT16), "int16") == 0 && hora_dtype_size(HORA_INT16) == 2);
+  ASSERT(strcmp(hora_dtype_name(HORA_BOOL), "bool") == 0 && hora_dtype_size(HORA_BOOL) == 1);
+  ASSERT(strcmp(hora_dtype_name((hora_dtype)(HORA_BOOL + 1)), "unknown") == 0);
+  ASSERT_EQ_INT(HORA_INT16, 8); /* ABI: appended after HORA_FLOAT64 */
+  ASSERT_EQ_INT(HORA_BOOL, 9);
+  ASSERT(!hora__dtype_is_float(HORA_INT16) && !hora__dtype_is_float(HORA_BOOL) &&
+         hora__dtype_is_float(HORA_FLOAT16) && hora__dtype_is_float(HORA_FLOAT64));
 }
 
 static int submit(struct hora__controller *c, int rank, uint8_t kind, const char *key, uint64_t count,
