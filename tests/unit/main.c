@@ -22,6 +22,8 @@ int test_skipped;
   X(params_job_encoding_and_difference)                                                      \
   X(message_requests_roundtrip)                                                              \
   X(message_requests_reject_malformed)                                                       \
+  X(message_shapes)                                                                          \
+  X(message_requests_reject_bad_shapes)                                                      \
   X(message_responses_roundtrip)                                                             \
   X(message_responses_reject_malformed)                                                      \
   X(message_abort_roundtrip)                                                                 \
