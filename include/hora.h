@@ -198,10 +198,19 @@ typedef struct hora_allreduce_options {
   double prescale;    /* each rank's input is multiplied by this first (1.0: none) */
   double postscale;   /* the result is multiplied by this last, after AVERAGE's division */
   int compression;    /* a hora_compression; ignored for dtypes other than float32/float64 */
+  /* The tensor's shape (added later; read only when struct_size covers
+   * both fields): ndims -1 means none is given; else 0..HORA_MAX_DIMS, and
+   * dims[] holds ndims sizes whose product is count. dims is read during
+   * the call only. Ranks that give different shapes for one name, or a
+   * shape and none, get HORA_ERR_MISMATCH naming both. */
+  int ndims;
+  const int64_t *dims;
 } hora_allreduce_options;
 
+#define HORA_MAX_DIMS 32
+
 #define HORA_ALLREDUCE_OPTIONS_INIT \
-  { sizeof(hora_allreduce_options), 1.0, 1.0, HORA_COMPRESSION_DEFAULT }
+  { sizeof(hora_allreduce_options), 1.0, 1.0, HORA_COMPRESSION_DEFAULT, -1, NULL }
 
 /* hora_allreduce_async with options; opts may be NULL (the defaults). */
 HORA_EXTERN int hora_allreduce_async_ex(const char *name, const void *sendbuf, void *recvbuf,
@@ -258,6 +267,42 @@ HORA_EXTERN int hora_built(const char *feature);
 /* 1 when MPI runs with MPI_THREAD_MULTIPLE (what hora_init asks for when it
  * starts MPI itself), 0 otherwise or when MPI is not running. */
 HORA_EXTERN int hora_mpi_threads_supported(void);
+
+/* ---- Shapes of broadcast and allgather ---------------------------------------
+ * Options of broadcast and allgather; grows like hora_allreduce_options.
+ * A shape is checked like an allreduce's: HORA_ERR_INVALID_ARG at
+ * submission when it does not hold count elements, HORA_ERR_MISMATCH on
+ * every rank when ranks disagree. A broadcast compares the whole shape; an
+ * allgather every dimension but the first (each rank's own rows). */
+typedef struct hora_op_options {
+  size_t struct_size; /* sizeof(hora_op_options) */
+  int ndims;          /* -1: no shape; else dims[0] * ... * dims[ndims-1] == count
+                         (for allgather: this rank's input) */
+  const int64_t *dims;
+} hora_op_options;
+
+#define HORA_OP_OPTIONS_INIT { sizeof(hora_op_options), -1, NULL }
+
+/* hora_broadcast_async / hora_allgather_async with options; opts may be NULL. */
+HORA_EXTERN int hora_broadcast_async_ex(const char *name, void *buf, size_t count,
+                                        hora_dtype dtype, int root, const hora_op_options *opts,
+                                        hora_request **req);
+HORA_EXTERN int hora_allgather_async_ex(const char *name, const void *sendbuf, size_t count,
+                                        hora_dtype dtype, void *recvbuf,
+                                        const hora_op_options *opts, hora_request **req);
+
+/* ---- Timeline at run time ----------------------------------------------------
+ * Starts writing the timeline (the HORA_TIMELINE trace) to `path`; with
+ * mark_cycles, an instant event CYCLE_START per negotiation cycle as well.
+ * Only rank 0 writes it: on other ranks both calls check their arguments
+ * and do nothing, so every rank may call them, as with Horovod. A timeline
+ * already being written (from HORA_TIMELINE or an earlier call) is
+ * finished first, and the new file replaces it. Stopping finishes the
+ * file (it is valid JSON, the phases still open are ended) and is a no-op
+ * when none is being written. Callable from any thread; before hora_init,
+ * HORA_ERR_INVALID_USAGE. */
+HORA_EXTERN int hora_start_timeline(const char *path, int mark_cycles);
+HORA_EXTERN int hora_stop_timeline(void);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,16 @@ HORA_EXTERN int hora_allgather_async_stream(const char *name, const void *sendbu
  * the GPU after that surface in later calls. */
 HORA_EXTERN int hora_wait_stream(hora_request **req, cudaStream_t stream);
 
+/* The stream-ordered broadcast and allgather with a shape (hora_op_options, hora.h). */
+HORA_EXTERN int hora_broadcast_async_stream_ex(const char *name, void *buf, size_t count,
+                                               hora_dtype dtype, int root,
+                                               const hora_op_options *opts, cudaStream_t stream,
+                                               hora_request **req);
+HORA_EXTERN int hora_allgather_async_stream_ex(const char *name, const void *sendbuf,
+                                               size_t count, hora_dtype dtype, void *recvbuf,
+                                               const hora_op_options *opts, cudaStream_t stream,
+                                               hora_request **req);
+
 #ifdef __cplusplus
 }
 #endif

@@ -188,7 +188,9 @@ static int init_locked(void) {
   if (rt->rank == 0) {
     hora__params_log();
     if (hora__params.TIMELINE[0]) {
-      HORA_CHECK_GOTO(hora__timeline_open(hora__params.TIMELINE), rc, fail);
+      HORA_CHECK_GOTO(hora__timeline_open(hora__params.TIMELINE, hora__params.TIMELINE_MARK_CYCLES,
+                                          "HORA_TIMELINE"),
+                      rc, fail);
     }
   }
   log_startup(rt);
@@ -320,6 +322,7 @@ static struct hora_request *request_new(uint8_t kind) {
     r->meta.kind = kind;
     r->meta.root = -1;
     r->meta.prescale = r->meta.postscale = 1.0;
+    r->shape.ndims = -1;
     r->last_joined = -1;
     r->sent_slot = -1;
   }
@@ -595,6 +598,34 @@ static int check_common(const char *call, const char *name, size_t count, hora_d
   return HORA_SUCCESS;
 }
 
+/* The caller's shape into r: its dims for rank 0's messages, and the
+ * fingerprint every comparison uses. */
+static void set_shape(struct hora_request *r, const struct hora__shape *s) {
+  if (s->ndims >= 0) {
+    r->shape = *s;
+    r->meta.shape = hora__shape_fingerprint(r->meta.kind, s);
+  }
+}
+
+/* The shape of a hora_op_options (NULL: none), read only where the
+ * caller's struct_size covers it. */
+static int op_options_shape(const char *call, const hora_op_options *opts, size_t count,
+                            struct hora__shape *shape) {
+  shape->ndims = -1;
+  if (!opts) {
+    return HORA_SUCCESS;
+  }
+  if (opts->struct_size < sizeof(opts->struct_size) || opts->struct_size > (1u << 16)) {
+    return hora__error(HORA_ERR_INVALID_ARG,
+                       "%s: opts->struct_size is %zu; set it to sizeof(hora_op_options)", call,
+                       opts->struct_size);
+  }
+  if (opts->struct_size < offsetof(hora_op_options, dims) + sizeof(opts->dims)) {
+    return HORA_SUCCESS;
+  }
+  return hora__shape_check(call, opts->ndims, opts->dims, count, shape);
+}
+
 static int compression_setting(void) {
   if (strcmp(hora__params.COMPRESSION, "fp16") == 0) {
     return HORA_COMPRESSION_FP16;
@@ -632,7 +663,15 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
                          opts->struct_size);
     }
     memcpy(&o, opts, HORA_MIN(opts->struct_size, sizeof(o)));
+    /* A struct from before the shape ends after `compression`, maybe with
+     * padding where `ndims` now is: the shape counts only when whole. */
+    if (opts->struct_size < offsetof(hora_allreduce_options, dims) + sizeof(o.dims)) {
+      o.ndims = -1;
+      o.dims = NULL;
+    }
   }
+  struct hora__shape shape;
+  HORA_CHECK(hora__shape_check("hora_allreduce_async_ex", o.ndims, o.dims, count, &shape));
   if (!isfinite(o.prescale) || !isfinite(o.postscale)) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async_ex: prescale %g or postscale %g "
                        "is not a finite number", o.prescale, o.postscale);
@@ -660,6 +699,7 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
   r->meta.postscale = o.postscale;
   /* Only float32 and float64 are narrowed on the wire. */
   r->meta.compression = (uint8_t)(dtype == HORA_FLOAT32 || dtype == HORA_FLOAT64 ? compression : 0);
+  set_shape(r, &shape);
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   r->stream = stream;
@@ -674,16 +714,23 @@ HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void
 
 HORA_EXTERN int hora_broadcast_async(const char *name, void *buf, size_t count, hora_dtype dtype,
                                      int root, hora_request **req) {
-  return hora__broadcast_submit(name, buf, count, dtype, root, NULL, req);
+  return hora__broadcast_submit(name, buf, count, dtype, root, NULL, NULL, req);
+}
+
+HORA_EXTERN int hora_broadcast_async_ex(const char *name, void *buf, size_t count, hora_dtype dtype,
+                                        int root, const hora_op_options *opts, hora_request **req) {
+  return hora__broadcast_submit(name, buf, count, dtype, root, opts, NULL, req);
 }
 
 int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype dtype, int root,
-                           void *stream, hora_request **req) {
+                           const hora_op_options *opts, void *stream, hora_request **req) {
   hora__error_clear();
   HORA_CHECK(check_common("hora_broadcast_async", name, count, dtype, req, 1));
   if (count > 0 && !buf) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_broadcast_async: buf is NULL");
   }
+  struct hora__shape shape;
+  HORA_CHECK(op_options_shape("hora_broadcast_async_ex", opts, count, &shape));
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt = running(&rc, "hora_broadcast_async");
   if (!rt) {
@@ -701,6 +748,7 @@ int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype
   r->meta.dtype = (uint8_t)dtype;
   r->meta.count = count;
   r->meta.root = root;
+  set_shape(r, &shape);
   r->sendbuf = buf;
   r->recvbuf = buf;
   r->stream = stream;
@@ -709,11 +757,18 @@ int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype
 
 HORA_EXTERN int hora_allgather_async(const char *name, const void *sendbuf, size_t count,
                                      hora_dtype dtype, void *recvbuf, hora_request **req) {
-  return hora__allgather_submit(name, sendbuf, count, dtype, recvbuf, NULL, req);
+  return hora__allgather_submit(name, sendbuf, count, dtype, recvbuf, NULL, NULL, req);
+}
+
+HORA_EXTERN int hora_allgather_async_ex(const char *name, const void *sendbuf, size_t count,
+                                        hora_dtype dtype, void *recvbuf,
+                                        const hora_op_options *opts, hora_request **req) {
+  return hora__allgather_submit(name, sendbuf, count, dtype, recvbuf, opts, NULL, req);
 }
 
 int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, hora_dtype dtype,
-                           void *recvbuf, void *stream, hora_request **req) {
+                           void *recvbuf, const hora_op_options *opts, void *stream,
+                           hora_request **req) {
   hora__error_clear();
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt = running(&rc, "hora_allgather_async");
@@ -731,12 +786,18 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
     return leave(hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: %s is NULL",
                              sendbuf ? "recvbuf" : "sendbuf"));
   }
+  struct hora__shape shape;
+  rc = op_options_shape("hora_allgather_async_ex", opts, count, &shape);
+  if (rc != HORA_SUCCESS) {
+    return leave(rc);
+  }
   struct hora_request *r = request_new(HORA_KIND_ALLGATHER);
   if (!r) {
     return leave(HORA_ERR_NO_MEMORY);
   }
   r->meta.dtype = (uint8_t)dtype;
   r->meta.count = count;
+  set_shape(r, &shape);
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   r->stream = stream;
@@ -920,6 +981,38 @@ HORA_EXTERN int hora_join(int *last_joined_rank) {
     *last_joined_rank = rc == HORA_SUCCESS ? last : -1;
   }
   return rc;
+}
+
+/* Only rank 0 writes the timeline; the coordinator keeps writing events
+ * while the file is swapped (timeline.c locks). */
+HORA_EXTERN int hora_start_timeline(const char *path, int mark_cycles) {
+  hora__error_clear();
+  if (!path || !path[0]) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_start_timeline: path is %s",
+                       path ? "empty" : "NULL");
+  }
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_start_timeline");
+  if (!rt) {
+    return rc;
+  }
+  if (rt->rank == 0) {
+    rc = hora__timeline_open(path, mark_cycles != 0, "hora_start_timeline");
+  }
+  return leave(rc);
+}
+
+HORA_EXTERN int hora_stop_timeline(void) {
+  hora__error_clear();
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = running(&rc, "hora_stop_timeline");
+  if (!rt) {
+    return rc;
+  }
+  if (rt->rank == 0) {
+    hora__timeline_close();
+  }
+  return leave(HORA_SUCCESS);
 }
 
 HORA_EXTERN int hora_mem_alloc(size_t bytes, void **ptr) {

@@ -491,16 +491,16 @@ static int send_full(struct hora__engine *e, struct hora_request *const *list, s
   if (e->ctl) {
     for (size_t i = 0; i < n; i++) {
       struct hora_request *q = list[i];
-      struct hora__wire_request w = {
-          .meta = q->meta, .key = q->key, .key_len = q->key_len, .waited_ms = waited_ms(q)};
+      struct hora__wire_request w = {.meta = q->meta, .key = q->key, .key_len = q->key_len,
+                                     .waited_ms = waited_ms(q), .shape = &q->shape};
       HORA_CHECK(hora__controller_submit(e->ctl, 0, &w));
     }
     return HORA_SUCCESS;
   }
   hora__encode_requests_begin(&e->wbuf);
   for (size_t i = 0; i < n; i++) {
-    hora__encode_request(&e->wbuf, &list[i]->meta, list[i]->key, list[i]->key_len,
-                         waited_ms(list[i]));
+    hora__encode_request_shaped(&e->wbuf, &list[i]->meta, &list[i]->shape, list[i]->key,
+                                list[i]->key_len, waited_ms(list[i]));
   }
   hora__encode_requests_end(&e->wbuf, (uint32_t)n);
   if (e->wbuf.failed) {
@@ -736,6 +736,10 @@ static bool request_matches(const struct hora__response *r, uint32_t i, int rank
   } else if (f->count != m.count) {
     snprintf(msg, size, "%s %llu elements, %s has %llu", what, (unsigned long long)f->count, ran,
              (unsigned long long)m.count);
+  } else if (f->shape != m.shape) {
+    char shape[400];
+    snprintf(msg, size, "%s %s, %s has %s", what, hora__shape_format(&q->shape, shape, sizeof(shape)),
+             ran, m.shape ? "another shape" : "none");
   } else if (m.kind == HORA_KIND_BROADCAST && f->root != m.root) {
     snprintf(msg, size, "%s root %d, %s has root %d", what, f->root, ran, m.root);
   } else if (allreduce && f->op != m.op) {
@@ -1147,6 +1151,7 @@ static void contribute(struct hora__engine *e, bool joined) {
   e->frames_told = e->acc_frames;
   e->acc_flags = joined ? HORA_CYCLE_JOINED : 0;
   e->our_joined_flag = joined;
+  hora__timeline_cycle(e->cycles + 1);
   e->new_hits = 0;
   e->cycle_started_ns = hora__now_ns();
   e->stuck_reported = false;

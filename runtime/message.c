@@ -3,17 +3,19 @@
  *   REQUESTS  := u32 n, n x request
  *   request   := u8 kind, u8 dtype, u8 op, u8 device, u8 compression,
  *                i32 root, u64 count, f64 prescale, f64 postscale, str key,
- *                u32 waited_ms
+ *                u32 waited_ms, u8 ndims (0xff: no shape), ndims x i64 dim
  *   RESPONSES := u32 n, n x { u8 kind, u8 dtype, u8 op, u8 device,
  *                u8 compression, f64 prescale, f64 postscale, i32 root,
  *                i32 last_joined, u16 error_code, str error,
- *                u32 ntensors, ntensors x { str key, u64 count } }
+ *                u32 ntensors, ntensors x { str key, u64 count, u64 shape } }
  *   ABORT     := i32 origin_rank, u16 code, str message
  *   CYCLE     := u64 cycle, u8 step, u8 flags, u64 frames, u32 nbytes,
  *                3 x nbytes (ready, submitted, evict bit vectors)
  *   STUCK     := u64 cycle, u32 waited_ms, str key (may be empty)
  *   str       := u16 length, bytes;  f64 := IEEE bits as u64
- * All little-endian. */
+ * All little-endian. A request's dims must hold its count; rank 0 derives
+ * the shape's fingerprint from them (hora__shape_fingerprint), and the
+ * responses carry only that, per tensor, for the caches to compare. */
 #include "message.h"
 
 #include <math.h>
@@ -25,8 +27,10 @@
 #define MAX_TENSORS_PER_RESPONSE (1u << 20)
 #define MAX_CACHE_BITMAP (1u << 20) /* bytes: 8 Mi slots */
 /* Smallest encodings, for rejecting counts a frame cannot hold. */
-#define REQUEST_MIN_BYTES (5 + 4 + 8 + 8 + 8 + 2 + 1 + 4)      /* 1-byte key */
+#define REQUEST_MIN_BYTES (5 + 4 + 8 + 8 + 8 + 2 + 1 + 4 + 1)  /* 1-byte key, no shape */
 #define RESPONSE_MIN_BYTES (5 + 8 + 8 + 4 + 4 + 2 + 2 + 4)     /* no tensors, no message */
+#define RESP_TENSOR_MIN_BYTES (2 + 1 + 8 + 8)                  /* 1-byte key */
+#define NO_SHAPE 0xffu /* the ndims byte of a request without a shape */
 
 static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "barrier",
                                          "join",      "shutdown",  "error"};
@@ -120,6 +124,104 @@ static int check_meta(const struct hora__op_meta *m) {
   return HORA_SUCCESS;
 }
 
+/* ---- shapes -------------------------------------------------------------- */
+
+const char *hora__shape_format(const struct hora__shape *s, char *buf, size_t n) {
+  if (!s || s->ndims < 0) {
+    snprintf(buf, n, "no shape");
+    return buf;
+  }
+  size_t o = (size_t)snprintf(buf, n, "shape [");
+  for (int i = 0; i < s->ndims && o < n; i++) {
+    if (o + 28 >= n) {
+      o += (size_t)snprintf(buf + o, n - o, "...");
+      break;
+    }
+    o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)s->dims[i]);
+  }
+  if (o < n) {
+    snprintf(buf + o, n - o, "]");
+  }
+  return buf;
+}
+
+/* Whether shape s (ndims >= 0) holds `count` elements. */
+static int shape_holds(const char *call, const struct hora__shape *s, uint64_t count) {
+  char shown[400];
+  uint64_t n = 1;
+  bool overflow = false, empty = false;
+  for (int i = 0; i < s->ndims; i++) {
+    int64_t d = s->dims[i];
+    if (d < 0) {
+      return hora__error(HORA_ERR_INVALID_ARG, "%s: dimension %d is %lld in %s", call, i,
+                         (long long)d, hora__shape_format(s, shown, sizeof(shown)));
+    }
+    empty |= d == 0;
+    if (d > 0 && n > UINT64_MAX / (uint64_t)d) {
+      overflow = true;
+    } else {
+      n *= (uint64_t)d;
+    }
+  }
+  if (empty) {
+    n = 0; /* a zero dimension empties the tensor, however big the rest */
+  } else if (overflow) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: %s holds more than %llu elements, but count is "
+                       "%llu", call, hora__shape_format(s, shown, sizeof(shown)),
+                       (unsigned long long)UINT64_MAX, (unsigned long long)count);
+  }
+  if (n != count) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: %s holds %llu elements, but count is %llu", call,
+                       hora__shape_format(s, shown, sizeof(shown)), (unsigned long long)n,
+                       (unsigned long long)count);
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__shape_check(const char *call, int ndims, const int64_t *dims, uint64_t count,
+                      struct hora__shape *out) {
+  out->ndims = -1;
+  if (ndims == -1) {
+    return HORA_SUCCESS;
+  }
+  if (ndims < -1 || ndims > HORA_MAX_DIMS) {
+    return hora__error(HORA_ERR_INVALID_ARG,
+                       "%s: ndims is %d; a shape has -1 (none) to %d dimensions", call, ndims,
+                       HORA_MAX_DIMS);
+  }
+  if (ndims > 0 && !dims) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: ndims is %d but dims is NULL", call, ndims);
+  }
+  if (ndims > 0) {
+    memcpy(out->dims, dims, (size_t)ndims * sizeof(*dims));
+  }
+  out->ndims = ndims;
+  int rc = shape_holds(call, out, count);
+  if (rc != HORA_SUCCESS) {
+    out->ndims = -1;
+  }
+  return rc;
+}
+
+static uint64_t fnv1a_u64(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; i++) {
+    h ^= (uint8_t)(v >> (8 * i));
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t hora__shape_fingerprint(uint8_t kind, const struct hora__shape *s) {
+  if (!s || s->ndims < 0) {
+    return 0;
+  }
+  uint64_t h = fnv1a_u64(0xcbf29ce484222325ull, (uint64_t)s->ndims);
+  for (int i = kind == HORA_KIND_ALLGATHER ? 1 : 0; i < s->ndims; i++) {
+    h = fnv1a_u64(h, (uint64_t)s->dims[i]);
+  }
+  return h ? h : 1;
+}
+
 /* ---- requests ------------------------------------------------------------ */
 
 void hora__encode_requests_begin(struct hora__wbuf *w) {
@@ -127,8 +229,9 @@ void hora__encode_requests_begin(struct hora__wbuf *w) {
   hora__wbuf_u32(w, 0);
 }
 
-void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *m, const char *key,
-                          size_t key_len, uint32_t waited_ms) {
+void hora__encode_request_shaped(struct hora__wbuf *w, const struct hora__op_meta *m,
+                                 const struct hora__shape *shape, const char *key, size_t key_len,
+                                 uint32_t waited_ms) {
   hora__wbuf_u8(w, m->kind);
   hora__wbuf_u8(w, m->dtype);
   hora__wbuf_u8(w, m->op);
@@ -140,6 +243,11 @@ void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *m, c
   put_f64(w, m->postscale);
   hora__wbuf_str(w, key, key_len);
   hora__wbuf_u32(w, waited_ms);
+  int nd = shape ? shape->ndims : -1;
+  hora__wbuf_u8(w, nd < 0 ? NO_SHAPE : (uint8_t)nd);
+  for (int i = 0; i < nd; i++) {
+    hora__wbuf_u64(w, (uint64_t)shape->dims[i]);
+  }
 }
 
 void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n) {
@@ -161,6 +269,31 @@ static void read_meta(struct hora__rbuf *r, struct hora__op_meta *m) {
   m->count = hora__rbuf_u64(r);
   m->prescale = get_f64(r);
   m->postscale = get_f64(r);
+  m->shape = 0; /* not on the wire: derived from the dims */
+}
+
+/* A request's shape; false when it claims more dimensions than a shape has. */
+static bool read_shape(struct hora__rbuf *r, struct hora__shape *s) {
+  uint8_t nd = hora__rbuf_u8(r);
+  s->ndims = nd == NO_SHAPE ? -1 : nd;
+  if (s->ndims > HORA_MAX_DIMS) {
+    return false;
+  }
+  for (int i = 0; i < s->ndims; i++) {
+    s->dims[i] = (int64_t)hora__rbuf_u64(r);
+  }
+  return true;
+}
+
+static int check_shape(const struct hora__op_meta *m, const struct hora__shape *s) {
+  if (s->ndims < 0) {
+    return HORA_SUCCESS;
+  }
+  if (m->kind != HORA_KIND_ALLREDUCE && m->kind != HORA_KIND_BROADCAST &&
+      m->kind != HORA_KIND_ALLGATHER) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s request with a shape", hora__kind_name(m->kind));
+  }
+  return shape_holds("request", s, m->count);
 }
 
 int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request_sink *sink) {
@@ -175,15 +308,23 @@ int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request
     }
     for (uint32_t i = 0; i < count; i++) {
       struct hora__wire_request req;
+      struct hora__shape shape;
       read_meta(&r, &req.meta);
       req.key = hora__rbuf_str(&r, HORA_KEY_MAX, &req.key_len);
       req.waited_ms = hora__rbuf_u32(&r);
+      if (!read_shape(&r, &shape)) {
+        return hora__error(HORA_ERR_INVALID_ARG, "request %u of %u has a shape of %d dimensions",
+                           i, count, shape.ndims);
+      }
       if (r.bad) {
         return hora__error(HORA_ERR_INVALID_ARG, "request %u of %u is truncated", i, count);
       }
+      req.shape = shape.ndims >= 0 ? &shape : NULL;
+      req.meta.shape = hora__shape_fingerprint(req.meta.kind, req.shape);
       if (pass == 0) {
         HORA_CHECK(check_meta(&req.meta));
         HORA_CHECK(check_key(req.key, req.key_len));
+        HORA_CHECK(check_shape(&req.meta, &shape));
       } else {
         HORA_CHECK(sink->request(sink->arg, &req));
       }
@@ -302,6 +443,7 @@ void hora__response_meta(const struct hora__response *r, uint32_t i, struct hora
   m->count = r->tensors[i].count;
   m->prescale = r->prescale;
   m->postscale = r->postscale;
+  m->shape = r->tensors[i].shape;
 }
 
 struct hora__response *hora__response_for(const struct hora__op_meta *m, const char *key,
@@ -321,6 +463,7 @@ struct hora__response *hora__response_for(const struct hora__op_meta *m, const c
     hora__response_free(r);
     return NULL;
   }
+  r->tensors[0].shape = m->shape;
   return r;
 }
 
@@ -349,6 +492,7 @@ int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *r
     for (uint32_t t = 0; t < r->ntensors; t++) {
       hora__wbuf_str(w, r->tensors[t].key, r->tensors[t].key_len);
       hora__wbuf_u64(w, r->tensors[t].count);
+      hora__wbuf_u64(w, r->tensors[t].shape);
     }
   }
   return w->failed ? hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding responses")
@@ -382,7 +526,7 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
     if (rb.bad || kind >= HORA_KIND_COUNT_ ||
         !fields_valid(dtype, op, device, compression, prescale, postscale) ||
         code >= HORA_RESULT_COUNT_ || nt > MAX_TENSORS_PER_RESPONSE ||
-        nt > hora__rbuf_left(&rb) / 11) {
+        nt > hora__rbuf_left(&rb) / RESP_TENSOR_MIN_BYTES) {
       rc = hora__error(HORA_ERR_INVALID_ARG, "response %u of %u is malformed", i, count);
       goto fail;
     }
@@ -415,6 +559,7 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
       size_t kl;
       const char *key = hora__rbuf_str(&rb, HORA_KEY_MAX, &kl);
       uint64_t cnt = hora__rbuf_u64(&rb);
+      uint64_t shape = hora__rbuf_u64(&rb);
       if (rb.bad) {
         rc = hora__error(HORA_ERR_INVALID_ARG, "response %u of %u is truncated", i, count);
         goto fail;
@@ -426,6 +571,7 @@ int hora__decode_responses(const uint8_t *p, size_t n, struct hora__response ***
         goto fail;
       }
       HORA_CHECK_GOTO(hora__response_set_tensor(r, t, key, kl, cnt), rc, fail);
+      r->tensors[t].shape = shape;
       if (cache && cacheable(kind)) {
         struct hora__op_meta m;
         int32_t noted;

@@ -44,7 +44,26 @@ struct hora__op_meta {
   int32_t root;
   uint64_t count;
   double prescale, postscale;
+  uint64_t shape; /* hora__shape_fingerprint of the caller's shape; 0: none given */
 };
+
+/* A tensor's shape as the caller gave it (ndims -1: none). Kept in the
+ * request itself, so a shape costs no allocation. */
+struct hora__shape {
+  int32_t ndims;
+  int64_t dims[HORA_MAX_DIMS];
+};
+
+/* Checks that ndims/dims describe `count` elements and copies them into
+ * *out; HORA_ERR_INVALID_ARG naming `call` otherwise. ndims -1: no shape. */
+int hora__shape_check(const char *call, int ndims, const int64_t *dims, uint64_t count,
+                      struct hora__shape *out);
+/* What ranks compare: FNV-1a over ndims and the dimensions that must agree
+ * (all of them; for an allgather all but the first, each rank's own rows).
+ * Never 0, which stands for "no shape". */
+uint64_t hora__shape_fingerprint(uint8_t kind, const struct hora__shape *s);
+/* "shape [17, 1311]", or "no shape" for NULL or ndims -1. */
+const char *hora__shape_format(const struct hora__shape *s, char *buf, size_t n);
 
 /* ---- requests ------------------------------------------------------------ */
 
@@ -53,12 +72,19 @@ struct hora__wire_request {
   const char *key; /* points into the decoded frame */
   size_t key_len;
   uint32_t waited_ms; /* since it was submitted: the stall inspector counts from there */
+  const struct hora__shape *shape; /* NULL: none (meta.shape is its fingerprint) */
 };
 
 /* A REQUESTS message: the requests that could not go as a cache bit. */
 void hora__encode_requests_begin(struct hora__wbuf *w);
-void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *meta, const char *key,
-                          size_t key_len, uint32_t waited_ms);
+void hora__encode_request_shaped(struct hora__wbuf *w, const struct hora__op_meta *meta,
+                                 const struct hora__shape *shape, const char *key, size_t key_len,
+                                 uint32_t waited_ms);
+/* A request without a shape. */
+static inline void hora__encode_request(struct hora__wbuf *w, const struct hora__op_meta *meta,
+                                        const char *key, size_t key_len, uint32_t waited_ms) {
+  hora__encode_request_shaped(w, meta, NULL, key, key_len, waited_ms);
+}
 /* Patches the count written by _begin. */
 void hora__encode_requests_end(struct hora__wbuf *w, uint32_t n);
 
@@ -104,6 +130,7 @@ struct hora__resp_tensor {
   char *key;
   uint16_t key_len;
   uint64_t count;
+  uint64_t shape; /* the shape's fingerprint (op_meta.shape): each fused tensor keeps its own */
 };
 
 struct hora__response {

@@ -23,6 +23,7 @@
 struct variant {
   struct hora__op_meta meta;
   int lowest_rank;
+  struct hora__shape shape; /* for the message: meta.shape is only its fingerprint */
 };
 
 struct pending_op {
@@ -294,8 +295,8 @@ static int respond(struct hora__controller *c, struct pending_op *op) {
   return HORA_SUCCESS;
 }
 
-static void describe_mismatch(const struct pending_op *op, int a, const struct hora__op_meta *f,
-                              int rank, const struct hora__op_meta *m, char *msg, size_t size);
+static void describe_mismatch(const struct pending_op *op, const struct variant *va,
+                              const struct variant *vb, char *msg, size_t size);
 
 /* Decides what can be decided about `op` now. */
 static int update(struct hora__controller *c, struct pending_op *op) {
@@ -339,17 +340,19 @@ static int update(struct hora__controller *c, struct pending_op *op) {
         b = v;
       }
     }
-    describe_mismatch(op, a->lowest_rank, &a->meta, b->lowest_rank, &b->meta, msg, sizeof(msg));
+    describe_mismatch(op, a, b, msg, sizeof(msg));
     return respond_error(c, op, HORA_ERR_MISMATCH, msg);
   }
   return respond(c, op);
 }
 
 /* "allreduce 'x': rank 0 sent 10 elements, rank 1 sent 11": the first field
- * in which rank a's request f and rank b's request m differ. */
-static void describe_mismatch(const struct pending_op *op, int a, const struct hora__op_meta *f,
-                              int rank, const struct hora__op_meta *m, char *msg, size_t size) {
+ * in which the requests of variants va and vb differ. */
+static void describe_mismatch(const struct pending_op *op, const struct variant *va,
+                              const struct variant *vb, char *msg, size_t size) {
   char name[300];
+  int a = va->lowest_rank, rank = vb->lowest_rank;
+  const struct hora__op_meta *f = &va->meta, *m = &vb->meta;
   hora__key_display(op->key, op->key_len, name, sizeof(name));
   const char *kind = hora__kind_name(f->kind);
   if (m->kind != f->kind) {
@@ -364,6 +367,13 @@ static void describe_mismatch(const struct pending_op *op, int a, const struct h
   } else if (m->count != f->count) {
     snprintf(msg, size, "%s %s: rank %d sent %llu elements, rank %d sent %llu", kind, name, a,
              (unsigned long long)f->count, rank, (unsigned long long)m->count);
+  } else if (m->shape != f->shape) {
+    char sa[400], sb[400];
+    snprintf(msg, size, "%s %s: rank %d submitted %s, rank %d %s%s", kind, name, a,
+             hora__shape_format(&va->shape, sa, sizeof(sa)), rank,
+             hora__shape_format(&vb->shape, sb, sizeof(sb)),
+             f->kind == HORA_KIND_ALLGATHER ? " (an allgather's shapes must agree in every "
+                                              "dimension but the first)" : "");
   } else if (m->op != f->op) {
     snprintf(msg, size, "%s %s: rank %d asked for %s, rank %d for %s", kind, name, a,
              hora_op_name(f->op), rank, hora_op_name(m->op));
@@ -382,15 +392,34 @@ static void describe_mismatch(const struct pending_op *op, int a, const struct h
 }
 
 /* Records rank's request among the variants of op. */
-static void add_variant(struct pending_op *op, int rank, const struct hora__op_meta *m) {
+static void add_variant(struct pending_op *op, int rank, const struct hora__op_meta *m,
+                        const struct hora__shape *shape) {
   for (int i = 0; i < op->nvariants; i++) {
     if (hora__meta_equal(&op->variants[i].meta, m)) {
       op->variants[i].lowest_rank = HORA_MIN(op->variants[i].lowest_rank, rank);
       return;
     }
   }
+  struct variant *v = &op->variants[0];
   if (op->nvariants < MAX_VARIANTS) {
-    op->variants[op->nvariants++] = (struct variant){*m, rank};
+    v = &op->variants[op->nvariants++];
+  } else {
+    /* Full: keep those of the lowest ranks, so that the message names the
+     * same two ranks whatever order the requests came in. */
+    for (int i = 1; i < op->nvariants; i++) {
+      if (op->variants[i].lowest_rank > v->lowest_rank) {
+        v = &op->variants[i];
+      }
+    }
+    if (v->lowest_rank < rank) {
+      return;
+    }
+  }
+  v->meta = *m;
+  v->lowest_rank = rank;
+  v->shape.ndims = shape && m->shape ? shape->ndims : -1;
+  if (v->shape.ndims > 0) {
+    memcpy(v->shape.dims, shape->dims, (size_t)v->shape.ndims * sizeof(shape->dims[0]));
   }
 }
 
@@ -408,6 +437,7 @@ static void normalise(struct hora__op_meta *m) {
     m->dtype = 0;
     m->count = 0;
     m->device = 0;
+    m->shape = 0;
   }
 }
 
@@ -525,7 +555,7 @@ int hora__controller_submit(struct hora__controller *c, int rank,
     return hora__error(HORA_ERR_PROTOCOL, "rank %d submitted operation %.*s twice", rank,
                        (int)req->key_len, req->key);
   }
-  add_variant(op, rank, &m);
+  add_variant(op, rank, &m, req->shape);
   op->have[rank] = 1;
   op->nhave++;
   if (c->joined[rank]) {

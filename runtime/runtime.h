@@ -3,7 +3,8 @@
  * Threads and locks. Caller threads validate, enqueue and wait. The one
  * coordinator thread ("hora-coord", engine.c) owns negotiation, the data
  * plane and every connection. They share only what is below "protected by
- * mu"; mu is the only lock, so there is no lock order to get wrong. A
+ * mu"; mu is the only lock here, so there is no lock order to get wrong
+ * (the timeline's, in timeline.c, is a leaf: nothing is taken under it). A
  * request's result fields are written by the coordinator before it sets
  * `done` (release) and read by the caller after it sees `done` (acquire). */
 #ifndef HORA_RUNTIME_H
@@ -32,6 +33,7 @@ struct hora_request {
   char key[HORA_KEY_MAX + 1];
   uint16_t key_len;
   struct hora__op_meta meta;
+  struct hora__shape shape; /* the caller's, copied; meta.shape is its fingerprint */
   const void *sendbuf;
   void *recvbuf;
   uint64_t submit_ns;
@@ -123,9 +125,10 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
                            hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
                            void *stream, hora_request **req);
 int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype dtype, int root,
-                           void *stream, hora_request **req);
+                           const hora_op_options *opts, void *stream, hora_request **req);
 int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, hora_dtype dtype,
-                           void *recvbuf, void *stream, hora_request **req);
+                           void *recvbuf, const hora_op_options *opts, void *stream,
+                           hora_request **req);
 int hora__wait_stream(hora_request **req, void *stream);
 
 /* engine.c */

@@ -1,10 +1,16 @@
 /* Timeline writer. Events collect in memory and are written with one
  * pwrite per flush, placed over the previous closing bracket and ending in
- * a new one, so the file parses as a JSON array between flushes. */
+ * a new one, so the file parses as a JSON array between flushes.
+ *
+ * The coordinator writes the events; hora_start_timeline/stop_timeline
+ * swap the file from callers' threads. `mu` guards `installed` and all in
+ * it; it is a leaf lock: nothing else is taken under it. */
 #include "timeline.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -17,47 +23,92 @@
 #define TAIL "\n]\n"
 #define FLUSH_BYTES (256 * 1024)
 
+/* A tensor's row, and how many of its phases are open in this file. */
+struct row {
+  int id;
+  int depth;
+};
+
 struct timeline {
   int fd;
   off_t end;      /* where the closing bracket starts */
   bool in_file;   /* the file holds an event */
   bool in_buf;    /* the buffer holds an event */
   bool stopped;   /* a write failed: the file ends where it was valid */
+  bool mark_cycles;
   uint64_t t0_ns; /* time zero of the trace */
-  struct hora__table rows; /* key -> row id + 1 */
+  struct hora__table rows; /* key -> struct row */
   int next_row;
   struct hora__wbuf buf;
 };
 
-static struct timeline *tl;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct timeline *installed;
+/* Whether events are wanted, for callers to skip formatting them: read
+ * without the lock, and rechecked under it. */
+static atomic_bool enabled;
 
-bool hora__timeline_enabled(void) { return tl != NULL && !tl->stopped; }
+bool hora__timeline_enabled(void) {
+  return atomic_load_explicit(&enabled, memory_order_relaxed);
+}
 
-int hora__timeline_open(const char *path) {
-  struct timeline *t = hora__calloc(1, sizeof(*t));
-  if (!t) {
+static void flush(struct timeline *tl);
+static void finish(struct timeline *tl);
+
+/* With mu held, after anything that may have stopped the installed file. */
+static void update_enabled(void) {
+  atomic_store_explicit(&enabled, installed && !installed->stopped, memory_order_relaxed);
+}
+
+/* Installs tl (NULL: none) and returns the timeline it replaces. */
+static struct timeline *swap(struct timeline *tl) {
+  pthread_mutex_lock(&mu);
+  struct timeline *old = installed;
+  installed = tl;
+  update_enabled();
+  pthread_mutex_unlock(&mu);
+  return old;
+}
+
+/* A new file replaces the current one (if any), once it is made: if it
+ * cannot be, the current one goes on. `who` names the caller in errors. */
+int hora__timeline_open(const char *path, bool mark_cycles, const char *who) {
+  struct timeline *tl = hora__calloc(1, sizeof(*tl));
+  if (!tl) {
     return HORA_ERR_NO_MEMORY;
   }
-  t->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (t->fd < 0) {
-    free(t);
-    return hora__error_errno(HORA_ERR_SYSTEM, "HORA_TIMELINE: cannot create '%s'", path);
+  tl->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (tl->fd < 0) {
+    free(tl);
+    return hora__error_errno(HORA_ERR_SYSTEM, "%s: cannot create '%s'", who, path);
   }
   static const char head[] = "[" TAIL;
-  if (pwrite(t->fd, head, sizeof(head) - 1, 0) != (ssize_t)sizeof(head) - 1) {
-    int rc = hora__error_errno(HORA_ERR_SYSTEM, "HORA_TIMELINE: cannot write '%s'", path);
-    close(t->fd);
-    free(t);
+  if (pwrite(tl->fd, head, sizeof(head) - 1, 0) != (ssize_t)sizeof(head) - 1) {
+    int rc = hora__error_errno(HORA_ERR_SYSTEM, "%s: cannot write '%s'", who, path);
+    close(tl->fd);
+    free(tl);
     return rc;
   }
-  t->end = 1;
-  t->t0_ns = hora__now_ns();
-  tl = t;
+  tl->end = 1;
+  tl->mark_cycles = mark_cycles;
+  tl->t0_ns = hora__now_ns();
+  finish(swap(tl));
   return HORA_SUCCESS;
 }
 
+void hora__timeline_close(void) { finish(swap(NULL)); }
+
 void hora__timeline_flush(void) {
-  if (!tl || tl->buf.len == 0) {
+  pthread_mutex_lock(&mu);
+  if (installed) {
+    flush(installed);
+    update_enabled();
+  }
+  pthread_mutex_unlock(&mu);
+}
+
+static void flush(struct timeline *tl) {
+  if (tl->buf.len == 0) {
     return;
   }
   hora__wbuf_put(&tl->buf, TAIL, sizeof(TAIL) - 1);
@@ -91,20 +142,8 @@ void hora__timeline_flush(void) {
   tl->in_buf = false;
 }
 
-void hora__timeline_close(void) {
-  if (!tl) {
-    return;
-  }
-  hora__timeline_flush();
-  close(tl->fd);
-  hora__table_free(&tl->rows);
-  hora__wbuf_free(&tl->buf);
-  free(tl);
-  tl = NULL;
-}
-
 /* Appends text with JSON string escaping. */
-static void put_json_string(const char *s, size_t n) {
+static void put_json_string(struct timeline *tl, const char *s, size_t n) {
   hora__wbuf_u8(&tl->buf, '"');
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
@@ -122,7 +161,7 @@ static void put_json_string(const char *s, size_t n) {
   hora__wbuf_u8(&tl->buf, '"');
 }
 
-static void event_start(void) {
+static void event_start(struct timeline *tl) {
   if (tl->in_file || tl->in_buf) {
     hora__wbuf_put(&tl->buf, ",\n", 2);
   } else {
@@ -131,16 +170,19 @@ static void event_start(void) {
   tl->in_buf = true;
 }
 
-/* The row of a tensor; the first use names it with a metadata event. */
-static int row_of(const char *key, size_t len) {
-  uintptr_t v = (uintptr_t)hora__table_get(&tl->rows, key, len);
-  if (v) {
-    return (int)(v - 1);
-  }
-  int row = tl->next_row++;
-  if (hora__table_put(&tl->rows, key, len, (void *)(uintptr_t)(row + 1)) != HORA_SUCCESS) {
+/* The row of a tensor (NULL when out of memory); the first use names it
+ * with a metadata event. */
+static struct row *row_of(struct timeline *tl, const char *key, size_t len) {
+  struct row *row = hora__table_get(&tl->rows, key, len);
+  if (row) {
     return row;
   }
+  row = hora__calloc(1, sizeof(*row));
+  if (!row || hora__table_put(&tl->rows, key, len, row) != HORA_SUCCESS) {
+    free(row);
+    return NULL;
+  }
+  row->id = tl->next_row++;
   char name[300];
   hora__key_display(key, len, name, sizeof(name));
   /* Strip the quotes around user names for a cleaner label. */
@@ -150,37 +192,51 @@ static int row_of(const char *key, size_t len) {
     label = name + 1;
     nl -= 2;
   }
-  event_start();
+  event_start(tl);
   char head[96];
   int h = snprintf(head, sizeof(head), "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,"
-                   "\"args\":{\"name\":", row);
+                   "\"args\":{\"name\":", row->id);
   hora__wbuf_put(&tl->buf, head, (size_t)h);
-  put_json_string(label, nl);
+  put_json_string(tl, label, nl);
   hora__wbuf_put(&tl->buf, "}}", 2);
   return row;
 }
 
-static void event(const char *key, size_t len, const char *ph, const char *name) {
-  if (!tl || tl->stopped) {
-    return;
-  }
-  int row = row_of(key, len);
-  double ts = (double)(hora__now_ns() - tl->t0_ns) / 1000.0;
-  event_start();
+static double now_us(const struct timeline *tl) {
+  return (double)(hora__now_ns() - tl->t0_ns) / 1000.0;
+}
+
+static void put_event(struct timeline *tl, int row, const char *ph, const char *name) {
+  event_start(tl);
   char buf[160];
-  int n = snprintf(buf, sizeof(buf), "{\"ph\":\"%s\",\"pid\":0,\"tid\":%d,\"ts\":%.3f", ph, row, ts);
+  int n = snprintf(buf, sizeof(buf), "{\"ph\":\"%s\",\"pid\":0,\"tid\":%d,\"ts\":%.3f", ph, row,
+                   now_us(tl));
   hora__wbuf_put(&tl->buf, buf, (size_t)n);
   if (name) {
     hora__wbuf_put(&tl->buf, ",\"name\":", 8);
-    put_json_string(name, strlen(name));
+    put_json_string(tl, name, strlen(name));
   }
   if (ph[0] == 'i') {
     hora__wbuf_put(&tl->buf, ",\"s\":\"t\"", 8);
   }
   hora__wbuf_u8(&tl->buf, '}');
   if (tl->buf.len >= FLUSH_BYTES) {
-    hora__timeline_flush();
+    flush(tl);
   }
+}
+
+static void event(const char *key, size_t len, const char *ph, const char *name) {
+  pthread_mutex_lock(&mu);
+  struct timeline *tl = installed;
+  struct row *row = tl && !tl->stopped ? row_of(tl, key, len) : NULL;
+  /* A phase that began before this file did ends unseen: every row of a
+   * file started at run time stays balanced. */
+  if (row && (ph[0] != 'E' || row->depth > 0)) {
+    row->depth += ph[0] == 'B' ? 1 : ph[0] == 'E' ? -1 : 0;
+    put_event(tl, row->id, ph, name);
+    update_enabled();
+  }
+  pthread_mutex_unlock(&mu);
 }
 
 void hora__timeline_begin(const char *key, size_t len, const char *phase) {
@@ -191,4 +247,60 @@ void hora__timeline_end(const char *key, size_t len) { event(key, len, "E", NULL
 
 void hora__timeline_mark(const char *key, size_t len, const char *what) {
   event(key, len, "i", what);
+}
+
+void hora__timeline_cycle(uint64_t cycle) {
+  if (!hora__timeline_enabled()) {
+    return;
+  }
+  pthread_mutex_lock(&mu);
+  struct timeline *tl = installed;
+  if (tl && !tl->stopped && tl->mark_cycles) {
+    /* A global instant event, as Horovod's mark_cycles writes. */
+    event_start(tl);
+    char buf[160];
+    int n = snprintf(buf, sizeof(buf), "{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\","
+                     "\"pid\":0,\"ts\":%.3f,\"args\":{\"cycle\":%llu}}", now_us(tl),
+                     (unsigned long long)cycle);
+    hora__wbuf_put(&tl->buf, buf, (size_t)n);
+    if (tl->buf.len >= FLUSH_BYTES) {
+      flush(tl);
+      update_enabled();
+    }
+  }
+  pthread_mutex_unlock(&mu);
+}
+
+/* Ends the phases still open on a row, so the file is balanced. */
+static void end_open(void *arg, const char *key, size_t len, void *value) {
+  (void)key;
+  (void)len;
+  struct timeline *tl = arg;
+  struct row *row = value;
+  for (; row->depth > 0 && !tl->stopped; row->depth--) {
+    put_event(tl, row->id, "E", NULL);
+  }
+}
+
+static void free_row(void *arg, const char *key, size_t len, void *value) {
+  (void)arg;
+  (void)key;
+  (void)len;
+  free(value);
+}
+
+/* Writes out and closes a timeline no longer installed (NULL: none). */
+static void finish(struct timeline *tl) {
+  if (!tl) {
+    return;
+  }
+  if (!tl->stopped) {
+    hora__table_each(&tl->rows, end_open, tl);
+    flush(tl);
+  }
+  close(tl->fd);
+  hora__table_each(&tl->rows, free_row, NULL);
+  hora__table_free(&tl->rows);
+  hora__wbuf_free(&tl->buf);
+  free(tl);
 }

@@ -3,13 +3,18 @@
  * ready), queueing, the copy into the fusion buffer, the collective, and the
  * copy out. Perfetto and chrome://tracing open it. The file is valid JSON
  * after every flush: events are written before a closing bracket that each
- * flush moves along. Only the coordinator thread calls these. */
+ * flush moves along. The coordinator writes the events; the file can be
+ * opened, replaced and closed from any thread meanwhile (timeline.c locks). */
 #ifndef HORA_TIMELINE_H
 #define HORA_TIMELINE_H
 
 #include "common.h"
 
-int hora__timeline_open(const char *path);
+/* Starts writing to `path`, replacing (and finishing) the file being
+ * written, if any, once the new one is made; `who` names the caller in
+ * errors. With mark_cycles, hora__timeline_cycle writes its marks. */
+int hora__timeline_open(const char *path, bool mark_cycles, const char *who);
+/* Finishes the file (ending the phases still open) and stops. */
 void hora__timeline_close(void);
 bool hora__timeline_enabled(void);
 
@@ -22,6 +27,8 @@ void hora__timeline_begin(const char *key, size_t len, const char *phase);
 void hora__timeline_end(const char *key, size_t len);
 /* An instant mark on the tensor's row, e.g. "rank 3 ready". */
 void hora__timeline_mark(const char *key, size_t len, const char *what);
+/* An instant event CYCLE_START with the cycle's number, if asked for. */
+void hora__timeline_cycle(uint64_t cycle);
 /* Writes buffered events out (called when idle, and when the buffer fills). */
 void hora__timeline_flush(void);
 

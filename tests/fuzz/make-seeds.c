@@ -60,10 +60,13 @@ int main(int argc, char **argv) {
   /* requests */
   struct hora__op_meta m = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .op = HORA_SUM,
                             .root = -1, .count = 1000, .prescale = 1, .postscale = 1};
+  struct hora__shape shape = {2, {25, 40}};
+  m.shape = hora__shape_fingerprint(m.kind, &shape);
   hora__encode_requests_begin(&w);
-  hora__encode_request(&w, &m, "Ngrad/fc1.weight", 16, 0);
+  hora__encode_request_shaped(&w, &m, &shape, "Ngrad/fc1.weight", 16, 0);
   m.kind = HORA_KIND_BROADCAST;
   m.root = 2;
+  m.shape = 0;
   hora__encode_request(&w, &m, "U7", 2, 1500);
   hora__encode_requests_end(&w, 2);
   snprintf(dir, sizeof(dir), "%s/fuzz_requests", root);
@@ -73,6 +76,7 @@ int main(int argc, char **argv) {
   r->dtype = HORA_FLOAT32;
   hora__response_set_tensor(r, 0, "Na", 2, 10);
   hora__response_set_tensor(r, 1, "Nz", 2, 99);
+  r->tensors[0].shape = 0x9e3779b97f4a7c15ull;
   struct hora__response *e = hora__response_new(HORA_KIND_ERROR, 1);
   e->error_code = HORA_ERR_MISMATCH;
   e->error_msg = strdup("allreduce 'x': rank 0 sent 10 elements, rank 1 sent 11");

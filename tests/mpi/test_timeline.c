@@ -3,18 +3,99 @@
  * argv[2] == "die", rank 0 is killed by SIGKILL in the middle of the job
  * instead of finalizing, to show the file stays valid JSON. With "full",
  * rank 0 may write only 64 bytes to files (RLIMIT_FSIZE): the timeline
- * must stop with a warning and still parse.
- * tests/timeline/check-timeline.sh runs it and parses the file. */
+ * must stop with a warning and still parse. With "runtime", HORA_TIMELINE
+ * is not set: hora_start_timeline writes argv[1] (with cycle marks) from
+ * while an operation is half submitted until hora_stop_timeline while
+ * another is, then argv[1].2, then argv[1].3 replaces it without a stop.
+ * tests/timeline/check-timeline.sh runs it and parses the files. */
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include "mpitest.h"
 
+static const char *path;
+
+static void sum(const char *name) {
+  float v[16] = {0};
+  MT_OK(hora_allreduce(name, v, v, 16, HORA_FLOAT32, HORA_SUM));
+}
+
+/* Rank 0 submits `name` and does `then` while the others have not yet:
+ * the operation is half negotiated meanwhile. */
+static void half_submitted(const char *name, int (*then)(void)) {
+  float v[16] = {0};
+  hora_request *r = NULL;
+  if (mt_rank == 0) {
+    MT_OK(hora_allreduce_async(name, v, v, 16, HORA_FLOAT32, HORA_SUM, &r));
+    usleep(50000); /* the coordinator has it (a NEGOTIATE phase is open) */
+  }
+  MT_OK(then());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (mt_rank != 0) {
+    MT_OK(hora_allreduce_async(name, v, v, 16, HORA_FLOAT32, HORA_SUM, &r));
+  }
+  MT_OK(hora_wait(&r));
+}
+
+static int start_first(void) {
+  /* Only rank 0 writes: the others' path must stay unmade. */
+  char mine[512];
+  snprintf(mine, sizeof(mine), "%s.rank%d", path, mt_rank);
+  return hora_start_timeline(mt_rank == 0 ? path : mine, 1);
+}
+
+static void workload(bool die);
+
+static void runtime_start_stop(void) {
+  MT_FAILS(hora_start_timeline(NULL, 0), HORA_ERR_INVALID_ARG, "path is NULL");
+  MT_OK(hora_stop_timeline()); /* none is being written: nothing to do */
+  half_submitted("tl/inflight", start_first);
+  workload(false);
+  half_submitted("tl/open", hora_stop_timeline);
+  sum("tl/between"); /* written nowhere */
+  char second[512], third[512];
+  snprintf(second, sizeof(second), "%s.2", path);
+  snprintf(third, sizeof(third), "%s.3", path);
+  MT_OK(hora_start_timeline(second, 0));
+  for (int i = 0; i < 3; i++) {
+    sum("tl/second");
+  }
+  MT_OK(hora_start_timeline(third, 0)); /* replaces the second file */
+  sum("tl/third");
+  MT_OK(hora_stop_timeline());
+  MT_OK(hora_stop_timeline());
+  if (mt_rank == 0) {
+    MT_FAILS(hora_start_timeline("/nonexistent-dir/x.json", 0), HORA_ERR_SYSTEM,
+             "hora_start_timeline: cannot create '/nonexistent-dir/x.json'");
+  }
+  char mine[512];
+  snprintf(mine, sizeof(mine), "%s.rank%d", path, mt_rank);
+  MT_CHECK(mt_rank == 0 || access(mine, F_OK) != 0, "rank %d wrote %s", mt_rank, mine);
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_timeline PATH finalize|die|full\n");
+    fprintf(stderr, "usage: test_timeline PATH finalize|die|full|runtime\n");
     return 2;
+  }
+  path = argv[1];
+  if (strcmp(argv[2], "runtime") == 0) {
+    /* Before hora_init, both calls are misuse. */
+    int before = hora_start_timeline(path, 1), before_stop = hora_stop_timeline();
+    mt_init();
+    MT_CHECK(before == HORA_ERR_INVALID_USAGE && before_stop == HORA_ERR_INVALID_USAGE,
+             "before hora_init: %s and %s", hora_strerror(before), hora_strerror(before_stop));
+    mt_run("timeline/runtime_start_stop", runtime_start_stop);
+    int failures = mt_total_failures();
+    MT_OK(hora_finalize());
+    int after = hora_start_timeline(path, 0);
+    if (after != HORA_ERR_INVALID_USAGE) {
+      fprintf(stderr, "after hora_finalize: hora_start_timeline returned %s\n",
+              hora_strerror(after));
+      failures++;
+    }
+    return failures ? 1 : 0;
   }
   setenv("HORA_TIMELINE", argv[1], 1);
   bool die = strcmp(argv[2], "die") == 0;
@@ -26,6 +107,18 @@ int main(int argc, char **argv) {
     signal(SIGXFSZ, SIG_IGN); /* writes past the limit fail with EFBIG instead */
     setrlimit(RLIMIT_FSIZE, &lim);
   }
+  workload(die);
+  int failures = mt_total_failures();
+  MT_OK(hora_finalize());
+  if (mt_rank == 0) {
+    printf("%s timeline/workload\n", failures ? "FAIL" : "PASS");
+  }
+  return failures ? 1 : 0;
+}
+
+/* Fused allreduces, a lone allreduce, a broadcast and an allgather; with
+ * "die", rank 0 is killed after the second step. */
+static void workload(bool die) {
   enum { N = 8 };
   float g[N][64];
   for (int step = 0; step < 3; step++) {
@@ -55,10 +148,4 @@ int main(int argc, char **argv) {
       sleep(30); /* the launcher tears the others down */
     }
   }
-  int failures = mt_total_failures();
-  MT_OK(hora_finalize());
-  if (mt_rank == 0) {
-    printf("%s timeline/workload\n", failures ? "FAIL" : "PASS");
-  }
-  return failures ? 1 : 0;
 }

@@ -1,9 +1,13 @@
 #!/bin/sh
 # Runs tests/mpi/test_timeline and checks the trace it writes: valid JSON,
 # every phase of a fused tensor in order (negotiation with one mark per
-# rank, queue, copy in, allreduce, copy out), balanced begin/end events;
+# rank, queue, copy in, allreduce, copy out), balanced begin/end events,
+# cycle marks (HORA_TIMELINE_MARK_CYCLES);
 # valid JSON even after rank 0 was killed mid-job, and after a write failed
-# (rank 0 limited to 64 bytes of file: the timeline stops with a warning).
+# (rank 0 limited to 64 bytes of file: the timeline stops with a warning);
+# and started and stopped at run time (hora_start_timeline, with cycle
+# marks, then into a second file and a third that replaces it): every file
+# valid and balanced, holding the operations of its own stretch only.
 # usage: check-timeline.sh BUILDDIR NP   (prints PASS/FAIL lines)
 set -u
 builddir=$1 np=$2
@@ -59,14 +63,17 @@ if mode == "finalize":
     ts = [e["ts"] for e in events if "ts" in e]
     if any(b < a for a, b in zip(ts, ts[1:])):
         bad.append("timestamps go backwards")
+    # Written with HORA_TIMELINE_MARK_CYCLES=1.
+    if not any(e.get("name") == "CYCLE_START" and e.get("s") == "g" for e in events):
+        bad.append("no CYCLE_START marks")
 if bad:
     print("FAIL timeline/%s_phases: %s" % (mode, "; ".join(bad[:5]))); sys.exit(1)
 print("PASS timeline/%s_phases" % mode)
 PY
 }
 
-timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" </dev/null \
-  "$work/finalize.json" finalize >"$work/out" 2>&1
+HORA_TIMELINE_MARK_CYCLES=1 timeout -k 10 120 "$MPIEXEC" $flags -np "$np" \
+  "$builddir/tests/mpi/test_timeline" </dev/null "$work/finalize.json" finalize >"$work/out" 2>&1
 if [ $? -ne 0 ]; then
   echo "FAIL timeline/workload: exit status"
   tail -n 20 "$work/out"
@@ -86,3 +93,68 @@ else
   echo "PASS timeline/write_failure_warned"
 fi
 check "$work/full.json" full
+
+check_runtime() { # file mode: runtime (the first file), second, third
+  python3 - "$1" "$2" "$np" <<'PY'
+import json, sys
+path, mode, np = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    events = json.load(open(path))
+except Exception as e:
+    print("FAIL timeline/%s_valid_json: %s" % (mode, e)); sys.exit(1)
+print("PASS timeline/%s_valid_json (%d events)" % (mode, len(events)))
+rows = {e["args"]["name"]: e["tid"] for e in events if e.get("ph") == "M"}
+bad = []
+for name, tid in rows.items():
+    depth = 0
+    for e in events:
+        if e.get("tid") == tid and e.get("ph") in ("B", "E"):
+            depth += 1 if e["ph"] == "B" else -1
+            if depth < 0:
+                bad.append("unbalanced end on row %s" % name)
+    if depth != 0:
+        bad.append("row %s ends with %d open phases" % (name, depth))
+want = {"runtime": ["tl/grad.3", "tl/lone", "tl/bcast", "tl/gather", "tl/open"],
+        "second": ["tl/second"], "third": ["tl/third"]}[mode]
+for name in want:
+    if name not in rows:
+        bad.append("no row %s" % name)
+for name in ("tl/between", "tl/third" if mode != "third" else "tl/second",
+             "tl/grad.3" if mode != "runtime" else "tl/second"):
+    if name in rows:
+        bad.append("row %s does not belong in this file" % name)
+cycles = [e["args"]["cycle"] for e in events if e.get("name") == "CYCLE_START"]
+if mode == "runtime":
+    if not cycles or cycles != sorted(cycles) or len(set(cycles)) != len(cycles):
+        bad.append("CYCLE_START marks %s" % cycles[:10])
+    # Stopped while rank 0 alone had submitted it: negotiation began, ended at the stop.
+    seq = [(e["ph"], e.get("name")) for e in events if e.get("tid") == rows.get("tl/open")]
+    if np > 1 and ("B", "NEGOTIATE_ALLREDUCE") not in seq:
+        bad.append("tl/open: %s" % seq)
+elif cycles:
+    bad.append("%d CYCLE_START marks without mark_cycles" % len(cycles))
+ts = [e["ts"] for e in events if "ts" in e]
+if any(b < a for a, b in zip(ts, ts[1:])):
+    bad.append("timestamps go backwards")
+if bad:
+    print("FAIL timeline/%s_phases: %s" % (mode, "; ".join(bad[:5]))); sys.exit(1)
+print("PASS timeline/%s_phases" % mode)
+PY
+}
+
+timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" </dev/null \
+  "$work/rt.json" runtime >"$work/out" 2>&1
+if [ $? -ne 0 ]; then
+  echo "FAIL timeline/runtime_workload: exit status"
+  tail -n 20 "$work/out"
+else
+  grep '^PASS\|^FAIL' "$work/out"
+fi
+check_runtime "$work/rt.json" runtime
+check_runtime "$work/rt.json.2" second
+check_runtime "$work/rt.json.3" third
+if ls "$work"/rt.json.rank* >/dev/null 2>&1; then
+  echo "FAIL timeline/only_rank_0_writes: $(ls "$work"/rt.json.rank*)"
+else
+  echo "PASS timeline/only_rank_0_writes"
+fi

@@ -24,6 +24,8 @@ int test_skipped;
   X(message_requests_roundtrip)                                                              \
   X(message_requests_new_dtypes)                                                             \
   X(message_requests_reject_malformed)                                                       \
+  X(message_shapes)                                                                          \
+  X(message_requests_reject_bad_shapes)                                                      \
   X(message_responses_roundtrip)                                                             \
   X(message_responses_reject_malformed)                                                      \
   X(message_abort_roundtrip)                                                                 \

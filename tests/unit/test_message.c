@@ -12,6 +12,7 @@ struct collected {
   struct hora__op_meta meta[16];
   char keys[16][HORA_KEY_MAX + 1];
   uint32_t waited_ms[16];
+  struct hora__shape shapes[16];
 };
 
 static int collect(void *arg, const struct hora__wire_request *req) {
@@ -23,6 +24,10 @@ static int collect(void *arg, const struct hora__wire_request *req) {
   memcpy(c->keys[c->n], req->key, req->key_len);
   c->keys[c->n][req->key_len] = '\0';
   c->waited_ms[c->n] = req->waited_ms;
+  c->shapes[c->n].ndims = -1;
+  if (req->shape) {
+    c->shapes[c->n] = *req->shape;
+  }
   c->n++;
   return HORA_SUCCESS;
 }
@@ -32,29 +37,127 @@ static int decode(const uint8_t *p, size_t n, struct collected *c) {
   return hora__decode_requests(p, n, &sink);
 }
 
-static void encode_two(struct hora__wbuf *w) {
+/* An allreduce of shape [10, 4, 25], a broadcast without a shape and an
+ * allgather of shape [0, 3]. */
+static void encode_three(struct hora__wbuf *w) {
   struct hora__op_meta m1 = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .op = HORA_SUM,
                              .root = -1, .count = 1000, .prescale = 0.5, .postscale = 2,
                              .compression = HORA_COMPRESSION_FP16};
   struct hora__op_meta m2 = {.kind = HORA_KIND_BROADCAST, .dtype = HORA_INT64, .root = 3,
                              .count = 7, .prescale = 1, .postscale = 1};
+  struct hora__op_meta m3 = {.kind = HORA_KIND_ALLGATHER, .dtype = HORA_INT8, .root = -1,
+                             .count = 0, .prescale = 1, .postscale = 1};
+  struct hora__shape s1 = {3, {10, 4, 25}}, s3 = {2, {0, 3}};
+  m1.shape = hora__shape_fingerprint(m1.kind, &s1);
+  m3.shape = hora__shape_fingerprint(m3.kind, &s3);
   hora__encode_requests_begin(w);
-  hora__encode_request(w, &m1, "Ngrad/layer1", 12, 0);
+  hora__encode_request_shaped(w, &m1, &s1, "Ngrad/layer1", 12, 0);
   hora__encode_request(w, &m2, "U17", 3, 2500);
-  hora__encode_requests_end(w, 2);
+  hora__encode_request_shaped(w, &m3, &s3, "Nrows", 5, 1);
+  hora__encode_requests_end(w, 3);
 }
 
 TEST(message_requests_roundtrip) {
   struct hora__wbuf w = {0};
-  encode_two(&w);
+  encode_three(&w);
   struct collected c = {0};
   ASSERT(decode(w.data, w.len, &c) == HORA_SUCCESS);
-  ASSERT_EQ_INT(c.n, 2);
+  ASSERT_EQ_INT(c.n, 3);
   ASSERT(strcmp(c.keys[0], "Ngrad/layer1") == 0 && strcmp(c.keys[1], "U17") == 0);
   ASSERT(c.meta[0].count == 1000 && c.meta[0].dtype == HORA_FLOAT32);
   ASSERT(c.meta[0].prescale == 0.5 && c.meta[0].postscale == 2 && c.meta[0].compression == 1);
   ASSERT(c.meta[1].root == 3 && c.meta[1].kind == HORA_KIND_BROADCAST);
   ASSERT(c.waited_ms[0] == 0 && c.waited_ms[1] == 2500);
+  /* The shapes arrive whole; the fingerprint is derived from them. */
+  struct hora__shape s1 = {3, {10, 4, 25}};
+  ASSERT(c.shapes[0].ndims == 3 && c.shapes[0].dims[2] == 25);
+  ASSERT(c.meta[0].shape == hora__shape_fingerprint(HORA_KIND_ALLREDUCE, &s1));
+  ASSERT(c.shapes[1].ndims == -1 && c.meta[1].shape == 0);
+  ASSERT(c.shapes[2].ndims == 2 && c.shapes[2].dims[0] == 0 && c.shapes[2].dims[1] == 3);
+  ASSERT(c.meta[2].shape != 0);
+  hora__wbuf_free(&w);
+}
+
+/* Shapes: what holds count elements, what the fingerprint compares, and
+ * how a mismatch message shows them. */
+TEST(message_shapes) {
+  struct hora__shape s;
+  ASSERT(hora__shape_check("t", -1, NULL, 5, &s) == HORA_SUCCESS && s.ndims == -1);
+  const int64_t d[] = {17, 1311}, e[] = {17, 23, 57}, z[] = {INT64_MAX, INT64_MAX, 0};
+  ASSERT(hora__shape_check("t", 2, d, 22287, &s) == HORA_SUCCESS && s.ndims == 2);
+  char buf[64];
+  ASSERT(strcmp(hora__shape_format(&s, buf, sizeof(buf)), "shape [17, 1311]") == 0);
+  ASSERT(strcmp(hora__shape_format(NULL, buf, sizeof(buf)), "no shape") == 0);
+  uint64_t fd = hora__shape_fingerprint(HORA_KIND_ALLREDUCE, &s);
+  ASSERT(hora__shape_check("t", 3, e, 22287, &s) == HORA_SUCCESS);
+  uint64_t fe = hora__shape_fingerprint(HORA_KIND_ALLREDUCE, &s);
+  ASSERT(fd != 0 && fe != 0 && fd != fe);
+  ASSERT(hora__shape_check("t", 2, d, 22288, &s) == HORA_ERR_INVALID_ARG && s.ndims == -1);
+  ASSERT_STR_CONTAINS(hora__error_message(), "t: shape [17, 1311] holds 22287 elements, but count is 22288");
+  ASSERT(hora__shape_check("t", 33, d, 1, &s) == HORA_ERR_INVALID_ARG);
+  ASSERT(hora__shape_check("t", -2, d, 1, &s) == HORA_ERR_INVALID_ARG);
+  ASSERT(hora__shape_check("t", 1, NULL, 1, &s) == HORA_ERR_INVALID_ARG);
+  ASSERT(hora__shape_check("t", 3, z, 0, &s) == HORA_SUCCESS); /* a zero dimension: empty */
+  ASSERT(hora__shape_check("t", 2, z, 0, &s) == HORA_ERR_INVALID_ARG); /* overflows */
+  ASSERT(hora__shape_check("t", 0, NULL, 1, &s) == HORA_SUCCESS);
+  ASSERT(strcmp(hora__shape_format(&s, buf, sizeof(buf)), "shape []") == 0);
+  /* A scalar is not a vector of one, nor no shape. */
+  uint64_t f0 = hora__shape_fingerprint(HORA_KIND_ALLREDUCE, &s);
+  struct hora__shape one = {1, {1}};
+  ASSERT(f0 != 0 && f0 != hora__shape_fingerprint(HORA_KIND_ALLREDUCE, &one));
+  /* An allgather's first dimension is each rank's own. */
+  struct hora__shape a = {2, {4, 3}}, b = {2, {9, 3}}, c = {2, {4, 5}};
+  ASSERT(hora__shape_fingerprint(HORA_KIND_ALLGATHER, &a) ==
+         hora__shape_fingerprint(HORA_KIND_ALLGATHER, &b));
+  ASSERT(hora__shape_fingerprint(HORA_KIND_ALLGATHER, &a) !=
+         hora__shape_fingerprint(HORA_KIND_ALLGATHER, &c));
+  ASSERT(hora__shape_fingerprint(HORA_KIND_ALLREDUCE, &a) !=
+         hora__shape_fingerprint(HORA_KIND_ALLREDUCE, &b));
+  /* A long shape is cut, not overrun. */
+  struct hora__shape big = {HORA_MAX_DIMS, {0}};
+  for (int i = 0; i < HORA_MAX_DIMS; i++) {
+    big.dims[i] = INT64_MAX;
+  }
+  hora__shape_format(&big, buf, sizeof(buf));
+  ASSERT(strlen(buf) < sizeof(buf) && strstr(buf, "...]"));
+}
+
+/* The decoder refuses shapes that do not describe the request. */
+TEST(message_requests_reject_bad_shapes) {
+  struct hora__op_meta m = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .root = -1,
+                            .count = 12, .prescale = 1, .postscale = 1};
+  struct {
+    uint8_t kind;
+    struct hora__shape shape;
+  } bad[] = {
+      {HORA_KIND_ALLREDUCE, {2, {3, 5}}},   /* 15 elements, count 12 */
+      {HORA_KIND_ALLREDUCE, {2, {-3, -4}}}, /* negative */
+      {HORA_KIND_BARRIER, {1, {12}}},       /* a barrier has no shape */
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    struct hora__wbuf w = {0};
+    m.kind = bad[i].kind;
+    hora__encode_requests_begin(&w);
+    hora__encode_request(&w, &m, "Nok", 3, 0);
+    hora__encode_request_shaped(&w, &m, &bad[i].shape, "Nbad", 4, 0);
+    hora__encode_requests_end(&w, 2);
+    struct collected c = {0};
+    ASSERT(decode(w.data, w.len, &c) == HORA_ERR_INVALID_ARG);
+    ASSERT_EQ_INT(c.n, 0);
+    hora__wbuf_free(&w);
+  }
+  /* More dimensions than a shape has: refused before any is read. */
+  struct hora__wbuf w = {0};
+  m.kind = HORA_KIND_ALLREDUCE;
+  hora__encode_requests_begin(&w);
+  hora__encode_request(&w, &m, "Nok", 3, 0);
+  w.data[w.len - 1] = HORA_MAX_DIMS + 1;
+  for (int i = 0; i < HORA_MAX_DIMS + 1; i++) {
+    hora__wbuf_u64(&w, 1);
+  }
+  hora__encode_requests_end(&w, 1);
+  struct collected c = {0};
+  ASSERT(decode(w.data, w.len, &c) == HORA_ERR_INVALID_ARG && c.n == 0);
   hora__wbuf_free(&w);
 }
 
@@ -81,7 +184,7 @@ TEST(message_requests_new_dtypes) {
 
 TEST(message_requests_reject_malformed) {
   struct hora__wbuf w = {0};
-  encode_two(&w);
+  encode_three(&w);
   /* Every truncation fails, and no request is delivered. */
   for (size_t n = 0; n < w.len; n++) {
     struct collected c = {0};
@@ -102,6 +205,8 @@ TEST(message_requests_reject_malformed) {
           ASSERT(c.meta[k].kind <= HORA_KIND_SHUTDOWN);
           ASSERT(c.meta[k].dtype <= HORA_BOOL && c.meta[k].op <= HORA_PRODUCT);
           ASSERT(c.meta[k].compression <= 2);
+          ASSERT(c.shapes[k].ndims >= -1 && c.shapes[k].ndims <= HORA_MAX_DIMS);
+          ASSERT((c.shapes[k].ndims == -1) == (c.meta[k].shape == 0));
         }
       } else {
         ASSERT_EQ_INT(c.n, 0);
@@ -129,6 +234,8 @@ static struct hora__response *sample_responses(void) {
   a->prescale = 0.25;
   hora__response_set_tensor(a, 0, "Na", 2, 5);
   hora__response_set_tensor(a, 1, "Nbb", 3, 1ull << 33);
+  a->tensors[0].shape = 0x1234567890abcdefull; /* fused tensors, each its own shape */
+  a->tensors[1].shape = 0;
   struct hora__response *e = hora__response_new(HORA_KIND_ERROR, 1);
   e->error_code = HORA_ERR_MISMATCH;
   e->error_msg = strdup("allreduce 'x': rank 0 sent 10 elements, rank 1 sent 11");
@@ -160,6 +267,10 @@ TEST(message_responses_roundtrip) {
   ASSERT(head->kind == HORA_KIND_ALLREDUCE && head->ntensors == 2 && head->op == HORA_AVERAGE);
   ASSERT(head->prescale == 0.25 && head->postscale == 1.0);
   ASSERT(head->tensors[1].count == 1ull << 33 && strcmp(head->tensors[1].key, "Nbb") == 0);
+  ASSERT(head->tensors[0].shape == 0x1234567890abcdefull && head->tensors[1].shape == 0);
+  struct hora__op_meta m;
+  hora__response_meta(head, 0, &m);
+  ASSERT(m.shape == 0x1234567890abcdefull && m.count == 5);
   ASSERT(head->next->error_code == HORA_ERR_MISMATCH);
   ASSERT_STR_CONTAINS(head->next->error_msg, "rank 1 sent 11");
   ASSERT_EQ_INT(head->next->next->last_joined, 3);
@@ -449,6 +560,8 @@ TEST(cache_lru_and_versions) {
   ASSERT(hora__cache_find(&c, "Nb", 2) == -1 && c.e[1].version == 4);
   m.count = 5; /* same key, new shape: same slot, new version */
   ASSERT(hora__cache_note(&c, "Na", 2, &m, &a) == 0 && a == 0 && c.e[0].version == 5);
+  m.shape = 42; /* same count, another shape's fingerprint: a new version too */
+  ASSERT(hora__cache_note(&c, "Na", 2, &m, &a) == 0 && a == 0 && c.e[0].version == 6);
   hora__cache_free(&c);
   struct hora__cache off;
   ASSERT(hora__cache_init(&off, 0) == HORA_SUCCESS);

@@ -174,6 +174,58 @@ TEST(controller_mismatch_messages) {
   ASSERT_STR_CONTAINS(r->error_msg, "rank 0 named root 0, rank 1 root 1");
   free_list(r);
   hora__controller_destroy(c);
+  /* More distinct requests than the controller keeps, in reverse rank
+   * order: still rank 0 against the lowest rank that differs from it. */
+  ASSERT(hora__controller_create(8, &c) == HORA_SUCCESS);
+  for (int rank = 7; rank >= 0; rank--) {
+    ASSERT(submit(c, rank, HORA_KIND_ALLREDUCE, "Nv", 10 + (uint64_t)rank, HORA_FLOAT32, HORA_SUM,
+                  -1) == 0);
+  }
+  r = take_all(c);
+  ASSERT(r && r->error_code == HORA_ERR_MISMATCH);
+  ASSERT_STR_CONTAINS(r->error_msg, "rank 0 sent 10 elements, rank 1 sent 11");
+  free_list(r);
+  hora__controller_destroy(c);
+  /* Same count, other shapes (or none): named whichever rank came first. */
+  struct hora__shape flat = {2, {17, 1311}}, deep = {3, {17, 23, 57}};
+  const struct hora__shape *pairs[][2] = {{&flat, &deep}, {NULL, &flat}, {&deep, NULL}};
+  const char *want[] = {"allreduce 'x': rank 0 submitted shape [17, 1311], rank 1 shape [17, 23, 57]",
+                        "allreduce 'x': rank 0 submitted no shape, rank 1 shape [17, 1311]",
+                        "allreduce 'x': rank 0 submitted shape [17, 23, 57], rank 1 no shape"};
+  for (int i = 0; i < 3; i++) {
+    for (int order = 0; order < 2; order++) {
+      ASSERT(hora__controller_create(2, &c) == HORA_SUCCESS);
+      for (int k = 0; k < 2; k++) {
+        int rank = order ? 1 - k : k;
+        struct hora__wire_request q = {
+            .meta = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .count = 17 * 1311,
+                     .root = -1, .prescale = 1, .postscale = 1},
+            .key = "Nx", .key_len = 2, .shape = pairs[i][rank]};
+        q.meta.shape = hora__shape_fingerprint(q.meta.kind, q.shape);
+        ASSERT(hora__controller_submit(c, rank, &q) == 0);
+      }
+      r = take_all(c);
+      ASSERT(r && r->kind == HORA_KIND_ERROR && r->error_code == HORA_ERR_MISMATCH);
+      ASSERT_STR_CONTAINS(r->error_msg, want[i]);
+      free_list(r);
+      hora__controller_destroy(c);
+    }
+  }
+  /* Equal shapes run, and the response carries their fingerprint. */
+  ASSERT(hora__controller_create(2, &c) == HORA_SUCCESS);
+  for (int rank = 0; rank < 2; rank++) {
+    struct hora__wire_request q = {
+        .meta = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .count = 17 * 1311,
+                 .root = -1, .prescale = 1, .postscale = 1},
+        .key = "Nx", .key_len = 2, .shape = &deep};
+    q.meta.shape = hora__shape_fingerprint(q.meta.kind, q.shape);
+    ASSERT(hora__controller_submit(c, rank, &q) == 0);
+  }
+  r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_ALLREDUCE && r->tensors[0].shape ==
+         hora__shape_fingerprint(HORA_KIND_ALLREDUCE, &deep));
+  free_list(r);
+  hora__controller_destroy(c);
 }
 
 TEST(controller_join_and_shutdown) {
