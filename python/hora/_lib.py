@@ -195,14 +195,20 @@ def load():
                         "the path of libhora.so.")
 
 
-def check(rc, what, value_errors=(ERR_INVALID_ARG, ERR_INVALID_USAGE)):
+def message(what, detail, key=None):
+    """`what: detail`, or the detail alone where it names the operation already."""
+    if key and key in detail:
+        return detail
+    return "%s: %s" % (what, detail)
+
+
+def check(rc, what, value_errors=(ERR_INVALID_ARG, ERR_INVALID_USAGE), key=None):
     """Raises for a failed call: ValueError for bad arguments or usage found
     at submission, HoraInternalError for the rest."""
     if rc == SUCCESS:
         return
     lib = load()
-    detail = lib.last_error() or lib.strerror(rc)
-    msg = "%s: %s" % (what, detail)
+    msg = message(what, lib.last_error() or lib.strerror(rc), key)
     if rc in value_errors:
         raise ValueError(msg)
     raise HoraInternalError(msg, rc)

@@ -268,11 +268,12 @@ class _Handle:
     """One submitted operation: its request, what must stay alive until it
     completes, and what turns the finished buffer into the output."""
 
-    __slots__ = ("req", "what", "output", "keep", "finish", "rc", "err", "stream_of")
+    __slots__ = ("req", "key", "what", "output", "keep", "finish", "rc", "err", "stream_of")
 
-    def __init__(self, what, output, keep, finish=None, stream_of=None):
+    def __init__(self, kind, key, output, keep, finish=None, stream_of=None):
         self.req = ctypes.c_void_p()
-        self.what = what
+        self.key = key
+        self.what = "%s '%s'" % (kind, key)
         self.output = output
         self.keep = keep
         self.finish = finish
@@ -307,7 +308,7 @@ class _Handle:
     def result(self):
         self.keep = None
         if self.rc:
-            raise HoraInternalError("%s: %s" % (self.what, self.err), self.rc)
+            raise HoraInternalError(L.message(self.what, self.err, self.key), self.rc)
         out = self.output
         if self.finish is not None:
             out = self.finish()
@@ -327,7 +328,7 @@ def _new_handle(h):
 
 def _submitted(rc, h, what):
     if rc != L.SUCCESS:
-        L.check(rc, what)
+        L.check(rc, what, key=h.key)
     return _new_handle(h)
 
 
@@ -367,7 +368,7 @@ def _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_facto
     nd, dims = _dims(tensor.shape)
     opts = L.AllreduceOptions(_lib.allreduce_options_size, prescale_factor, postscale_factor,
                               -1, nd, dims)
-    h = _Handle(what, tensor if in_place else output, (src, dst, dims, opts), finish)
+    h = _Handle("allreduce", key, tensor if in_place else output, (src, dst, dims, opts), finish)
     p_src, p_dst = src.data_ptr(), dst.data_ptr()
     n = tensor.numel()
     hop = _HORA_OP[op]
@@ -452,12 +453,11 @@ class _Allgather(_Handle):
     seen complete, by any later call of this module, so no rank waits on a
     phase another rank has not submitted."""
 
-    __slots__ = ("tensor", "key", "sizes", "phase")
+    __slots__ = ("tensor", "sizes", "phase")
 
-    def __init__(self, what, tensor, key):
-        super().__init__(what, None, None)
+    def __init__(self, tensor, key):
+        super().__init__("allgather", key, None, None)
         self.tensor = tensor
-        self.key = key
         self.sizes = torch.empty(size(), dtype=torch.int64)
         self.phase = 1
 
@@ -536,7 +536,7 @@ def allgather_async(tensor, name=None, process_set=None):
     if tensor.dim() == 0:
         raise ValueError("%s: cannot allgather a 0-dimensional tensor; give it a first "
                          "dimension (tensor.view(1))" % what)
-    h = _Allgather(what, tensor, key)
+    h = _Allgather(tensor, key)
     rc = h.submit_sizes()
     i = _submitted(rc, h, what)
     _staged[i] = h
@@ -589,7 +589,7 @@ def _broadcast_submit(tensor, root_rank, name, in_place):
         finish, out = None, buf
     nd, dims = _dims(tensor.shape)
     opts = L.OpOptions(ctypes.sizeof(L.OpOptions), nd, dims)
-    h = _Handle(what, out, (buf, dims, opts), finish)
+    h = _Handle("broadcast", key, out, (buf, dims, opts), finish)
     kb = key.encode()
     if tensor.is_cuda:
         h.stream_of = tensor
