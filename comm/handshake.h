@@ -25,7 +25,9 @@
 
 #define HORA_SECRET_LEN 32
 #define HORA_HELLO_MAGIC 0x41524f48u /* "HORA" */
-#define HORA_HELLO_VERSION 2
+/* The control protocol's version: 3 since requests carry shapes and
+ * response tensors a shape fingerprint, so mixed builds fail at hello. */
+#define HORA_HELLO_VERSION 3
 #define HORA_HS_NONCE_LEN 32
 #define HORA_HS_MAC_LEN 32
 #define HORA_HELLO_WIRE_SIZE 48
