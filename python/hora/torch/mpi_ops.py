@@ -230,24 +230,27 @@ def _op_name(kind, name):
 
 
 def _dtype_of(tensor, what):
+    """The hora dtype of tensor, or a clear error; `what` names the operation
+    (a string, or a function making one: only errors need it)."""
+    if isinstance(tensor, torch.Tensor):
+        dt = _DTYPES.get(tensor.dtype)
+        if (dt is not None and tensor.layout == torch.strided and
+                (tensor.is_cpu or (tensor.is_cuda and _lib.has_cuda))):
+            return dt
+    what = what() if callable(what) else what
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(tensor).__name__))
-    dt = _DTYPES.get(tensor.dtype)
-    if dt is None:
+    if _DTYPES.get(tensor.dtype) is None:
         raise ValueError("%s: tensor of dtype %s is not supported (supported: %s)"
                          % (what, tensor.dtype, ", ".join(str(d) for d in _DTYPES)))
     if tensor.layout != torch.strided:
         raise ValueError("%s: %s tensors are not supported; convert with .to_dense()"
                          % (what, tensor.layout))
-    dev = tensor.device.type
-    if dev == "cuda":
-        if not _lib.has_cuda:
-            raise ValueError("%s: the tensor is on %s but this libhora was built without CUDA"
-                             % (what, tensor.device))
-    elif dev != "cpu":
-        raise ValueError("%s: tensors on %s are not supported (cpu and cuda are)"
+    if tensor.is_cuda:
+        raise ValueError("%s: the tensor is on %s but this libhora was built without CUDA"
                          % (what, tensor.device))
-    return dt
+    raise ValueError("%s: tensors on %s are not supported (cpu and cuda are)"
+                     % (what, tensor.device))
 
 
 def _dims(shape):
@@ -255,6 +258,25 @@ def _dims(shape):
     if n > L.MAX_DIMS or not _lib.has_shapes:
         return -1, None
     return n, (ctypes.c_int64 * n)(*shape)
+
+
+# libhora copies options and shapes at submission, so one struct per
+# (shape, prescale, postscale) serves every call: a training loop submits the
+# same few again and again.
+_allreduce_options_cache = {}
+
+
+def _allreduce_options(shape, prescale, postscale):
+    k = (shape, prescale, postscale)
+    entry = _allreduce_options_cache.get(k)
+    if entry is None:
+        if len(_allreduce_options_cache) >= 4096:
+            _allreduce_options_cache.clear()
+        nd, dims = _dims(shape)
+        entry = (L.AllreduceOptions(_lib.allreduce_options_size, prescale, postscale, -1, nd,
+                                    dims), dims)
+        _allreduce_options_cache[k] = entry
+    return entry[0]
 
 
 def _stream_of(tensor):
@@ -268,18 +290,22 @@ class _Handle:
     """One submitted operation: its request, what must stay alive until it
     completes, and what turns the finished buffer into the output."""
 
-    __slots__ = ("req", "key", "what", "output", "keep", "finish", "rc", "err", "stream_of")
+    __slots__ = ("req", "kind", "key", "output", "keep", "finish", "rc", "err", "stream_of")
 
-    def __init__(self, kind, key, output, keep, finish=None, stream_of=None):
+    def __init__(self, kind, key, output, keep, finish=None):
         self.req = ctypes.c_void_p()
+        self.kind = kind
         self.key = key
-        self.what = "%s '%s'" % (kind, key)
         self.output = output
         self.keep = keep
         self.finish = finish
         self.rc = None
         self.err = ""
-        self.stream_of = stream_of  # a CUDA tensor: wait on torch's current stream
+        self.stream_of = None  # a CUDA tensor: wait on torch's current stream
+
+    @property
+    def what(self):
+        return "%s '%s'" % (self.kind, self.key)
 
     def test(self):
         """True once the request has completed (its result recorded)."""
@@ -353,8 +379,7 @@ def _resolve_op(op, average):
 
 def _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, in_place):
     key = _op_name("allreduce", name)
-    what = "allreduce '%s'" % key
-    dt = _dtype_of(tensor, what)
+    dt = _dtype_of(tensor, lambda: "allreduce '%s'" % key)
     src = tensor if tensor.is_contiguous() else tensor.contiguous()
     finish = None
     if in_place:
@@ -363,25 +388,27 @@ def _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_facto
                 t.copy_(s)
                 return t
         dst = src
+        h = _Handle("allreduce", key, tensor, src, finish)
     else:
         dst = output
-    nd, dims = _dims(tensor.shape)
-    opts = L.AllreduceOptions(_lib.allreduce_options_size, prescale_factor, postscale_factor,
-                              -1, nd, dims)
-    h = _Handle("allreduce", key, tensor if in_place else output, (src, dst, dims, opts), finish)
-    p_src, p_dst = src.data_ptr(), dst.data_ptr()
-    n = tensor.numel()
-    hop = _HORA_OP[op]
+        h = _Handle("allreduce", key, output, (src, dst))
+    opts = _allreduce_options(tensor.shape, prescale_factor, postscale_factor)
     if tensor.is_cuda:
         h.stream_of = tensor
         with torch.cuda.device(tensor.device):
-            rc = _lib.hora_allreduce_async_stream(key.encode(), p_src, p_dst, n, dt, hop,
+            rc = _lib.hora_allreduce_async_stream(key.encode(), src.data_ptr(), dst.data_ptr(),
+                                                  tensor.numel(), dt, _HORA_OP[op],
                                                   ctypes.byref(opts), _stream_of(tensor),
                                                   ctypes.byref(h.req))
     else:
-        rc = _lib.hora_allreduce_async_ex(key.encode(), p_src, p_dst, n, dt, hop,
-                                          ctypes.byref(opts), ctypes.byref(h.req))
-    return _submitted(rc, h, what)
+        rc = _lib.hora_allreduce_async_ex(key.encode(), src.data_ptr(), dst.data_ptr(),
+                                          tensor.numel(), dt, _HORA_OP[op], ctypes.byref(opts),
+                                          ctypes.byref(h.req))
+    if rc:
+        L.check(rc, h.what, key=key)
+    i = next(_next_handle)
+    _handles[i] = h
+    return i
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -389,7 +416,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Starts an allreduce into a new tensor; returns a handle for synchronize()."""
     op = _resolve_op(op, average)
     _check_process_set(process_set, "allreduce_async")
-    _dtype_of(tensor, "allreduce '%s'" % (name or "unnamed"))  # before allocating the output
+    _dtype_of(tensor, lambda: "allreduce '%s'" % (name or "unnamed"))  # before allocating
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, False)
 
@@ -662,16 +689,18 @@ def poll(handle):
 def synchronize(handle):
     """Waits for the operation of handle and returns its output tensor.
     Raises HoraInternalError when it failed."""
-    h = _handles.get(handle)
+    h = _handles.pop(handle, None)
     if h is None:
         raise ValueError("synchronize: unknown handle %r (already synchronized?)" % (handle,))
     try:
         if _staged:
             _wait_staged(handle, h)
+            _staged.pop(handle, None)
         h.wait()
-    finally:
-        _handles.pop(handle, None)
-        _staged.pop(handle, None)
+    except BaseException:
+        # Interrupted: libhora may still write into the buffers h keeps alive.
+        _handles[handle] = h
+        raise
     return h.result()
 
 
