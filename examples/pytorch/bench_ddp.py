@@ -31,8 +31,8 @@ from hora import _lib as L  # noqa: E402
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=4, help="per rank")
-    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=2, help="per rank")
+    p.add_argument("--image-size", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=5, help="timed steps per round")
     p.add_argument("--calls", type=int, default=2000, help="calls for the per-call cost")
