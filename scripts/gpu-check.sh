@@ -12,7 +12,8 @@
 #   3. hora-bench --device cuda at np=1..4, beside a plain ncclAllReduce
 #      loop on the same buffers (where NCCL can run: ranks on distinct GPUs);
 #   4. examples/train --device cuda, one epoch, at np=1 and np=2;
-#   5. python/hora/torch's tests on CUDA tensors, where that package exists.
+#   5. hora.torch on CUDA tensors (tests/python/cuda_check.py) at np=1 and 2,
+#      with the device's own CUDA torch.
 # Each step runs under its own timeout and the whole check within 450 s
 # (plus at most 10 s for a last step killed at its limit): under 8 minutes.
 # Ends with one line: "gpu-check: N passed, N failed, N skipped".
@@ -325,21 +326,27 @@ for np in 1 2; do
   fi
 done
 
-# ---- 5. the PyTorch binding ---------------------------------------------------------
-if [ ! -d "$src/python/hora/torch" ]; then
-  skip "torch: python/hora/torch does not exist yet"
-elif ! command -v python3 >/dev/null 2>&1; then
-  fail "torch: python3 not found"
+# ---- 5. the PyTorch binding on CUDA tensors ----------------------------------------
+# The device's own CUDA torch drives this build's libhora through hora.torch.
+if [ -n "$bundle" ]; then
+  horalib=$B/hora/lib/libhora.so.0
 else
-  secs=$(limit 60)
-  if [ "$secs" = 0 ]; then
-    fail "torch: not run, the check's $budget s were spent"
-  elif PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH} HORA_TEST_DEVICE=cuda \
-       timeout -k 5 "$secs" python3 -m pytest -q "$src/python/hora/torch" >"$logdir/torch.out" 2>&1; then
-    pass "torch: $(tail -n 1 "$logdir/torch.out")"
-  else
-    fail "torch: pytest on CUDA tensors failed"
-    tail -n 20 "$logdir/torch.out"
-  fi
+  horalib=$b/.libs/libhora.so.0
+fi
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import torch' >/dev/null 2>&1; then
+  fail "torch: no python3 that imports torch"
+elif [ ! -e "$horalib" ]; then
+  fail "torch: no $horalib"
+else
+  for np in 1 2; do
+    if mpi "torch-np$np" 60 "$np" env HORA_LIBRARY="$horalib" \
+         PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" python3 "$src/tests/python/cuda_check.py"; then
+      pass "torch/np$np: hora.torch on CUDA tensors"
+    else
+      fail "torch/np$np: exit status $rc"
+      tail -n 20 "$logdir/torch-np$np.out"
+    fi
+    grep -E '^(PASS|FAIL|SKIP) ' "$logdir/torch-np$np.out" | sed "s#^\([A-Z]*\) #\1 np$np/#" | tee -a "$log"
+  done
 fi
 finish

@@ -5,7 +5,6 @@ from every rank's outcomes (gathered through hora itself)."""
 import os
 import sys
 
-import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 
