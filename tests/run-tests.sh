@@ -333,6 +333,20 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
         run_mpi python/pytest "$np" "" "$py" -m pytest "$srcdir/tests/python" \
           -p no:cacheprovider -p no:terminal
     done
+    # Ranks that submit different names fail on every rank once the stall
+    # shutdown time has passed. The runtime then shuts down and leaves MPI
+    # unfinalized, so the job's exit status is not 0: the lines decide.
+    HORA_LIBRARY="$builddir/.libs/libhora.so.0" HORA_STALL_CHECK_TIME_SECONDS=1 \
+      HORA_STALL_SHUTDOWN_TIME_SECONDS=3 timeout -k 10 120 "$MPIEXEC" $(launcher_flags) -np 2 \
+      "$py" "$srcdir/tests/python/check_name_mismatch.py" </dev/null >"$work/out" 2>"$work/err"
+    rc=$?
+    if [ $rc -ne 124 ] && [ $rc -ne 137 ] && [ "$(grep -c '^PASS' "$work/out")" -eq 2 ]; then
+      echo "PASS np=2 python/name_mismatch_fails_every_rank" | tee -a "$results"
+    else
+      echo "FAIL np=2 python/name_mismatch_fails_every_rank: exit status $rc" | tee -a "$results"
+      cat "$work/out"
+      tail -n 20 "$work/err"
+    fi
   fi
 
   section "trainer"
