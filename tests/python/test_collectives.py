@@ -301,3 +301,34 @@ def test_join_barrier_and_ranks():
     assert 0 <= last < hvd.size()
     if hvd.size() > 1:
         assert last != 0
+
+
+def test_tensors_on_other_devices_are_refused():
+    with pytest.raises(ValueError, match="meta"):
+        hvd.allreduce(torch.empty(3, device="meta"), name="meta.dev")
+
+
+@needs_peers
+def test_blocking_calls_release_the_gil():
+    import threading
+    import time
+    ticks = []
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        if hvd.rank() == 0:
+            time.sleep(0.5)  # the others block in synchronize meanwhile
+        before = len(ticks)
+        hvd.allreduce(torch.ones(2), name="gil", op=hvd.Sum)
+        waited = len(ticks) - before
+    finally:
+        stop.set()
+        t.join()
+    if hvd.rank() != 0:
+        assert waited > 50, "the counting thread ran %d times in 0.5 s of waiting" % waited
