@@ -333,6 +333,9 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
         run_mpi python/pytest "$np" "" "$py" -m pytest "$srcdir/tests/python" \
           -p no:cacheprovider -p no:terminal
     done
+    # A script that never calls shutdown() (most Horovod scripts) exits 0.
+    HORA_LIBRARY="$builddir/.libs/libhora.so.0" \
+      run_mpi python/exit_without_shutdown 2 "" "$py" "$srcdir/tests/python/check_exit_without_shutdown.py"
     # Ranks that submit different names fail on every rank once the stall
     # shutdown time has passed. The runtime then shuts down and leaves MPI
     # unfinalized, so the job's exit status is not 0: the lines decide.

@@ -8,6 +8,7 @@ output. Allgather lets the first dimension differ between ranks: a small
 exchange of the ranks' first dimensions goes first, so its handle advances
 in two phases (see _Allgather).
 """
+import atexit
 import ctypes
 import enum
 import itertools
@@ -91,6 +92,9 @@ def _check_process_set(process_set, what):
                                   % what)
 
 
+_exit_registered = False
+
+
 def init(comm=None, process_sets=None):
     """Starts the runtime (collective over the job). A second call is harmless."""
     if comm is not None:
@@ -102,6 +106,11 @@ def init(comm=None, process_sets=None):
         raise NotImplementedError("hora.torch.init: process sets are not supported in this "
                                   "version")
     L.check(_lib.hora_init(), "hora.torch.init")
+    global _exit_registered
+    if not _exit_registered:
+        # Horovod scripts rarely call shutdown(); MPI must still be finalized.
+        atexit.register(shutdown)
+        _exit_registered = True
     if comm is not None and len(comm) != size():
         raise NotImplementedError("hora.torch.init: comm lists %d ranks; the job has %d"
                                   % (len(comm), size()))
