@@ -8,7 +8,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["HoraError", "HoraInternalError", "HoraLoadError", "load", "check"]
+__all__ = ["HoraError", "HoraInternalError", "HoraValueError", "HoraLoadError", "load", "check"]
 
 
 class HoraLoadError(ImportError):
@@ -26,6 +26,12 @@ class HoraError(RuntimeError):
 class HoraInternalError(HoraError):
     """A collective failed while running: a peer was lost, ranks disagreed
     about an operation, the job was aborted. Carries hora_last_error()."""
+
+
+class HoraValueError(HoraInternalError, ValueError):
+    """Bad arguments or usage found at submission (a name already in flight,
+    a bad root). A ValueError, and a HoraInternalError as Horovod's callers
+    catch it."""
 
 
 # Result codes, in the order of HORA_RESULT_MAP in hora.h (ABI).
@@ -210,5 +216,5 @@ def check(rc, what, value_errors=(ERR_INVALID_ARG, ERR_INVALID_USAGE), key=None)
     lib = load()
     msg = message(what, lib.last_error() or lib.strerror(rc), key)
     if rc in value_errors:
-        raise ValueError(msg)
+        raise HoraValueError(msg, rc)
     raise HoraInternalError(msg, rc)

@@ -68,6 +68,13 @@ def test_broadcast_optimizer_state(make_opt):
     opt.step()
 
 
+def test_objects_with_lambdas_travel_where_cloudpickle_is_there():
+    pytest.importorskip("cloudpickle")
+    k = 1 + hvd.rank()  # a closure over the root's value
+    f = hvd.broadcast_object((lambda v: v + k) if hvd.rank() == 0 else None, 0, name="lambda")
+    assert f(1) == 2
+
+
 def test_broadcast_and_allgather_objects():
     obj = {"rank": hvd.rank(), "list": list(range(hvd.rank() + 2)), "s": "x" * hvd.rank()}
     for root in range(hvd.size()):

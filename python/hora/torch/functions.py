@@ -2,9 +2,15 @@
 import io
 import pickle
 
+try:  # Horovod pickles with cloudpickle: lambdas and local classes work too
+    import cloudpickle as _pickler
+except ImportError:
+    _pickler = pickle
+
 import torch
 
-from hora.torch.mpi_ops import allgather, broadcast_, broadcast_async_, rank, synchronize
+from hora.torch.mpi_ops import (_check_process_set, allgather, broadcast_, broadcast_async_,
+                                rank, synchronize)
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object"]
@@ -37,7 +43,7 @@ def _split_tensors(obj, tensors):
     """obj with every tensor replaced by a placeholder; the tensors go to the list."""
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
     if isinstance(obj, dict):
         return {k: _split_tensors(v, tensors) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -60,14 +66,17 @@ def _fill_tensors(obj, tensors):
 
 
 class _TensorSlot:
-    def __init__(self, index, shape, dtype):
+    def __init__(self, index, shape, dtype, device_type="cpu"):
         self.index, self.shape, self.dtype = index, shape, dtype
+        self.device_type = device_type  # torch keeps some state (Adam's step) on the CPU
 
 
-def broadcast_optimizer_state(optimizer, root_rank):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None):
     """Gives every rank root_rank's optimizer state: hyperparameters of every
     parameter group and the per-parameter state (momentum, Adam moments,
-    step counts). Ranks whose state is still empty get it all."""
+    step counts). Ranks whose state is still empty get it all. `model` is
+    accepted for Horovod's signature and not needed."""
+    _check_process_set(process_set, "broadcast_optimizer_state")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state = optimizer.state_dict()
@@ -84,18 +93,21 @@ def broadcast_optimizer_state(optimizer, root_rank):
     local = {}
     if len(tensors) == len(slots):
         local = {s.index: t for s, t in zip(slots, tensors)
-                 if tuple(t.shape) == s.shape and t.dtype == s.dtype}
+                 if tuple(t.shape) == s.shape and t.dtype == s.dtype and
+                 t.device.type == s.device_type}
     received = []
     handles = []
     for s in slots:
         t = local.get(s.index)
         if t is None:
-            t = torch.empty(s.shape, dtype=s.dtype, device=device)
+            on = device if s.device_type != "cpu" else torch.device("cpu")
+            t = torch.empty(s.shape, dtype=s.dtype, device=on)
         received.append(t)
         handles.append(broadcast_async_(t, root_rank, name="optimizer_state.%d" % s.index))
     for h in handles:
         synchronize(h)
-    optimizer.load_state_dict(_fill_tensors(skeleton, received))
+    if rank() != root_rank:  # the root has its state already
+        optimizer.load_state_dict(_fill_tensors(skeleton, received))
 
 
 def _collect_slots(obj, out):
@@ -118,12 +130,13 @@ def _device_of(optimizer):
 
 def _to_bytes(obj):
     b = io.BytesIO()
-    pickle.dump(obj, b, protocol=pickle.HIGHEST_PROTOCOL)
+    _pickler.dump(obj, b, protocol=pickle.HIGHEST_PROTOCOL)
     return torch.frombuffer(bytearray(b.getvalue()), dtype=torch.uint8)
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Returns root_rank's obj on every rank (pickled; obj is ignored elsewhere)."""
+    _check_process_set(process_set, "broadcast_object")
     name = name or type(obj).__name__
     if rank() == root_rank:
         data = _to_bytes(obj)
@@ -139,8 +152,9 @@ def broadcast_object(obj, root_rank=0, name=None):
     return pickle.loads(data.numpy().tobytes())
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=None):
     """Returns the list of every rank's obj, in rank order."""
+    _check_process_set(process_set, "allgather_object")
     name = name or type(obj).__name__
     data = _to_bytes(obj)
     sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz")

@@ -11,7 +11,9 @@ in two phases (see _Allgather).
 import atexit
 import ctypes
 import enum
+import hashlib
 import itertools
+import operator
 import time
 import warnings
 
@@ -93,15 +95,18 @@ def _check_process_set(process_set, what):
 
 
 _exit_registered = False
+_homogeneous = None
 
 
 def init(comm=None, process_sets=None):
     """Starts the runtime (collective over the job). A second call is harmless."""
-    if comm is not None:
-        ranks = list(comm) if isinstance(comm, (list, tuple)) else None
-        if ranks is None or ranks != list(range(len(ranks))):
+    if comm is not None and isinstance(comm, (list, tuple)):
+        if list(comm) != list(range(len(comm))):
             raise NotImplementedError("hora.torch.init: starting on a sub-communicator is not "
                                       "supported in this version; call init() on every rank")
+    elif comm is not None and not hasattr(comm, "Get_size"):
+        raise ValueError("hora.torch.init: comm must be a list of ranks or an mpi4py "
+                         "communicator, got %s" % type(comm).__name__)
     if process_sets:
         raise NotImplementedError("hora.torch.init: process sets are not supported in this "
                                   "version")
@@ -111,17 +116,33 @@ def init(comm=None, process_sets=None):
         # Horovod scripts rarely call shutdown(); MPI must still be finalized.
         atexit.register(shutdown)
         _exit_registered = True
-    if comm is not None and len(comm) != size():
-        raise NotImplementedError("hora.torch.init: comm lists %d ranks; the job has %d"
-                                  % (len(comm), size()))
+    if comm is not None:
+        n = len(comm) if isinstance(comm, (list, tuple)) else comm.Get_size()
+        if n != size():
+            raise NotImplementedError("hora.torch.init: comm has %d ranks and the job %d; "
+                                      "sub-communicators are not supported in this version"
+                                      % (n, size()))
+    global _homogeneous
+    if _homogeneous is None:
+        # Every rank is here: ask once (Horovod's is_homogeneous() is local).
+        sizes = torch.zeros(size(), dtype=torch.int64)
+        mine = torch.tensor([local_size()], dtype=torch.int64)
+        req = ctypes.c_void_p()
+        L.check(_lib.hora_allgather_async(b"hora.torch.init.local_sizes", mine.data_ptr(), 1,
+                                          L.INT64, sizes.data_ptr(), ctypes.byref(req)),
+                "hora.torch.init")
+        L.check(_lib.hora_wait(ctypes.byref(req)), "hora.torch.init")
+        _homogeneous = bool((sizes == sizes[0]).all())
 
 
 def shutdown():
     """Stops the runtime; blocks until every rank has called it."""
     if _lib.hora_initialized():
+        # Pending requests complete or fail inside hora_finalize: their
+        # buffers (held by the handles) must outlive it.
+        rc = _lib.hora_finalize()
         _handles.clear()
         _staged.clear()
-        rc = _lib.hora_finalize()
         # After a failure of the job (already raised by the calls it failed),
         # shutting down is what is left to do: only misuse raises here.
         if rc in (L.ERR_INVALID_ARG, L.ERR_INVALID_USAGE):
@@ -165,9 +186,8 @@ def cross_rank():
 
 def is_homogeneous():
     """Whether every host runs the same number of ranks."""
-    sizes = allgather(torch.tensor([local_size()], dtype=torch.int64),
-                      name="hora.is_homogeneous")
-    return bool((sizes == sizes[0]).all())
+    _ranked(_lib.hora_size, "is_homogeneous")
+    return _homogeneous
 
 
 def mpi_threads_supported():
@@ -239,7 +259,12 @@ def _op_name(kind, name):
         n = _unnamed.get(kind, 0)
         _unnamed[kind] = n + 1
         return "%s.noname.%d" % (kind, n)
-    return "%s.%s" % (kind, name)
+    key = "%s.%s" % (kind, name)
+    if len(key.encode()) > 255:
+        # libhora's names stop at 255 bytes; Horovod's do not.
+        digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+        key = key.encode()[:200].decode("utf-8", "ignore") + "#" + digest
+    return key
 
 
 def _dtype_of(tensor, what):
@@ -326,7 +351,7 @@ class _Handle:
             return True
         done = ctypes.c_int(0)
         rc = _lib.hora_test(ctypes.byref(self.req), ctypes.byref(done))
-        if done.value:
+        if done.value or rc:  # a failed test (a CUDA event query) ends it too
             self._record(rc)
             return True
         return False
@@ -345,6 +370,13 @@ class _Handle:
             self.err = _lib.last_error() or _lib.strerror(rc)
 
     def result(self):
+        if self.stream_of is not None:
+            # Temporaries may come from another stream's pool: keep them out
+            # of reuse until the stream that waited for hora is done with them.
+            stream = torch.cuda.current_stream(self.stream_of.device)
+            for t in (self.keep if isinstance(self.keep, tuple) else (self.keep,)):
+                if isinstance(t, torch.Tensor) and t.is_cuda:
+                    t.record_stream(stream)
         self.keep = None
         if self.rc:
             raise HoraInternalError(L.message(self.what, self.err, self.key), self.rc)
@@ -584,8 +616,8 @@ def allgather_async(tensor, name=None, process_set=None):
 
 
 class _AllgatherFunction(torch.autograd.Function):
-    """Allgather with a gradient: each rank gets the sum over ranks of the
-    gradient's rows that came from it."""
+    """Allgather with a gradient, as Horovod's: each rank gets the average
+    over ranks of the gradient's rows that came from it."""
 
     @staticmethod
     def forward(ctx, tensor, name):
@@ -594,7 +626,7 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        reduced = allreduce(grad_output, op=Sum)
+        reduced = allreduce(grad_output, op=Average)
         dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
         offset = int(dims[:rank()].sum()) if rank() else 0
         return reduced.narrow(0, offset, ctx.dim), None
@@ -614,8 +646,11 @@ def _broadcast_submit(tensor, root_rank, name, in_place):
     key = _op_name("broadcast", name)
     what = "broadcast '%s'" % key
     dt = _dtype_of(tensor, what)
-    if not isinstance(root_rank, int):
-        raise TypeError("%s: root_rank must be an int, got %s" % (what, type(root_rank).__name__))
+    try:
+        root_rank = operator.index(root_rank)
+    except TypeError:
+        raise TypeError("%s: root_rank must be an integer, got %s"
+                        % (what, type(root_rank).__name__)) from None
     if in_place:
         buf = tensor if tensor.is_contiguous() else tensor.contiguous()
         finish = None
@@ -664,8 +699,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 
 class _BroadcastFunction(torch.autograd.Function):
-    """Broadcast with a gradient: the root gets the sum of every rank's
-    gradient, the others zero."""
+    """Broadcast with a gradient, as Horovod's: the root gets the average of
+    every rank's gradient, the others zero."""
 
     @staticmethod
     def forward(ctx, tensor, root_rank, name):
@@ -674,7 +709,7 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        reduced = allreduce(grad_output, op=Sum)
+        reduced = allreduce(grad_output, op=Average)
         if rank() != ctx.root_rank:
             reduced = reduced * 0
         return reduced, None, None
@@ -704,7 +739,7 @@ def synchronize(handle):
     Raises HoraInternalError when it failed."""
     h = _handles.pop(handle, None)
     if h is None:
-        raise ValueError("synchronize: unknown handle %r (already synchronized?)" % (handle,))
+        return None  # as Horovod: an unknown or already synchronized handle
     try:
         if _staged:
             _wait_staged(handle, h)
@@ -741,12 +776,28 @@ def _wait_staged(handle, h):
 def join(device=-1):
     """For a rank out of data: takes part in the others' allreduces with
     zeros until every rank has joined. Returns the rank that joined last."""
+    _drain_staged()
     last = ctypes.c_int(-1)
     L.check(_lib.hora_join(ctypes.byref(last)), "hora.torch.join", ())
     return last.value
 
 
+def _drain_staged():
+    """Sends the second phase of every allgather between phases before a
+    call that blocks in libhora (join), polling as synchronize does."""
+    delay = 2e-5
+    while _staged:
+        _advance_staged()
+        if _staged:
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+
+
 def barrier(process_set=None):
     """Returns when every rank has called it."""
     _check_process_set(process_set, "barrier")
-    L.check(_lib.hora_barrier(), "hora.torch.barrier", ())
+    # An allreduce of nothing: it completes once every rank has submitted
+    # it, and its wait lets allgathers between phases go on, where a
+    # blocking hora_barrier would hold back phases other ranks wait on.
+    h = allreduce_async_(torch.zeros(0), name=_op_name("barrier", None), op=Sum)
+    synchronize(h)

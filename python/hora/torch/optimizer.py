@@ -97,11 +97,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = torch.zeros_like(p)
         tensor = p.grad
         if tensor.is_sparse:
-            if self.sparse_as_dense:
-                tensor = tensor.to_dense()
-                p.grad = tensor
-            else:
+            if not self.sparse_as_dense:
                 return self._sparse_allreduce_grad_async(p, name), None
+            # Reduced dense, handed back sparse (SparseAdam takes only that).
+            compressed, ctx = self._compression.compress(tensor.to_dense())
+            handle = allreduce_async_(compressed, name=name, op=self.op)
+            dense = compressed
+
+            def finish():
+                synchronize(handle)
+                return self._compression.decompress(dense, ctx).to_sparse()
+            return finish, None
         compressed, ctx = self._compression.compress(tensor)
         if self.op == Average:
             prescale = 1.0 / self.gradient_predivide_factor
