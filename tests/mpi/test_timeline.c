@@ -58,10 +58,14 @@ static void runtime_start_stop(void) {
   snprintf(second, sizeof(second), "%s.2", path);
   snprintf(third, sizeof(third), "%s.3", path);
   MT_OK(hora_start_timeline(second, 0));
+  /* Rank 0 negotiates an operation from the first rank's request on: the
+   * others may submit only once rank 0 has switched files. */
+  MT_OK(hora_barrier());
   for (int i = 0; i < 3; i++) {
     sum("tl/second");
   }
   MT_OK(hora_start_timeline(third, 0)); /* replaces the second file */
+  MT_OK(hora_barrier());
   sum("tl/third");
   MT_OK(hora_stop_timeline());
   MT_OK(hora_stop_timeline());
