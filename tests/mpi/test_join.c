@@ -263,6 +263,10 @@ static void joined_rank_request_must_match_its_response(void) {
      * a second submission, a fatal protocol error). Otherwise it runs
      * once the others have joined, rank 1 alone contributing. */
     int again = hora_allreduce_async("jm/x", in, out, N / 2, HORA_FLOAT32, HORA_SUM, &req);
+    /* It must reach rank 0 before the others' joins: one that arrived after
+     * the join completed would wait for ranks that have moved on (seen once
+     * over the 2x2 network namespaces, where a cycle takes longer). */
+    pause_ms(250);
     MPI_Barrier(MPI_COMM_WORLD); /* now the others join */
     if (again == HORA_SUCCESS) {
       MT_OK(hora_wait(&req));
