@@ -256,8 +256,9 @@ def _op_name(kind, name):
     """Horovod's names: '<kind>.<name>', or '<kind>.noname.<n>' numbered per
     kind, the same on every rank that submits in the same order."""
     if name is None:
-        n = _unnamed.get(kind, 0)
-        _unnamed[kind] = n + 1
+        # setdefault and next() are each atomic under the GIL: the autograd
+        # thread and the main thread may both be submitting.
+        n = next(_unnamed.setdefault(kind, itertools.count()))
         return "%s.noname.%d" % (kind, n)
     key = "%s.%s" % (kind, name)
     if len(key.encode()) > 255:
@@ -595,7 +596,7 @@ class _Allgather(_Handle):
 def _advance_staged():
     for i, h in list(_staged.items()):
         if h.advance():
-            del _staged[i]
+            _staged.pop(i, None)  # another thread may have taken it
 
 
 def allgather_async(tensor, name=None, process_set=None):
