@@ -85,7 +85,7 @@ def binding_cost(calls):
         hvd.synchronize(h)
     sync = time.perf_counter() - t
     # The same calls with everything prepared: what is left is libhora and ctypes.
-    opts = L.AllreduceOptions(lib.allreduce_options_size, 1.0, 1.0, -1, -1, None)
+    opts = L.AllreduceOptions(ctypes.sizeof(L.AllreduceOptions), 1.0, 1.0, -1, -1, None)
     keys = [("allreduce.raw.%d" % i).encode() for i in range(calls)]
     reqs = [ctypes.c_void_p() for _ in range(calls)]
     ptrs = [x.data_ptr() for x in ts]

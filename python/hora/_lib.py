@@ -81,7 +81,6 @@ class Library:
     def __init__(self, cdll, path):
         self.cdll = cdll
         self.path = path
-        c = cdll
         P = ctypes.c_void_p
         req_p = ctypes.POINTER(ctypes.c_void_p)
         sz, i, ch = ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p
@@ -104,16 +103,15 @@ class Library:
         self._proto("hora_test", i, [req_p, ctypes.POINTER(ctypes.c_int)])
         self._proto("hora_barrier", i, [])
         self._proto("hora_join", i, [ctypes.POINTER(ctypes.c_int)])
-        # Optional: newer or CUDA builds.
-        self.has_shapes = self._proto("hora_broadcast_async_ex", i,
-                                      [ch, P, sz, i, i, ctypes.POINTER(OpOptions), req_p],
-                                      optional=True)
+        self._proto("hora_broadcast_async_ex", i,
+                    [ch, P, sz, i, i, ctypes.POINTER(OpOptions), req_p])
         self._proto("hora_allgather_async_ex", i,
-                    [ch, P, sz, i, P, ctypes.POINTER(OpOptions), req_p], optional=True)
-        self.has_timeline = self._proto("hora_start_timeline", i, [ch, i], optional=True)
-        self._proto("hora_stop_timeline", i, [], optional=True)
-        self._proto("hora_built", i, [ch], optional=True)
-        self._proto("hora_mpi_threads_supported", i, [], optional=True)
+                    [ch, P, sz, i, P, ctypes.POINTER(OpOptions), req_p])
+        self._proto("hora_start_timeline", i, [ch, i])
+        self._proto("hora_stop_timeline", i, [])
+        self._proto("hora_built", i, [ch])
+        self._proto("hora_mpi_threads_supported", i, [])
+        # Only builds with CUDA have the stream-ordered calls.
         self.has_cuda = self._proto("hora_allreduce_async_stream", i,
                                     [ch, P, P, sz, i, i, ctypes.POINTER(AllreduceOptions), P,
                                      req_p], optional=True)
@@ -122,12 +120,6 @@ class Library:
         self._proto("hora_allgather_async_stream_ex", i,
                     [ch, P, sz, i, P, ctypes.POINTER(OpOptions), P, req_p], optional=True)
         self._proto("hora_wait_stream", i, [req_p, P], optional=True)
-        self.has_int16_bool = c.hora_dtype_size(INT16) == 2 and c.hora_dtype_size(BOOL) == 1
-        if not self.has_shapes:
-            # An older library reads only the fields its struct had.
-            self.allreduce_options_size = AllreduceOptions.ndims.offset
-        else:
-            self.allreduce_options_size = ctypes.sizeof(AllreduceOptions)
 
     def _proto(self, name, restype, argtypes, optional=False):
         try:
@@ -151,8 +143,6 @@ class Library:
         return self.hora_strerror(rc).decode()
 
     def built(self, feature):
-        if self.hora_built is None:
-            return False
         return bool(self.hora_built(feature.encode()))
 
 

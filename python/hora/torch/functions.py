@@ -39,30 +39,29 @@ def broadcast_parameters(params, root_rank):
         synchronize(h)
 
 
-def _split_tensors(obj, tensors):
-    """obj with every tensor replaced by a placeholder; the tensors go to the list."""
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
+def _walk(obj, leaf):
+    """obj rebuilt with leaf(v) for every value that is not a dict, list or tuple."""
     if isinstance(obj, dict):
-        return {k: _split_tensors(v, tensors) for k, v in obj.items()}
+        return {k: _walk(v, leaf) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_split_tensors(v, tensors) for v in obj]
+        return [_walk(v, leaf) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_split_tensors(v, tensors) for v in obj)
-    return obj
+        return tuple(_walk(v, leaf) for v in obj)
+    return leaf(obj)
+
+
+def _split_tensors(obj, tensors):
+    """obj with every tensor replaced by a _TensorSlot; the tensors go to the list."""
+    def leaf(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        tensors.append(v)
+        return _TensorSlot(len(tensors) - 1, tuple(v.shape), v.dtype, v.device.type)
+    return _walk(obj, leaf)
 
 
 def _fill_tensors(obj, tensors):
-    if isinstance(obj, _TensorSlot):
-        return tensors[obj.index]
-    if isinstance(obj, dict):
-        return {k: _fill_tensors(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_fill_tensors(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_fill_tensors(v, tensors) for v in obj)
-    return obj
+    return _walk(obj, lambda v: tensors[v.index] if isinstance(v, _TensorSlot) else v)
 
 
 class _TensorSlot:
@@ -111,14 +110,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
 
 
 def _collect_slots(obj, out):
-    if isinstance(obj, _TensorSlot):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _collect_slots(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _collect_slots(v, out)
+    _walk(obj, lambda v: out.append(v) if isinstance(v, _TensorSlot) else None)
 
 
 def _device_of(optimizer):

@@ -57,11 +57,8 @@ _lib = L.load()
 _DTYPES = {
     torch.uint8: L.UINT8, torch.int8: L.INT8, torch.int32: L.INT32, torch.int64: L.INT64,
     torch.float16: L.FLOAT16, torch.bfloat16: L.BFLOAT16, torch.float32: L.FLOAT32,
-    torch.float64: L.FLOAT64,
+    torch.float64: L.FLOAT64, torch.int16: L.INT16, torch.bool: L.BOOL,
 }
-if _lib.has_int16_bool:
-    _DTYPES[torch.int16] = L.INT16
-    _DTYPES[torch.bool] = L.BOOL
 
 # ---- life cycle and ranks -------------------------------------------------------
 
@@ -192,8 +189,7 @@ def is_homogeneous():
 
 def mpi_threads_supported():
     _ranked(_lib.hora_size, "mpi_threads_supported")
-    f = _lib.hora_mpi_threads_supported
-    return bool(f()) if f is not None else True
+    return bool(_lib.hora_mpi_threads_supported())
 
 
 def mpi_enabled():
@@ -235,15 +231,11 @@ def ddl_built():
 def start_timeline(file_path, mark_cycles=False):
     """Starts writing a Chrome trace of every operation to file_path (rank 0
     writes it). Call it on every rank, as Horovod's."""
-    if not _lib.has_timeline:
-        raise NotImplementedError("this libhora has no hora_start_timeline")
     L.check(_lib.hora_start_timeline(str(file_path).encode(), 1 if mark_cycles else 0),
             "hora.torch.start_timeline")
 
 
 def stop_timeline():
-    if not _lib.has_timeline:
-        raise NotImplementedError("this libhora has no hora_stop_timeline")
     L.check(_lib.hora_stop_timeline(), "hora.torch.stop_timeline")
 
 
@@ -294,7 +286,7 @@ def _dtype_of(tensor, what):
 
 def _dims(shape):
     n = len(shape)
-    if n > L.MAX_DIMS or not _lib.has_shapes:
+    if n > L.MAX_DIMS:
         return -1, None
     return n, (ctypes.c_int64 * n)(*shape)
 
@@ -312,7 +304,7 @@ def _allreduce_options(shape, prescale, postscale):
         if len(_allreduce_options_cache) >= 4096:
             _allreduce_options_cache.clear()
         nd, dims = _dims(shape)
-        entry = (L.AllreduceOptions(_lib.allreduce_options_size, prescale, postscale, -1, nd,
+        entry = (L.AllreduceOptions(ctypes.sizeof(L.AllreduceOptions), prescale, postscale, -1, nd,
                                     dims), dims)
         _allreduce_options_cache[k] = entry
     return entry[0]
@@ -576,13 +568,10 @@ class _Allgather(_Handle):
                                                          gathered.data_ptr(),
                                                          ctypes.byref(opts), _stream_of(t),
                                                          ctypes.byref(self.req))
-        elif _lib.has_shapes:
+        else:
             rc = _lib.hora_allgather_async_ex(key, src.data_ptr(), src.numel(), dt,
                                               gathered.data_ptr(), ctypes.byref(opts),
                                               ctypes.byref(self.req))
-        else:
-            rc = _lib.hora_allgather_async(key, src.data_ptr(), src.numel(), dt,
-                                           gathered.data_ptr(), ctypes.byref(self.req))
         if rc:
             self._record(rc)
         return True
@@ -673,12 +662,9 @@ def _broadcast_submit(tensor, root_rank, name, in_place):
             rc = _lib.hora_broadcast_async_stream_ex(kb, buf.data_ptr(), buf.numel(), dt,
                                                      root_rank, ctypes.byref(opts),
                                                      _stream_of(tensor), ctypes.byref(h.req))
-    elif _lib.has_shapes:
+    else:
         rc = _lib.hora_broadcast_async_ex(kb, buf.data_ptr(), buf.numel(), dt, root_rank,
                                           ctypes.byref(opts), ctypes.byref(h.req))
-    else:
-        rc = _lib.hora_broadcast_async(kb, buf.data_ptr(), buf.numel(), dt, root_rank,
-                                       ctypes.byref(h.req))
     return _submitted(rc, h, what)
 
 
