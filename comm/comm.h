@@ -7,9 +7,9 @@
 #include <mpi.h>
 #include <netinet/in.h>
 
-#include "../runtime/common.h"
-#include "handshake.h"
-#include "transport.h"
+#include "base/common.h"
+#include "comm/bootstrap/handshake.h"
+#include "comm/transport/transport.h"
 
 #define HORA_HOST_MAX 64
 

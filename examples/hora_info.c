@@ -6,7 +6,7 @@
 
 #include "config.h"
 #include "hora.h"
-#include "../runtime/params.h"
+#include "base/params.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
   HORA_PARAM_SHOW_##type(hora__params.name);                                                 \
   printf("\n");
 #define HORA_PARAM_CHOICE(name, scope, choices, def, doc) printf("  HORA_%s=%s\n", #name, hora__params.name);
-#include "../runtime/params.def"
+#include "base/params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
   return 0;

@@ -9,13 +9,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "../comm/comm.h"
-#include "../comm/gpu.h"
-#include "../comm/shm.h"
-#include "log.h"
-#include "params.h"
-#include "runtime.h"
-#include "timeline.h"
+#include "comm/comm.h"
+#include "comm/gpu/gpu.h"
+#include "comm/shm/shm.h"
+#include "base/log.h"
+#include "base/params.h"
+#include "runtime/runtime.h"
+#include "runtime/timeline.h"
 
 /* The running runtime, or NULL. Published after it is fully set up. */
 static struct hora__runtime *_Atomic current;

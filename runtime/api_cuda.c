@@ -1,7 +1,7 @@
 /* hora_cuda.h: the stream-ordered calls, wrapping api.c's submitters. */
 #include "hora_cuda.h"
 
-#include "runtime.h"
+#include "runtime/runtime.h"
 
 /* The runtime's "no stream" is NULL, which CUDA spells for the legacy
  * default stream; that one is named by its own handle here. */

@@ -3,7 +3,7 @@
 #include <mpi.h>
 #include <string.h>
 
-#include "common.h"
+#include "base/common.h"
 
 HORA_EXTERN int hora_built(const char *feature) {
   if (!feature) {

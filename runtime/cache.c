@@ -1,5 +1,5 @@
 /* The response cache: fixed slots, LRU eviction, identical on every rank. */
-#include "cache.h"
+#include "runtime/cache.h"
 
 #include <stdlib.h>
 

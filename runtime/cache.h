@@ -9,8 +9,8 @@
 #ifndef HORA_CACHE_H
 #define HORA_CACHE_H
 
-#include "message.h"
-#include "table.h"
+#include "runtime/message.h"
+#include "base/table.h"
 
 struct hora__cache_entry {
   char *key;

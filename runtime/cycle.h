@@ -4,8 +4,8 @@
 #ifndef HORA_CYCLE_H
 #define HORA_CYCLE_H
 
-#include "../comm/comm.h"
-#include "message.h"
+#include "comm/comm.h"
+#include "runtime/message.h"
 
 /* Cycle steps on the wire: 0 a fold in, 1 + i round i, FOLD_OUT the result,
  * ASK a rank's request that its fold partner take part (it sends first). */

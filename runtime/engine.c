@@ -49,16 +49,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../comm/collectives.h"
-#include "../comm/gpu.h"
-#include "../comm/reduce.h"
-#include "cache.h"
-#include "cycle.h"
-#include "log.h"
-#include "params.h"
-#include "runtime.h"
-#include "verify.h"
-#include "timeline.h"
+#include "comm/coll/collectives.h"
+#include "comm/gpu/gpu.h"
+#include "comm/reduce/reduce.h"
+#include "runtime/cache.h"
+#include "runtime/cycle.h"
+#include "base/log.h"
+#include "base/params.h"
+#include "runtime/runtime.h"
+#include "runtime/verify.h"
+#include "runtime/timeline.h"
 
 /* Cycle steps on the wire (cycle.h). */
 #define STEP_FOLD_IN HORA_STEP_FOLD_IN

@@ -16,13 +16,13 @@
  * All little-endian. A request's dims must hold its count; rank 0 derives
  * the shape's fingerprint from them (hora__shape_fingerprint), and the
  * responses carry only that, per tensor, for the caches to compare. */
-#include "message.h"
+#include "runtime/message.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cache.h"
+#include "runtime/cache.h"
 
 #define MAX_TENSORS_PER_RESPONSE (1u << 20)
 #define MAX_CACHE_BITMAP (1u << 20) /* bytes: 8 Mi slots */

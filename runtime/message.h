@@ -5,8 +5,8 @@
 #ifndef HORA_MESSAGE_H
 #define HORA_MESSAGE_H
 
-#include "common.h"
-#include "wire.h"
+#include "base/common.h"
+#include "base/wire.h"
 
 /* Frame types on a control connection. */
 enum hora__msg_type {

@@ -6,15 +6,15 @@
  * becomes a response: the operation itself, or an error naming the first
  * disagreement. Responses leave in the order they became ready, which is
  * the order every rank executes them in. */
-#include "negotiate.h"
+#include "runtime/negotiate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cache.h"
-#include "log.h"
-#include "table.h"
-#include "timeline.h"
+#include "runtime/cache.h"
+#include "base/log.h"
+#include "base/table.h"
+#include "runtime/timeline.h"
 
 /* Distinct requests for one key, each with the lowest rank that made it:
  * enough to name a disagreement the same way whatever order ranks came in. */

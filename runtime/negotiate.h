@@ -6,7 +6,7 @@
 #ifndef HORA_NEGOTIATE_H
 #define HORA_NEGOTIATE_H
 
-#include "message.h"
+#include "runtime/message.h"
 
 struct hora__controller;
 

@@ -13,11 +13,11 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "../comm/comm.h"
-#include "message.h"
-#include "negotiate.h"
-#include "table.h"
-#include "topology.h"
+#include "comm/comm.h"
+#include "runtime/message.h"
+#include "runtime/negotiate.h"
+#include "base/table.h"
+#include "runtime/topology.h"
 
 /* Whether the job has failed, for stream-ordered requests: their results
  * come after they complete, and may then never come. Shared by the runtime

@@ -5,7 +5,7 @@
  * The coordinator writes the events; hora_start_timeline/stop_timeline
  * swap the file from callers' threads. `mu` guards `installed` and all in
  * it; it is a leaf lock: nothing else is taken under it. */
-#include "timeline.h"
+#include "runtime/timeline.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,10 +15,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "message.h"
-#include "table.h"
-#include "wire.h"
+#include "base/log.h"
+#include "runtime/message.h"
+#include "base/table.h"
+#include "base/wire.h"
 
 #define TAIL "\n]\n"
 #define FLUSH_BYTES (256 * 1024)

@@ -8,7 +8,7 @@
 #ifndef HORA_TIMELINE_H
 #define HORA_TIMELINE_H
 
-#include "common.h"
+#include "base/common.h"
 
 /* Starts writing to `path`, replacing (and finishing) the file being
  * written, if any, once the new one is made; `who` names the caller in

@@ -1,6 +1,6 @@
 /* Host topology through hwloc: cores, NUMA nodes and this process's binding,
  * for the start-up log line and for choosing whether waiting may spin. */
-#include "topology.h"
+#include "runtime/topology.h"
 
 #include <hwloc.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 #ifndef HORA_TOPOLOGY_H
 #define HORA_TOPOLOGY_H
 
-#include "common.h"
+#include "base/common.h"
 
 struct hora__topology {
   int packages, numa_nodes, cores, pus;

@@ -1,4 +1,4 @@
-#include "verify.h"
+#include "runtime/verify.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "base/common.h"
 
 /* Fletcher-style sums over four interleaved lanes of 64-bit words: s1 sums
  * the words (any flipped bit changes it), s2 sums the running s1 (words in

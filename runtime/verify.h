@@ -4,7 +4,7 @@
 #ifndef HORA_RUNTIME_VERIFY_H
 #define HORA_RUNTIME_VERIFY_H
 
-#include "../comm/collectives.h"
+#include "comm/coll/collectives.h"
 
 /* A 64-bit checksum of the bytes of n buffers, read as one stream. Not
  * cryptographic: it catches flipped bits and torn chunks, at memory speed. */

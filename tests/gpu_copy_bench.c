@@ -4,7 +4,7 @@
  * 70% of cudaMemcpy; 2 without a GPU. */
 #include <stdio.h>
 
-#include "../comm/gpu.h"
+#include "comm/gpu/gpu.h"
 
 int main(void) {
   if (!hora__gpu_present()) {

@@ -8,7 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../../comm/comm.h"
+#include "comm/comm.h"
 
 typedef int (*fuzz_frame_fn)(void *arg, uint16_t type, const uint8_t *p, size_t n);
 

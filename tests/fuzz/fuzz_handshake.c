@@ -12,7 +12,7 @@
  *      on the wire is a unit test: here the input chooses the nonces.) */
 #include <string.h>
 
-#include "../../comm/comm.h"
+#include "comm/comm.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,7 +1,7 @@
 /* The connection handshake's first message: any 48 bytes a stranger may
  * send. It proves nothing (handshake.c checks the proof); the decoder must
  * only keep ranks and kinds in range. */
-#include "../../comm/comm.h"
+#include "comm/comm.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

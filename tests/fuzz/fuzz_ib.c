@@ -2,7 +2,7 @@
  * the rest as a stream of immediates against a ring that the receiver
  * empties as the input says. Whatever is accepted must stay inside the
  * ring: a slot of the 16, at most a slot's bytes, credits within the ring. */
-#include "../../comm/ib_wire.h"
+#include "comm/transport/ib/ib_wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#include "../../comm/comm.h"
-#include "../../comm/ib_wire.h"
-#include "../../runtime/cache.h"
-#include "../../runtime/message.h"
+#include "comm/comm.h"
+#include "comm/transport/ib/ib_wire.h"
+#include "runtime/cache.h"
+#include "runtime/message.h"
 
 static void put(const char *dir, const char *name, const void *p, size_t n) {
   char path[512];

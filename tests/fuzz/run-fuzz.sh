@@ -20,10 +20,10 @@ if ! command -v "$cc" >/dev/null 2>&1; then
   echo "SKIP fuzz/all: $cc is not installed (scripts/install-deps.sh)" | tee -a "$results"
 else
   mpi_cflags=$(mpicc --showme:compile 2>/dev/null || mpicc -show 2>/dev/null | sed 's/^[^ ]* //; s/ -l[^ ]*//g; s/ -L[^ ]*//g; s/ -Wl[^ ]*//g')
-  sources="runtime/error.c runtime/dtype.c runtime/log.c runtime/params.c runtime/wire.c
-           runtime/table.c runtime/message.c runtime/cache.c comm/handshake.c comm/socket.c comm/ctrl.c
-           comm/ib_wire.c runtime/cycle.c"
-  flags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$src/include -I$builddir $mpi_cflags"
+  sources="base/error.c base/dtype.c base/log.c base/params.c base/wire.c
+           base/table.c runtime/message.c runtime/cache.c comm/bootstrap/handshake.c comm/transport/socket.c comm/transport/ctrl.c
+           comm/transport/ib/ib_wire.c runtime/cycle.c"
+  flags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$src/include -I$src -I$builddir $mpi_cflags"
   if ! (cd "$src" && $cc $flags tests/fuzz/make-seeds.c $sources -o "$work/make-seeds" -lcrypto -lm) \
        >"$work/seeds.build" 2>&1 || ! "$work/make-seeds" "$work/corpus" >"$work/seeds.log" 2>&1; then
     echo "FAIL fuzz/seeds: make-seeds does not build or run" | tee -a "$results"

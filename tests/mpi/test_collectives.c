@@ -7,7 +7,7 @@
 #include <math.h>
 #include <unistd.h>
 
-#include "../../comm/half.h"
+#include "comm/reduce/half.h"
 #include "mpitest.h"
 
 /* Bool bytes by element class (i % 4): false everywhere; true everywhere;

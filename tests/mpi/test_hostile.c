@@ -14,7 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../../comm/comm.h"
+#include "comm/comm.h"
 #include "mpitest.h"
 
 static char logdir[256];

@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../comm/comm.h"
+#include "comm/comm.h"
 #include "mpitest.h"
 
 enum attack { A_NONE, A_SILENT, A_HALF, A_GARBAGE, A_REPLAY, A_FLOOD, A_SLOW };

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../comm/comm.h"
-#include "../../runtime/params.h"
+#include "comm/comm.h"
+#include "base/params.h"
 
 static void die(const char *what) {
   fprintf(stderr, "p2p_bench: %s: %s\n", what, hora_last_error());

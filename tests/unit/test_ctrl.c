@@ -6,8 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../comm/comm.h"
-#include "../../runtime/message.h"
+#include "comm/comm.h"
+#include "runtime/message.h"
 #include "../runner.h"
 
 struct streamer {

@@ -1,7 +1,7 @@
 /* The RDMA wire formats, which build without verbs: immediates checked
  * against the ring (the 5-bit slot field once indexed a 16-entry array,
  * and the 21-bit length could exceed a slot), and the connection record. */
-#include "../../comm/ib_wire.h"
+#include "comm/transport/ib/ib_wire.h"
 #include "../runner.h"
 
 static uint32_t data_imm(uint32_t credits, uint32_t slot, uint32_t len) {

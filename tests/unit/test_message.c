@@ -2,9 +2,9 @@
  * input without side effects. */
 #include <stdlib.h>
 
-#include "../../comm/comm.h"
-#include "../../runtime/cache.h"
-#include "../../runtime/message.h"
+#include "comm/comm.h"
+#include "runtime/cache.h"
+#include "runtime/message.h"
 #include "../runner.h"
 
 struct collected {

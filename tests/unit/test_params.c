@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../../runtime/params.h"
+#include "base/params.h"
 #include "../runner.h"
 
 TEST(params_parse_values) {
@@ -72,7 +72,7 @@ TEST(params_markdown_lists_every_setting) {
   const char *names[] = {
 #define HORA_PARAM(name, scope, type, def, doc) "`HORA_" #name "`",
 #define HORA_PARAM_CHOICE(name, scope, choices, def, doc) "`HORA_" #name "`",
-#include "../../runtime/params.def"
+#include "base/params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
   };

@@ -1,6 +1,6 @@
 /* The choice between the kernel and the staged intra-host path: size
  * classes, the order of trials, and the decision by best time. */
-#include "../../comm/path_tuner.h"
+#include "comm/shm/path_tuner.h"
 #include "../runner.h"
 
 TEST(path_tuner_size_classes) {

@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "../../comm/half.h"
-#include "../../comm/reduce.h"
+#include "comm/reduce/half.h"
+#include "comm/reduce/reduce.h"
 #include "../runner.h"
 
 static uint64_t rng_state = 88172645463325252ull;

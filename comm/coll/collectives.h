@@ -1,0 +1,103 @@
+/* The collective algorithms, written once against the transport vtable.
+ * Called only by the coordinator thread, in the same order on every rank.
+ *
+ * The engine calls the dispatchers (hora__allreduce, hora__broadcast,
+ * hora__allgather), which pick the algorithm by topology and settings:
+ *   - one host, several ranks:  direct shared-memory collectives (shm_coll.c)
+ *   - several hosts, several ranks each: hierarchical allreduce (shared
+ *     memory within the host, a ring across hosts per slice)
+ *   - otherwise: pipelined rings over the sockets
+ * Data is given as gather (in) and scatter (out) lists over one virtual
+ * buffer, so fused tensors need no extra copy where the algorithm can read
+ * and write them in place. */
+#ifndef HORA_COLLECTIVES_H
+#define HORA_COLLECTIVES_H
+
+#include "comm/comm.h"
+
+struct hora__iov {
+  void *base;
+  size_t len; /* bytes */
+};
+
+/* What happens to the data besides the reduction. */
+struct hora__coll_opts {
+  double prescale;  /* applied to each rank's input (1: none) */
+  int divisor;      /* AVERAGE: the result is divided by this (0 or 1: none) */
+  double postscale; /* applied to the result last (1: none) */
+  /* Marks phases for the timeline: name = begin, NULL = end. May be NULL. */
+  void (*phase)(void *arg, const char *name);
+  void *phase_arg;
+};
+
+void hora__post_apply(const struct hora__coll_opts *o, hora_dtype dtype, void *buf, size_t n);
+
+/* The socket path's private fusion buffer, of at least `bytes`: allocated
+ * once, regrown only for a batch larger than any before. */
+int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out);
+
+/* recv = op over every rank's input. Every rank must pass lists of the same
+ * shape (lengths), each entry its own memory. wire: HORA_FLOAT16/BFLOAT16 narrows
+ * float32/float64 data on socket links (pass dtype for none). AVERAGE
+ * reduces as a sum; opts->divisor divides. */
+int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                    const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                    hora_op op, hora_dtype wire, const struct hora__coll_opts *opts);
+
+/* buf (a list) on every rank = buf on root. */
+int hora__broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
+                    int root, const struct hora__coll_opts *opts);
+
+/* recvbuf[r * bytes ..] = rank r's sendbuf. */
+int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
+
+/* ---- rings ---------------------------------------------------------------- */
+
+
+int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *ring, const void *sendbuf,
+                         void *recvbuf, size_t count, hora_dtype dtype, hora_op op,
+                         hora_dtype wire);
+int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *ring, void *buf,
+                         size_t bytes, int root_pos);
+int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *ring, const void *sendbuf,
+                         size_t bytes, void *recvbuf);
+
+/* ---- direct shared-memory collectives (shm_coll.c) ------------------------ */
+int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                        const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                        hora_op op, hora_dtype wire, const struct hora__coll_opts *opts);
+int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
+                        int root_local);
+int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
+/* Single-copy allreduce (process_vm_readv), for large operations on one
+ * host; in and out list the same tensors. */
+bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes);
+int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in,
+                                    const struct hora__iov *out, int n, size_t count,
+                                    hora_dtype dtype, hora_op op,
+                                    const struct hora__coll_opts *opts);
+
+/* ---- the ring pipeline engine (ring.c) -----------------------------------
+ * A sequence of sends to the next rank and receives from the previous one,
+ * both indexed 0..n-1, moved in chunks with a window of transfers in
+ * flight. Send i may depend on receive i - dep_lag having completed. */
+struct hora__ring {
+  hora__conn *next, *prev;
+  size_t nsend, nrecv;
+  bool send_depends; /* send i waits for receive i - dep_lag */
+  size_t dep_lag;
+  void *arg;
+  /* Where send i reads from; *scratch asks for a staging buffer, which
+   * fill_send then fills. */
+  void (*send_at)(void *arg, size_t i, const void **ptr, size_t *len, bool *scratch);
+  void (*fill_send)(void *arg, size_t i, void *staging);
+  /* Where receive i lands; *scratch asks for a staging buffer instead. */
+  void (*recv_at)(void *arg, size_t i, void **ptr, size_t *len, bool *scratch);
+  /* Called in order when receive i is complete; `staged` is the staging
+   * buffer it landed in, or NULL. */
+  void (*received)(void *arg, size_t i, void *staged);
+};
+
+int hora__ring_run(hora__comm *comm, const struct hora__ring *ring);
+
+#endif

@@ -1,0 +1,545 @@
+/* Direct collectives over the host's shared segment.
+ *
+ * Allreduce of one piece (at most one half of a slot) among L local ranks;
+ * slice j of the piece is the part rank j reduces:
+ *
+ *   1. each rank copies the slices the others reduce (all but its
+ *      own) from its input into its own half                  (gather list in)
+ *   2. barrier
+ *   3. rank j reduces slice j: its own input, read in place,
+ *      and slice j of every peer's half, into its output, and
+ *      publishes the result in slice j of its own half, which
+ *      step 1 left free                                        (reduce-scatter)
+ *      [hierarchical: the result goes to the half only, is
+ *       allreduced across hosts there, over the ranks with the
+ *       same local rank, and copied out in step 5]
+ *   4. barrier
+ *   5. each rank copies slice j of rank j's half, for every
+ *      other j, into its output                                (allgather, scatter list out)
+ *
+ * Consecutive pieces alternate halves, so the next piece's step 1 never
+ * overwrites what a slower rank is still reading in step 5: that rank has
+ * passed the next piece's step-2 barrier only after finishing step 5.
+ * A rank's own slice never leaves its buffers on the way in, and it is
+ * reduced in cache-sized blocks whose result is published while still in
+ * cache: at np=2 each rank moves 4 bytes of memory traffic per input byte,
+ * against 5.5 when the whole input is staged. */
+#include "comm/coll/collectives.h"
+#include "comm/reduce/reduce.h"
+#include "comm/shm/shm.h"
+
+#define REDUCE_BLOCK (32 * 1024) /* bytes per reduction pass: stays in L1/L2 */
+
+static void phase(const struct hora__coll_opts *o, const char *name) {
+  if (o && o->phase) {
+    o->phase(o->phase_arg, name);
+  }
+}
+
+/* Copies [off, off + len) of the virtual buffer described by iov to/from dst. */
+static void iov_copy(const struct hora__iov *iov, int n, size_t off, size_t len, char *flat,
+                     bool to_flat) {
+  size_t base = 0;
+  for (int i = 0; i < n && len > 0; i++) {
+    size_t end = base + iov[i].len;
+    if (off < end) {
+      size_t in = off - base;
+      size_t c = HORA_MIN(len, iov[i].len - in);
+      if (to_flat) {
+        memcpy(flat, (char *)iov[i].base + in, c);
+      } else {
+        memcpy((char *)iov[i].base + in, flat, c);
+      }
+      flat += c;
+      off += c;
+      len -= c;
+    }
+    base = end;
+  }
+}
+
+/* A position in a tensor list, moved forward as offsets grow, so walking a
+ * fused buffer block by block stays linear in the number of tensors. */
+struct iov_cursor {
+  const struct hora__iov *iov;
+  int n, i;
+  size_t base; /* virtual offset of iov[i] */
+};
+
+/* Address of virtual offset off and, in *avail, the bytes from there to the
+ * end of its tensor. off never decreases between calls. */
+static char *cursor_at(struct iov_cursor *c, size_t off, size_t *avail) {
+  while (c->i < c->n && off >= c->base + c->iov[c->i].len) {
+    c->base += c->iov[c->i].len;
+    c->i++;
+  }
+  *avail = c->iov[c->i].len - (off - c->base);
+  return (char *)c->iov[c->i].base + (off - c->base);
+}
+
+static void slice_of(size_t n, int L, int j, size_t *a, size_t *b) {
+  *a = n * (size_t)j / (size_t)L;
+  *b = n * (size_t)(j + 1) / (size_t)L;
+}
+
+/* Step 3 for bytes [x, x + m) of the piece that starts at virtual offset
+ * base: dst = prescale * input (op) every peer's staged copy. dst is the
+ * output (then published into mine) or, when hierarchical, mine itself. */
+static void reduce_own_block(hora__comm *comm, struct iov_cursor *in, struct iov_cursor *out,
+                             size_t base, size_t x, size_t m, int h, hora_dtype dtype,
+                             hora_op op, bool to_output, const struct hora__coll_opts *opts) {
+  struct hora__shm *s = comm->shm;
+  int L = comm->local_size, me = comm->local_rank;
+  size_t es = hora_dtype_size(dtype);
+  char *mine = hora__shm_half(s, me, h);
+  double prescale = opts ? opts->prescale : 1.0;
+  for (size_t pos = x; pos < x + m;) {
+    size_t av_in, av_out;
+    const char *src = cursor_at(in, base + pos, &av_in);
+    char *o = cursor_at(out, base + pos, &av_out);
+    size_t c = HORA_MIN(HORA_MIN(av_in, av_out), x + m - pos);
+    char *dst = to_output ? o : mine + pos;
+    if (prescale != 1.0 || L == 1) {
+      if (dst != src) {
+        memcpy(dst, src, c);
+      }
+      if (prescale != 1.0) {
+        hora__scale(dtype, dst, c / es, prescale);
+      }
+      src = dst;
+    }
+    for (int j = 0; j < L; j++) {
+      if (j != me) {
+        hora__reduce(dtype, op, dst, src, hora__shm_half(s, j, h) + pos, c / es);
+        src = dst;
+      }
+    }
+    if (to_output) {
+      hora__post_apply(opts, dtype, dst, c / es);
+      memcpy(mine + pos, dst, c);
+    }
+    pos += c;
+  }
+}
+
+int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                        const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                        hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  struct hora__shm *s = comm->shm;
+  int L = comm->local_size, me = comm->local_rank;
+  size_t es = hora_dtype_size(dtype);
+  size_t piece_elems = hora__shm_half_bytes(s) / es;
+  bool hierarchical = comm->cross_size > 1;
+  double prescale = opts ? opts->prescale : 1.0;
+  struct iov_cursor in_cur = {in, nin, 0, 0}, out_cur = {out, nout, 0, 0};
+  __atomic_fetch_add(&comm->staged_bytes, (uint64_t)(count * es), __ATOMIC_RELAXED);
+  for (size_t done = 0; done < count;) {
+    size_t n = HORA_MIN(piece_elems, count - done);
+    int h = (int)(comm->shm_seq++ & 1);
+    char *mine = hora__shm_half(s, me, h);
+    size_t a, b;
+    slice_of(n, L, me, &a, &b);
+    phase(opts, "MEMCPY_IN_FUSION_BUFFER");
+    for (int j = 0; j < L; j++) {
+      size_t ja, jb;
+      slice_of(n, L, j, &ja, &jb);
+      if (j != me && jb > ja) {
+        iov_copy(in, nin, (done + ja) * es, (jb - ja) * es, mine + ja * es, true);
+        if (prescale != 1.0) {
+          hora__scale(dtype, mine + ja * es, jb - ja, prescale);
+        }
+      }
+    }
+    phase(opts, NULL);
+    phase(opts, "ALLREDUCE");
+    HORA_CHECK(hora__shm_barrier(comm));
+    size_t block = HORA_MAX((size_t)REDUCE_BLOCK / es, (size_t)1) * es;
+    for (size_t x = a * es; x < b * es; x += block) {
+      reduce_own_block(comm, &in_cur, &out_cur, done * es, x, HORA_MIN(block, b * es - x), h, dtype,
+                       op, !hierarchical, opts);
+    }
+    if (hierarchical && b > a) {
+      HORA_CHECK(hora__ring_allreduce(comm, &comm->cross_ring, mine + a * es, mine + a * es,
+                                      b - a, dtype, op, wire));
+      hora__post_apply(opts, dtype, mine + a * es, b - a);
+    }
+    HORA_CHECK(hora__shm_barrier(comm));
+    phase(opts, NULL);
+    phase(opts, "MEMCPY_OUT_FUSION_BUFFER");
+    for (int j = 0; j < L; j++) {
+      size_t ja, jb;
+      slice_of(n, L, j, &ja, &jb);
+      if (j != me || hierarchical) {
+        iov_copy(out, nout, (done + ja) * es, (jb - ja) * es, hora__shm_half(s, j, h) + ja * es,
+                 false);
+      }
+    }
+    phase(opts, NULL);
+    done += n;
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
+                        int root_local) {
+  struct hora__shm *s = comm->shm;
+  size_t piece = hora__shm_half_bytes(s);
+  for (size_t done = 0; done < bytes; done += piece) {
+    size_t n = HORA_MIN(piece, bytes - done);
+    int h = (int)(comm->shm_seq++ & 1);
+    char *src = hora__shm_half(s, root_local, h);
+    if (comm->local_rank == root_local) {
+      iov_copy(buf, nbuf, done, n, src, true);
+    }
+    HORA_CHECK(hora__shm_barrier(comm));
+    if (comm->local_rank != root_local) {
+      iov_copy(buf, nbuf, done, n, src, false);
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
+  struct hora__shm *s = comm->shm;
+  int L = comm->local_size, me = comm->local_rank;
+  size_t piece = hora__shm_half_bytes(s);
+  for (size_t done = 0; done < bytes; done += piece) {
+    size_t n = HORA_MIN(piece, bytes - done);
+    int h = (int)(comm->shm_seq++ & 1);
+    memcpy(hora__shm_half(s, me, h), (const char *)sendbuf + done, n);
+    HORA_CHECK(hora__shm_barrier(comm));
+    for (int j = 0; j < L; j++) {
+      memcpy((char *)recvbuf + (size_t)j * bytes + done, hora__shm_half(s, j, h), n);
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+/* ---- single copy: reading the peers' buffers in place ------------------------
+ *
+ * For large allreduces, when the kernel lets the ranks of a host read each
+ * other's memory (process_vm_readv), nothing is staged:
+ *
+ *   1. each rank publishes the addresses of its tensors in its half
+ *   2. barrier
+ *   3. rank j reduces slice j, chunk by chunk: its own input plus each
+ *      peer's input, read through a bounce buffer that stays in cache,
+ *      into its own output; then writes the finished chunk, still in
+ *      cache, into every peer's output (process_vm_writev)
+ *   4. barrier: every output is complete, and no rank reads another's
+ *      buffers any more, so the callers may reuse them
+ *
+ * Each byte crosses memory once on its way in and once on its way out,
+ * against twice each way when staged, with two barriers per operation.
+ *
+ * Where a peer's buffers lie in hora_mem_alloc blocks (shm_mem.c), each rank
+ * publishes where, and the others map those blocks and reduce straight out
+ * of the peer's input and store straight into its output: no bounce buffer,
+ * no system call, no page pinning. Each rank chooses per peer and side, on
+ * its own: a peer it cannot map is served through the kernel as above.
+ * Only rank j touches slice j of any buffer, so in-place works.
+ *
+ * Where the kernel copies are slow (path_tuner.h), an operation that has a
+ * buffer outside the blocks is staged instead, after the addresses are
+ * exchanged: only then can every rank see whether any such buffer exists. */
+
+#include <stdlib.h>
+#include <sys/uio.h>
+
+#define BOUNCE (512 * 1024)
+#define IOV_BATCH 512
+
+/* Segments of bytes [off, off + len) of a buffer made of tensors with the
+ * given lengths and base addresses; returns how many were written (at most
+ * max) and moves the offset and length past them. */
+static int segments(const struct hora__iov *shape, int n, const uint64_t *bases, size_t *off,
+                    size_t *len, struct iovec *iov, int max) {
+  int k = 0;
+  size_t base = 0;
+  for (int i = 0; i < n && *len > 0 && k < max; i++) {
+    size_t end = base + shape[i].len;
+    if (*off < end) {
+      size_t in = *off - base;
+      size_t c = HORA_MIN(*len, shape[i].len - in);
+      iov[k].iov_base = (void *)(uintptr_t)(bases[i] + in);
+      iov[k].iov_len = c;
+      k++;
+      *off += c;
+      *len -= c;
+    }
+    base = end;
+  }
+  return k;
+}
+
+/* For the bytes [x, x + m) of the virtual buffer: out = in (op) peer when
+ * first, else out = out (op) peer. The peer's bytes are either contiguous
+ * at peer_flat, or, with peer_each, at peer_each[i] for tensor i. */
+static void reduce_segments(const struct hora__iov *in, const struct hora__iov *out, int n,
+                            size_t x, size_t m, const char *peer_flat, char *const *peer_each,
+                            hora_dtype dtype, hora_op op, int first) {
+  size_t es = hora_dtype_size(dtype), base = 0;
+  for (int i = 0; i < n && m > 0; i++) {
+    size_t end = base + in[i].len;
+    if (x < end) {
+      size_t at = x - base, c = HORA_MIN(m, in[i].len - at);
+      char *o = (char *)out[i].base + at;
+      const char *a = first ? (const char *)in[i].base + at : o;
+      if (peer_each) {
+        hora__reduce(dtype, op, o, a, peer_each[i] + at, c / es);
+      } else {
+        hora__reduce(dtype, op, o, a, peer_flat, c / es);
+        peer_flat += c;
+      }
+      x += c;
+      m -= c;
+    }
+    base = end;
+  }
+}
+
+static int cma(hora__comm *comm, int lr, bool write, struct iovec *local, int nl,
+               struct iovec *remote, int nr, size_t bytes) {
+  struct hora__shm *s = comm->shm;
+  pid_t pid = hora__shm_pid(s, lr);
+  ssize_t got = write ? process_vm_writev(pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0)
+                      : process_vm_readv(pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0);
+  if (got == (ssize_t)bytes) {
+    return HORA_SUCCESS;
+  }
+  char name[160];
+  int peer_rank = lr;
+  for (int r = 0; r < comm->size; r++) {
+    if (comm->peers[r].host_index == comm->cross_rank && comm->peers[r].local_rank == lr) {
+      peer_rank = r;
+    }
+  }
+  hora__peer_name(comm, peer_rank, name, sizeof(name));
+  if (got < 0 && errno == ESRCH) {
+    return hora__error(HORA_ERR_PEER_LOST, "lost %s: the process is gone", name);
+  }
+  if (got < 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "%s %s",
+                             write ? "process_vm_writev to" : "process_vm_readv from", name);
+  }
+  return hora__error(HORA_ERR_SYSTEM, "%s %s moved %zd of %zu bytes",
+                     write ? "process_vm_writev to" : "process_vm_readv from", name, got, bytes);
+}
+
+/* What each rank publishes in its half: the addresses of its n inputs and n
+ * outputs, where each lies in a hora_mem_alloc block, and its count of frees. */
+struct published {
+  uint64_t frees;
+  uint64_t pad;
+  /* then uint64_t addr[2n] and struct hora__mem_ref ref[2n] */
+};
+
+static size_t published_bytes(int n) {
+  return sizeof(struct published) + (size_t)n * 2 * (sizeof(uint64_t) + sizeof(struct hora__mem_ref));
+}
+
+static uint64_t *published_addrs(char *half) { return (uint64_t *)(void *)(half + sizeof(struct published)); }
+
+static struct hora__mem_ref *published_refs(char *half, int n) {
+  return (struct hora__mem_ref *)(void *)(published_addrs(half) + 2 * (size_t)n);
+}
+
+bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes) {
+  return comm->shm && hora__shm_cma(comm->shm) && comm->cross_size == 1 &&
+         bytes / (size_t)comm->local_size >= (size_t)comm->single_copy_min &&
+         published_bytes(n) <= hora__shm_half_bytes(comm->shm);
+}
+
+/* Whether every local rank published every input and output as lying in a
+ * hora_mem_alloc block: then no byte needs the kernel, whatever the path
+ * table says. */
+static bool all_published(struct hora__shm *s, int L, int h, int n) {
+  for (int j = 0; j < L; j++) {
+    const struct hora__mem_ref *refs = published_refs(hora__shm_half(s, j, h), n);
+    for (int i = 0; i < 2 * n; i++) {
+      if (!refs[i].id) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+/* Fills ptrs[0..2n) with this process's addresses of local rank j's inputs
+ * and outputs. A side that cannot be mapped whole gets ptrs[0] (inputs) or
+ * ptrs[n] (outputs) NULL: it goes through the kernel. */
+static void map_peer(hora__comm *comm, int j, char *half, int n, uint64_t op, char **ptrs) {
+  const struct published *pub = (const struct published *)(const void *)half;
+  const struct hora__mem_ref *refs = published_refs(half, n);
+  pid_t pid = hora__shm_pid(comm->shm, j);
+  for (int side = 0; side < 2; side++) {
+    char **p = ptrs + (size_t)side * (size_t)n;
+    const struct hora__mem_ref *r = refs + (size_t)side * (size_t)n;
+    for (int i = 0; i < n; i++) {
+      p[i] = r[i].id ? hora__peer_mem(comm->peer_maps, j, pid, pub->frees, op, &r[i]) : NULL;
+      if (!p[i]) {
+        p[0] = NULL;
+        break;
+      }
+    }
+  }
+}
+
+/* Copies the bytes [x, x + m) of our outputs into the peer's, whose
+ * addresses here are peer[i]. */
+static void store_direct(const struct hora__iov *out, int n, size_t x, size_t m, char *const *peer) {
+  size_t base = 0;
+  for (int i = 0; i < n && m > 0; i++) {
+    size_t end = base + out[i].len;
+    if (x < end) {
+      size_t at = x - base, c = HORA_MIN(m, out[i].len - at);
+      memcpy(peer[i] + at, (const char *)out[i].base + at, c);
+      x += c;
+      m -= c;
+    }
+    base = end;
+  }
+}
+
+int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in,
+                                    const struct hora__iov *out, int n, size_t count,
+                                    hora_dtype dtype, hora_op op,
+                                    const struct hora__coll_opts *opts) {
+  struct hora__shm *s = comm->shm;
+  int L = comm->local_size, me = comm->local_rank;
+  size_t es = hora_dtype_size(dtype);
+  if (!comm->bounce) {
+    comm->bounce = hora__aligned_alloc(64, BOUNCE);
+    if (!comm->bounce) {
+      return HORA_ERR_NO_MEMORY;
+    }
+  }
+  if (!comm->peer_maps) {
+    comm->peer_maps = hora__peer_maps_new(L);
+    if (!comm->peer_maps) {
+      return HORA_ERR_NO_MEMORY;
+    }
+  }
+  size_t nptrs = (size_t)L * 2 * (size_t)n;
+  if (comm->peer_ptrs_cap < nptrs) {
+    char **p = realloc(comm->peer_ptrs, nptrs * sizeof(*p));
+    if (!p) {
+      return hora__error(HORA_ERR_NO_MEMORY, "out of memory for %zu peer addresses", nptrs);
+    }
+    comm->peer_ptrs = p;
+    comm->peer_ptrs_cap = nptrs;
+  }
+  char *peer_data = comm->bounce;
+  size_t share = count * es / (size_t)L;
+  enum hora__shm_path path = hora__shm_path(s, share);
+  int h = (int)(comm->shm_seq++ & 1);
+  char *my_half = hora__shm_half(s, me, h);
+  struct published *pub = (struct published *)(void *)my_half;
+  uint64_t *mine = published_addrs(my_half);
+  struct hora__mem_ref *my_refs = published_refs(my_half, n);
+  pub->frees = hora__mem_frees();
+  for (int i = 0; i < n; i++) {
+    mine[i] = (uint64_t)(uintptr_t)in[i].base;
+    mine[n + i] = (uint64_t)(uintptr_t)out[i].base;
+    hora__mem_find(in[i].base, in[i].len, &my_refs[i]);
+    hora__mem_find(out[i].base, out[i].len, &my_refs[n + i]);
+  }
+  phase(opts, "ALLREDUCE");
+  HORA_CHECK(hora__shm_barrier(comm));
+  /* Timed from here, where every rank starts together, to each rank's last
+   * byte: a late peer's arrival is not the path's cost. */
+  uint64_t started = hora__now_ns();
+  bool published = all_published(s, L, h, n);
+  if (!published) {
+    hora__shm_path_begin(s, share, path, count * es);
+    if (path == HORA_SHM_PATH_STAGED) {
+      /* Some buffer must go through the kernel, and staging is faster here.
+       * Every rank sees the same published references, so all stage. */
+      phase(opts, NULL);
+      HORA_CHECK(hora__shm_allreduce(comm, in, n, out, n, count, dtype, op, dtype, opts));
+      hora__shm_path_end(s, hora__now_ns() - started);
+      return HORA_SUCCESS;
+    }
+  }
+  /* Per peer and side: this process's addresses of its buffers, or a NULL
+   * first address where they go through the kernel. */
+  bool all_direct = true;
+  for (int j = 0; j < L; j++) {
+    if (j != me) {
+      char **p = comm->peer_ptrs + (size_t)j * 2 * (size_t)n;
+      map_peer(comm, j, hora__shm_half(s, j, h), n, comm->shm_seq, p);
+      all_direct = all_direct && p[0] && p[n];
+    }
+  }
+  __atomic_fetch_add(all_direct ? &comm->direct_bytes : &comm->kernel_bytes,
+                     (uint64_t)(count * es), __ATOMIC_RELAXED);
+  size_t a, b;
+  slice_of(count, L, me, &a, &b);
+  struct iovec remote[IOV_BATCH], local[IOV_BATCH];
+  size_t chunk = BOUNCE / es * es;
+  for (size_t x = a * es; x < b * es; x += chunk) {
+    /* No barrier until the end: a large slice would starve the service. */
+    HORA_CHECK(hora__service_maybe(comm));
+    size_t m = HORA_MIN(chunk, b * es - x);
+    int first = 1;
+    for (int j = 0; j < L; j++) {
+      if (j == me) {
+        continue;
+      }
+      char **direct = comm->peer_ptrs + (size_t)j * 2 * (size_t)n;
+      if (direct[0]) {
+        reduce_segments(in, out, n, x, m, NULL, direct, dtype, op, first);
+        first = 0;
+        continue;
+      }
+      const uint64_t *theirs = published_addrs(hora__shm_half(s, j, h));
+      size_t off = x, left = m;
+      char *dst = peer_data;
+      while (left > 0) {
+        size_t before = left;
+        int k = segments(in, n, theirs, &off, &left, remote, IOV_BATCH);
+        struct iovec flat = {dst, before - left};
+        HORA_CHECK(cma(comm, j, false, &flat, 1, remote, k, before - left));
+        dst += before - left;
+      }
+      /* out = in (op) peer for the first peer, then out = out (op) peer:
+       * straight from the caller's buffers, with no copy of our own. */
+      reduce_segments(in, out, n, x, m, peer_data, NULL, dtype, op, first);
+      first = 0;
+    }
+    size_t off = x, left = m;
+    while (left > 0) {
+      int k = segments(out, n, mine + n, &off, &left, local, IOV_BATCH);
+      for (int i = 0; i < k; i++) {
+        hora__post_apply(opts, dtype, local[i].iov_base, local[i].iov_len / es);
+      }
+    }
+    /* The finished chunk is still in cache: hand it to every peer now.
+     * Outputs have the same lengths on every rank, so the local and remote
+     * segment lists line up. */
+    for (int j = 0; j < L; j++) {
+      if (j == me) {
+        continue;
+      }
+      char **direct = comm->peer_ptrs + (size_t)j * 2 * (size_t)n + n;
+      if (direct[0]) {
+        store_direct(out, n, x, m, direct);
+        continue;
+      }
+      const uint64_t *theirs = published_addrs(hora__shm_half(s, j, h));
+      size_t off_l = x, left_l = m, off_r = x, left_r = m;
+      while (left_r > 0) {
+        size_t before = left_r;
+        int kl = segments(out, n, mine + n, &off_l, &left_l, local, IOV_BATCH);
+        int kr = segments(out, n, theirs + n, &off_r, &left_r, remote, IOV_BATCH);
+        HORA_CHECK(cma(comm, j, true, local, kl, remote, kr, before - left_r));
+      }
+    }
+  }
+  if (!published) {
+    hora__shm_path_end(s, hora__now_ns() - started);
+  }
+  HORA_CHECK(hora__shm_barrier(comm));
+  phase(opts, NULL);
+  return HORA_SUCCESS;
+}

@@ -1,0 +1,147 @@
+/* Socket helpers: interface choice and listeners (the handshake that admits
+ * only processes of this job is handshake.c). */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "comm/comm.h"
+
+int hora__socket_nonblocking(int fd) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "fcntl(O_NONBLOCK) on socket %d", fd);
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__socket_tune(int fd, bool tcp, int64_t bufsize) {
+  int one = 1;
+  if (tcp && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "setsockopt(TCP_NODELAY)");
+  }
+  if (bufsize > 0) {
+    int b = (int)HORA_MIN(bufsize, (int64_t)1 << 30);
+    /* The kernel caps these at net.core.[rw]mem_max; a smaller buffer is not an error. */
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof(b));
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof(b));
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__choose_ipv4(const char *iface, bool single_host, struct in_addr *out, char *ifname,
+                      size_t ifname_len) {
+  if ((!iface || !iface[0]) && single_host) {
+    out->s_addr = htonl(INADDR_LOOPBACK);
+    hora__strlcpy(ifname, "lo", ifname_len);
+    return HORA_SUCCESS;
+  }
+  struct ifaddrs *ifs = NULL;
+  if (getifaddrs(&ifs) != 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "getifaddrs");
+  }
+  bool found = false;
+  for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) {
+      continue;
+    }
+    if (iface && iface[0]) {
+      if (strcmp(i->ifa_name, iface) != 0) {
+        continue;
+      }
+    } else if (i->ifa_flags & IFF_LOOPBACK) {
+      continue;
+    }
+    *out = ((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr;
+    hora__strlcpy(ifname, i->ifa_name, ifname_len);
+    found = true;
+  }
+  freeifaddrs(ifs);
+  if (!found) {
+    if (iface && iface[0]) {
+      return hora__error(HORA_ERR_INVALID_ARG,
+                         "HORA_IFACE=%s: no such interface that is up and has an IPv4 address",
+                         iface);
+    }
+    /* A machine with only loopback can still run a job of several "hosts"
+     * inside it (containers sharing the network namespace). */
+    out->s_addr = htonl(INADDR_LOOPBACK);
+    hora__strlcpy(ifname, "lo", ifname_len);
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__listen_tcp(struct in_addr addr, int *fd_out, struct sockaddr_in *bound) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "socket(AF_INET)");
+  }
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sin_family = AF_INET;
+  sa.sin_addr = addr;
+  sa.sin_port = 0;
+  socklen_t len = sizeof(sa);
+  char ip[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &addr, ip, sizeof(ip));
+  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    int rc = hora__error_errno(HORA_ERR_SYSTEM, "bind(%s)", ip);
+    close(fd);
+    return rc;
+  }
+  if (listen(fd, SOMAXCONN) < 0 || getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+    int rc = hora__error_errno(HORA_ERR_SYSTEM, "listen(%s)", ip);
+    close(fd);
+    return rc;
+  }
+  *bound = sa;
+  *fd_out = fd;
+  return HORA_SUCCESS;
+}
+
+int hora__unix_address(const char *job_id, int rank, void *sun_out, unsigned *len) {
+  struct sockaddr_un *sun = sun_out;
+  memset(sun, 0, sizeof(*sun));
+  sun->sun_family = AF_UNIX;
+  /* Abstract namespace: no file to clean up, gone when the process is. */
+  int n = snprintf(sun->sun_path + 1, sizeof(sun->sun_path) - 1, "hora.%s.%d", job_id, rank);
+  *len = (unsigned)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+  return HORA_SUCCESS;
+}
+
+int hora__listen_unix(const char *job_id, int rank, int *fd_out) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "socket(AF_UNIX)");
+  }
+  struct sockaddr_un sun;
+  unsigned len;
+  hora__unix_address(job_id, rank, &sun, &len);
+  if (bind(fd, (struct sockaddr *)&sun, len) < 0 || listen(fd, SOMAXCONN) < 0) {
+    int rc = hora__error_errno(HORA_ERR_SYSTEM, "bind/listen on unix socket @%s", sun.sun_path + 1);
+    close(fd);
+    return rc;
+  }
+  *fd_out = fd;
+  return HORA_SUCCESS;
+}
+
+int hora__accept_shed(int lfd, int *reserve_fd, struct sockaddr_storage *ss, socklen_t *len) {
+  if (*reserve_fd < 0) {
+    return -1;
+  }
+  close(*reserve_fd);
+  int fd = accept4(lfd, (struct sockaddr *)ss, len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  int got = fd >= 0 ? 0 : -1;
+  if (fd >= 0) {
+    close(fd);
+  }
+  *reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return got;
+}

@@ -1,0 +1,103 @@
+/* The transport vtable: how bytes move between two ranks. Every transport
+ * implements it; the algorithms (allreduce.c, broadcast.c, allgather.c) are
+ * written once against it. Shaped like NCCL's net plugin API: connections
+ * are set up without blocking (connect, accept, establish), transfers are
+ * posted and then tested, memory is registered once, and each connection
+ * exposes the file descriptor the coordinator sleeps on.
+ *
+ * Threading: only the coordinator thread calls into a transport.
+ */
+#ifndef HORA_TRANSPORT_H
+#define HORA_TRANSPORT_H
+
+#include "base/common.h"
+
+typedef struct hora__comm hora__comm;
+typedef struct hora__conn hora__conn;
+
+/* One posted send or receive. Owned by the poster; it must stay in place
+ * until done. Transfers on one connection complete in posting order per
+ * direction, and a receive of n bytes matches exactly the send of n bytes
+ * posted at the same position on the other side. */
+typedef struct hora__xfer {
+  char *ptr;          /* next byte to move */
+  size_t left;        /* bytes still to move */
+  bool done;
+  uint8_t mode;            /* the transport's own bookkeeping */
+  struct hora__xfer *next; /* the connection's FIFO */
+  /* Transports that split a transfer over several streams: its start,
+   * length and position in the connection's sequence. */
+  char *base;
+  size_t len;
+  uint64_t seq;
+} hora__xfer;
+
+/* Appends x to the FIFO head..tail (a connection's send or receive queue). */
+static inline void hora__xfer_enqueue(hora__xfer **head, hora__xfer **tail, hora__xfer *x) {
+  x->next = NULL;
+  if (*tail) {
+    (*tail)->next = x;
+  } else {
+    *head = x;
+  }
+  *tail = x;
+}
+
+/* A connection to one peer, common header of every transport's own. */
+struct hora__conn {
+  const struct hora__transport *tp;
+  int peer;
+  hora__xfer *send_head, *send_tail;
+  hora__xfer *recv_head, *recv_tail;
+  struct hora__conn *active_next; /* on the comm's list of busy connections */
+  bool active;
+  /* Transfers already off the queues whose completion the transport still
+   * owes (an RDMA write straight from the caller's memory). */
+  unsigned pending;
+};
+
+struct hora__transport {
+  const char *name;
+  /* Connection set-up, without blocking. bootstrap.c dials or accepts a
+   * stream socket to the peer and authenticates it (the job's handshake);
+   * connect, on the side that dialled, or accept, on the side that
+   * listened, starts the transport's own set-up over it (the socket is the
+   * connection's from then on, even on failure) and returns the connection
+   * not yet usable. establish moves the set-up on, whenever *fd is ready
+   * for *events, until it sets *ready; then transfers may be posted. */
+  int (*connect)(hora__comm *comm, int fd, int peer, hora__conn **conn);
+  int (*accept)(hora__comm *comm, int fd, int peer, hora__conn **conn);
+  int (*establish)(hora__comm *comm, hora__conn *conn, bool *ready, int *fd, short *events);
+  /* Queue a transfer. Never blocks; hora__conn_progress moves the bytes. */
+  int (*isend)(hora__conn *conn, const void *buf, size_t len, hora__xfer *x);
+  int (*irecv)(hora__conn *conn, void *buf, size_t len, hora__xfer *x);
+  /* Move as many bytes as possible without blocking. Sets *progressed when
+   * anything moved. Returns HORA_ERR_PEER_LOST when the peer is gone. */
+  int (*progress)(hora__comm *comm, hora__conn *conn, bool *progressed);
+  /* The fd to poll and the events that mean "progress is possible now". */
+  int (*poll_fd)(hora__conn *conn, short *events);
+  /* Registration of long-lived buffers (a no-op for sockets). Transfers
+   * into and out of registered memory may move without a copy. */
+  int (*reg_mem)(hora__comm *comm, void *buf, size_t len, void **handle);
+  /* Device (GPU) memory exported as a dma-buf: fd and the offset of buf in
+   * it. NULL where the transport cannot reach device memory. Device memory
+   * must be used at both ends of a transfer. */
+  int (*reg_dmabuf)(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,
+                    void **handle);
+  int (*dereg_mem)(hora__comm *comm, void *handle);
+  void (*close)(hora__conn *conn);
+};
+
+extern const struct hora__transport hora__transport_tcp;
+/* Most sockets one TCP connection stripes its transfers over. */
+#define HORA_TCP_STREAMS_MAX 8
+/* Adds another connected socket to a TCP connection: from then on each
+ * transfer is split across all of them, in the same way at both ends. */
+int hora__tcp_add_stream(hora__conn *conn, int fd);
+#if HORA_HAVE_VERBS
+extern const struct hora__transport hora__transport_ib;
+/* Whether this machine has an active RDMA port (for HORA_TRANSPORT=auto). */
+bool hora__ib_available(void);
+#endif
+
+#endif
