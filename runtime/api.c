@@ -14,6 +14,7 @@
 #include "comm/shm/shm.h"
 #include "base/log.h"
 #include "base/params.h"
+#include "runtime/cycle.h"
 #include "runtime/runtime.h"
 #include "runtime/timeline.h"
 
@@ -110,7 +111,7 @@ static void log_startup(const struct hora__runtime *rt) {
             "%s PUs %s (NUMA %s); transports: same host %s, other hosts %s; spin %d us",
             hora__log_hostname(), c->rank, c->size, c->local_rank, c->local_size, c->cross_rank,
             c->cross_size, t->cores, t->pus, t->numa_nodes, t->bound ? "bound to" : "not bound,",
-            t->cpus, t->numa, c->local_transport, c->remote_transport, c->spin_us);
+            t->cpus, t->numa, c->proc->local_transport, c->proc->remote_transport, c->net->spin_us);
 }
 
 static int init_locked(void) {
@@ -180,11 +181,24 @@ static int init_locked(void) {
     goto fail;
   }
   HORA_CHECK_GOTO(hora__topology_probe(&rt->topo), rc, fail);
-  HORA_CHECK_GOTO(hora__comm_create(MPI_COMM_WORLD, &rt->comm), rc, fail);
+  /* The control plane: the star around rank 0 (the bootstrap's own) and
+   * the cycles' partners. */
+  int world_rank = 0, world_size = 1, ctrl_peers[32], nctrl = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  struct hora__cycle_partners cp;
+  hora__cycle_partners(world_rank, world_size, &cp);
+  if (cp.fold >= 0) {
+    ctrl_peers[nctrl++] = cp.fold;
+  }
+  for (int i = 0; i < cp.nrounds; i++) {
+    ctrl_peers[nctrl++] = cp.round[i];
+  }
+  HORA_CHECK_GOTO(hora__comm_create(MPI_COMM_WORLD, ctrl_peers, nctrl, &rt->comm), rc, fail);
   rt->rank = rt->comm->rank;
   rt->size = rt->comm->size;
   /* Spinning only pays when every local rank has a core of its own. */
-  rt->comm->spin_us = rt->comm->local_size <= rt->topo.pus ? (int)hora__params.SPIN_TIME_US : 0;
+  rt->comm->net->spin_us = rt->comm->local_size <= rt->topo.pus ? (int)hora__params.SPIN_TIME_US : 0;
   if (rt->rank == 0) {
     hora__params_log();
     if (hora__params.TIMELINE[0]) {
@@ -519,8 +533,8 @@ static int finish(hora_request **req) {
 static void wait_done(struct hora__runtime *rt, struct hora_request *r) {
   /* A short bounded poll catches fast completions without a sleep and a
    * wake-up; oversubscribed hosts skip it (spin_us is 0 there). */
-  if (rt && rt->comm->spin_us > 0 && !atomic_load_explicit(&r->done, memory_order_acquire)) {
-    uint64_t until = hora__now_ns() + (uint64_t)rt->comm->spin_us * 1000;
+  if (rt && rt->comm->net->spin_us > 0 && !atomic_load_explicit(&r->done, memory_order_acquire)) {
+    uint64_t until = hora__now_ns() + (uint64_t)rt->comm->net->spin_us * 1000;
     while (!atomic_load_explicit(&r->done, memory_order_acquire) && hora__now_ns() < until) {
       sched_yield();
     }
@@ -963,9 +977,9 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   s.negotiate_seconds = (double)atomic_load(&rt->stats.negotiate_ns) * 1e-9;
   s.communicate_seconds = (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
   s.copy_seconds = (double)atomic_load(&rt->stats.copy_ns) * 1e-9;
-  s.direct_bytes = rt->comm ? __atomic_load_n(&rt->comm->direct_bytes, __ATOMIC_RELAXED) : 0;
-  s.kernel_bytes = rt->comm ? __atomic_load_n(&rt->comm->kernel_bytes, __ATOMIC_RELAXED) : 0;
-  s.staged_bytes = rt->comm ? __atomic_load_n(&rt->comm->staged_bytes, __ATOMIC_RELAXED) : 0;
+  s.direct_bytes = rt->comm ? __atomic_load_n(&rt->comm->proc->direct_bytes, __ATOMIC_RELAXED) : 0;
+  s.kernel_bytes = rt->comm ? __atomic_load_n(&rt->comm->proc->kernel_bytes, __ATOMIC_RELAXED) : 0;
+  s.staged_bytes = rt->comm ? __atomic_load_n(&rt->comm->proc->staged_bytes, __ATOMIC_RELAXED) : 0;
   s.cycles = atomic_load(&rt->stats.cycles);
   s.sent_in_full = atomic_load(&rt->stats.sent_in_full);
   size_t keep = stats->struct_size;

@@ -61,3 +61,16 @@ int hora__cycle_accept(struct hora__cycle_inbox *inbox, const struct hora__cycle
   in->nbytes = m.nbytes;
   return HORA_SUCCESS;
 }
+
+void hora__cycle_partners(int rank, int size, struct hora__cycle_partners *p) {
+  int p2 = 1;
+  while (p2 * 2 <= size) {
+    p2 *= 2;
+  }
+  p->fold = rank >= p2 ? rank - p2 : rank + p2 < size ? rank + p2 : -1;
+  p->folds_out = rank >= p2;
+  p->nrounds = 0;
+  for (int d = 1; !p->folds_out && d < p2; d *= 2) {
+    p->round[p->nrounds++] = rank ^ d;
+  }
+}

@@ -4,8 +4,19 @@
 #ifndef HORA_CYCLE_H
 #define HORA_CYCLE_H
 
-#include "comm/comm.h"
 #include "runtime/message.h"
+
+/* The partners of the cycles' allreduce of cache bit vectors (cycle.c),
+ * by recursive doubling: with p2 the largest power of two <= size, rank
+ * r >= p2 folds into r - p2 and takes the result back from it; the ranks
+ * below p2 (taking in their fold first) swap with r ^ 1, r ^ 2, ... */
+struct hora__cycle_partners {
+  int fold;       /* -1, or the rank this one folds into or takes in */
+  bool folds_out; /* this rank is beyond p2: it talks to fold only */
+  int nrounds;
+  int round[31];
+};
+void hora__cycle_partners(int rank, int size, struct hora__cycle_partners *p);
 
 /* Cycle steps on the wire: 0 a fold in, 1 + i round i, FOLD_OUT the result,
  * ASK a rank's request that its fold partner take part (it sends first). */

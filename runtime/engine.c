@@ -52,6 +52,7 @@
 #include "comm/coll/collectives.h"
 #include "comm/gpu/gpu.h"
 #include "comm/reduce/reduce.h"
+#include "comm/transport/socket.h"
 #include "runtime/cache.h"
 #include "runtime/cycle.h"
 #include "base/log.h"
@@ -288,7 +289,7 @@ static int on_ctrl_frame(struct hora__engine *e, int peer, uint16_t type, const 
     struct hora__request_sink sink = {submit_cb, &s};
     if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
       return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed request list: %s",
-                         hora__peer_name(e->comm, peer, name, sizeof(name)),
+                         hora__peer_name(e->comm->net, peer, name, sizeof(name)),
                          hora__error_message());
     }
   } else if (type == HORA_MSG_RESPONSES && !e->ctl && peer == 0) {
@@ -302,12 +303,12 @@ static int on_ctrl_frame(struct hora__engine *e, int peer, uint16_t type, const 
     size_t klen;
     if (hora__decode_stuck(p, n, &cyc, &waited, &key, &klen) != HORA_SUCCESS) {
       return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed stuck-cycle message",
-                         hora__peer_name(e->comm, peer, name, sizeof(name)));
+                         hora__peer_name(e->comm->net, peer, name, sizeof(name)));
     }
     record_stuck(e, peer, cyc, waited, key, klen);
   } else if (type != HORA_MSG_HEARTBEAT) { /* a heartbeat's arriving was the point */
     return hora__error(HORA_ERR_PROTOCOL, "%s sent an unexpected control message (type %u)",
-                       hora__peer_name(e->comm, peer, name, sizeof(name)), type);
+                       hora__peer_name(e->comm->net, peer, name, sizeof(name)), type);
   }
   return HORA_SUCCESS;
 }
@@ -346,11 +347,11 @@ static int read_ctrl(struct hora__engine *e, hora__ctrl *c) {
     HORA_DEBUG("control: connection to rank %d closed", peer);
     if (may_close(e, peer)) {
       hora__ctrl_free(c);
-      e->comm->ctrl[peer] = NULL;
+      e->comm->proc->ctrl[peer] = NULL;
       return HORA_SUCCESS;
     }
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
-                       hora__peer_name(e->comm, peer, name, sizeof(name)));
+                       hora__peer_name(e->comm->net, peer, name, sizeof(name)));
   }
   return rc;
 }
@@ -373,19 +374,19 @@ static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) 
   /* The peer went away after the job's end, or was a partner no longer
    * needed: the write did not matter. read_ctrl may have closed (and freed)
    * the connection already; it sees the EOF only after the last frames. */
-  if (!e->comm->ctrl[peer]) {
+  if (!e->comm->proc->ctrl[peer]) {
     return HORA_SUCCESS;
   }
   if (may_close(e, peer)) {
     HORA_DEBUG("control: connection to rank %d closed", peer);
     hora__ctrl_free(c);
-    e->comm->ctrl[peer] = NULL;
+    e->comm->proc->ctrl[peer] = NULL;
     return HORA_SUCCESS;
   }
   /* Nothing left to read says more (what the peer sent before dying was
    * still queued): name it as lost, with its host and pid, all the same. */
   char name[160];
-  hora__peer_name(e->comm, peer, name, sizeof(name));
+  hora__peer_name(e->comm->net, peer, name, sizeof(name));
   return hora__error(rc, "lost %s: %s", name, original);
 }
 
@@ -406,7 +407,7 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
   int peer = hora__ctrl_peer(c);
   if (now - hora__ctrl_last_out(c) >= limit / 4) {
     HORA_CHECK(ctrl_send(e, c, HORA_MSG_HEARTBEAT, NULL, 0));
-    if (!e->comm->ctrl[peer]) {
+    if (!e->comm->proc->ctrl[peer]) {
       return HORA_SUCCESS; /* closed (and freed) after the job's end */
     }
   }
@@ -414,7 +415,7 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
     char name[160];
     return hora__error(HORA_ERR_PEER_LOST,
                        "lost %s: nothing heard from it for %.1f s (HORA_PEER_TIMEOUT_SECONDS)",
-                       hora__peer_name(e->comm, hora__ctrl_peer(c), name, sizeof(name)),
+                       hora__peer_name(e->comm->net, hora__ctrl_peer(c), name, sizeof(name)),
                        (double)(now - hora__ctrl_last_in(c)) * 1e-9);
   }
   return HORA_SUCCESS;
@@ -432,14 +433,14 @@ static int service(void *arg) {
    * are watched here, idle or not, so their waits end. */
   HORA_CHECK(hora__gpu_check(e->gpu));
   for (int r = 0; r < c->size; r++) {
-    if (c->ctrl[r]) {
-      HORA_CHECK(read_ctrl(e, c->ctrl[r]));
+    if (c->proc->ctrl[r]) {
+      HORA_CHECK(read_ctrl(e, c->proc->ctrl[r]));
     }
-    if (c->ctrl[r] && !e->shutting_down) {
-      HORA_CHECK(explain_write_failure(e, c->ctrl[r], hora__ctrl_flush(c->ctrl[r])));
+    if (c->proc->ctrl[r] && !e->shutting_down) {
+      HORA_CHECK(explain_write_failure(e, c->proc->ctrl[r], hora__ctrl_flush(c->proc->ctrl[r])));
     }
-    if (c->ctrl[r] && !e->shutting_down) {
-      HORA_CHECK(heartbeat(e, c->ctrl[r]));
+    if (c->proc->ctrl[r] && !e->shutting_down) {
+      HORA_CHECK(heartbeat(e, c->proc->ctrl[r]));
     }
   }
   return HORA_SUCCESS;
@@ -450,9 +451,9 @@ static int service_pollfds(void *arg, struct pollfd *fds, int max) {
   hora__comm *c = e->comm;
   int n = 0;
   for (int r = 0; r < c->size && n < max; r++) {
-    if (c->ctrl[r]) {
-      fds[n].fd = hora__ctrl_fd(c->ctrl[r]);
-      fds[n].events = (short)(POLLIN | (hora__ctrl_has_output(c->ctrl[r]) ? POLLOUT : 0));
+    if (c->proc->ctrl[r]) {
+      fds[n].fd = hora__ctrl_fd(c->proc->ctrl[r]);
+      fds[n].events = (short)(POLLIN | (hora__ctrl_has_output(c->proc->ctrl[r]) ? POLLOUT : 0));
       fds[n].revents = 0;
       n++;
     }
@@ -506,12 +507,12 @@ static int send_full(struct hora__engine *e, struct hora_request *const *list, s
   if (e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %zu requests", n);
   }
-  if (!e->comm->ctrl[0]) {
+  if (!e->comm->proc->ctrl[0]) {
     /* Rank 0 closed its end after the job's end (hora_finalize racing a
      * submission): these fail as finalized when the coordinator stops. */
     return e->shutdown_seen || e->shutting_down ? HORA_SUCCESS : lost_partner(e, 0);
   }
-  return ctrl_send(e, e->comm->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
+  return ctrl_send(e, e->comm->proc->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data, e->wbuf.len);
 }
 
 static void wish_evicted(struct hora__engine *e, int32_t slot) {
@@ -1116,8 +1117,8 @@ static int distribute(struct hora__engine *e) {
   HORA_CHECK(rc);
   HORA_CHECK(queue_frame(e, e->wbuf.data, e->wbuf.len));
   for (int r = 1; r < c->size; r++) {
-    if (c->ctrl[r]) {
-      HORA_CHECK(ctrl_send(e, c->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
+    if (c->proc->ctrl[r]) {
+      HORA_CHECK(ctrl_send(e, c->proc->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data, e->wbuf.len));
     }
   }
   return HORA_SUCCESS;
@@ -1160,11 +1161,11 @@ static void contribute(struct hora__engine *e, bool joined) {
 static int lost_partner(struct hora__engine *e, int peer) {
   char name[160];
   return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
-                     hora__peer_name(e->comm, peer, name, sizeof(name)));
+                     hora__peer_name(e->comm->net, peer, name, sizeof(name)));
 }
 
 static int send_step(struct hora__engine *e, int peer, int step) {
-  hora__ctrl *c = e->comm->ctrl[peer];
+  hora__ctrl *c = e->comm->proc->ctrl[peer];
   if (!c) {
     return e->shutdown_seen || e->shutting_down ? HORA_SUCCESS : lost_partner(e, peer);
   }
@@ -1190,7 +1191,7 @@ static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
   if (!in->has) {
     /* Its connection closed with the step not there: it never comes. */
     bool ended = e->shutdown_seen || e->shutting_down; /* it stopped after the job's end */
-    return !e->comm->ctrl[peer] && !ended ? lost_partner(e, peer) : HORA_SUCCESS;
+    return !e->comm->proc->ctrl[peer] && !ended ? lost_partner(e, peer) : HORA_SUCCESS;
   }
   uint32_t nb = e->cycle_nbytes;
   if (in->nbytes != nb) {
@@ -1477,7 +1478,7 @@ static int report_stuck(struct hora__engine *e) {
     return HORA_SUCCESS;
   }
   hora__encode_stuck(&e->wbuf, e->cycles + 1, waited, key, klen);
-  return e->comm->ctrl[0] ? ctrl_send(e, e->comm->ctrl[0], HORA_MSG_STUCK, e->wbuf.data,
+  return e->comm->proc->ctrl[0] ? ctrl_send(e, e->comm->proc->ctrl[0], HORA_MSG_STUCK, e->wbuf.data,
                                       e->wbuf.len)
                           : HORA_SUCCESS;
 }
@@ -1578,7 +1579,7 @@ static void refuse_connections(struct hora__engine *e, int lfd) {
       /* Out of descriptors, the connection would stay queued and wake
        * poll() at once, again and again: shed it. */
       len = sizeof(ss);
-      if (hora__accept_shed(lfd, &e->comm->reserve_fd, &ss, &len) != 0) {
+      if (hora__accept_shed(lfd, &e->comm->proc->reserve_fd, &ss, &len) != 0) {
         return;
       }
       fd = -2;
@@ -1608,10 +1609,10 @@ static void refuse_connections(struct hora__engine *e, int lfd) {
 static int spin_for_work(struct hora__engine *e, bool *found) {
   hora__comm *c = e->comm;
   *found = false;
-  if (c->spin_us <= 0) {
+  if (c->net->spin_us <= 0) {
     return HORA_SUCCESS;
   }
-  uint64_t until = hora__now_ns() + (uint64_t)c->spin_us * 1000;
+  uint64_t until = hora__now_ns() + (uint64_t)c->net->spin_us * 1000;
   uint64_t frames = e->frames_in;
   do {
     if (atomic_load_explicit(&e->rt->submit_seq, memory_order_acquire) != e->seen_seq) {
@@ -1646,8 +1647,8 @@ static int sleep_until_work(struct hora__engine *e) {
   struct pollfd *fds = e->pollfds;
   int n = 0;
   fds[n++] = (struct pollfd){.fd = rt->wake_fd, .events = POLLIN};
-  fds[n++] = (struct pollfd){.fd = c->tcp_listen_fd, .events = POLLIN};
-  fds[n++] = (struct pollfd){.fd = c->unix_listen_fd, .events = POLLIN};
+  fds[n++] = (struct pollfd){.fd = c->proc->tcp_listen_fd, .events = POLLIN};
+  fds[n++] = (struct pollfd){.fd = c->proc->unix_listen_fd, .events = POLLIN};
   int nfixed = n;
   n += service_pollfds(e, fds + n, e->npollfds - n);
   hora__timeline_flush();
@@ -1655,7 +1656,7 @@ static int sleep_until_work(struct hora__engine *e) {
   uint64_t due = HORA_MIN(HORA_MIN(e->next_stall_ns, e->send_at_ns), e->next_wait_scan_ns);
   due = HORA_MIN(due, e->next_stuck_ns);
   /* An idle rank still owes its peers heartbeats. */
-  due = HORA_MIN(due, c->service_due_ns);
+  due = HORA_MIN(due, c->net->service_due_ns);
   uint64_t half = stall_half_ns();
   if (half && !e->stuck_reported && e->cycle_phase != CYCLE_IDLE && e->cycle_phase != CYCLE_DONE) {
     due = HORA_MIN(due, e->cycle_started_ns + half);
@@ -1686,10 +1687,10 @@ woke:
     (void)r;
   }
   if (fds[1].revents) {
-    refuse_connections(e, c->tcp_listen_fd);
+    refuse_connections(e, c->proc->tcp_listen_fd);
   }
   if (fds[2].revents) {
-    refuse_connections(e, c->unix_listen_fd);
+    refuse_connections(e, c->proc->unix_listen_fd);
   }
   (void)nfixed;
   return HORA_SUCCESS;
@@ -1700,7 +1701,7 @@ woke:
 static int cycle(struct hora__engine *e) {
   bool busy = false;
   HORA_CHECK(take_submissions(e, &busy));
-  HORA_CHECK(hora__service_run(e->comm));
+  HORA_CHECK(hora__service_run(e->comm->net));
   if (e->ctl && hora__controller_has_ready(e->ctl)) {
     HORA_CHECK(distribute(e));
   }
@@ -1743,11 +1744,11 @@ static int attribute_failure(struct hora__engine *e, int rc) {
     int n = service_pollfds(e, fds, e->npollfds);
     if (poll(fds, (nfds_t)n, 50) > 0) {
       for (int i = 0, r = 0; r < c->size && i < n; r++) {
-        if (!c->ctrl[r]) {
+        if (!c->proc->ctrl[r]) {
           continue;
         }
         if (fds[i].revents) {
-          int rc2 = read_ctrl(e, c->ctrl[r]);
+          int rc2 = read_ctrl(e, c->proc->ctrl[r]);
           if (rc2 != HORA_SUCCESS) {
             return rc2;
           }
@@ -1768,10 +1769,10 @@ static void broadcast_fatal(struct hora__engine *e, int code, const char *msg, b
     return;
   }
   for (int r = 0; r < c->size; r++) {
-    if (!c->ctrl[r] || (r == 0 && from_root)) {
+    if (!c->proc->ctrl[r] || (r == 0 && from_root)) {
       continue;
     }
-    (void)hora__ctrl_send_blocking(c->ctrl[r], HORA_MSG_ABORT, e->wbuf.data, e->wbuf.len, 1.0);
+    (void)hora__ctrl_send_blocking(c->proc->ctrl[r], HORA_MSG_ABORT, e->wbuf.data, e->wbuf.len, 1.0);
   }
 }
 
@@ -1820,14 +1821,14 @@ static void flush_control(struct hora__engine *e, double timeout_s) {
     struct pollfd *fds = e->pollfds;
     int n = 0;
     for (int r = 0; r < c->size && n < e->npollfds; r++) {
-      if (c->ctrl[r] && hora__ctrl_has_output(c->ctrl[r])) {
-        if (hora__ctrl_flush(c->ctrl[r]) != HORA_SUCCESS) {
-          hora__ctrl_free(c->ctrl[r]);
-          c->ctrl[r] = NULL;
+      if (c->proc->ctrl[r] && hora__ctrl_has_output(c->proc->ctrl[r])) {
+        if (hora__ctrl_flush(c->proc->ctrl[r]) != HORA_SUCCESS) {
+          hora__ctrl_free(c->proc->ctrl[r]);
+          c->proc->ctrl[r] = NULL;
           continue;
         }
-        if (hora__ctrl_has_output(c->ctrl[r])) {
-          fds[n++] = (struct pollfd){.fd = hora__ctrl_fd(c->ctrl[r]), .events = POLLOUT};
+        if (hora__ctrl_has_output(c->proc->ctrl[r])) {
+          fds[n++] = (struct pollfd){.fd = hora__ctrl_fd(c->proc->ctrl[r]), .events = POLLOUT};
         }
       }
     }
@@ -1882,14 +1883,14 @@ static void *coordinator_main(void *arg) {
   struct hora__runtime *rt = arg;
   struct hora__engine *e = rt->engine;
   pthread_setname_np(pthread_self(), "hora-coord");
-  e->comm->service = service;
-  e->comm->service_pollfds = service_pollfds;
-  e->comm->service_arg = e;
+  e->comm->net->service = service;
+  e->comm->net->service_pollfds = service_pollfds;
+  e->comm->net->service_arg = e;
   /* Often enough for heartbeats at a quarter of the peer timeout, and for
    * an abort to stop a collective well within a second. */
   uint64_t peer_ns = (uint64_t)(hora__params.PEER_TIMEOUT_SECONDS * 1e9);
-  e->comm->service_interval_ns = peer_ns > 0 ? HORA_MIN(peer_ns / 8, 100000000ull) : 100000000ull;
-  e->comm->service_due_ns = hora__now_ns() + e->comm->service_interval_ns;
+  e->comm->net->service_interval_ns = peer_ns > 0 ? HORA_MIN(peer_ns / 8, 100000000ull) : 100000000ull;
+  e->comm->net->service_due_ns = hora__now_ns() + e->comm->net->service_interval_ns;
   int rc = HORA_SUCCESS;
   if (gpu_eager()) {
     /* hora_init waits for this; on failure the fatal path below ends the

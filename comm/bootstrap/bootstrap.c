@@ -29,6 +29,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 #include "comm/shm/shm.h"
 
 int hora__mpi_error(int err, const char *call) {
@@ -48,23 +49,14 @@ int hora__mpi_error(int err, const char *call) {
     }                                                                                        \
   } while (0)
 
-const char *hora__peer_name(const hora__comm *comm, int rank, char *buf, size_t n) {
-  if (comm && comm->peers && rank >= 0 && rank < comm->size) {
-    snprintf(buf, n, "rank %d (host %s, pid %d)", rank, comm->peers[rank].host,
-             (int)comm->peers[rank].pid);
-  } else {
-    snprintf(buf, n, "rank %d", rank);
-  }
-  return buf;
-}
 
 static int topology_from_mpi(hora__comm *c, MPI_Comm *local_out) {
   MPI_Comm local, leaders;
-  MPI_CHECK(MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local));
+  MPI_CHECK(MPI_Comm_split_type(c->proc->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local));
   MPI_Comm_rank(local, &c->local_rank);
   MPI_Comm_size(local, &c->local_size);
   int color = c->local_rank == 0 ? 0 : MPI_UNDEFINED;
-  MPI_CHECK(MPI_Comm_split(c->mpi, color, c->rank, &leaders));
+  MPI_CHECK(MPI_Comm_split(c->proc->mpi, color, c->rank, &leaders));
   int hostinfo[2] = {0, 0};
   if (leaders != MPI_COMM_NULL) {
     MPI_Comm_rank(leaders, &hostinfo[0]);
@@ -89,7 +81,7 @@ static int agree(hora__comm *c, int rc, const char *step) {
   int code = rc > 0 && rc < CODES ? rc : HORA_ERR_SYSTEM;
   int mine = rc != HORA_SUCCESS ? c->rank * CODES + code : INT_MAX;
   int first = INT_MAX;
-  int err = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c->mpi);
+  int err = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c->proc->mpi);
   if (rc != HORA_SUCCESS) {
     return rc;
   }
@@ -128,10 +120,10 @@ static int make_secret(hora__comm *c) {
     rc = random_bytes(drawn, sizeof(drawn), "job secret");
   }
   HORA_CHECK(agree(c, rc, "job secret"));
-  MPI_CHECK(MPI_Bcast(drawn, (int)sizeof(drawn), MPI_BYTE, 0, c->mpi));
-  memcpy(c->secret, drawn, HORA_SECRET_LEN);
+  MPI_CHECK(MPI_Bcast(drawn, (int)sizeof(drawn), MPI_BYTE, 0, c->proc->mpi));
+  memcpy(c->proc->secret, drawn, HORA_SECRET_LEN);
   for (int i = 0; i < 8; i++) {
-    snprintf(c->job_id + 2 * i, 3, "%02x", drawn[HORA_SECRET_LEN + i]);
+    snprintf(c->proc->job_id + 2 * i, 3, "%02x", drawn[HORA_SECRET_LEN + i]);
   }
   OPENSSL_cleanse(drawn, sizeof(drawn));
   return HORA_SUCCESS;
@@ -204,7 +196,7 @@ struct plan {
 };
 
 static bool same_host(const hora__comm *c, int peer) {
-  return c->peers[peer].host_index == c->peers[c->rank].host_index;
+  return c->net->peers[peer].host_index == c->net->peers[c->rank].host_index;
 }
 
 static int add_sock(struct plan *p, struct pending s) {
@@ -350,7 +342,7 @@ static int step_stranger(struct plan *p, int i) {
       p->expected_in--;
       char name[160];
       HORA_DEBUG("bootstrap: %s connection from %s authenticated", kind_name(s.kind),
-                 hora__peer_name(c, s.peer, name, sizeof(name)));
+                 hora__peer_name(c->net, s.peer, name, sizeof(name)));
       return step_incoming(p, p->nsocks - 1);
     }
     if (r == 0) {
@@ -374,7 +366,7 @@ static int step_incoming(struct plan *p, int i) {
   if (r < 0 || s->hs.state == HORA_HS_FAILED) {
     char name[160];
     HORA_DEBUG("bootstrap: the connection from %s broke before its acknowledgement",
-               hora__peer_name(p->c, s->peer, name, sizeof(name)));
+               hora__peer_name(p->c->net, s->peer, name, sizeof(name)));
     close(s->fd);
     p->want_in[slot_of(s->peer, s->kind)] = 1;
     p->expected_in++;
@@ -388,7 +380,7 @@ static int step_incoming(struct plan *p, int i) {
 static bool shed_one(struct plan *p, int lfd) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof(ss);
-  if (hora__accept_shed(lfd, &p->c->reserve_fd, &ss, &len) != 0) {
+  if (hora__accept_shed(lfd, &p->c->proc->reserve_fd, &ss, &len) != 0) {
     return false;
   }
   char who[96] = "a local process";
@@ -467,7 +459,7 @@ static int accept_from(struct plan *p, int lfd, bool unix_socket) {
       p->nhalf--;
       return rc;
     }
-    hora__hs_acceptor(&t->hs, c->secret, c->size, HORA_CONN_SLOTS, c->rank, nonce);
+    hora__hs_acceptor(&t->hs, c->proc->secret, c->size, HORA_CONN_SLOTS, c->rank, nonce);
     /* A peer's hello is usually there already: answer it now. */
     HORA_CHECK(step_stranger(p, p->nhalf - 1));
   }
@@ -497,13 +489,13 @@ static void retry_later(struct plan *p, struct pending *s, const char *why) {
   s->attempts++;
   s->retry_at = hora__now_ns() + wait;
   HORA_DEBUG("bootstrap: %s connection to %s: %s; connecting again in %llu ms",
-             kind_name(s->kind), hora__peer_name(p->c, s->peer, name, sizeof(name)), why,
+             kind_name(s->kind), hora__peer_name(p->c->net, s->peer, name, sizeof(name)), why,
              (unsigned long long)(wait / 1000000));
 }
 
 static int connect_failed(struct plan *p, struct pending *s, int err) {
   char name[160];
-  hora__peer_name(p->c, s->peer, name, sizeof(name));
+  hora__peer_name(p->c->net, s->peer, name, sizeof(name));
   if (err == ECONNREFUSED || err == ENOENT) {
     /* Every rank listens before any connects (the listening step agrees
      * on it), so nothing listening means the peer is gone. Unless refusals
@@ -536,15 +528,15 @@ static int start_connect(struct plan *p, struct pending *s) {
   int fd;
   if (s->unix_socket) {
     unsigned ulen;
-    hora__unix_address(c->job_id, s->peer, &ss, &ulen);
+    hora__unix_address(c->proc->job_id, s->peer, &ss, &ulen);
     len = (socklen_t)ulen;
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   } else {
     struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
     memset(sin, 0, sizeof(*sin));
     sin->sin_family = AF_INET;
-    sin->sin_addr.s_addr = c->peers[s->peer].ipv4;
-    sin->sin_port = c->peers[s->peer].port;
+    sin->sin_addr.s_addr = c->net->peers[s->peer].ipv4;
+    sin->sin_port = c->net->peers[s->peer].port;
     len = sizeof(*sin);
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   }
@@ -571,7 +563,7 @@ static int start_connect(struct plan *p, struct pending *s) {
   }
   uint8_t nonce[HORA_HS_NONCE_LEN];
   HORA_CHECK(random_bytes(nonce, sizeof(nonce), "handshake nonce"));
-  hora__hs_connector(&s->hs, c->secret, c->size, HORA_CONN_SLOTS, c->rank, s->peer, s->kind,
+  hora__hs_connector(&s->hs, c->proc->secret, c->size, HORA_CONN_SLOTS, c->rank, s->peer, s->kind,
                      nonce);
   return HORA_SUCCESS;
 }
@@ -604,7 +596,7 @@ static int step_outgoing(struct plan *p, struct pending *s) {
     if (s->hs.state == HORA_HS_FAILED) {
       /* Whoever answered at the peer's address does not know the secret. */
       HORA_WARN("bootstrap: %s connection to %s: the other end %s", kind_name(s->kind),
-                hora__peer_name(p->c, s->peer, name, sizeof(name)), s->hs.why);
+                hora__peer_name(p->c->net, s->peer, name, sizeof(name)), s->hs.why);
       retry_later(p, s, s->hs.why);
       return HORA_SUCCESS;
     }
@@ -628,12 +620,8 @@ static int by_peer_and_kind(const void *a, const void *b) {
 
 /* Whether connections to peer of this kind use the RDMA transport. */
 static bool uses_ib(const hora__comm *c, int peer, int kind) {
-#if HORA_HAVE_VERBS
-  return kind != HORA_CONN_CTRL && (c->ib_all || (c->ib_remote && !same_host(c, peer)));
-#else
-  (void)c, (void)peer, (void)kind;
-  return false;
-#endif
+  return kind != HORA_CONN_CTRL && c->proc->rdma &&
+         (c->proc->ib_all || (c->proc->ib_remote && !same_host(c, peer)));
 }
 
 /* One socket to peer; kind is the wire kind (with the socket index). */
@@ -665,7 +653,7 @@ static int plan_connection(struct plan *p, int peer, int kind) {
   hora__comm *c = p->c;
   bool use_unix = same_host(c, peer) &&
                   !(kind == HORA_CONN_DATA && strcmp(hora__params.TRANSPORT, "tcp") == 0);
-  int n = kind != HORA_CONN_CTRL && !use_unix && !uses_ib(c, peer, kind) ? c->tcp_streams : 1;
+  int n = kind != HORA_CONN_CTRL && !use_unix && !uses_ib(c, peer, kind) ? c->proc->tcp_streams : 1;
   for (int i = 0; i < n; i++) {
     HORA_CHECK(plan_socket(p, peer, kind + HORA_CONN_KINDS * i, use_unix));
   }
@@ -677,7 +665,7 @@ static int plan_connection(struct plan *p, int peer, int kind) {
 static int cross_peer(const hora__comm *c, int dir) {
   int h = (c->cross_rank + dir + c->cross_size) % c->cross_size;
   for (int r = 0; r < c->size; r++) {
-    if (c->peers[r].host_index == h && c->peers[r].local_rank == c->local_rank) {
+    if (c->net->peers[r].host_index == h && c->net->peers[r].local_rank == c->local_rank) {
       return r;
     }
   }
@@ -688,7 +676,7 @@ static bool hosts_homogeneous(const hora__comm *c) {
   for (int r = 0; r < c->size; r++) {
     int n = 0;
     for (int q = 0; q < c->size; q++) {
-      n += c->peers[q].host_index == c->peers[r].host_index;
+      n += c->net->peers[q].host_index == c->net->peers[r].host_index;
     }
     if (n != c->local_size) {
       return false;
@@ -711,7 +699,7 @@ static int establish_all(hora__comm *c, hora__conn **conns, int n, uint64_t dead
       bool ready;
       int fd;
       short events;
-      rc = conns[i]->tp->establish(c, conns[i], &ready, &fd, &events);
+      rc = conns[i]->tp->establish(c->net, conns[i], &ready, &fd, &events);
       if (rc != HORA_SUCCESS) {
         goto out;
       }
@@ -774,7 +762,7 @@ static int timed_out(struct plan *p) {
                      hora__params.CONNECT_TIMEOUT_SECONDS, missing, last);
 }
 
-static int connect_all(hora__comm *c) {
+static int connect_all(hora__comm *c, const int *ctrl_peers, int nctrl_peers) {
   struct plan p = {.c = c};
   int rc = HORA_SUCCESS;
   hora__conn **setting_up = NULL;
@@ -786,8 +774,8 @@ static int connect_all(hora__comm *c) {
     return HORA_ERR_NO_MEMORY;
   }
   /* Kept for EMFILE, during the bootstrap and after (hora__accept_shed). */
-  if (c->reserve_fd < 0) {
-    c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (c->proc->reserve_fd < 0) {
+    c->proc->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
   if (c->rank == 0) {
     for (int r = 1; r < c->size; r++) {
@@ -796,13 +784,14 @@ static int connect_all(hora__comm *c) {
   } else {
     HORA_CHECK_GOTO(plan_connection(&p, 0, HORA_CONN_CTRL), rc, out);
   }
-  struct hora__cycle_partners cp;
-  hora__cycle_partners(c->rank, c->size, &cp);
-  if (cp.fold >= 0) {
-    HORA_CHECK_GOTO(plan_connection(&p, cp.fold, HORA_CONN_CTRL), rc, out);
-  }
-  for (int i = 0; i < cp.nrounds; i++) {
-    HORA_CHECK_GOTO(plan_connection(&p, cp.round[i], HORA_CONN_CTRL), rc, out);
+  /* The control plane's other links (the engine's cycle partners). */
+  for (int i = 0; i < nctrl_peers; i++) {
+    if (ctrl_peers[i] < 0 || ctrl_peers[i] >= c->size || ctrl_peers[i] == c->rank) {
+      rc = hora__error(HORA_ERR_INVALID_ARG, "control peer %d of rank %d in a job of %d",
+                       ctrl_peers[i], c->rank, c->size);
+      goto out;
+    }
+    HORA_CHECK_GOTO(plan_connection(&p, ctrl_peers[i], HORA_CONN_CTRL), rc, out);
   }
   if (c->size > 1) {
     HORA_CHECK_GOTO(plan_connection(&p, (c->rank + 1) % c->size, HORA_CONN_DATA), rc, out);
@@ -862,8 +851,8 @@ static int connect_all(hora__comm *c) {
     if (!listening) {
       wake = HORA_MIN(wake, p.listen_resume_at);
     }
-    p.fds[n++] = (struct pollfd){.fd = c->tcp_listen_fd, .events = lev};
-    p.fds[n++] = (struct pollfd){.fd = c->unix_listen_fd, .events = lev};
+    p.fds[n++] = (struct pollfd){.fd = c->proc->tcp_listen_fd, .events = lev};
+    p.fds[n++] = (struct pollfd){.fd = c->proc->unix_listen_fd, .events = lev};
     for (int i = 0; i < p.nsocks; i++) {
       struct pending *s = &p.socks[i];
       s->pfd = -1;
@@ -917,10 +906,10 @@ static int connect_all(hora__comm *c) {
       i -= p.nhalf < before;
     }
     if (p.fds[0].revents) {
-      HORA_CHECK_GOTO(accept_from(&p, c->tcp_listen_fd, false), rc, out);
+      HORA_CHECK_GOTO(accept_from(&p, c->proc->tcp_listen_fd, false), rc, out);
     }
     if (p.fds[1].revents) {
-      HORA_CHECK_GOTO(accept_from(&p, c->unix_listen_fd, true), rc, out);
+      HORA_CHECK_GOTO(accept_from(&p, c->proc->unix_listen_fd, true), rc, out);
     }
   }
 
@@ -955,8 +944,8 @@ static int connect_all(hora__comm *c) {
       goto out;
     }
     if (s->kind == HORA_CONN_CTRL) {
-      c->ctrl[s->peer] = hora__ctrl_new(fd, s->peer);
-      if (!c->ctrl[s->peer]) {
+      c->proc->ctrl[s->peer] = hora__ctrl_new(fd, s->peer);
+      if (!c->proc->ctrl[s->peer]) {
         close(fd);
         rc = HORA_ERR_NO_MEMORY;
         goto out;
@@ -964,25 +953,22 @@ static int connect_all(hora__comm *c) {
       continue;
     }
     int kind = (s->kind - 1) % HORA_CONN_KINDS + 1, index = (s->kind - 1) / HORA_CONN_KINDS;
-    hora__conn **slot = kind == HORA_CONN_CROSS ? &c->cross[s->peer] : &c->data[s->peer];
+    hora__conn **slot = kind == HORA_CONN_CROSS ? &c->proc->cross[s->peer] : &c->proc->data[s->peer];
     if (index > 0) {
-      rc = *slot ? hora__tcp_add_stream(*slot, fd)
-                 : hora__error(HORA_ERR_SYSTEM, "socket %d of a connection without its first",
-                               index);
+      rc = *slot && (*slot)->tp->add_stream
+               ? (*slot)->tp->add_stream(*slot, fd)
+               : hora__error(HORA_ERR_SYSTEM, "socket %d of a connection without its first, or of "
+                             "a transport with one socket per connection", index);
       if (rc != HORA_SUCCESS) {
         close(fd);
         goto out;
       }
       continue;
     }
-    const struct hora__transport *tp = &hora__transport_tcp;
-#if HORA_HAVE_VERBS
-    if (uses_ib(c, s->peer, kind)) {
-      tp = &hora__transport_ib;
-    }
-#endif
+    const struct hora__transport *tp = uses_ib(c, s->peer, kind) ? c->proc->rdma : c->proc->stream;
     /* The transport owns the socket from here, even when this fails. */
-    rc = s->outgoing ? tp->connect(c, fd, s->peer, slot) : tp->accept(c, fd, s->peer, slot);
+    rc = s->outgoing ? tp->connect(c->net, fd, s->peer, slot)
+                     : tp->accept(c->net, fd, s->peer, slot);
     if (rc != HORA_SUCCESS) {
       goto out;
     }
@@ -1030,7 +1016,7 @@ static int check_job_settings(hora__comm *c) {
   uint64_t *all = hora__calloc((size_t)c->size, sizeof(*all));
   char *theirs[2] = {NULL, NULL};
   int rc = all ? HORA_SUCCESS : HORA_ERR_NO_MEMORY;
-  int err = MPI_Allgather(&digest, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, c->mpi);
+  int err = MPI_Allgather(&digest, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, c->proc->mpi);
   if (rc == HORA_SUCCESS && err != MPI_SUCCESS) {
     rc = hora__mpi_error(err, "MPI_Allgather(settings digest)");
   }
@@ -1043,7 +1029,7 @@ static int check_job_settings(hora__comm *c) {
   int lens[2] = {0, 0};
   for (int i = 0; rc == HORA_SUCCESS && other > 0 && i < 2; i++) {
     lens[i] = c->rank == roots[i] ? (int)len : 0;
-    err = MPI_Bcast(&lens[i], 1, MPI_INT, roots[i], c->mpi);
+    err = MPI_Bcast(&lens[i], 1, MPI_INT, roots[i], c->proc->mpi);
     theirs[i] = err == MPI_SUCCESS ? hora__malloc((size_t)lens[i] + 1) : NULL;
     if (theirs[i] && c->rank == roots[i]) {
       memcpy(theirs[i], mine, len);
@@ -1052,7 +1038,7 @@ static int check_job_settings(hora__comm *c) {
     char scratch;
     if (err == MPI_SUCCESS) {
       err = MPI_Bcast(theirs[i] ? theirs[i] : &scratch, theirs[i] ? lens[i] : 0, MPI_CHAR,
-                      roots[i], c->mpi);
+                      roots[i], c->proc->mpi);
     }
     if (err != MPI_SUCCESS) {
       rc = hora__mpi_error(err, "MPI_Bcast(settings)");
@@ -1076,19 +1062,21 @@ static int check_job_settings(hora__comm *c) {
   return rc;
 }
 
-static int comm_connect(hora__comm *c, MPI_Comm local);
+static int comm_connect(hora__comm *c, MPI_Comm local, const int *ctrl_peers, int nctrl_peers);
 
-static int comm_create(MPI_Comm world, hora__comm *c) {
-  MPI_CHECK(MPI_Comm_dup(world, &c->mpi));
-  MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(c->mpi, &c->rank);
-  MPI_Comm_size(c->mpi, &c->size);
+static int comm_create(MPI_Comm world, const int *ctrl_peers, int nctrl_peers, hora__comm *c) {
+  MPI_CHECK(MPI_Comm_dup(world, &c->proc->mpi));
+  MPI_Comm_set_errhandler(c->proc->mpi, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(c->proc->mpi, &c->rank);
+  MPI_Comm_size(c->proc->mpi, &c->size);
+  c->net->rank = c->rank;
+  c->net->size = c->size;
   hora__log_set_rank(c->rank);
   HORA_CHECK(check_job_settings(c));
   MPI_Comm local = MPI_COMM_NULL;
   int rc = topology_from_mpi(c, &local);
   if (rc == HORA_SUCCESS) {
-    rc = comm_connect(c, local);
+    rc = comm_connect(c, local, ctrl_peers, nctrl_peers);
   }
   if (local != MPI_COMM_NULL) {
     MPI_Comm_free(&local);
@@ -1100,19 +1088,19 @@ static int comm_create(MPI_Comm world, hora__comm *c) {
  * socket for its host) and its tables of peers. */
 static int listen_and_allocate(hora__comm *c, struct in_addr *ip, char *ifname, size_t n) {
   HORA_CHECK(hora__choose_ipv4(hora__params.IFACE, c->cross_size == 1, ip, ifname, n));
-  HORA_CHECK(hora__listen_tcp(*ip, &c->tcp_listen_fd, &c->tcp_addr));
-  HORA_CHECK(hora__listen_unix(c->job_id, c->rank, &c->unix_listen_fd));
-  c->peers = hora__calloc((size_t)c->size, sizeof(*c->peers));
-  c->ctrl = hora__calloc((size_t)c->size, sizeof(*c->ctrl));
-  c->data = hora__calloc((size_t)c->size, sizeof(*c->data));
-  c->cross = hora__calloc((size_t)c->size, sizeof(*c->cross));
-  if (!c->peers || !c->ctrl || !c->data || !c->cross) {
+  HORA_CHECK(hora__listen_tcp(*ip, &c->proc->tcp_listen_fd, &c->proc->tcp_addr));
+  HORA_CHECK(hora__listen_unix(c->proc->job_id, c->rank, &c->proc->unix_listen_fd));
+  c->net->peers = hora__calloc((size_t)c->size, sizeof(*c->net->peers));
+  c->proc->ctrl = hora__calloc((size_t)c->size, sizeof(*c->proc->ctrl));
+  c->proc->data = hora__calloc((size_t)c->size, sizeof(*c->proc->data));
+  c->proc->cross = hora__calloc((size_t)c->size, sizeof(*c->proc->cross));
+  if (!c->net->peers || !c->proc->ctrl || !c->proc->data || !c->proc->cross) {
     return HORA_ERR_NO_MEMORY;
   }
   return HORA_SUCCESS;
 }
 
-static int comm_connect(hora__comm *c, MPI_Comm local) {
+static int comm_connect(hora__comm *c, MPI_Comm local, const int *ctrl_peers, int nctrl_peers) {
   HORA_CHECK(make_secret(c));
 
   struct in_addr ip;
@@ -1124,26 +1112,25 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
   me.pid = (int32_t)getpid();
   me.local_rank = c->local_rank;
   me.host_index = c->cross_rank;
-  me.ipv4 = c->tcp_addr.sin_addr.s_addr;
-  me.port = c->tcp_addr.sin_port;
-  MPI_CHECK(MPI_Allgather(&me, (int)sizeof(me), MPI_BYTE, c->peers, (int)sizeof(me), MPI_BYTE,
-                          c->mpi));
+  me.ipv4 = c->proc->tcp_addr.sin_addr.s_addr;
+  me.port = c->proc->tcp_addr.sin_port;
+  MPI_CHECK(MPI_Allgather(&me, (int)sizeof(me), MPI_BYTE, c->net->peers, (int)sizeof(me), MPI_BYTE,
+                          c->proc->mpi));
   char ipstr[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &ip, ipstr, sizeof(ipstr));
   HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d", ipstr,
-             ntohs(c->tcp_addr.sin_port), ifname, c->job_id, c->rank);
+             ntohs(c->proc->tcp_addr.sin_port), ifname, c->proc->job_id, c->rank);
 
   /* RDMA: forced (also within hosts) or, by default, between hosts when
    * every host has an active port. The ranks must agree. */
   bool forced_ib = strcmp(hora__params.TRANSPORT, "ib") == 0;
   bool auto_transport = strcmp(hora__params.TRANSPORT, "auto") == 0;
   int ib_here = 0, ib_everywhere = 0;
-#if HORA_HAVE_VERBS
-  if (forced_ib || (auto_transport && c->cross_size > 1)) {
-    ib_here = hora__ib_available();
+  const struct hora__transport *ib = hora__transport_find("ib");
+  if (ib && (forced_ib || (auto_transport && c->cross_size > 1))) {
+    ib_here = !ib->available || ib->available();
   }
-#endif
-  MPI_CHECK(MPI_Allreduce(&ib_here, &ib_everywhere, 1, MPI_INT, MPI_MIN, c->mpi));
+  MPI_CHECK(MPI_Allreduce(&ib_here, &ib_everywhere, 1, MPI_INT, MPI_MIN, c->proc->mpi));
   if (forced_ib && !ib_everywhere) {
     return hora__error(HORA_ERR_NOT_SUPPORTED,
                        "HORA_TRANSPORT=ib, but %s%s",
@@ -1152,8 +1139,9 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
                                                   : "this host has no active RDMA port")
                                        : "");
   }
-  c->ib_all = forced_ib;
-  c->ib_remote = forced_ib || (auto_transport && ib_everywhere);
+  c->proc->ib_all = forced_ib;
+  c->proc->ib_remote = forced_ib || (auto_transport && ib_everywhere);
+  c->proc->rdma = c->proc->ib_remote ? ib : NULL;
 
   /* Hierarchical allreduce: shared memory within each host and a ring
    * across hosts per slice; it needs the same number of ranks per host. */
@@ -1172,64 +1160,72 @@ static int comm_connect(hora__comm *c, MPI_Comm local) {
   }
   /* Sockets per TCP connection: the smallest any rank asks for. */
   int streams = (int)HORA_MAX(1, HORA_MIN(hora__params.SOCKETS_PER_PEER, HORA_TCP_STREAMS_MAX));
-  MPI_CHECK(MPI_Allreduce(&streams, &c->tcp_streams, 1, MPI_INT, MPI_MIN, c->mpi));
-  HORA_CHECK(agree(c, connect_all(c), "connections"));
+  MPI_CHECK(MPI_Allreduce(&streams, &c->proc->tcp_streams, 1, MPI_INT, MPI_MIN, c->proc->mpi));
+  HORA_CHECK(agree(c, connect_all(c, ctrl_peers, nctrl_peers), "connections"));
   c->world_ring.pos = c->rank;
   c->world_ring.size = c->size;
   if (c->size > 1) {
-    c->world_ring.next = c->data[(c->rank + 1) % c->size];
-    c->world_ring.prev = c->data[(c->rank + c->size - 1) % c->size];
+    c->world_ring.next = c->proc->data[(c->rank + 1) % c->size];
+    c->world_ring.prev = c->proc->data[(c->rank + c->size - 1) % c->size];
   }
   if (hierarchical) {
-    c->cross_ring.next = c->cross[cross_peer(c, 1)];
-    c->cross_ring.prev = c->cross[cross_peer(c, -1)];
+    c->cross_ring.next = c->proc->cross[cross_peer(c, 1)];
+    c->cross_ring.prev = c->proc->cross[cross_peer(c, -1)];
   }
   int shm_rc = HORA_SUCCESS;
   if (!forced_tcp && c->local_size > 1) {
-    shm_rc = hora__shm_create(c, local, &c->shm);
+    shm_rc = hora__shm_create(c, local, &c->proc->shm);
   }
   HORA_CHECK(agree(c, shm_rc, "shared memory"));
   /* The algorithms must agree job-wide: if some host could not share
    * memory, every rank uses the rings. */
-  int ok = forced_tcp || c->local_size == 1 || c->shm != NULL, all_ok = 0;
-  MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->mpi));
+  int ok = forced_tcp || c->local_size == 1 || c->proc->shm != NULL, all_ok = 0;
+  MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->proc->mpi));
   if (!all_ok) {
-    hora__shm_destroy(c->shm);
-    c->shm = NULL;
+    hora__shm_destroy(c->proc->shm);
+    c->proc->shm = NULL;
     hierarchical = false;
   }
   c->algo_allreduce =
-      c->shm && (c->cross_size == 1 || hierarchical) ? HORA_ALGO_SHM : HORA_ALGO_RING;
-  c->algo_bcast = c->algo_allgather = c->shm && c->cross_size == 1 ? HORA_ALGO_SHM : HORA_ALGO_RING;
-  c->local_transport = c->local_size == 1 ? "none"
-                      : c->shm             ? "shm"
+      c->proc->shm && (c->cross_size == 1 || hierarchical) ? HORA_ALGO_SHM : HORA_ALGO_RING;
+  c->algo_bcast = c->algo_allgather = c->proc->shm && c->cross_size == 1 ? HORA_ALGO_SHM : HORA_ALGO_RING;
+  c->proc->local_transport = c->local_size == 1 ? "none"
+                      : c->proc->shm             ? "shm"
                       : forced_ib          ? "ib"
                       : forced_tcp         ? "tcp"
                                            : "tcp(unix)";
-  const char *remote = c->ib_remote ? "ib" : "tcp";
-  c->remote_transport = c->cross_size == 1 ? "none"
-                        : hierarchical     ? (c->ib_remote ? "ib(hierarchical)" : "tcp(hierarchical)")
+  const char *remote = c->proc->ib_remote ? "ib" : "tcp";
+  c->proc->remote_transport = c->cross_size == 1 ? "none"
+                        : hierarchical     ? (c->proc->ib_remote ? "ib(hierarchical)" : "tcp(hierarchical)")
                                            : remote;
-  if (hierarchical && c->ib_remote) {
+  if (hierarchical && c->proc->ib_remote) {
     /* The cross-host rings reduce in this rank's two shared halves: with
      * them registered, slices move between hosts without a copy. */
-    hora__comm_register(c, hora__shm_half(c->shm, c->local_rank, 0),
-                        2 * hora__shm_half_bytes(c->shm), &c->shm_reg);
+    hora__comm_register(c, hora__shm_half(c->proc->shm, c->local_rank, 0),
+                        2 * hora__shm_half_bytes(c->proc->shm), &c->proc->shm_reg);
   }
-  c->chunk_bytes = hora__params.CHUNK_SIZE;
-  c->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;
-  c->stall_ns = (uint64_t)(hora__params.STALL_SHUTDOWN_TIME_SECONDS * 1e9);
+  c->proc->chunk_bytes = hora__params.CHUNK_SIZE;
+  c->proc->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;
+  c->net->stall_ns = (uint64_t)(hora__params.STALL_SHUTDOWN_TIME_SECONDS * 1e9);
   return HORA_SUCCESS;
 }
 
-int hora__comm_create(MPI_Comm world, hora__comm **out) {
+int hora__comm_create(MPI_Comm world, const int *ctrl_peers, int nctrl_peers, hora__comm **out) {
   hora__comm *c = hora__calloc(1, sizeof(*c));
-  if (!c) {
+  struct hora__proc *proc = hora__calloc(1, sizeof(*proc));
+  if (!c || !proc) {
+    free(c);
+    free(proc);
     return HORA_ERR_NO_MEMORY;
   }
-  c->tcp_listen_fd = c->unix_listen_fd = c->reserve_fd = -1;
-  c->mpi = MPI_COMM_NULL;
-  int rc = comm_create(world, c);
+  /* The job's world owns the process's side. */
+  c->proc = proc;
+  c->owns_proc = true;
+  c->net = &proc->net;
+  proc->stream = hora__transport_find("tcp");
+  c->proc->tcp_listen_fd = c->proc->unix_listen_fd = c->proc->reserve_fd = -1;
+  c->proc->mpi = MPI_COMM_NULL;
+  int rc = comm_create(world, ctrl_peers, nctrl_peers, c);
   if (rc != HORA_SUCCESS) {
     hora__comm_destroy(c);
     return rc;
@@ -1239,14 +1235,14 @@ int hora__comm_create(MPI_Comm world, hora__comm **out) {
 }
 
 void hora__comm_disconnect(hora__comm *c) {
-  if (c->ctrl) {
+  if (c->proc->ctrl) {
     for (int r = 0; r < c->size; r++) {
-      hora__ctrl_free(c->ctrl[r]);
-      c->ctrl[r] = NULL;
+      hora__ctrl_free(c->proc->ctrl[r]);
+      c->proc->ctrl[r] = NULL;
     }
   }
   for (int k = 0; k < 2; k++) {
-    hora__conn **v = k ? c->cross : c->data;
+    hora__conn **v = k ? c->proc->cross : c->proc->data;
     for (int r = 0; v && r < c->size; r++) {
       if (v[r]) {
         v[r]->tp->close(v[r]);
@@ -1256,63 +1252,47 @@ void hora__comm_disconnect(hora__comm *c) {
   }
   c->world_ring.next = c->world_ring.prev = NULL;
   c->cross_ring.next = c->cross_ring.prev = NULL;
-  c->active = NULL;
-  if (c->tcp_listen_fd >= 0) {
-    close(c->tcp_listen_fd);
-    c->tcp_listen_fd = -1;
+  c->net->active = NULL;
+  if (c->proc->tcp_listen_fd >= 0) {
+    close(c->proc->tcp_listen_fd);
+    c->proc->tcp_listen_fd = -1;
   }
-  if (c->unix_listen_fd >= 0) {
-    close(c->unix_listen_fd);
-    c->unix_listen_fd = -1;
+  if (c->proc->unix_listen_fd >= 0) {
+    close(c->proc->unix_listen_fd);
+    c->proc->unix_listen_fd = -1;
   }
-  if (c->reserve_fd >= 0) {
-    close(c->reserve_fd);
-    c->reserve_fd = -1;
+  if (c->proc->reserve_fd >= 0) {
+    close(c->proc->reserve_fd);
+    c->proc->reserve_fd = -1;
   }
 }
 
 void hora__comm_register(hora__comm *c, void *buf, size_t len, void **handle) {
   *handle = NULL;
-#if HORA_HAVE_VERBS
-  if ((c->ib_all || c->ib_remote) && len > 0 &&
-      hora__transport_ib.reg_mem(c, buf, len, handle) != HORA_SUCCESS) {
+  const struct hora__transport *tp = c->proc->rdma;
+  if (tp && tp->zero_copy && len > 0 && tp->reg_mem(c->net, buf, len, handle) != HORA_SUCCESS) {
     HORA_WARN("RDMA registration of a %zu-byte buffer failed (%s); transfers into it are copied",
               len, hora_last_error());
     *handle = NULL;
   }
-#else
-  (void)c;
-  (void)buf;
-  (void)len;
-#endif
 }
 
 int hora__comm_register_device(hora__comm *c, void *buf, size_t len, int fd, uint64_t offset,
                                void **handle) {
   *handle = NULL;
-#if HORA_HAVE_VERBS
-  if (!c->ib_all && !c->ib_remote) {
-    return hora__error(HORA_ERR_NOT_SUPPORTED, "no RDMA connections to register GPU memory with");
+  const struct hora__transport *tp = c->proc->rdma;
+  if (!tp || !tp->reg_dmabuf) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED,
+                       hora__transport_find("ib") ? "no RDMA connections to register GPU memory with"
+                                                  : "built without RDMA (libibverbs)");
   }
-  return hora__transport_ib.reg_dmabuf(c, buf, len, fd, offset, handle);
-#else
-  (void)c;
-  (void)buf;
-  (void)len;
-  (void)fd;
-  (void)offset;
-  return hora__error(HORA_ERR_NOT_SUPPORTED, "built without RDMA (libibverbs)");
-#endif
+  return tp->reg_dmabuf(c->net, buf, len, fd, offset, handle);
 }
 
 void hora__comm_deregister(hora__comm *c, void **handle) {
-#if HORA_HAVE_VERBS
-  if (*handle) {
-    hora__transport_ib.dereg_mem(c, *handle);
+  if (*handle && c->proc->rdma) {
+    c->proc->rdma->dereg_mem(c->net, *handle);
   }
-#else
-  (void)c;
-#endif
   *handle = NULL;
 }
 
@@ -1341,23 +1321,26 @@ void hora__comm_destroy(hora__comm *c) {
   hora__comm_disconnect(c);
   hora__comm_deregister(c, &c->fusion_reg);
   hora__comm_deregister(c, &c->scratch_reg);
-  hora__comm_deregister(c, &c->shm_reg);
-  if (c->mpi != MPI_COMM_NULL) {
+  hora__comm_deregister(c, &c->proc->shm_reg);
+  if (c->proc->mpi != MPI_COMM_NULL) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
-      MPI_Comm_free(&c->mpi);
+      MPI_Comm_free(&c->proc->mpi);
     }
   }
-  hora__peer_maps_free(c->peer_maps, c->local_size);
-  free(c->peer_ptrs);
-  hora__shm_destroy(c->shm);
+  hora__peer_maps_free(c->proc->peer_maps, c->local_size);
+  free(c->proc->peer_ptrs);
+  hora__shm_destroy(c->proc->shm);
   free(c->fusion);
   free(c->scratch);
-  free(c->bounce);
-  free(c->peers);
-  free(c->ctrl);
-  free(c->data);
-  free(c->cross);
+  free(c->proc->bounce);
+  free(c->net->peers);
+  free(c->proc->ctrl);
+  free(c->proc->data);
+  free(c->proc->cross);
+  if (c->owns_proc) {
+    free(c->proc);
+  }
   free(c);
 }

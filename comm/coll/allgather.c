@@ -50,7 +50,7 @@ int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *view, c
     return HORA_SUCCESS;
   }
   struct allgather_ctx a = {.rank = view->pos, .size = p, .recv = recvbuf, .bytes = bytes};
-  a.chunk = (size_t)comm->chunk_bytes;
+  a.chunk = (size_t)comm->proc->chunk_bytes;
   a.nchunks = HORA_MAX((bytes + a.chunk - 1) / a.chunk, (size_t)1);
   size_t total = (size_t)(p - 1) * a.nchunks;
   struct hora__ring ring = {

@@ -133,7 +133,7 @@ int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *view, c
       .op = op,
   };
   /* A chunk is what one staging slot holds, in wire bytes. */
-  a.chunk_elems = HORA_MAX((size_t)comm->chunk_bytes / a.wire_esize, (size_t)1);
+  a.chunk_elems = HORA_MAX((size_t)comm->proc->chunk_bytes / a.wire_esize, (size_t)1);
   size_t max_seg = a.base + (a.rem ? 1 : 0);
   a.nchunks = HORA_MAX((max_seg + a.chunk_elems - 1) / a.chunk_elems, (size_t)1);
   size_t total = (size_t)(2 * (p - 1)) * a.nchunks;

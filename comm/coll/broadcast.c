@@ -40,7 +40,7 @@ int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *view, v
     return HORA_SUCCESS;
   }
   int pos = (view->pos - root + p) % p;
-  struct bcast_ctx b = {.buf = buf, .bytes = bytes, .chunk = (size_t)comm->chunk_bytes};
+  struct bcast_ctx b = {.buf = buf, .bytes = bytes, .chunk = (size_t)comm->proc->chunk_bytes};
   size_t nchunks = (bytes + b.chunk - 1) / b.chunk;
   struct hora__ring ring = {
       .next = view->next,
@@ -62,7 +62,7 @@ int hora__broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, siz
     if (opts && opts->phase) {
       opts->phase(opts->phase_arg, "BROADCAST");
     }
-    int rc = hora__shm_broadcast(comm, buf, nbuf, bytes, comm->peers[root].local_rank);
+    int rc = hora__shm_broadcast(comm, buf, nbuf, bytes, comm->net->peers[root].local_rank);
     if (opts && opts->phase) {
       opts->phase(opts->phase_arg, NULL);
     }

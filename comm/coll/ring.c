@@ -25,7 +25,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
   void *rbuf[RING_WINDOW];
   bool rstaged[RING_WINDOW];
   size_t send_posted = 0, send_done = 0, recv_posted = 0, recv_done = 0;
-  size_t stage_bytes = (size_t)comm->chunk_bytes;
+  size_t stage_bytes = (size_t)comm->proc->chunk_bytes;
   char *stage = NULL;
   if (ring->nrecv > 0 || ring->fill_send) {
     HORA_CHECK(scratch_get(comm, stage_bytes * RING_WINDOW * 2, &stage));
@@ -36,7 +36,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
      * changed nothing, since retiring a send can open the send window and
      * retiring a receive can satisfy a send's dependency. */
     bool changed = false;
-    HORA_CHECK(hora__service_maybe(comm)); /* passes that always change never wait */
+    HORA_CHECK(hora__service_maybe(comm->net)); /* passes that always change never wait */
     while (recv_posted < ring->nrecv && recv_posted - recv_done < RING_WINDOW) {
       size_t slot = recv_posted % RING_WINDOW;
       void *ptr;
@@ -48,7 +48,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
       }
       rbuf[slot] = ptr;
       rstaged[slot] = staged;
-      HORA_CHECK(hora__irecv(comm, ring->prev, ptr, len, &rx[slot]));
+      HORA_CHECK(hora__irecv(comm->net, ring->prev, ptr, len, &rx[slot]));
       recv_posted++;
       changed = true;
     }
@@ -78,7 +78,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
         ring->fill_send(ring->arg, send_posted, slot);
         ptr = slot;
       }
-      HORA_CHECK(hora__isend(comm, ring->next, ptr, len, &sx[send_posted % RING_WINDOW]));
+      HORA_CHECK(hora__isend(comm->net, ring->next, ptr, len, &sx[send_posted % RING_WINDOW]));
       send_posted++;
       changed = true;
     }
@@ -86,14 +86,14 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
       return HORA_SUCCESS;
     }
     if (!changed) {
-      if (!comm->active) {
+      if (!comm->net->active) {
         /* Nothing in flight and nothing postable: a schedule bug, not a
          * network problem. Fail loudly instead of spinning. */
         return hora__error(HORA_ERR_SYSTEM,
                            "ring pipeline stalled (sends %zu/%zu/%zu, receives %zu/%zu/%zu)",
                            send_done, send_posted, ring->nsend, recv_done, recv_posted, ring->nrecv);
       }
-      HORA_CHECK(hora__progress_wait(comm));
+      HORA_CHECK(hora__progress_wait(comm->net));
     }
   }
 }

@@ -88,7 +88,7 @@ static void slice_of(size_t n, int L, int j, size_t *a, size_t *b) {
 static void reduce_own_block(hora__comm *comm, struct iov_cursor *in, struct iov_cursor *out,
                              size_t base, size_t x, size_t m, int h, hora_dtype dtype,
                              hora_op op, bool to_output, const struct hora__coll_opts *opts) {
-  struct hora__shm *s = comm->shm;
+  struct hora__shm *s = comm->proc->shm;
   int L = comm->local_size, me = comm->local_rank;
   size_t es = hora_dtype_size(dtype);
   char *mine = hora__shm_half(s, me, h);
@@ -125,14 +125,14 @@ static void reduce_own_block(hora__comm *comm, struct iov_cursor *in, struct iov
 int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                         const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
                         hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
-  struct hora__shm *s = comm->shm;
+  struct hora__shm *s = comm->proc->shm;
   int L = comm->local_size, me = comm->local_rank;
   size_t es = hora_dtype_size(dtype);
   size_t piece_elems = hora__shm_half_bytes(s) / es;
   bool hierarchical = comm->cross_size > 1;
   double prescale = opts ? opts->prescale : 1.0;
   struct iov_cursor in_cur = {in, nin, 0, 0}, out_cur = {out, nout, 0, 0};
-  __atomic_fetch_add(&comm->staged_bytes, (uint64_t)(count * es), __ATOMIC_RELAXED);
+  __atomic_fetch_add(&comm->proc->staged_bytes, (uint64_t)(count * es), __ATOMIC_RELAXED);
   for (size_t done = 0; done < count;) {
     size_t n = HORA_MIN(piece_elems, count - done);
     int h = (int)(comm->shm_seq++ & 1);
@@ -182,7 +182,7 @@ int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
 
 int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
                         int root_local) {
-  struct hora__shm *s = comm->shm;
+  struct hora__shm *s = comm->proc->shm;
   size_t piece = hora__shm_half_bytes(s);
   for (size_t done = 0; done < bytes; done += piece) {
     size_t n = HORA_MIN(piece, bytes - done);
@@ -200,7 +200,7 @@ int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf,
 }
 
 int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
-  struct hora__shm *s = comm->shm;
+  struct hora__shm *s = comm->proc->shm;
   int L = comm->local_size, me = comm->local_rank;
   size_t piece = hora__shm_half_bytes(s);
   for (size_t done = 0; done < bytes; done += piece) {
@@ -300,7 +300,7 @@ static void reduce_segments(const struct hora__iov *in, const struct hora__iov *
 
 static int cma(hora__comm *comm, int lr, bool write, struct iovec *local, int nl,
                struct iovec *remote, int nr, size_t bytes) {
-  struct hora__shm *s = comm->shm;
+  struct hora__shm *s = comm->proc->shm;
   pid_t pid = hora__shm_pid(s, lr);
   ssize_t got = write ? process_vm_writev(pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0)
                       : process_vm_readv(pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0);
@@ -310,11 +310,11 @@ static int cma(hora__comm *comm, int lr, bool write, struct iovec *local, int nl
   char name[160];
   int peer_rank = lr;
   for (int r = 0; r < comm->size; r++) {
-    if (comm->peers[r].host_index == comm->cross_rank && comm->peers[r].local_rank == lr) {
+    if (comm->net->peers[r].host_index == comm->cross_rank && comm->net->peers[r].local_rank == lr) {
       peer_rank = r;
     }
   }
-  hora__peer_name(comm, peer_rank, name, sizeof(name));
+  hora__peer_name(comm->net, peer_rank, name, sizeof(name));
   if (got < 0 && errno == ESRCH) {
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: the process is gone", name);
   }
@@ -345,9 +345,9 @@ static struct hora__mem_ref *published_refs(char *half, int n) {
 }
 
 bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes) {
-  return comm->shm && hora__shm_cma(comm->shm) && comm->cross_size == 1 &&
-         bytes / (size_t)comm->local_size >= (size_t)comm->single_copy_min &&
-         published_bytes(n) <= hora__shm_half_bytes(comm->shm);
+  return comm->proc->shm && hora__shm_cma(comm->proc->shm) && comm->cross_size == 1 &&
+         bytes / (size_t)comm->local_size >= (size_t)comm->proc->single_copy_min &&
+         published_bytes(n) <= hora__shm_half_bytes(comm->proc->shm);
 }
 
 /* Whether every local rank published every input and output as lying in a
@@ -371,12 +371,12 @@ static bool all_published(struct hora__shm *s, int L, int h, int n) {
 static void map_peer(hora__comm *comm, int j, char *half, int n, uint64_t op, char **ptrs) {
   const struct published *pub = (const struct published *)(const void *)half;
   const struct hora__mem_ref *refs = published_refs(half, n);
-  pid_t pid = hora__shm_pid(comm->shm, j);
+  pid_t pid = hora__shm_pid(comm->proc->shm, j);
   for (int side = 0; side < 2; side++) {
     char **p = ptrs + (size_t)side * (size_t)n;
     const struct hora__mem_ref *r = refs + (size_t)side * (size_t)n;
     for (int i = 0; i < n; i++) {
-      p[i] = r[i].id ? hora__peer_mem(comm->peer_maps, j, pid, pub->frees, op, &r[i]) : NULL;
+      p[i] = r[i].id ? hora__peer_mem(comm->proc->peer_maps, j, pid, pub->frees, op, &r[i]) : NULL;
       if (!p[i]) {
         p[0] = NULL;
         break;
@@ -405,31 +405,31 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
                                     const struct hora__iov *out, int n, size_t count,
                                     hora_dtype dtype, hora_op op,
                                     const struct hora__coll_opts *opts) {
-  struct hora__shm *s = comm->shm;
+  struct hora__shm *s = comm->proc->shm;
   int L = comm->local_size, me = comm->local_rank;
   size_t es = hora_dtype_size(dtype);
-  if (!comm->bounce) {
-    comm->bounce = hora__aligned_alloc(64, BOUNCE);
-    if (!comm->bounce) {
+  if (!comm->proc->bounce) {
+    comm->proc->bounce = hora__aligned_alloc(64, BOUNCE);
+    if (!comm->proc->bounce) {
       return HORA_ERR_NO_MEMORY;
     }
   }
-  if (!comm->peer_maps) {
-    comm->peer_maps = hora__peer_maps_new(L);
-    if (!comm->peer_maps) {
+  if (!comm->proc->peer_maps) {
+    comm->proc->peer_maps = hora__peer_maps_new(L);
+    if (!comm->proc->peer_maps) {
       return HORA_ERR_NO_MEMORY;
     }
   }
   size_t nptrs = (size_t)L * 2 * (size_t)n;
-  if (comm->peer_ptrs_cap < nptrs) {
-    char **p = realloc(comm->peer_ptrs, nptrs * sizeof(*p));
+  if (comm->proc->peer_ptrs_cap < nptrs) {
+    char **p = realloc(comm->proc->peer_ptrs, nptrs * sizeof(*p));
     if (!p) {
       return hora__error(HORA_ERR_NO_MEMORY, "out of memory for %zu peer addresses", nptrs);
     }
-    comm->peer_ptrs = p;
-    comm->peer_ptrs_cap = nptrs;
+    comm->proc->peer_ptrs = p;
+    comm->proc->peer_ptrs_cap = nptrs;
   }
-  char *peer_data = comm->bounce;
+  char *peer_data = comm->proc->bounce;
   size_t share = count * es / (size_t)L;
   enum hora__shm_path path = hora__shm_path(s, share);
   int h = (int)(comm->shm_seq++ & 1);
@@ -466,12 +466,12 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   bool all_direct = true;
   for (int j = 0; j < L; j++) {
     if (j != me) {
-      char **p = comm->peer_ptrs + (size_t)j * 2 * (size_t)n;
+      char **p = comm->proc->peer_ptrs + (size_t)j * 2 * (size_t)n;
       map_peer(comm, j, hora__shm_half(s, j, h), n, comm->shm_seq, p);
       all_direct = all_direct && p[0] && p[n];
     }
   }
-  __atomic_fetch_add(all_direct ? &comm->direct_bytes : &comm->kernel_bytes,
+  __atomic_fetch_add(all_direct ? &comm->proc->direct_bytes : &comm->proc->kernel_bytes,
                      (uint64_t)(count * es), __ATOMIC_RELAXED);
   size_t a, b;
   slice_of(count, L, me, &a, &b);
@@ -479,14 +479,14 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   size_t chunk = BOUNCE / es * es;
   for (size_t x = a * es; x < b * es; x += chunk) {
     /* No barrier until the end: a large slice would starve the service. */
-    HORA_CHECK(hora__service_maybe(comm));
+    HORA_CHECK(hora__service_maybe(comm->net));
     size_t m = HORA_MIN(chunk, b * es - x);
     int first = 1;
     for (int j = 0; j < L; j++) {
       if (j == me) {
         continue;
       }
-      char **direct = comm->peer_ptrs + (size_t)j * 2 * (size_t)n;
+      char **direct = comm->proc->peer_ptrs + (size_t)j * 2 * (size_t)n;
       if (direct[0]) {
         reduce_segments(in, out, n, x, m, NULL, direct, dtype, op, first);
         first = 0;
@@ -521,7 +521,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
       if (j == me) {
         continue;
       }
-      char **direct = comm->peer_ptrs + (size_t)j * 2 * (size_t)n + n;
+      char **direct = comm->proc->peer_ptrs + (size_t)j * 2 * (size_t)n + n;
       if (direct[0]) {
         store_direct(out, n, x, m, direct);
         continue;

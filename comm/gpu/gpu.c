@@ -265,15 +265,15 @@ static int wait_event(hora__comm *c, struct hora__gpu *g, cudaEvent_t ev) {
     }
     HORA_CHECK(hora__gpu_check(g));
     uint64_t now = hora__now_ns();
-    if (c->stall_ns && now - start > c->stall_ns) {
+    if (c->net->stall_ns && now - start > c->net->stall_ns) {
       hora__gpu_abort(g);
       return hora__error(HORA_ERR_TIMEOUT,
                          "a device collective made no progress for %.0f s "
                          "(HORA_STALL_SHUTDOWN_TIME_SECONDS)",
-                         (double)c->stall_ns * 1e-9);
+                         (double)c->net->stall_ns * 1e-9);
     }
-    if (c->service && now >= c->service_due_ns) {
-      int rc = hora__service_run(c);
+    if (c->net->service && now >= c->net->service_due_ns) {
+      int rc = hora__service_run(c->net);
       if (rc != HORA_SUCCESS) {
         hora__gpu_abort(g);
         return rc;
@@ -354,7 +354,7 @@ static int gpu_open(hora__comm *c, struct hora__gpu **out) {
   /* One decision for the whole job: NCCL only if every rank can, and no
    * two ranks of a host drive the same GPU. */
   bool want = HORA_HAVE_NCCL && strcmp(hora__params.GPU_TRANSPORT, "host") != 0;
-  struct gpu_card mine = {c->peers[c->rank].host_index, want, hash_str(bus), local, 0};
+  struct gpu_card mine = {c->net->peers[c->rank].host_index, want, hash_str(bus), local, 0};
   struct gpu_card *all = calloc((size_t)c->size, sizeof(*all));
   if (!all) {
     return hora__error(HORA_ERR_NO_MEMORY, "GPU cards");
@@ -683,7 +683,7 @@ static int register_fusion_dmabuf(hora__comm *c, struct hora__gpu *g) {
 }
 
 static bool direct_usable(hora__comm *c, struct hora__gpu *g, size_t bytes) {
-  bool rdma_ring = c->ib_all || (c->ib_remote && c->local_size == 1);
+  bool rdma_ring = c->proc->ib_all || (c->proc->ib_remote && c->local_size == 1);
   if (!hora__params.GPU_DIRECT || c->size == 1 || c->algo_bcast != HORA_ALGO_RING || !rdma_ring) {
     return false;
   }

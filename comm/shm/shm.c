@@ -328,14 +328,14 @@ static int check_peers_alive(hora__comm *comm, struct hora__shm *s) {
     if (i != s->local_rank && kill(s->pids[i], 0) != 0 && errno == ESRCH) {
       char name[160];
       return hora__error(HORA_ERR_PEER_LOST, "lost %s: the process is gone",
-                         hora__peer_name(comm, s->global[i], name, sizeof(name)));
+                         hora__peer_name(comm->net, s->global[i], name, sizeof(name)));
     }
   }
   return HORA_SUCCESS;
 }
 
 int hora__shm_barrier(hora__comm *comm) {
-  struct hora__shm *s = comm->shm;
+  struct hora__shm *s = comm->proc->shm;
   struct segment_header *b = s->bar;
   unsigned gen = atomic_load_explicit(&b->generation, memory_order_acquire);
   if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == (unsigned)s->local_size - 1) {
@@ -346,15 +346,15 @@ int hora__shm_barrier(hora__comm *comm) {
     }
     return HORA_SUCCESS;
   }
-  if (comm->spin_us > 0) {
-    uint64_t until = hora__now_ns() + (uint64_t)comm->spin_us * 1000;
+  if (comm->net->spin_us > 0) {
+    uint64_t until = hora__now_ns() + (uint64_t)comm->net->spin_us * 1000;
     unsigned spins = 0;
     while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
       if ((++spins & 63) == 0) {
         if (hora__now_ns() >= until) {
           break;
         }
-        HORA_CHECK(hora__service_maybe(comm));
+        HORA_CHECK(hora__service_maybe(comm->net));
         sched_yield();
       }
       cpu_relax();
@@ -362,15 +362,15 @@ int hora__shm_barrier(hora__comm *comm) {
   }
   /* Reached between the pieces of every shared-memory collective, so the
    * service clock is read here even when nobody waits. */
-  HORA_CHECK(hora__service_maybe(comm));
+  HORA_CHECK(hora__service_maybe(comm->net));
   uint64_t next_check = hora__now_ns() + 100 * 1000000ull;
   uint64_t waiting_since = hora__now_ns();
   while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
-    if (comm->stall_ns && hora__now_ns() - waiting_since > comm->stall_ns) {
+    if (comm->net->stall_ns && hora__now_ns() - waiting_since > comm->net->stall_ns) {
       return hora__error(HORA_ERR_TIMEOUT,
                          "a shared-memory collective stalled: %u of %d local ranks arrived within "
                          "%.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS)",
-                         atomic_load(&b->arrived), s->local_size, (double)comm->stall_ns * 1e-9);
+                         atomic_load(&b->arrived), s->local_size, (double)comm->net->stall_ns * 1e-9);
     }
     atomic_fetch_add_explicit(&b->sleepers, 1, memory_order_acq_rel);
     struct timespec ts = {0, 20 * 1000000}; /* wake to look around now and then */
@@ -378,7 +378,7 @@ int hora__shm_barrier(hora__comm *comm) {
       futex(&b->generation, FUTEX_WAIT, gen, &ts);
     }
     atomic_fetch_sub_explicit(&b->sleepers, 1, memory_order_acq_rel);
-    HORA_CHECK(hora__service_maybe(comm));
+    HORA_CHECK(hora__service_maybe(comm->net));
     if (hora__now_ns() >= next_check) {
       next_check = hora__now_ns() + 100 * 1000000ull;
       HORA_CHECK(check_peers_alive(comm, s));

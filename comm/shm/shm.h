@@ -56,7 +56,7 @@ void hora__shm_path_begin(struct hora__shm *shm, size_t share, enum hora__shm_pa
 void hora__shm_path_end(struct hora__shm *shm, uint64_t ns);
 
 /* Waits until every local rank has arrived. Spins for at most
- * comm->spin_us, then sleeps on a futex; meanwhile it services control
+ * comm->net->spin_us, then sleeps on a futex; meanwhile it services control
  * traffic and fails with HORA_ERR_PEER_LOST if a local peer process is gone. */
 int hora__shm_barrier(hora__comm *comm);
 

@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "comm/comm.h"
+#include "comm/transport/ctrl.h"
 
 #define FRAME_HEADER 8
 #define CTRL_READ_CHUNK 65536 /* bytes asked of one recv() beyond the frame in hand */
@@ -226,16 +226,3 @@ int hora__ctrl_next(hora__ctrl *c, bool *got, uint16_t *type, const uint8_t **pa
 
 uint64_t hora__ctrl_last_in(const hora__ctrl *c) { return c->last_in_ns; }
 uint64_t hora__ctrl_last_out(const hora__ctrl *c) { return c->last_out_ns; }
-
-void hora__cycle_partners(int rank, int size, struct hora__cycle_partners *p) {
-  int p2 = 1;
-  while (p2 * 2 <= size) {
-    p2 *= 2;
-  }
-  p->fold = rank >= p2 ? rank - p2 : rank + p2 < size ? rank + p2 : -1;
-  p->folds_out = rank >= p2;
-  p->nrounds = 0;
-  for (int d = 1; !p->folds_out && d < p2; d *= 2) {
-    p->round[p->nrounds++] = rank ^ d;
-  }
-}

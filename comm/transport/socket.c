@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "comm/comm.h"
+#include "comm/transport/socket.h"
 
 int hora__socket_nonblocking(int fd) {
   int flags = fcntl(fd, F_GETFL, 0);

@@ -14,7 +14,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "comm/comm.h"
+#include "comm/transport/builtin.h"
+#include "comm/transport/net.h"
 
 struct tcp_stream {
   int fd;
@@ -32,8 +33,8 @@ struct tcp_conn {
 };
 
 /* A TCP connection is its socket: usable as soon as it is adopted. */
-static int tcp_adopt(hora__comm *comm, int fd, int peer, hora__conn **out) {
-  (void)comm;
+static int tcp_adopt(hora__net *net, int fd, int peer, hora__conn **out) {
+  (void)net;
   struct tcp_conn *c = hora__calloc(1, sizeof(*c));
   if (!c) {
     close(fd);
@@ -48,15 +49,15 @@ static int tcp_adopt(hora__comm *comm, int fd, int peer, hora__conn **out) {
   return HORA_SUCCESS;
 }
 
-static int tcp_establish(hora__comm *comm, hora__conn *conn, bool *ready, int *fd, short *events) {
-  (void)comm;
+static int tcp_establish(hora__net *net, hora__conn *conn, bool *ready, int *fd, short *events) {
+  (void)net;
   *ready = true;
   *fd = ((struct tcp_conn *)conn)->s[0].fd;
   *events = 0;
   return HORA_SUCCESS;
 }
 
-int hora__tcp_add_stream(hora__conn *conn, int fd) {
+static int tcp_add_stream(hora__conn *conn, int fd) {
   struct tcp_conn *c = (struct tcp_conn *)conn;
   if (conn->tp != &hora__transport_tcp || c->nstreams >= HORA_TCP_STREAMS_MAX ||
       conn->send_head || conn->recv_head || c->send_posted || c->recv_posted) {
@@ -106,9 +107,9 @@ static void pop(hora__xfer **head, hora__xfer **tail) {
   }
 }
 
-static int peer_lost(hora__comm *comm, hora__conn *conn, const char *what, int err) {
+static int peer_lost(hora__net *net, hora__conn *conn, const char *what, int err) {
   char name[160];
-  hora__peer_name(comm, conn->peer, name, sizeof(name));
+  hora__peer_name(net, conn->peer, name, sizeof(name));
   if (err == 0) {
     return hora__error(HORA_ERR_PEER_LOST, "%s: data connection closed by %s", what, name);
   }
@@ -128,7 +129,7 @@ static hora__xfer *find_seq(hora__xfer *head, uint64_t seq) {
 }
 
 /* Moves what socket i can of its stripes, in one direction. */
-static int move_stripes(hora__comm *comm, struct tcp_conn *c, int i, bool sending,
+static int move_stripes(hora__net *net, struct tcp_conn *c, int i, bool sending,
                         bool *progressed) {
   hora__conn *conn = &c->base;
   struct tcp_stream *st = &c->s[i];
@@ -156,7 +157,7 @@ static int move_stripes(hora__comm *comm, struct tcp_conn *c, int i, bool sendin
       continue;
     }
     if (n == 0 && !sending) {
-      return peer_lost(comm, conn, "recv", 0);
+      return peer_lost(net, conn, "recv", 0);
     }
     if (n < 0 && errno == EINTR) {
       continue;
@@ -164,7 +165,7 @@ static int move_stripes(hora__comm *comm, struct tcp_conn *c, int i, bool sendin
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       return HORA_SUCCESS;
     }
-    return peer_lost(comm, conn, sending ? "send" : "recv", errno);
+    return peer_lost(net, conn, sending ? "send" : "recv", errno);
   }
 }
 
@@ -211,10 +212,10 @@ static int update_interest(struct tcp_conn *c) {
   return HORA_SUCCESS;
 }
 
-static int progress_striped(hora__comm *comm, struct tcp_conn *c, bool *progressed) {
+static int progress_striped(hora__net *net, struct tcp_conn *c, bool *progressed) {
   for (int i = 0; i < c->nstreams; i++) {
-    HORA_CHECK(move_stripes(comm, c, i, true, progressed));
-    HORA_CHECK(move_stripes(comm, c, i, false, progressed));
+    HORA_CHECK(move_stripes(net, c, i, true, progressed));
+    HORA_CHECK(move_stripes(net, c, i, false, progressed));
   }
   complete_striped(c, true);
   complete_striped(c, false);
@@ -223,10 +224,10 @@ static int progress_striped(hora__comm *comm, struct tcp_conn *c, bool *progress
 
 /* ---- progress -------------------------------------------------------------------- */
 
-static int tcp_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
+static int tcp_progress(hora__net *net, hora__conn *conn, bool *progressed) {
   struct tcp_conn *c = (struct tcp_conn *)conn;
   if (c->nstreams > 1) {
-    return progress_striped(comm, c, progressed);
+    return progress_striped(net, c, progressed);
   }
   while (conn->send_head) {
     hora__xfer *x = conn->send_head;
@@ -246,7 +247,7 @@ static int tcp_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       break;
     }
-    return peer_lost(comm, conn, "send", errno);
+    return peer_lost(net, conn, "send", errno);
   }
   while (conn->recv_head) {
     hora__xfer *x = conn->recv_head;
@@ -261,7 +262,7 @@ static int tcp_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
       continue;
     }
     if (n == 0) {
-      return peer_lost(comm, conn, "recv", 0);
+      return peer_lost(net, conn, "recv", 0);
     }
     if (errno == EINTR) {
       continue;
@@ -269,7 +270,7 @@ static int tcp_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       break;
     }
-    return peer_lost(comm, conn, "recv", errno);
+    return peer_lost(net, conn, "recv", errno);
   }
   return HORA_SUCCESS;
 }
@@ -286,16 +287,16 @@ static int tcp_poll_fd(hora__conn *conn, short *events) {
   return c->s[0].fd;
 }
 
-static int tcp_reg_mem(hora__comm *comm, void *buf, size_t len, void **handle) {
-  (void)comm;
+static int tcp_reg_mem(hora__net *net, void *buf, size_t len, void **handle) {
+  (void)net;
   (void)buf;
   (void)len;
   *handle = NULL;
   return HORA_SUCCESS;
 }
 
-static int tcp_dereg_mem(hora__comm *comm, void *handle) {
-  (void)comm;
+static int tcp_dereg_mem(hora__net *net, void *handle) {
+  (void)net;
   (void)handle;
   return HORA_SUCCESS;
 }
@@ -324,5 +325,6 @@ const struct hora__transport hora__transport_tcp = {
     .poll_fd = tcp_poll_fd,
     .reg_mem = tcp_reg_mem,
     .dereg_mem = tcp_dereg_mem,
+    .add_stream = tcp_add_stream,
     .close = tcp_close,
 };

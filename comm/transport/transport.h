@@ -12,7 +12,7 @@
 
 #include "base/common.h"
 
-typedef struct hora__comm hora__comm;
+typedef struct hora__net hora__net;
 typedef struct hora__conn hora__conn;
 
 /* One posted send or receive. Owned by the poster; it must stay in place
@@ -58,6 +58,12 @@ struct hora__conn {
 
 struct hora__transport {
   const char *name;
+  /* Whether this machine can use it at all (an active RDMA port); NULL:
+   * always. */
+  bool (*available)(void);
+  /* Whether it moves data straight between registered buffers (RDMA), so
+   * that long-lived buffers are worth registering with it. */
+  bool zero_copy;
   /* Connection set-up, without blocking. bootstrap.c dials or accepts a
    * stream socket to the peer and authenticates it (the job's handshake);
    * connect, on the side that dialled, or accept, on the side that
@@ -65,39 +71,39 @@ struct hora__transport {
    * connection's from then on, even on failure) and returns the connection
    * not yet usable. establish moves the set-up on, whenever *fd is ready
    * for *events, until it sets *ready; then transfers may be posted. */
-  int (*connect)(hora__comm *comm, int fd, int peer, hora__conn **conn);
-  int (*accept)(hora__comm *comm, int fd, int peer, hora__conn **conn);
-  int (*establish)(hora__comm *comm, hora__conn *conn, bool *ready, int *fd, short *events);
+  int (*connect)(hora__net *net, int fd, int peer, hora__conn **conn);
+  int (*accept)(hora__net *net, int fd, int peer, hora__conn **conn);
+  int (*establish)(hora__net *net, hora__conn *conn, bool *ready, int *fd, short *events);
   /* Queue a transfer. Never blocks; hora__conn_progress moves the bytes. */
   int (*isend)(hora__conn *conn, const void *buf, size_t len, hora__xfer *x);
   int (*irecv)(hora__conn *conn, void *buf, size_t len, hora__xfer *x);
   /* Move as many bytes as possible without blocking. Sets *progressed when
    * anything moved. Returns HORA_ERR_PEER_LOST when the peer is gone. */
-  int (*progress)(hora__comm *comm, hora__conn *conn, bool *progressed);
+  int (*progress)(hora__net *net, hora__conn *conn, bool *progressed);
   /* The fd to poll and the events that mean "progress is possible now". */
   int (*poll_fd)(hora__conn *conn, short *events);
   /* Registration of long-lived buffers (a no-op for sockets). Transfers
    * into and out of registered memory may move without a copy. */
-  int (*reg_mem)(hora__comm *comm, void *buf, size_t len, void **handle);
+  int (*reg_mem)(hora__net *net, void *buf, size_t len, void **handle);
   /* Device (GPU) memory exported as a dma-buf: fd and the offset of buf in
    * it. NULL where the transport cannot reach device memory. Device memory
    * must be used at both ends of a transfer. */
-  int (*reg_dmabuf)(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,
+  int (*reg_dmabuf)(hora__net *net, void *buf, size_t len, int fd, uint64_t offset,
                     void **handle);
-  int (*dereg_mem)(hora__comm *comm, void *handle);
+  int (*dereg_mem)(hora__net *net, void *handle);
+  /* Adds another connected socket to a connection, which from then on
+   * splits each transfer across all of them, the same way at both ends.
+   * NULL where a connection has one. */
+  int (*add_stream)(hora__conn *conn, int fd);
   void (*close)(hora__conn *conn);
 };
 
-extern const struct hora__transport hora__transport_tcp;
-/* Most sockets one TCP connection stripes its transfers over. */
+/* Most sockets one stream connection stripes its transfers over. */
 #define HORA_TCP_STREAMS_MAX 8
-/* Adds another connected socket to a TCP connection: from then on each
- * transfer is split across all of them, in the same way at both ends. */
-int hora__tcp_add_stream(hora__conn *conn, int fd);
-#if HORA_HAVE_VERBS
-extern const struct hora__transport hora__transport_ib;
-/* Whether this machine has an active RDMA port (for HORA_TRANSPORT=auto). */
-bool hora__ib_available(void);
-#endif
+
+/* The transports this build has, by name ("tcp", "ib", and "mock" for the
+ * unit tests); NULL for a name it does not have. The bootstrap and the
+ * algorithms reach a transport only through this table and the vtable. */
+const struct hora__transport *hora__transport_find(const char *name);
 
 #endif

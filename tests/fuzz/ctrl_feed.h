@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 
 typedef int (*fuzz_frame_fn)(void *arg, uint16_t type, const uint8_t *p, size_t n);
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

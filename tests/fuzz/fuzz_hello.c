@@ -2,6 +2,7 @@
  * send. It proves nothing (handshake.c checks the proof); the decoder must
  * only keep ranks and kinds in range. */
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 #include "comm/transport/ib/ib_wire.h"
 #include "runtime/cache.h"
 #include "runtime/message.h"

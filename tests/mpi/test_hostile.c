@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 #include "mpitest.h"
 
 static char logdir[256];

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 #include "mpitest.h"
 
 enum attack { A_NONE, A_SILENT, A_HALF, A_GARBAGE, A_REPLAY, A_FLOOD, A_SLOW };

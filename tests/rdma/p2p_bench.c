@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 #include "base/params.h"
 
 static void die(const char *what) {
@@ -26,15 +27,15 @@ int main(int argc, char **argv) {
     die("settings");
   }
   hora__comm *c;
-  if (hora__comm_create(MPI_COMM_WORLD, &c) != HORA_SUCCESS) {
+  if (hora__comm_create(MPI_COMM_WORLD, NULL, 0, &c) != HORA_SUCCESS) {
     die("bootstrap");
   }
   if (c->size != 2) {
     fprintf(stderr, "p2p_bench: run with 2 ranks\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  c->spin_us = (int)hora__params.SPIN_TIME_US;
-  hora__conn *peer = c->data[1 - c->rank];
+  c->net->spin_us = (int)hora__params.SPIN_TIME_US;
+  hora__conn *peer = c->proc->data[1 - c->rank];
   char small[8] = {0};
   hora__xfer x;
   hora__xfer *xp = &x;
@@ -44,13 +45,13 @@ int main(int argc, char **argv) {
     double t0 = MPI_Wtime();
     for (int i = 0; i < iters; i++) {
       if (c->rank == 0) {
-        if (hora__isend(c, peer, small, 8, &x) || hora__wait_all(c, &xp, 1) ||
-            hora__irecv(c, peer, small, 8, &x) || hora__wait_all(c, &xp, 1)) {
+        if (hora__isend(c->net, peer, small, 8, &x) || hora__wait_all(c->net, &xp, 1) ||
+            hora__irecv(c->net, peer, small, 8, &x) || hora__wait_all(c->net, &xp, 1)) {
           die("ping");
         }
       } else {
-        if (hora__irecv(c, peer, small, 8, &x) || hora__wait_all(c, &xp, 1) ||
-            hora__isend(c, peer, small, 8, &x) || hora__wait_all(c, &xp, 1)) {
+        if (hora__irecv(c->net, peer, small, 8, &x) || hora__wait_all(c->net, &xp, 1) ||
+            hora__isend(c->net, peer, small, 8, &x) || hora__wait_all(c->net, &xp, 1)) {
           die("pong");
         }
       }
@@ -73,19 +74,19 @@ int main(int argc, char **argv) {
     double t0 = MPI_Wtime();
     for (int i = 0; i < msgs; i++) {
       xps[i] = &xs[i];
-      int rc = c->rank == 0 ? hora__isend(c, peer, buf, sz, &xs[i]) : hora__irecv(c, peer, buf, sz, &xs[i]);
+      int rc = c->rank == 0 ? hora__isend(c->net, peer, buf, sz, &xs[i]) : hora__irecv(c->net, peer, buf, sz, &xs[i]);
       if (rc) {
         die("stream");
       }
     }
-    if (hora__wait_all(c, xps, msgs)) {
+    if (hora__wait_all(c->net, xps, msgs)) {
       die("stream wait");
     }
     /* One byte back: the receiver has everything. */
-    if (c->rank == 1 ? hora__isend(c, peer, small, 1, &x) : hora__irecv(c, peer, small, 1, &x)) {
+    if (c->rank == 1 ? hora__isend(c->net, peer, small, 1, &x) : hora__irecv(c->net, peer, small, 1, &x)) {
       die("ack");
     }
-    if (hora__wait_all(c, &xp, 1)) {
+    if (hora__wait_all(c->net, &xp, 1)) {
       die("ack wait");
     }
     bw = (double)sz * msgs * 8 / (MPI_Wtime() - t0) / 1e9;

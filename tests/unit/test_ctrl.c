@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 #include "runtime/message.h"
 #include "../runner.h"
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "comm/comm.h"
+#include "comm/transport/socket.h"
 #include "runtime/cache.h"
 #include "runtime/message.h"
 #include "../runner.h"

@@ -55,7 +55,8 @@
 
 #include "base/log.h"
 #include "base/params.h"
-#include "comm/comm.h"
+#include "comm/transport/builtin.h"
+#include "comm/transport/net.h"
 #include "comm/transport/ib/ib_wire.h"
 
 #define SLOTS HORA_IB_SLOTS
@@ -358,7 +359,7 @@ static void dev_put(void) {
   dev = NULL;
 }
 
-static int dev_get(hora__comm *comm) {
+static int dev_get(hora__net *net) {
   if (dev) {
     dev->refs++;
     return HORA_SUCCESS;
@@ -402,7 +403,7 @@ static int dev_get(hora__comm *comm) {
   HORA_CHECK_GOTO(pick_gid(d, pa.gid_tbl_len), rc, fail);
   d->pd = ibv_alloc_pd(d->ctx);
   d->channel = ibv_create_comp_channel(d->ctx);
-  int cqe = (RECV_DEPTH + SEND_DEPTH) * HORA_MAX(comm->size, 4);
+  int cqe = (RECV_DEPTH + SEND_DEPTH) * HORA_MAX(net->size, 4);
   d->cq = d->channel ? ibv_create_cq(d->ctx, cqe, NULL, d->channel, 0) : NULL;
   d->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (!d->pd || !d->channel || !d->cq || d->kick_fd < 0) {
@@ -425,7 +426,7 @@ fail:
 }
 
 /* Whether this machine has an active RDMA port at all (for HORA_TRANSPORT=auto). */
-bool hora__ib_available(void) {
+static bool ib_available(void) {
   int n = 0;
   struct ibv_device **list = ibv_get_device_list(&n);
   bool any = false;
@@ -548,8 +549,8 @@ static void ib_close(hora__conn *conn);
 
 /* Both sides start alike: the queue pair and the connection's buffers,
  * then the swap of records. */
-static int ib_begin(hora__comm *comm, int fd, int peer, hora__conn **out) {
-  int rc = dev_get(comm);
+static int ib_begin(hora__net *net, int fd, int peer, hora__conn **out) {
+  int rc = dev_get(net);
   if (rc != HORA_SUCCESS) {
     close(fd);
     return rc;
@@ -625,8 +626,8 @@ fail:
   return rc;
 }
 
-static int ib_establish(hora__comm *comm, hora__conn *conn, bool *ready, int *fd, short *events) {
-  (void)comm;
+static int ib_establish(hora__net *net, hora__conn *conn, bool *ready, int *fd, short *events) {
+  (void)net;
   struct ib_conn *c = (struct ib_conn *)conn;
   bool done = false;
   *ready = false;
@@ -740,10 +741,10 @@ static void recv_complete(struct ib_conn *c) {
   pop(&c->base.recv_head, &c->base.recv_tail);
 }
 
-static int conn_failed(hora__comm *comm, struct ib_conn *c) {
+static int conn_failed(hora__net *net, struct ib_conn *c) {
   char name[160];
   return hora__error(HORA_ERR_PEER_LOST, "RDMA connection to %s failed: %s",
-                     hora__peer_name(comm, c->base.peer, name, sizeof(name)), c->error_msg);
+                     hora__peer_name(net, c->base.peer, name, sizeof(name)), c->error_msg);
 }
 
 static struct ib_conn *conn_of_qp(uint32_t qpn) {
@@ -938,7 +939,7 @@ static int post_descriptors(struct ib_conn *c, size_t zc_min, bool *progressed) 
 
 /* Received bytes into posted receives, in order: ring slots are copied
  * out; a direct receive is complete when its sender says so. */
-static int deliver_received(hora__comm *comm, struct ib_conn *c, bool *progressed) {
+static int deliver_received(hora__net *net, struct ib_conn *c, bool *progressed) {
   hora__conn *conn = &c->base;
   while (conn->recv_head) {
     hora__xfer *x = conn->recv_head;
@@ -952,7 +953,7 @@ static int deliver_received(hora__comm *comm, struct ib_conn *c, bool *progresse
           return hora__error(HORA_ERR_PROTOCOL,
                              "RDMA transfer from %s out of step: %zu bytes came through the ring "
                              "for a receive into registered %s memory",
-                             hora__peer_name(comm, c->base.peer, name, sizeof(name)),
+                             hora__peer_name(net, c->base.peer, name, sizeof(name)),
                              (size_t)c->ring_len[c->ring_head % SLOTS],
                              r && r->device ? "device" : "host");
         }
@@ -1010,7 +1011,7 @@ static int deliver_received(hora__comm *comm, struct ib_conn *c, bool *progresse
 
 /* How the send at the head travels; false while its descriptor is still
  * on the way. */
-static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_t zc_min,
+static int decide_send(hora__net *net, struct ib_conn *c, hora__xfer *x, size_t zc_min,
                        bool *decided) {
   *decided = true;
   if (c->head_mode != SEND_UNDECIDED) {
@@ -1032,7 +1033,7 @@ static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_
     return hora__error(HORA_ERR_SYSTEM,
                        "RDMA transfer to %s: device memory can only be written straight into "
                        "registered device memory, and the receiver's buffer is not",
-                       hora__peer_name(comm, c->base.peer, name, sizeof(name)));
+                       hora__peer_name(net, c->base.peer, name, sizeof(name)));
   }
   if (d.len == 0) {
     c->head_mode = SEND_RING;
@@ -1041,7 +1042,7 @@ static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_
   if (d.len != x->left) {
     return hora__error(HORA_ERR_PROTOCOL,
                        "RDMA transfer to %s out of step: it expects %llu bytes, this send has %zu",
-                       hora__peer_name(comm, c->base.peer, name, sizeof(name)),
+                       hora__peer_name(net, c->base.peer, name, sizeof(name)),
                        (unsigned long long)d.len, x->left);
   }
   c->head_raddr = d.addr;
@@ -1052,12 +1053,12 @@ static int decide_send(hora__comm *comm, struct ib_conn *c, hora__xfer *x, size_
 }
 
 /* Queued sends, in order, each the way its receiver asked for. */
-static int post_sends(hora__comm *comm, struct ib_conn *c, size_t zc_min, bool *progressed) {
+static int post_sends(hora__net *net, struct ib_conn *c, size_t zc_min, bool *progressed) {
   hora__conn *conn = &c->base;
   while (conn->send_head && c->sq_used < SEND_DEPTH) {
     hora__xfer *x = conn->send_head;
     bool decided;
-    HORA_CHECK(decide_send(comm, c, x, zc_min, &decided));
+    HORA_CHECK(decide_send(net, c, x, zc_min, &decided));
     if (!decided) {
       return HORA_SUCCESS;
     }
@@ -1119,7 +1120,7 @@ static int post_sends(hora__comm *comm, struct ib_conn *c, size_t zc_min, bool *
   return HORA_SUCCESS;
 }
 
-static int ib_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
+static int ib_progress(hora__net *net, hora__conn *conn, bool *progressed) {
   struct ib_conn *c = (struct ib_conn *)conn;
   HORA_CHECK(drain_cq(progressed));
   /* Port and device events, at most once a millisecond: each look is a
@@ -1138,11 +1139,11 @@ static int ib_progress(hora__comm *comm, hora__conn *conn, bool *progressed) {
     }
   }
   if (c->error) {
-    return conn_failed(comm, c);
+    return conn_failed(net, c);
   }
   HORA_CHECK(post_descriptors(c, c->zc_min, progressed));
-  HORA_CHECK(deliver_received(comm, c, progressed));
-  HORA_CHECK(post_sends(comm, c, c->zc_min, progressed));
+  HORA_CHECK(deliver_received(net, c, progressed));
+  HORA_CHECK(post_sends(net, c, c->zc_min, progressed));
   /* With nothing to carry them, return slots alone once half the ring is
    * owed: a sender never waits on fewer than half the slots, and the
    * receiver, wanting more data, always empties enough to get there. */
@@ -1181,10 +1182,10 @@ static int ib_poll_fd(hora__conn *conn, short *events) {
 
 /* Registered for the life of the buffer (hora__comm_register): the fusion
  * buffer and the ring's staging. Each region keeps the device open. */
-static int add_region(hora__comm *comm, void *buf, size_t len, int dmabuf_fd, uint64_t offset,
+static int add_region(hora__net *net, void *buf, size_t len, int dmabuf_fd, uint64_t offset,
                       void **handle) {
   *handle = NULL;
-  HORA_CHECK(dev_get(comm));
+  HORA_CHECK(dev_get(net));
   if (dev->nregions == dev->capregions) {
     int cap = dev->capregions ? 2 * dev->capregions : 4;
     struct ib_region *p = hora__realloc(dev->regions, (size_t)cap * sizeof(*p));
@@ -1219,18 +1220,18 @@ static int add_region(hora__comm *comm, void *buf, size_t len, int dmabuf_fd, ui
   return HORA_SUCCESS;
 }
 
-static int ib_reg_mem(hora__comm *comm, void *buf, size_t len, void **handle) {
-  return add_region(comm, buf, len, -1, 0, handle);
+static int ib_reg_mem(hora__net *net, void *buf, size_t len, void **handle) {
+  return add_region(net, buf, len, -1, 0, handle);
 }
 
 /* GPU memory, through the dma-buf its driver exported for [buf, buf+len). */
-static int ib_reg_dmabuf(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,
+static int ib_reg_dmabuf(hora__net *net, void *buf, size_t len, int fd, uint64_t offset,
                          void **handle) {
-  return add_region(comm, buf, len, fd, offset, handle);
+  return add_region(net, buf, len, fd, offset, handle);
 }
 
-static int ib_dereg_mem(hora__comm *comm, void *handle) {
-  (void)comm;
+static int ib_dereg_mem(hora__net *net, void *handle) {
+  (void)net;
   if (!handle || !dev) {
     return HORA_SUCCESS;
   }
@@ -1284,6 +1285,8 @@ static void ib_close(hora__conn *conn) {
 
 const struct hora__transport hora__transport_ib = {
     .name = "ib",
+    .available = ib_available,
+    .zero_copy = true,
     .connect = ib_begin,
     .accept = ib_begin,
     .establish = ib_establish,

@@ -23,7 +23,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/transport/transport.h"
+
 #define HORA_SECRET_LEN 32
+
+/* The kinds of bootstrap connection (the hello names one). */
+enum hora__conn_kind { HORA_CONN_CTRL = 1, HORA_CONN_DATA = 2, HORA_CONN_CROSS = 3 };
+#define HORA_CONN_KINDS 3
+/* On the wire a connection's kind also names which of a TCP connection's
+ * sockets it is: kind + HORA_CONN_KINDS * socket index. */
+#define HORA_CONN_SLOTS (HORA_CONN_KINDS * HORA_TCP_STREAMS_MAX)
+
 #define HORA_HELLO_MAGIC 0x41524f48u /* "HORA" */
 /* The control protocol's version: 3 since requests carry shapes and
  * response tensors a shape fingerprint, so mixed builds fail at hello. */

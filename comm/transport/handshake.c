@@ -1,6 +1,6 @@
 /* The bootstrap handshake as a state machine over bytes (see handshake.h
  * for the messages and what the MACs cover). */
-#include "comm/bootstrap/handshake.h"
+#include "comm/transport/handshake.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>

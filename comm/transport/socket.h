@@ -1,0 +1,26 @@
+/* Stream sockets: options, the address to listen on, listeners. */
+#ifndef HORA_SOCKET_H
+#define HORA_SOCKET_H
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "base/common.h"
+
+int hora__socket_nonblocking(int fd);
+int hora__socket_tune(int fd, bool tcp, int64_t bufsize);
+int hora__choose_ipv4(const char *iface, bool single_host, struct in_addr *out, char *ifname,
+                      size_t ifname_len);
+int hora__listen_tcp(struct in_addr addr, int *fd, struct sockaddr_in *bound);
+int hora__listen_unix(const char *job_id, int rank, int *fd);
+int hora__unix_address(const char *job_id, int rank, void *sun, unsigned *len);
+/* accept() failed with EMFILE/ENFILE: gives up the spare descriptor
+ * *reserve_fd for a moment to accept one pending connection and close it at
+ * once, so the listener's queue shrinks instead of poll() reporting it ready
+ * forever. 0 when one was shed (its address in *ss), -1 when there was no
+ * spare or nothing to accept. */
+struct sockaddr_storage;
+int hora__accept_shed(int lfd, int *reserve_fd, struct sockaddr_storage *ss, socklen_t *len);
+
+
+#endif
