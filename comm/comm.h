@@ -23,9 +23,7 @@
 typedef struct hora__comm hora__comm;
 struct hora__shm;
 struct hora__peer_maps;
-
-/* Which algorithm family a collective uses (chosen in bootstrap.c). */
-enum hora__algo { HORA_ALGO_RING, HORA_ALGO_SHM };
+struct hora__coll_backend;
 
 /* A ring over some of the ranks: this rank's position in it, its size and
  * the connections to its neighbours. */
@@ -84,7 +82,8 @@ struct hora__comm {
   struct hora__ring_view world_ring; /* every member, in rank order */
   struct hora__ring_view cross_ring; /* the members with this local rank, one per host */
   uint64_t shm_seq;                  /* pieces done over shm: picks the half */
-  enum hora__algo algo_allreduce, algo_bcast, algo_allgather;
+  /* Each kind's algorithm, from the one table (comm/coll/select.c). */
+  const struct hora__coll_backend *algo_allreduce, *algo_bcast, *algo_allgather;
   char *fusion; /* the socket path's fusion buffer */
   size_t fusion_bytes;
   void *fusion_reg; /* its RDMA registration, or NULL */
@@ -114,7 +113,5 @@ int hora__comm_grow_registered(hora__comm *comm, char **buf, size_t *bytes, void
 int hora__comm_register_device(hora__comm *comm, void *buf, size_t len, int fd, uint64_t offset,
                                void **handle);
 
-/* HORA_ERR_SYSTEM with MPI's own words for err, returned by the named call. */
-int hora__mpi_error(int err, const char *call);
 
 #endif

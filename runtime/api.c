@@ -13,6 +13,7 @@
 #include "comm/gpu/gpu.h"
 #include "comm/shm/shm.h"
 #include "base/log.h"
+#include "base/mpi_error.h"
 #include "base/params.h"
 #include "runtime/cycle.h"
 #include "runtime/runtime.h"

@@ -7,6 +7,13 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "runtime/message.h"
+
+/* The engine hands its operation kinds to the data plane as they are. */
+_Static_assert((int)HORA_KIND_ALLREDUCE == (int)HORA_COLL_ALLREDUCE &&
+                   (int)HORA_KIND_BROADCAST == (int)HORA_COLL_BROADCAST &&
+                   (int)HORA_KIND_ALLGATHER == (int)HORA_COLL_ALLGATHER,
+               "operation kinds of runtime/message.h and comm/coll/collectives.h differ");
 
 /* Fletcher-style sums over four interleaved lanes of 64-bit words: s1 sums
  * the words (any flipped bit changes it), s2 sums the running s1 (words in

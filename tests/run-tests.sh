@@ -423,6 +423,9 @@ hvd.shutdown()') >"$work/out" 2>&1 &&
     tail -n 20 "$work/pyinstall.log" "$work/out" 2>/dev/null
   fi
 
+  section "layout"
+  /usr/bin/python3 "$srcdir/tests/layout/check-layout.py" "$srcdir" | tally ""
+
   section "docs"
   awk '/<!-- settings-table-begin -->/{on=1;next}/<!-- settings-table-end -->/{on=0}on' \
     "$srcdir/README.md" >"$work/readme-table.md"

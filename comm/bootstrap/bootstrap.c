@@ -28,18 +28,11 @@
 
 #include "base/log.h"
 #include "base/params.h"
+#include "base/mpi_error.h"
+#include "comm/coll/collectives.h"
 #include "comm/comm.h"
 #include "comm/transport/socket.h"
 #include "comm/shm/shm.h"
-
-int hora__mpi_error(int err, const char *call) {
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) {
-    snprintf(msg, sizeof(msg), "MPI error %d", err);
-  }
-  return hora__error(HORA_ERR_SYSTEM, "%s failed: %s", call, msg);
-}
 
 #define MPI_CHECK(call)                                                                      \
   do {                                                                                       \
@@ -1174,7 +1167,7 @@ static int comm_connect(hora__comm *c, MPI_Comm local, const int *ctrl_peers, in
   }
   int shm_rc = HORA_SUCCESS;
   if (!forced_tcp && c->local_size > 1) {
-    shm_rc = hora__shm_create(c, local, &c->proc->shm);
+    shm_rc = hora__shm_create(c->net, local, &c->proc->shm);
   }
   HORA_CHECK(agree(c, shm_rc, "shared memory"));
   /* The algorithms must agree job-wide: if some host could not share
@@ -1186,9 +1179,7 @@ static int comm_connect(hora__comm *c, MPI_Comm local, const int *ctrl_peers, in
     c->proc->shm = NULL;
     hierarchical = false;
   }
-  c->algo_allreduce =
-      c->proc->shm && (c->cross_size == 1 || hierarchical) ? HORA_ALGO_SHM : HORA_ALGO_RING;
-  c->algo_bcast = c->algo_allgather = c->proc->shm && c->cross_size == 1 ? HORA_ALGO_SHM : HORA_ALGO_RING;
+  hora__coll_choose(c, c->proc->shm != NULL, hierarchical);
   c->proc->local_transport = c->local_size == 1 ? "none"
                       : c->proc->shm             ? "shm"
                       : forced_ib          ? "ib"

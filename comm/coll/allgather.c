@@ -67,9 +67,3 @@ int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *view, c
   return hora__ring_run(comm, &ring);
 }
 
-int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
-  if (comm->algo_allgather == HORA_ALGO_SHM) {
-    return hora__shm_allgather(comm, sendbuf, bytes, recvbuf);
-  }
-  return hora__ring_allgather(comm, &comm->world_ring, sendbuf, bytes, recvbuf);
-}

@@ -186,18 +186,11 @@ int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out) {
   return HORA_SUCCESS;
 }
 
-int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
-                    const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
-                    hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+int hora__ring_allreduce_iov(hora__comm *comm, const struct hora__iov *in, int nin,
+                             const struct hora__iov *out, int nout, size_t count,
+                             hora_dtype dtype, hora_op op, hora_dtype wire,
+                             const struct hora__coll_opts *opts) {
   size_t esize = hora_dtype_size(dtype);
-  if (comm->algo_allreduce == HORA_ALGO_SHM) {
-    /* Decided from what every rank sees alike, so all take the same path. */
-    if (nin == nout && opts && opts->prescale == 1.0 &&
-        hora__shm_single_copy_fits(comm, nin, count * esize)) {
-      return hora__shm_allreduce_single_copy(comm, in, out, nin, count, dtype, op, opts);
-    }
-    return hora__shm_allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
-  }
   bool prescale = opts && opts->prescale != 1.0;
   if (nin == 1 && nout == 1) {
     /* One tensor: reduce straight between the caller's buffers; a prescale

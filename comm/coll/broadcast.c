@@ -56,18 +56,8 @@ int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *view, v
   return hora__ring_run(comm, &ring);
 }
 
-int hora__broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
-                    int root, const struct hora__coll_opts *opts) {
-  if (comm->algo_bcast == HORA_ALGO_SHM) {
-    if (opts && opts->phase) {
-      opts->phase(opts->phase_arg, "BROADCAST");
-    }
-    int rc = hora__shm_broadcast(comm, buf, nbuf, bytes, comm->net->peers[root].local_rank);
-    if (opts && opts->phase) {
-      opts->phase(opts->phase_arg, NULL);
-    }
-    return rc;
-  }
+int hora__ring_broadcast_iov(hora__comm *comm, const struct hora__iov *buf, int nbuf,
+                             size_t bytes, int root, const struct hora__coll_opts *opts) {
   if (nbuf == 1) {
     if (opts && opts->phase) {
       opts->phase(opts->phase_arg, "BROADCAST");

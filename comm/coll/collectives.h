@@ -15,6 +15,10 @@
 
 #include "comm/comm.h"
 
+/* The kinds of collective the data plane runs. The runtime's operation
+ * kinds (runtime/message.h) share these values. */
+enum hora__coll_kind { HORA_COLL_ALLREDUCE, HORA_COLL_BROADCAST, HORA_COLL_ALLGATHER };
+
 struct hora__iov {
   void *base;
   size_t len; /* bytes */
@@ -40,6 +44,29 @@ int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out);
  * shape (lengths), each entry its own memory. wire: HORA_FLOAT16/BFLOAT16 narrows
  * float32/float64 data on socket links (pass dtype for none). AVERAGE
  * reduces as a sum; opts->divisor divides. */
+/* One family of algorithms for the host collectives. */
+struct hora__coll_backend {
+  const char *name;
+  int (*allreduce)(hora__comm *comm, const struct hora__iov *in, int nin,
+                   const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                   hora_op op, hora_dtype wire, const struct hora__coll_opts *opts);
+  int (*broadcast)(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
+                   int root, const struct hora__coll_opts *opts);
+  int (*allgather)(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
+};
+/* Rings over the communicator's connections (sockets or RDMA): every
+ * communicator can run them. */
+extern const struct hora__coll_backend hora__coll_ring;
+/* The host's shared segment (allreduce also across hosts, hierarchically:
+ * shared memory within each host, a ring between them). */
+extern const struct hora__coll_backend hora__coll_shm;
+/* The one table: which backend runs each kind of collective on comm,
+ * decided from what every member sees alike (shm: the members of each host
+ * share a segment; hierarchical: several hosts with the same number of
+ * members each, and a cross-host ring). */
+void hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical);
+
+/* The host collectives, through comm's backends. */
 int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                     const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
                     hora_op op, hora_dtype wire, const struct hora__coll_opts *opts);
@@ -63,6 +90,15 @@ int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *ring, c
                          size_t bytes, void *recvbuf);
 
 /* ---- direct shared-memory collectives (shm_coll.c) ------------------------ */
+/* The ring backend's collectives over iovs (fused tensors packed into the
+ * fusion buffer). */
+int hora__ring_allreduce_iov(hora__comm *comm, const struct hora__iov *in, int nin,
+                             const struct hora__iov *out, int nout, size_t count,
+                             hora_dtype dtype, hora_op op, hora_dtype wire,
+                             const struct hora__coll_opts *opts);
+int hora__ring_broadcast_iov(hora__comm *comm, const struct hora__iov *buf, int nbuf,
+                             size_t bytes, int root, const struct hora__coll_opts *opts);
+
 int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                         const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
                         hora_op op, hora_dtype wire, const struct hora__coll_opts *opts);

@@ -152,7 +152,7 @@ int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
     }
     phase(opts, NULL);
     phase(opts, "ALLREDUCE");
-    HORA_CHECK(hora__shm_barrier(comm));
+    HORA_CHECK(hora__shm_barrier(comm->proc->shm, comm->net));
     size_t block = HORA_MAX((size_t)REDUCE_BLOCK / es, (size_t)1) * es;
     for (size_t x = a * es; x < b * es; x += block) {
       reduce_own_block(comm, &in_cur, &out_cur, done * es, x, HORA_MIN(block, b * es - x), h, dtype,
@@ -163,7 +163,7 @@ int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                                       b - a, dtype, op, wire));
       hora__post_apply(opts, dtype, mine + a * es, b - a);
     }
-    HORA_CHECK(hora__shm_barrier(comm));
+    HORA_CHECK(hora__shm_barrier(comm->proc->shm, comm->net));
     phase(opts, NULL);
     phase(opts, "MEMCPY_OUT_FUSION_BUFFER");
     for (int j = 0; j < L; j++) {
@@ -191,7 +191,7 @@ int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf,
     if (comm->local_rank == root_local) {
       iov_copy(buf, nbuf, done, n, src, true);
     }
-    HORA_CHECK(hora__shm_barrier(comm));
+    HORA_CHECK(hora__shm_barrier(comm->proc->shm, comm->net));
     if (comm->local_rank != root_local) {
       iov_copy(buf, nbuf, done, n, src, false);
     }
@@ -207,7 +207,7 @@ int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, voi
     size_t n = HORA_MIN(piece, bytes - done);
     int h = (int)(comm->shm_seq++ & 1);
     memcpy(hora__shm_half(s, me, h), (const char *)sendbuf + done, n);
-    HORA_CHECK(hora__shm_barrier(comm));
+    HORA_CHECK(hora__shm_barrier(comm->proc->shm, comm->net));
     for (int j = 0; j < L; j++) {
       memcpy((char *)recvbuf + (size_t)j * bytes + done, hora__shm_half(s, j, h), n);
     }
@@ -445,7 +445,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
     hora__mem_find(out[i].base, out[i].len, &my_refs[n + i]);
   }
   phase(opts, "ALLREDUCE");
-  HORA_CHECK(hora__shm_barrier(comm));
+  HORA_CHECK(hora__shm_barrier(comm->proc->shm, comm->net));
   /* Timed from here, where every rank starts together, to each rank's last
    * byte: a late peer's arrival is not the path's cost. */
   uint64_t started = hora__now_ns();
@@ -539,7 +539,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   if (!published) {
     hora__shm_path_end(s, hora__now_ns() - started);
   }
-  HORA_CHECK(hora__shm_barrier(comm));
+  HORA_CHECK(hora__shm_barrier(comm->proc->shm, comm->net));
   phase(opts, NULL);
   return HORA_SUCCESS;
 }

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "runtime/message.h"
 #include "base/params.h"
 #include "comm/gpu/gpu_kernels.h"
 #if HORA_HAVE_NCCL
@@ -597,7 +596,7 @@ static ncclRedOp_t nccl_op(hora_dtype dt, hora_op op) {
 
 static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op) {
   const struct hora__coll_opts *o = op->opts;
-  if (op->kind == HORA_KIND_ALLGATHER) {
+  if (op->kind == HORA_COLL_ALLGATHER) {
     phase(op, "NCCL_ALLGATHER");
     NCCL_CHECK(ncclAllGather(op->in[0].base, op->out[0].base, op->in[0].len, ncclUint8, g->nccl,
                              g->stream));
@@ -610,7 +609,7 @@ static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_o
   char *buf;
   if (direct) {
     buf = op->out[0].base;
-    if (op->kind == HORA_KIND_ALLREDUCE && op->in[0].base != op->out[0].base &&
+    if (op->kind == HORA_COLL_ALLREDUCE && op->in[0].base != op->out[0].base &&
         o->prescale != 1.0) {
       /* Scale a copy, never the caller's input. */
       CUDA_CHECK(cudaMemcpyAsync(buf, op->in[0].base, bytes, cudaMemcpyDeviceToDevice,
@@ -619,13 +618,13 @@ static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_o
   } else {
     HORA_CHECK(grow_fusion(c, g, bytes));
     buf = g->fusion;
-    if (op->kind == HORA_KIND_ALLREDUCE || c->rank == op->root) {
+    if (op->kind == HORA_COLL_ALLREDUCE || c->rank == op->root) {
       phase(op, "MEMCPY_IN_FUSION_BUFFER");
-      HORA_CHECK(pack(c, g, op->kind == HORA_KIND_ALLREDUCE ? op->in : op->out, op->n, buf, true));
+      HORA_CHECK(pack(c, g, op->kind == HORA_COLL_ALLREDUCE ? op->in : op->out, op->n, buf, true));
       phase(op, NULL);
     }
   }
-  if (op->kind == HORA_KIND_ALLREDUCE) {
+  if (op->kind == HORA_COLL_ALLREDUCE) {
     const void *src = direct && o->prescale == 1.0 ? op->in[0].base : buf;
     if (src == buf) {
       HORA_CHECK(scale(g, buf, op->count, op->dtype, o->prescale, 0));
@@ -643,7 +642,7 @@ static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_o
     NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, op->root, g->nccl, g->stream));
     phase(op, NULL);
   }
-  if (!direct && !(op->kind == HORA_KIND_BROADCAST && c->rank == op->root)) {
+  if (!direct && !(op->kind == HORA_COLL_BROADCAST && c->rank == op->root)) {
     phase(op, "MEMCPY_OUT_FUSION_BUFFER");
     HORA_CHECK(pack(c, g, op->out, op->n, buf, false));
     phase(op, NULL);
@@ -684,7 +683,7 @@ static int register_fusion_dmabuf(hora__comm *c, struct hora__gpu *g) {
 
 static bool direct_usable(hora__comm *c, struct hora__gpu *g, size_t bytes) {
   bool rdma_ring = c->proc->ib_all || (c->proc->ib_remote && c->local_size == 1);
-  if (!hora__params.GPU_DIRECT || c->size == 1 || c->algo_bcast != HORA_ALGO_RING || !rdma_ring) {
+  if (!hora__params.GPU_DIRECT || c->size == 1 || c->algo_bcast != &hora__coll_ring || !rdma_ring) {
     return false;
   }
   if (grow_fusion(c, g, bytes) != HORA_SUCCESS) {
@@ -733,7 +732,7 @@ static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hor
 }
 
 static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op) {
-  if (op->kind == HORA_KIND_ALLGATHER) {
+  if (op->kind == HORA_COLL_ALLGATHER) {
     size_t bytes = op->in[0].len;
     HORA_CHECK(grow_stage(c, g, bytes * (size_t)(c->size + 1)));
     char *mine = (char *)g->stage + bytes * (size_t)c->size;
@@ -750,14 +749,14 @@ static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu
     return HORA_SUCCESS;
   }
   size_t bytes = total_len(op->out, op->n);
-  if (op->kind == HORA_KIND_BROADCAST && direct_usable(c, g, bytes)) {
+  if (op->kind == HORA_COLL_BROADCAST && direct_usable(c, g, bytes)) {
     return direct_broadcast(c, g, op, bytes);
   }
   HORA_CHECK(grow_stage(c, g, bytes));
-  bool fill = op->kind == HORA_KIND_ALLREDUCE || c->rank == op->root;
+  bool fill = op->kind == HORA_COLL_ALLREDUCE || c->rank == op->root;
   if (fill) {
     phase(op, "MEMCPY_DEVICE_TO_HOST");
-    HORA_CHECK(pack(c, g, op->kind == HORA_KIND_ALLREDUCE ? op->in : op->out, op->n,
+    HORA_CHECK(pack(c, g, op->kind == HORA_COLL_ALLREDUCE ? op->in : op->out, op->n,
                     (char *)g->stage_dev, true));
     HORA_CHECK(wait_stream(c, g)); /* the host reduces what the GPU wrote */
     phase(op, NULL);
@@ -768,7 +767,7 @@ static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu
     HORA_CHECK(wait_event(c, g, g->unpacked));
   }
   struct hora__iov host = {g->stage, bytes};
-  if (op->kind == HORA_KIND_ALLREDUCE) {
+  if (op->kind == HORA_COLL_ALLREDUCE) {
     HORA_CHECK(hora__allreduce(c, &host, 1, &host, 1, op->count, op->dtype, op->op, op->dtype,
                                op->opts));
   } else {
@@ -789,7 +788,7 @@ int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hor
     HORA_CHECK(gpu_open(c, gpu));
   }
   struct hora__gpu *g = *gpu;
-  if (op->kind == HORA_KIND_ALLREDUCE && gpu_elem_type(op->dtype) < 0) {
+  if (op->kind == HORA_COLL_ALLREDUCE && gpu_elem_type(op->dtype) < 0) {
     return hora__error(HORA_ERR_INVALID_ARG, "device allreduce of unknown dtype %d", op->dtype);
   }
   for (int i = 0; op->ready && i < op->n; i++) {
@@ -803,7 +802,7 @@ int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hor
    * stays connected beside NCCL, the staging is allocated on first use,
    * and the runtime stream orders it with the NCCL work. Every rank has
    * the same dtype and path, so all decide alike. */
-  bool nccl = g->use_nccl && (op->kind != HORA_KIND_ALLREDUCE || nccl_reduces(op->dtype));
+  bool nccl = g->use_nccl && (op->kind != HORA_COLL_ALLREDUCE || nccl_reduces(op->dtype));
   if (nccl && !g->nccl) {
     return hora__error(HORA_ERR_SYSTEM, "the NCCL communicator was aborted after an earlier error");
   }

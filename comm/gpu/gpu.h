@@ -41,7 +41,7 @@ void hora__gpu_event_destroy(void *event);
 /* One collective over device buffers. in[i].base == NULL marks a joined
  * rank's stand-in: zeros in, nothing out. */
 struct hora__gpu_op {
-  int kind; /* HORA_KIND_ALLREDUCE / _BROADCAST / _ALLGATHER */
+  enum hora__coll_kind kind;
   const struct hora__iov *in, *out;
   int n;
   size_t count; /* elements over all tensors (allgather: this rank's) */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/mpi_error.h"
 #include "base/params.h"
 
 #define PAGE 4096
@@ -220,7 +221,7 @@ static int map_segment(struct hora__shm *s, pid_t leader_pid, int leader_fd, int
   return HORA_SUCCESS;
 }
 
-int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
+int hora__shm_create(hora__net *net, MPI_Comm local, struct hora__shm **out) {
   *out = NULL;
   struct hora__shm *s = hora__calloc(1, sizeof(*s));
   if (!s) {
@@ -261,7 +262,7 @@ int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out) {
   SHM_MPI(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, local));
   int me = (int)getpid();
   SHM_MPI(MPI_Allgather(&me, 1, MPI_INT, s->pids, 1, MPI_INT, local));
-  SHM_MPI(MPI_Allgather(&comm->rank, 1, MPI_INT, s->global, 1, MPI_INT, local));
+  SHM_MPI(MPI_Allgather(&net->rank, 1, MPI_INT, s->global, 1, MPI_INT, local));
   if (my_fd >= 0) {
     close(my_fd); /* the mappings keep the memory alive */
     my_fd = -1;
@@ -323,19 +324,18 @@ static long futex(atomic_uint *addr, int op, unsigned val, const struct timespec
 }
 
 /* A local peer that no longer exists will never arrive. */
-static int check_peers_alive(hora__comm *comm, struct hora__shm *s) {
+static int check_peers_alive(hora__net *net, struct hora__shm *s) {
   for (int i = 0; i < s->local_size; i++) {
     if (i != s->local_rank && kill(s->pids[i], 0) != 0 && errno == ESRCH) {
       char name[160];
       return hora__error(HORA_ERR_PEER_LOST, "lost %s: the process is gone",
-                         hora__peer_name(comm->net, s->global[i], name, sizeof(name)));
+                         hora__peer_name(net, s->global[i], name, sizeof(name)));
     }
   }
   return HORA_SUCCESS;
 }
 
-int hora__shm_barrier(hora__comm *comm) {
-  struct hora__shm *s = comm->proc->shm;
+int hora__shm_barrier(struct hora__shm *s, hora__net *net) {
   struct segment_header *b = s->bar;
   unsigned gen = atomic_load_explicit(&b->generation, memory_order_acquire);
   if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == (unsigned)s->local_size - 1) {
@@ -346,15 +346,15 @@ int hora__shm_barrier(hora__comm *comm) {
     }
     return HORA_SUCCESS;
   }
-  if (comm->net->spin_us > 0) {
-    uint64_t until = hora__now_ns() + (uint64_t)comm->net->spin_us * 1000;
+  if (net->spin_us > 0) {
+    uint64_t until = hora__now_ns() + (uint64_t)net->spin_us * 1000;
     unsigned spins = 0;
     while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
       if ((++spins & 63) == 0) {
         if (hora__now_ns() >= until) {
           break;
         }
-        HORA_CHECK(hora__service_maybe(comm->net));
+        HORA_CHECK(hora__service_maybe(net));
         sched_yield();
       }
       cpu_relax();
@@ -362,15 +362,15 @@ int hora__shm_barrier(hora__comm *comm) {
   }
   /* Reached between the pieces of every shared-memory collective, so the
    * service clock is read here even when nobody waits. */
-  HORA_CHECK(hora__service_maybe(comm->net));
+  HORA_CHECK(hora__service_maybe(net));
   uint64_t next_check = hora__now_ns() + 100 * 1000000ull;
   uint64_t waiting_since = hora__now_ns();
   while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
-    if (comm->net->stall_ns && hora__now_ns() - waiting_since > comm->net->stall_ns) {
+    if (net->stall_ns && hora__now_ns() - waiting_since > net->stall_ns) {
       return hora__error(HORA_ERR_TIMEOUT,
                          "a shared-memory collective stalled: %u of %d local ranks arrived within "
                          "%.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS)",
-                         atomic_load(&b->arrived), s->local_size, (double)comm->net->stall_ns * 1e-9);
+                         atomic_load(&b->arrived), s->local_size, (double)net->stall_ns * 1e-9);
     }
     atomic_fetch_add_explicit(&b->sleepers, 1, memory_order_acq_rel);
     struct timespec ts = {0, 20 * 1000000}; /* wake to look around now and then */
@@ -378,10 +378,10 @@ int hora__shm_barrier(hora__comm *comm) {
       futex(&b->generation, FUTEX_WAIT, gen, &ts);
     }
     atomic_fetch_sub_explicit(&b->sleepers, 1, memory_order_acq_rel);
-    HORA_CHECK(hora__service_maybe(comm->net));
+    HORA_CHECK(hora__service_maybe(net));
     if (hora__now_ns() >= next_check) {
       next_check = hora__now_ns() + 100 * 1000000ull;
-      HORA_CHECK(check_peers_alive(comm, s));
+      HORA_CHECK(check_peers_alive(net, s));
     }
   }
   return HORA_SUCCESS;

@@ -16,7 +16,7 @@
 #include <mpi.h>
 #include <sys/types.h>
 
-#include "comm/comm.h"
+#include "comm/transport/net.h"
 #include "comm/shm/path_tuner.h"
 
 struct hora__shm;
@@ -24,7 +24,7 @@ struct hora__shm;
 /* Collective over `local` (the ranks of this host). On failure to map the
  * segment on any rank, every rank gets *out = NULL and a logged reason, and
  * the job goes on over sockets. */
-int hora__shm_create(hora__comm *comm, MPI_Comm local, struct hora__shm **out);
+int hora__shm_create(hora__net *net, MPI_Comm local, struct hora__shm **out);
 void hora__shm_destroy(struct hora__shm *shm);
 
 size_t hora__shm_half_bytes(const struct hora__shm *shm);
@@ -58,7 +58,7 @@ void hora__shm_path_end(struct hora__shm *shm, uint64_t ns);
 /* Waits until every local rank has arrived. Spins for at most
  * comm->net->spin_us, then sleeps on a futex; meanwhile it services control
  * traffic and fails with HORA_ERR_PEER_LOST if a local peer process is gone. */
-int hora__shm_barrier(hora__comm *comm);
+int hora__shm_barrier(struct hora__shm *shm, hora__net *net);
 
 /* ---- hora_mem_alloc blocks (shm_mem.c) ---- */
 

@@ -1,0 +1,70 @@
+/* The algorithm table: each communicator's choice of backend per kind of
+ * collective, made once from its shape, and the entry points that go
+ * through it. Nothing else decides between shared memory and rings. */
+#include "comm/coll/collectives.h"
+#include "comm/shm/shm.h"
+
+static int ring_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
+  return hora__ring_allgather(comm, &comm->world_ring, sendbuf, bytes, recvbuf);
+}
+
+const struct hora__coll_backend hora__coll_ring = {
+    .name = "ring",
+    .allreduce = hora__ring_allreduce_iov,
+    .broadcast = hora__ring_broadcast_iov,
+    .allgather = ring_allgather,
+};
+
+static int shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                         const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                         hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  /* Decided from what every rank sees alike, so all take the same path. */
+  if (nin == nout && opts && opts->prescale == 1.0 &&
+      hora__shm_single_copy_fits(comm, nin, count * hora_dtype_size(dtype))) {
+    return hora__shm_allreduce_single_copy(comm, in, out, nin, count, dtype, op, opts);
+  }
+  return hora__shm_allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
+}
+
+static int shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
+                         int root, const struct hora__coll_opts *opts) {
+  if (opts && opts->phase) {
+    opts->phase(opts->phase_arg, "BROADCAST");
+  }
+  int rc = hora__shm_broadcast(comm, buf, nbuf, bytes, comm->net->peers[root].local_rank);
+  if (opts && opts->phase) {
+    opts->phase(opts->phase_arg, NULL);
+  }
+  return rc;
+}
+
+const struct hora__coll_backend hora__coll_shm = {
+    .name = "shm",
+    .allreduce = shm_allreduce,
+    .broadcast = shm_broadcast,
+    .allgather = hora__shm_allgather,
+};
+
+void hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical) {
+  /* Shared memory serves a communicator that lives in one host; allreduce
+   * also one spread over hosts, when it can be hierarchical. */
+  comm->algo_allreduce =
+      shm && (comm->cross_size == 1 || hierarchical) ? &hora__coll_shm : &hora__coll_ring;
+  comm->algo_bcast = comm->algo_allgather =
+      shm && comm->cross_size == 1 ? &hora__coll_shm : &hora__coll_ring;
+}
+
+int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                    const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                    hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  return comm->algo_allreduce->allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
+}
+
+int hora__broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
+                    int root, const struct hora__coll_opts *opts) {
+  return comm->algo_bcast->broadcast(comm, buf, nbuf, bytes, root, opts);
+}
+
+int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
+  return comm->algo_allgather->allgather(comm, sendbuf, bytes, recvbuf);
+}
