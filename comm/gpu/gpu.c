@@ -2,8 +2,6 @@
  * it, and the staged path through pinned host memory. */
 #include "comm/gpu/gpu.h"
 
-#include <cuda.h> /* driver API types; its entry points come through cudart */
-#include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,23 +11,7 @@
 
 #include "base/log.h"
 #include "base/params.h"
-#include "comm/gpu/gpu_kernels.h"
-#if HORA_HAVE_NCCL
-/* nccl.h declares some functions without prototypes. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstrict-prototypes"
-#include <nccl.h>
-#pragma GCC diagnostic pop
-#endif
-
-#define CUDA_CHECK(call)                                                                     \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      return hora__error(HORA_ERR_SYSTEM, "%s: %s (%s)", #call, cudaGetErrorString(e_),      \
-                         cudaGetErrorName(e_));                                              \
-    }                                                                                        \
-  } while (0)
+#include "comm/gpu/gpu_private.h"
 
 /* ---- caller-thread helpers ------------------------------------------------- */
 
@@ -103,38 +85,10 @@ void hora__gpu_event_destroy(void *event) {
 
 /* ---- coordinator state -------------------------------------------------------- */
 
-struct hora__gpu {
-  int device;
-  cudaStream_t stream;
-  cudaEvent_t finished;
-  /* Recorded after each copy out of the staging or the fusion buffer: the
-   * host and the NIC write them again only once it has happened. A
-   * stream-ordered copy-out may still wait for the caller's stream when
-   * its request completes. (Writes by the GPU itself are ordered by the
-   * runtime stream, as is everything on the NCCL path.) */
-  cudaEvent_t unpacked;
-  bool use_nccl;
-#if HORA_HAVE_NCCL
-  ncclComm_t nccl;
-#endif
-  void *fusion; /* device */
-  size_t fusion_bytes;
-  void *fusion_reg; /* its GPUDirect RDMA registration */
-  int direct;       /* GPUDirect for this fusion buffer: 0 untried, 1 yes, -1 no */
-  void *stage, *stage_dev; /* pinned mapped host memory and its device alias */
-  size_t stage_bytes;
-  void *stage_reg; /* its RDMA registration (zero-copy transfers) */
-  /* Descriptors of the batched copies, in pinned mapped memory the kernel
-   * reads: used as a ring, so a pack never waits for the previous one. */
-  struct hora__copy_desc *descs, *descs_dev;
-  int descs_cap, descs_used;
-};
 
 const char *hora__gpu_path(const struct hora__gpu *g) {
   return g ? (g->use_nccl ? "nccl" : "staged") : NULL;
 }
-
-static int wait_stream(hora__comm *c, struct hora__gpu *g);
 
 static int grow_device(void **p, size_t *have, size_t need) {
   if (*have >= need) {
@@ -150,12 +104,12 @@ static int grow_device(void **p, size_t *have, size_t need) {
   return HORA_SUCCESS;
 }
 
-static int grow_stage(hora__comm *c, struct hora__gpu *g, size_t need) {
+int hora__gpu_grow_stage(hora__comm *c, struct hora__gpu *g, size_t need) {
   if (g->stage_bytes >= need) {
     return HORA_SUCCESS;
   }
   if (g->stage) {
-    HORA_CHECK(wait_stream(c, g)); /* queued copies may still use it */
+    HORA_CHECK(hora__gpu_wait_stream(c, g)); /* queued copies may still use it */
     hora__comm_deregister(c, &g->stage_reg);
     cudaFreeHost(g->stage);
     g->stage = g->stage_dev = NULL;
@@ -169,12 +123,12 @@ static int grow_stage(hora__comm *c, struct hora__gpu *g, size_t need) {
 }
 
 /* The device fusion buffer, in whole 2 MiB pages (what a dma-buf exports). */
-static int grow_fusion(hora__comm *c, struct hora__gpu *g, size_t need) {
+int hora__gpu_grow_fusion(hora__comm *c, struct hora__gpu *g, size_t need) {
   if (g->fusion_bytes >= need) {
     return HORA_SUCCESS;
   }
   if (g->fusion) {
-    HORA_CHECK(wait_stream(c, g)); /* queued copies and NCCL may still use it */
+    HORA_CHECK(hora__gpu_wait_stream(c, g)); /* queued copies and NCCL may still use it */
   }
   hora__comm_deregister(c, &g->fusion_reg);
   g->direct = 0;
@@ -193,11 +147,11 @@ static int alloc_descs(struct hora__gpu *g, int cap) {
 
 /* n free descriptors at g->descs + g->descs_used. Waits for the stream only
  * when the ring wraps around. */
-static int take_descs(hora__comm *c, struct hora__gpu *g, int n) {
+int hora__gpu_take_descs(hora__comm *c, struct hora__gpu *g, int n) {
   if (g->descs_used + n <= g->descs_cap) {
     return HORA_SUCCESS;
   }
-  HORA_CHECK(wait_stream(c, g));
+  HORA_CHECK(hora__gpu_wait_stream(c, g));
   if (n > g->descs_cap) {
     cudaFreeHost(g->descs);
     g->descs = g->descs_dev = NULL;
@@ -251,7 +205,7 @@ void hora__gpu_abort(struct hora__gpu *g) {
 /* Sleeps until ev has happened. Reads control traffic meanwhile (a lost
  * peer, an abort) and NCCL's asynchronous errors, and gives up after the
  * stall shutdown time. */
-static int wait_event(hora__comm *c, struct hora__gpu *g, cudaEvent_t ev) {
+int hora__gpu_wait_event(hora__comm *c, struct hora__gpu *g, cudaEvent_t ev) {
   uint64_t start = hora__now_ns();
   long sleep_ns = 2000;
   for (;;) {
@@ -286,13 +240,13 @@ static int wait_event(hora__comm *c, struct hora__gpu *g, cudaEvent_t ev) {
 }
 
 /* Sleeps until the runtime stream has done everything queued so far. */
-static int wait_stream(hora__comm *c, struct hora__gpu *g) {
+int hora__gpu_wait_stream(hora__comm *c, struct hora__gpu *g) {
   CUDA_CHECK(cudaEventRecord(g->finished, g->stream));
-  return wait_event(c, g, g->finished);
+  return hora__gpu_wait_event(c, g, g->finished);
 }
 
 /* Marks the end of a copy out of the staging or the fusion buffer. */
-static int copied_out(struct hora__gpu *g) {
+int hora__gpu_copied_out(struct hora__gpu *g) {
   CUDA_CHECK(cudaEventRecord(g->unpacked, g->stream));
   return HORA_SUCCESS;
 }
@@ -482,304 +436,6 @@ void hora__gpu_destroy(hora__comm *c, struct hora__gpu *g, bool failed) {
   free(g);
 }
 
-/* ---- packing ------------------------------------------------------------------- */
-
-static int gpu_elem_type(hora_dtype dt) {
-  switch (dt) {
-    case HORA_FLOAT16: return HORA__GPU_F16;
-    case HORA_BFLOAT16: return HORA__GPU_BF16;
-    case HORA_FLOAT32: return HORA__GPU_F32;
-    case HORA_FLOAT64: return HORA__GPU_F64;
-    case HORA_INT32: return HORA__GPU_I32;
-    case HORA_INT64: return HORA__GPU_I64;
-    case HORA_UINT8: return HORA__GPU_U8;
-    case HORA_INT8: return HORA__GPU_I8;
-    case HORA_INT16: return HORA__GPU_I16;
-    case HORA_BOOL: return HORA__GPU_BOOL;
-  }
-  return -1;
-}
-
-/* Copies list[i] to/from consecutive places of flat (device or mapped
- * memory) in one launch. Stand-ins (base NULL) are zeroed on the way in
- * and skipped on the way out. */
-static int pack(hora__comm *c, struct hora__gpu *g, const struct hora__iov *list, int n,
-                char *flat, bool in) {
-  HORA_CHECK(take_descs(c, g, n));
-  struct hora__copy_desc *d = g->descs + g->descs_used;
-  int k = 0;
-  size_t off = 0, biggest = 0;
-  for (int i = 0; i < n; i++) {
-    if (!list[i].base) {
-      if (in && list[i].len) {
-        CUDA_CHECK(cudaMemsetAsync(flat + off, 0, list[i].len, g->stream));
-      }
-    } else if (list[i].len) {
-      d[k].src = in ? list[i].base : flat + off;
-      d[k].dst = in ? (void *)(flat + off) : list[i].base;
-      d[k].bytes = list[i].len;
-      biggest = list[i].len > biggest ? list[i].len : biggest;
-      k++;
-    }
-    off += list[i].len;
-  }
-  CUDA_CHECK(hora__launch_batched_copy(g->descs_dev + g->descs_used, k, biggest, g->stream));
-  g->descs_used += k;
-  return HORA_SUCCESS;
-}
-
-static int scale(struct hora__gpu *g, void *p, size_t count, hora_dtype dt, double mul, int div) {
-  if (mul == 1.0 && div <= 1) {
-    return HORA_SUCCESS;
-  }
-  CUDA_CHECK(hora__launch_scale(p, count, gpu_elem_type(dt), mul, div > 1 ? div : 1, g->stream));
-  return HORA_SUCCESS;
-}
-
-static size_t total_len(const struct hora__iov *v, int n) {
-  size_t t = 0;
-  for (int i = 0; i < n; i++) {
-    t += v[i].len;
-  }
-  return t;
-}
-
-static void phase(const struct hora__gpu_op *op, const char *name) {
-  if (op->opts && op->opts->phase) {
-    op->opts->phase(op->opts->phase_arg, name);
-  }
-}
-
-/* ---- NCCL path ------------------------------------------------------------------- */
-
-#if HORA_HAVE_NCCL
-static ncclDataType_t nccl_type(hora_dtype dt) {
-  switch (dt) {
-    case HORA_UINT8: return ncclUint8;
-    case HORA_INT8: return ncclInt8;
-    case HORA_INT32: return ncclInt32;
-    case HORA_INT64: return ncclInt64;
-    case HORA_FLOAT16: return ncclFloat16;
-    case HORA_BFLOAT16: return ncclBfloat16;
-    case HORA_FLOAT32: return ncclFloat32;
-    case HORA_FLOAT64: return ncclFloat64;
-    case HORA_BOOL: return ncclUint8; /* reduced by nccl_op's max and min */
-    case HORA_INT16: break;           /* none: nccl_reduces() sends it staged */
-  }
-  return ncclFloat32;
-}
-
-/* Whether NCCL can reduce dtype; broadcast and allgather move bytes. */
-static bool nccl_reduces(hora_dtype dt) { return dt != HORA_INT16; }
-
-static ncclRedOp_t nccl_op(hora_dtype dt, hora_op op) {
-  if (dt == HORA_BOOL) {
-    /* On bytes, or is max and and is min; the results are made 0/1 after. */
-    return op == HORA_MIN || op == HORA_PRODUCT ? ncclMin : ncclMax;
-  }
-  switch (op) {
-    case HORA_MIN: return ncclMin;
-    case HORA_MAX: return ncclMax;
-    case HORA_PRODUCT: return ncclProd;
-    default: return ncclSum; /* AVERAGE: a sum, then the divisor */
-  }
-}
-
-#define NCCL_CHECK(call)                                                                     \
-  do {                                                                                       \
-    ncclResult_t r_ = (call);                                                                \
-    if (r_ != ncclSuccess) {                                                                 \
-      return hora__error(HORA_ERR_SYSTEM, "%s: %s: %s", #call, ncclGetErrorString(r_),       \
-                         ncclGetLastError(g->nccl));                                         \
-    }                                                                                        \
-  } while (0)
-
-static int nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op) {
-  const struct hora__coll_opts *o = op->opts;
-  if (op->kind == HORA_COLL_ALLGATHER) {
-    phase(op, "NCCL_ALLGATHER");
-    NCCL_CHECK(ncclAllGather(op->in[0].base, op->out[0].base, op->in[0].len, ncclUint8, g->nccl,
-                             g->stream));
-    phase(op, NULL);
-    return HORA_SUCCESS;
-  }
-  size_t bytes = total_len(op->out, op->n);
-  /* One tensor with buffers of its own runs in place: no copy at all. */
-  bool direct = op->n == 1 && op->in[0].base && op->out[0].base;
-  char *buf;
-  if (direct) {
-    buf = op->out[0].base;
-    if (op->kind == HORA_COLL_ALLREDUCE && op->in[0].base != op->out[0].base &&
-        o->prescale != 1.0) {
-      /* Scale a copy, never the caller's input. */
-      CUDA_CHECK(cudaMemcpyAsync(buf, op->in[0].base, bytes, cudaMemcpyDeviceToDevice,
-                                 g->stream));
-    }
-  } else {
-    HORA_CHECK(grow_fusion(c, g, bytes));
-    buf = g->fusion;
-    if (op->kind == HORA_COLL_ALLREDUCE || c->rank == op->root) {
-      phase(op, "MEMCPY_IN_FUSION_BUFFER");
-      HORA_CHECK(pack(c, g, op->kind == HORA_COLL_ALLREDUCE ? op->in : op->out, op->n, buf, true));
-      phase(op, NULL);
-    }
-  }
-  if (op->kind == HORA_COLL_ALLREDUCE) {
-    const void *src = direct && o->prescale == 1.0 ? op->in[0].base : buf;
-    if (src == buf) {
-      HORA_CHECK(scale(g, buf, op->count, op->dtype, o->prescale, 0));
-    }
-    phase(op, "NCCL_ALLREDUCE");
-    NCCL_CHECK(ncclAllReduce(src, buf, op->count, nccl_type(op->dtype),
-                             nccl_op(op->dtype, op->op), g->nccl, g->stream));
-    phase(op, NULL);
-    if (op->dtype == HORA_BOOL) {
-      CUDA_CHECK(hora__launch_scale(buf, op->count, HORA__GPU_BOOL, 1.0, 1.0, g->stream));
-    }
-    HORA_CHECK(scale(g, buf, op->count, op->dtype, o->postscale, o->divisor));
-  } else {
-    phase(op, "NCCL_BROADCAST");
-    NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, op->root, g->nccl, g->stream));
-    phase(op, NULL);
-  }
-  if (!direct && !(op->kind == HORA_COLL_BROADCAST && c->rank == op->root)) {
-    phase(op, "MEMCPY_OUT_FUSION_BUFFER");
-    HORA_CHECK(pack(c, g, op->out, op->n, buf, false));
-    phase(op, NULL);
-  }
-  return HORA_SUCCESS;
-}
-#endif
-
-/* ---- staged path -------------------------------------------------------------------- */
-
-/* GPUDirect RDMA: the NIC reads and writes the device fusion buffer itself.
- * Only for broadcasts (an allreduce is reduced by the CPU, in host memory),
- * and only when every connection of the ring is RDMA: shared memory and
- * sockets reach host memory only. */
-typedef CUresult (*get_handle_fn)(void *handle, CUdeviceptr ptr, size_t size,
-                                  CUmemRangeHandleType type, unsigned long long flags);
-
-static int register_fusion_dmabuf(hora__comm *c, struct hora__gpu *g) {
-  void *fn = NULL;
-  enum cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 12000,
-                                       cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || !fn) {
-    (void)cudaGetLastError();
-    return hora__error(HORA_ERR_NOT_SUPPORTED, "the CUDA driver cannot export dma-bufs");
-  }
-  int fd = -1;
-  CUresult r = ((get_handle_fn)fn)(&fd, (CUdeviceptr)(uintptr_t)g->fusion, g->fusion_bytes,
-                                   CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-  if (r != CUDA_SUCCESS || fd < 0) {
-    return hora__error(HORA_ERR_NOT_SUPPORTED,
-                       "cuMemGetHandleForAddressRange(DMA_BUF_FD) failed with CUresult %d", (int)r);
-  }
-  int rc = hora__comm_register_device(c, g->fusion, g->fusion_bytes, fd, 0, &g->fusion_reg);
-  close(fd); /* the registration holds the dma-buf */
-  return rc;
-}
-
-static bool direct_usable(hora__comm *c, struct hora__gpu *g, size_t bytes) {
-  bool rdma_ring = c->proc->ib_all || (c->proc->ib_remote && c->local_size == 1);
-  if (!hora__params.GPU_DIRECT || c->size == 1 || c->algo_bcast != &hora__coll_ring || !rdma_ring) {
-    return false;
-  }
-  if (grow_fusion(c, g, bytes) != HORA_SUCCESS) {
-    return false;
-  }
-  if (g->direct == 0) {
-    int32_t ok = register_fusion_dmabuf(c, g) == HORA_SUCCESS;
-    if (!ok) {
-      HORA_INFO("GPUDirect RDMA not available here (%s)", hora_last_error());
-    }
-    /* Every rank must take the same path (device memory must be at both
-     * ends of a transfer): the ranks agree, once per fusion buffer. */
-    struct hora__iov v = {&ok, sizeof(ok)};
-    if (hora__allreduce(c, &v, 1, &v, 1, 1, HORA_INT32, HORA_MIN, HORA_INT32, NULL) != HORA_SUCCESS) {
-      return false;
-    }
-    g->direct = ok ? 1 : -1;
-    if (!ok) {
-      hora__comm_deregister(c, &g->fusion_reg);
-    }
-  }
-  return g->direct > 0;
-}
-
-static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op,
-                            size_t bytes) {
-  bool root = c->rank == op->root;
-  if (root) {
-    phase(op, "MEMCPY_IN_FUSION_BUFFER");
-    HORA_CHECK(pack(c, g, op->out, op->n, g->fusion, true));
-    HORA_CHECK(wait_stream(c, g)); /* the NIC reads what the kernel wrote */
-    phase(op, NULL);
-  } else {
-    HORA_CHECK(wait_event(c, g, g->unpacked)); /* the NIC writes the fusion buffer */
-  }
-  phase(op, "BROADCAST");
-  HORA_CHECK(hora__ring_broadcast(c, &c->world_ring, g->fusion, bytes, op->root));
-  phase(op, NULL);
-  if (!root) {
-    phase(op, "MEMCPY_OUT_FUSION_BUFFER");
-    HORA_CHECK(pack(c, g, op->out, op->n, g->fusion, false));
-    HORA_CHECK(copied_out(g));
-    phase(op, NULL);
-  }
-  return HORA_SUCCESS;
-}
-
-static int staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op) {
-  if (op->kind == HORA_COLL_ALLGATHER) {
-    size_t bytes = op->in[0].len;
-    HORA_CHECK(grow_stage(c, g, bytes * (size_t)(c->size + 1)));
-    char *mine = (char *)g->stage + bytes * (size_t)c->size;
-    phase(op, "MEMCPY_DEVICE_TO_HOST");
-    CUDA_CHECK(cudaMemcpyAsync(mine, op->in[0].base, bytes, cudaMemcpyDeviceToHost, g->stream));
-    HORA_CHECK(wait_stream(c, g));
-    phase(op, NULL);
-    HORA_CHECK(hora__allgather(c, mine, bytes, g->stage));
-    phase(op, "MEMCPY_HOST_TO_DEVICE");
-    CUDA_CHECK(cudaMemcpyAsync(op->out[0].base, g->stage, bytes * (size_t)c->size,
-                               cudaMemcpyHostToDevice, g->stream));
-    HORA_CHECK(copied_out(g));
-    phase(op, NULL);
-    return HORA_SUCCESS;
-  }
-  size_t bytes = total_len(op->out, op->n);
-  if (op->kind == HORA_COLL_BROADCAST && direct_usable(c, g, bytes)) {
-    return direct_broadcast(c, g, op, bytes);
-  }
-  HORA_CHECK(grow_stage(c, g, bytes));
-  bool fill = op->kind == HORA_COLL_ALLREDUCE || c->rank == op->root;
-  if (fill) {
-    phase(op, "MEMCPY_DEVICE_TO_HOST");
-    HORA_CHECK(pack(c, g, op->kind == HORA_COLL_ALLREDUCE ? op->in : op->out, op->n,
-                    (char *)g->stage_dev, true));
-    HORA_CHECK(wait_stream(c, g)); /* the host reduces what the GPU wrote */
-    phase(op, NULL);
-  } else {
-    /* The host writes the staging next: after the last copy out of it,
-     * which may wait for a caller's stream (a stream-ordered request
-     * completes when queued). */
-    HORA_CHECK(wait_event(c, g, g->unpacked));
-  }
-  struct hora__iov host = {g->stage, bytes};
-  if (op->kind == HORA_COLL_ALLREDUCE) {
-    HORA_CHECK(hora__allreduce(c, &host, 1, &host, 1, op->count, op->dtype, op->op, op->dtype,
-                               op->opts));
-  } else {
-    HORA_CHECK(hora__broadcast(c, &host, 1, bytes, op->root, op->opts));
-  }
-  phase(op, "MEMCPY_HOST_TO_DEVICE");
-  HORA_CHECK(pack(c, g, op->out, op->n, (char *)g->stage_dev, false));
-  HORA_CHECK(copied_out(g));
-  phase(op, NULL);
-  return HORA_SUCCESS;
-}
-
 int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hora__gpu_op *op) {
   if (!hora__gpu_present()) {
     return hora__error(HORA_ERR_NOT_SUPPORTED, "a device buffer, but this process sees no GPU");
@@ -788,7 +444,7 @@ int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hor
     HORA_CHECK(gpu_open(c, gpu));
   }
   struct hora__gpu *g = *gpu;
-  if (op->kind == HORA_COLL_ALLREDUCE && gpu_elem_type(op->dtype) < 0) {
+  if (op->kind == HORA_COLL_ALLREDUCE && hora__gpu_elem_type(op->dtype) < 0) {
     return hora__error(HORA_ERR_INVALID_ARG, "device allreduce of unknown dtype %d", op->dtype);
   }
   for (int i = 0; op->ready && i < op->n; i++) {
@@ -802,13 +458,13 @@ int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hor
    * stays connected beside NCCL, the staging is allocated on first use,
    * and the runtime stream orders it with the NCCL work. Every rank has
    * the same dtype and path, so all decide alike. */
-  bool nccl = g->use_nccl && (op->kind != HORA_COLL_ALLREDUCE || nccl_reduces(op->dtype));
+  bool nccl = g->use_nccl && (op->kind != HORA_COLL_ALLREDUCE || hora__gpu_nccl_reduces(op->dtype));
   if (nccl && !g->nccl) {
     return hora__error(HORA_ERR_SYSTEM, "the NCCL communicator was aborted after an earlier error");
   }
-  rc = nccl ? nccl_run(c, g, op) : staged_run(c, g, op);
+  rc = nccl ? hora__gpu_nccl_run(c, g, op) : hora__gpu_staged_run(c, g, op);
 #else
-  rc = staged_run(c, g, op);
+  rc = hora__gpu_staged_run(c, g, op);
 #endif
   HORA_CHECK(rc);
   for (int i = 0; op->done && i < op->n; i++) {
@@ -816,7 +472,7 @@ int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hor
       CUDA_CHECK(cudaEventRecord((cudaEvent_t)op->done[i], g->stream));
     }
   }
-  return op->wait ? wait_stream(c, g) : HORA_SUCCESS;
+  return op->wait ? hora__gpu_wait_stream(c, g) : HORA_SUCCESS;
 }
 
 /* ---- the copy kernel's bandwidth -------------------------------------------------- */
