@@ -2,7 +2,7 @@
  * over fresh nonces of both sides, HMAC-SHA-256 keyed by the job secret, so
  * that each side proves it knows the secret without it ever crossing the
  * wire. Pure bytes in, bytes out (no sockets), so it can be unit-tested and
- * fuzzed on its own; bootstrap.c moves the bytes.
+ * fuzzed on its own; comm/bootstrap moves the bytes.
  *
  *   connector -> acceptor  hello      magic, version|kind, rank, size, nonce_c   48 bytes
  *   acceptor -> connector  challenge  magic, rank, nonce_a, MAC_A                72 bytes

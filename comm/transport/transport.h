@@ -64,7 +64,7 @@ struct hora__transport {
   /* Whether it moves data straight between registered buffers (RDMA), so
    * that long-lived buffers are worth registering with it. */
   bool zero_copy;
-  /* Connection set-up, without blocking. bootstrap.c dials or accepts a
+  /* Connection set-up, without blocking. comm/bootstrap dials or accepts a
    * stream socket to the peer and authenticates it (the job's handshake);
    * connect, on the side that dialled, or accept, on the side that
    * listened, starts the transport's own set-up over it (the socket is the
