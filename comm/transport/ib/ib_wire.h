@@ -1,5 +1,5 @@
-/* What RDMA peers tell each other (ib.c): the connection record swapped at
- * set-up and the immediate data of every write. Both come from another
+/* What RDMA peers tell each other (ib/conn.c, ib/data.c): the connection
+ * record swapped at set-up and the immediate data of every write. Both come from another
  * process, so they are decoded and checked here, in plain C that builds
  * (and is unit-tested and fuzzed) with or without libibverbs. */
 #ifndef HORA_IB_WIRE_H
