@@ -64,7 +64,12 @@ int test_skipped;
   X(mock_peer_never_touches_the_senders_xfer)                                                \
   X(progress_wait_sleeps_and_runs_the_service)                                               \
   X(progress_wait_ends_with_the_service_error)                                               \
-  X(progress_wait_times_out_a_stall_naming_the_peer)
+  X(progress_wait_times_out_a_stall_naming_the_peer)                                         \
+  X(ring_allreduce_matches_direct_reductions)                                                \
+  X(ring_broadcast_from_every_root)                                                          \
+  X(ring_allgather_in_and_out_of_place)                                                      \
+  X(host_collectives_fuse_scale_and_average_over_rings)                                      \
+  X(ring_broken_link_fails_every_rank)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)
