@@ -3,7 +3,15 @@
  * lock; a send is done when the other end has taken all of it. Each end
  * has an eventfd that the other signals, so a waiting rank sleeps in
  * poll() as it would on a socket. It checks the vtable's contract as it
- * goes: a receive must meet a send of the same length. */
+ * goes: a receive must meet a send of the same length.
+ *
+ * Each end keeps its posted sends twice: its hora__xfer queue, which only
+ * its own thread touches, and a list of what the other end may take (the
+ * bytes' place and how many are left), which lives in the end itself,
+ * under the link's lock. So the other end's thread never reads or writes
+ * a poster's hora__xfer: a rank whose collective failed returns with its
+ * transfers in flight, their descriptors on a stack that is reused at
+ * once, while its neighbour still drains the link. */
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -22,11 +30,23 @@ struct mock_link {
   struct mock_end *end[2];
 };
 
+/* A send as the other end sees it. */
+struct mock_send {
+  const char *ptr; /* next byte to take */
+  size_t left, len;
+};
+
 struct mock_end {
   struct hora__conn base;
   struct mock_link *link;
   int side;
   int efd;
+  /* Under the link's lock: this end's sends the other has not taken in
+   * full, oldest first (a ring buffer), and how many it has taken in full
+   * that this end has not yet completed. */
+  struct mock_send *sends;
+  size_t sends_cap, sends_first, sends_count;
+  size_t taken;
 };
 
 static struct mock_end *other(struct mock_end *e) { return e->link->end[1 - e->side]; }
@@ -96,6 +116,26 @@ static int mock_establish(hora__net *net, hora__conn *conn, bool *ready, int *fd
   return HORA_SUCCESS;
 }
 
+/* Under the link's lock: room for one more send in e's list. */
+static int sends_reserve(struct mock_end *e) {
+  if (e->sends_count < e->sends_cap) {
+    return HORA_SUCCESS;
+  }
+  size_t cap = e->sends_cap ? 2 * e->sends_cap : 8;
+  struct mock_send *s = hora__malloc(cap * sizeof(*s));
+  if (!s) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (size_t i = 0; i < e->sends_count; i++) {
+    s[i] = e->sends[(e->sends_first + i) % e->sends_cap];
+  }
+  free(e->sends);
+  e->sends = s;
+  e->sends_cap = cap;
+  e->sends_first = 0;
+  return HORA_SUCCESS;
+}
+
 static int post(hora__conn *conn, void *buf, size_t len, hora__xfer *x, bool send) {
   struct mock_end *e = (struct mock_end *)conn;
   x->ptr = x->base = buf;
@@ -106,6 +146,13 @@ static int post(hora__conn *conn, void *buf, size_t len, hora__xfer *x, bool sen
   }
   pthread_mutex_lock(&e->link->mu);
   if (send) {
+    int rc = sends_reserve(e);
+    if (rc != HORA_SUCCESS) {
+      pthread_mutex_unlock(&e->link->mu);
+      return rc;
+    }
+    e->sends[(e->sends_first + e->sends_count++) % e->sends_cap] =
+        (struct mock_send){.ptr = buf, .left = len, .len = len};
     hora__xfer_enqueue(&conn->send_head, &conn->send_tail, x);
   } else {
     hora__xfer_enqueue(&conn->recv_head, &conn->recv_tail, x);
@@ -132,29 +179,28 @@ static void pop(hora__xfer **head, hora__xfer **tail) {
   }
 }
 
-/* Under the link's lock: this end's receives take from the other's sends,
- * and this end's sends the other has taken in full are done. */
+/* Under the link's lock: this end's sends the other has taken in full are
+ * done (even when it has closed since: the bytes arrived), then this end's
+ * receives take from the other's sends. */
 static int move_locked(hora__net *net, struct mock_end *e, bool *progressed) {
   hora__conn *me = &e->base;
   struct mock_end *o = other(e);
+  for (; e->taken > 0; e->taken--) {
+    hora__xfer *x = me->send_head;
+    x->ptr += x->left;
+    x->left = 0;
+    pop(&me->send_head, &me->send_tail);
+    *progressed = true;
+  }
   if (e->link->broken && (me->send_head || me->recv_head)) {
     char name[160];
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: the mock link is broken",
                        hora__peer_name(net, me->peer, name, sizeof(name)));
   }
-  while (me->send_head && me->send_head->left == 0) {
-    pop(&me->send_head, &me->send_tail);
-    *progressed = true;
-  }
   size_t budget = e->link->piece ? e->link->piece : SIZE_MAX;
-  while (o && me->recv_head && o->base.send_head && budget > 0) {
-    hora__xfer *r = me->recv_head, *s = o->base.send_head;
-    while (s && s->left == 0) {
-      s = s->next; /* taken in full, not yet popped by its end */
-    }
-    if (!s) {
-      break;
-    }
+  while (o && me->recv_head && o->sends_count > 0 && budget > 0) {
+    hora__xfer *r = me->recv_head;
+    struct mock_send *s = &o->sends[o->sends_first];
     if (s->len != r->len) {
       return hora__error(HORA_ERR_PROTOCOL,
                          "mock transport: a receive of %zu bytes from rank %d met a send of %zu",
@@ -169,6 +215,9 @@ static int move_locked(hora__net *net, struct mock_end *e, bool *progressed) {
     budget -= n;
     *progressed = true;
     if (s->left == 0) {
+      o->sends_first = (o->sends_first + 1) % o->sends_cap;
+      o->sends_count--;
+      o->taken++;
       signal_end(o);
     }
     if (r->left == 0) {
@@ -215,6 +264,7 @@ static void mock_close(hora__conn *conn) {
   bool last = --l->ends == 0;
   pthread_mutex_unlock(&l->mu);
   close(e->efd);
+  free(e->sends);
   free(e);
   if (last) {
     pthread_mutex_destroy(&l->mu);

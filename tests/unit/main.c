@@ -56,7 +56,20 @@ int test_skipped;
   X(ctrl_refuses_malformed_headers)                                                          \
   X(ib_immediates_are_checked_against_the_ring)                                              \
   X(ib_record_roundtrip_and_rejects)                                                         \
-  X(cycle_steps_are_checked_on_arrival)
+  X(cycle_steps_are_checked_on_arrival)                                                      \
+  X(progress_moves_queued_transfers_in_order_and_in_pieces)                                  \
+  X(progress_refuses_a_receive_of_another_length)                                            \
+  X(progress_fails_both_ends_of_a_broken_link)                                               \
+  X(mock_send_taken_before_the_peer_closed_completes)                                        \
+  X(mock_peer_never_touches_the_senders_xfer)                                                \
+  X(progress_wait_sleeps_and_runs_the_service)                                               \
+  X(progress_wait_ends_with_the_service_error)                                               \
+  X(progress_wait_times_out_a_stall_naming_the_peer)                                         \
+  X(ring_allreduce_matches_direct_reductions)                                                \
+  X(ring_broadcast_from_every_root)                                                          \
+  X(ring_allgather_in_and_out_of_place)                                                      \
+  X(host_collectives_fuse_scale_and_average_over_rings)                                      \
+  X(ring_broken_link_fails_every_rank)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)

@@ -1,0 +1,808 @@
+/* The ring algorithms (ring.c, allreduce.c, broadcast.c, allgather.c) and
+ * the host collectives' dispatchers on their ring path, without MPI: N
+ * threads, one simulated rank each, each with its own process (struct
+ * hora__proc: its progress engine and a small chunk size, so the rings
+ * pipeline many chunks) and communicator, linked in a ring of mock
+ * connections (rank r's next is rank r+1's prev). Every result is compared
+ * with one computed here directly. A watchdog fails a ring that hangs: the
+ * ranks' service hooks then fail their collectives, so the test ends. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "comm/coll/collectives.h"
+#include "comm/transport/mock.h"
+#include "../runner.h"
+
+#define MS 1000000ull
+#define RING_LIMIT_S 10 /* a ring that has not finished by then hangs */
+
+struct ring_job;
+
+struct sim_rank {
+  struct hora__proc proc;
+  hora__comm comm;
+  struct ring_job *job;
+  pthread_t thread;
+  char why[512]; /* the first wrong result or failed call; "" when none */
+  int rc;        /* the broken ring's call */
+  char msg[512];
+  int service_calls;
+};
+
+struct ring_job {
+  int n;
+  size_t piece;
+  struct sim_rank *ranks;
+  void (*body)(struct sim_rank *);
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int finished;
+  atomic_bool watchdog;        /* out of time: every service hook fails */
+  int break_rank, break_after; /* that rank's hook breaks its next link on that call */
+  atomic_bool broken;          /* it has */
+};
+
+static int rank_service(void *arg) {
+  struct sim_rank *k = arg;
+  struct ring_job *job = k->job;
+  k->service_calls++;
+  if (job->break_after && k->comm.rank == job->break_rank && k->service_calls == job->break_after) {
+    hora__mock_break(k->comm.world_ring.next);
+    atomic_store(&job->broken, true);
+  }
+  if (atomic_load(&job->watchdog)) {
+    return hora__error(HORA_ERR_ABORTED, "the test's watchdog ran out");
+  }
+  return HORA_SUCCESS;
+}
+
+static void close_ends(struct sim_rank *k) {
+  hora__conn **ends[2] = {&k->comm.world_ring.next, &k->comm.world_ring.prev};
+  for (int i = 0; i < 2; i++) {
+    if (*ends[i]) {
+      (*ends[i])->tp->close(*ends[i]);
+      *ends[i] = NULL;
+    }
+  }
+}
+
+/* n ranks in a ring whose links move at most `piece` bytes per progress
+ * call (0: any number). */
+static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_bytes,
+                     uint64_t service_ns) {
+  memset(job, 0, sizeof(*job));
+  pthread_mutex_init(&job->mu, NULL);
+  pthread_cond_init(&job->cv, NULL);
+  atomic_init(&job->watchdog, false);
+  atomic_init(&job->broken, false);
+  job->n = n;
+  job->piece = piece;
+  job->ranks = calloc((size_t)n, sizeof(*job->ranks));
+  if (!job->ranks) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (int r = 0; r < n; r++) {
+    struct sim_rank *k = &job->ranks[r];
+    k->job = job;
+    hora__net *net = &k->proc.net;
+    net->rank = r;
+    net->size = n;
+    net->spin_us = 0; /* more threads than cores: never spin */
+    net->service = rank_service;
+    net->service_arg = k;
+    net->service_interval_ns = service_ns;
+    k->proc.chunk_bytes = chunk_bytes;
+    k->proc.tcp_listen_fd = k->proc.unix_listen_fd = k->proc.reserve_fd = -1;
+    hora__comm *c = &k->comm;
+    c->proc = &k->proc;
+    c->net = net;
+    c->rank = r;
+    c->size = n;
+    c->local_rank = 0;
+    c->local_size = 1;
+    c->cross_rank = r;
+    c->cross_size = n;
+    c->world_ring.pos = r;
+    c->world_ring.size = n;
+    c->algo_allreduce = c->algo_bcast = c->algo_allgather = HORA_ALGO_RING;
+  }
+  for (int r = 0; r < n; r++) {
+    int rc = hora__mock_pair(r, (r + 1) % n, piece, &job->ranks[r].comm.world_ring.next,
+                             &job->ranks[(r + 1) % n].comm.world_ring.prev);
+    if (rc != HORA_SUCCESS) {
+      return rc;
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+static void job_end(struct ring_job *job) {
+  for (int r = 0; job->ranks && r < job->n; r++) {
+    struct sim_rank *k = &job->ranks[r];
+    close_ends(k);
+    free(k->comm.scratch);
+    free(k->comm.fusion);
+  }
+  free(job->ranks);
+  job->ranks = NULL;
+  pthread_cond_destroy(&job->cv);
+  pthread_mutex_destroy(&job->mu);
+}
+
+static void *rank_thread(void *arg) {
+  struct sim_rank *k = arg;
+  k->job->body(k);
+  pthread_mutex_lock(&k->job->mu);
+  k->job->finished++;
+  pthread_cond_signal(&k->job->cv);
+  pthread_mutex_unlock(&k->job->mu);
+  return NULL;
+}
+
+static bool wait_finished(struct ring_job *job, int want, int limit_s) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += limit_s;
+  pthread_mutex_lock(&job->mu);
+  int rc = 0;
+  while (job->finished < want && rc == 0) {
+    rc = pthread_cond_timedwait(&job->cv, &job->mu, &deadline);
+  }
+  bool all = job->finished >= want;
+  pthread_mutex_unlock(&job->mu);
+  return all;
+}
+
+/* Runs body on every rank, each on its own thread. Returns what went
+ * wrong, or NULL: a rank's first complaint, a thread that did not start,
+ * or a ring that did not finish in time. */
+static const char *job_run(struct ring_job *job, void (*body)(struct sim_rank *), char *why,
+                           size_t why_len) {
+  job->body = body;
+  job->finished = 0;
+  int started = 0;
+  while (started < job->n && pthread_create(&job->ranks[started].thread, NULL, rank_thread,
+                                            &job->ranks[started]) == 0) {
+    started++;
+  }
+  bool in_time = wait_finished(job, started, RING_LIMIT_S);
+  if (!in_time) {
+    atomic_store(&job->watchdog, true);
+    if (!wait_finished(job, started, RING_LIMIT_S)) {
+      fprintf(stderr, "ring of %d: ranks still hang after the watchdog; giving up\n", job->n);
+      abort();
+    }
+  }
+  for (int r = 0; r < started; r++) {
+    pthread_join(job->ranks[r].thread, NULL);
+  }
+  why[0] = '\0';
+  if (started < job->n) {
+    snprintf(why, why_len, "ring of %d: only %d threads started", job->n, started);
+  } else if (!in_time) {
+    snprintf(why, why_len, "ring of %d (piece %zu) did not finish in %d s", job->n, job->piece,
+             RING_LIMIT_S);
+  }
+  for (int r = 0; r < job->n && !why[0]; r++) {
+    if (job->ranks[r].why[0]) {
+      snprintf(why, why_len, "ring of %d (piece %zu): %s", job->n, job->piece, job->ranks[r].why);
+    }
+  }
+  return why[0] ? why : NULL;
+}
+
+/* Records a rank's first complaint; the rank carries on, so the others
+ * are not left waiting. */
+static void note(struct sim_rank *k, int line, const char *fmt, ...) HORA_PRINTF(3, 4);
+static void note(struct sim_rank *k, int line, const char *fmt, ...) {
+  if (k->why[0]) {
+    return;
+  }
+  int n = snprintf(k->why, sizeof(k->why), "rank %d, line %d: ", k->comm.rank, line);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(k->why + n, sizeof(k->why) - (size_t)n, fmt, ap);
+  va_end(ap);
+}
+
+#define EXPECT(k, cond, ...)            \
+  do {                                  \
+    if (!(cond)) {                      \
+      note((k), __LINE__, __VA_ARGS__); \
+    }                                   \
+  } while (0)
+
+/* A collective that fails leaves the ring unusable: say why, close this
+ * rank's ends as the runtime does after a fatal error (so the neighbours
+ * fail instead of waiting) and stop. */
+#define CALL(k, call)                                                           \
+  do {                                                                          \
+    int call_rc_ = (call);                                                      \
+    if (call_rc_ != HORA_SUCCESS) {                                             \
+      note((k), __LINE__, "%s failed: %s (%s)", #call, hora_strerror(call_rc_), \
+           hora__error_message());                                              \
+      close_ends(k);                                                            \
+      goto out;                                                                 \
+    }                                                                           \
+  } while (0)
+
+/* Every ring size, tiny pieces with tiny chunks and unbounded pieces with
+ * 4 KiB chunks. */
+static void run_rings(void (*body)(struct sim_rank *)) {
+  static const int sizes[] = {1, 2, 3, 4, 5, 8};
+  static const struct {
+    size_t piece;
+    int64_t chunk;
+  } links[] = {{13, 256}, {0, 4096}};
+  char why[1024];
+  for (size_t s = 0; s < HORA_ARRAY_SIZE(sizes); s++) {
+    for (size_t l = 0; l < HORA_ARRAY_SIZE(links); l++) {
+      struct ring_job job;
+      int rc = job_start(&job, sizes[s], links[l].piece, links[l].chunk, 50 * MS);
+      const char *bad = NULL;
+      if (rc != HORA_SUCCESS) {
+        snprintf(why, sizeof(why), "setting up a ring of %d: %s", sizes[s], hora_strerror(rc));
+        bad = why;
+      } else {
+        bad = job_run(&job, body, why, sizeof(why));
+      }
+      job_end(&job);
+      if (bad) {
+        FAIL("%.480s", bad);
+      }
+    }
+  }
+}
+
+/* ---- inputs and their reductions, computed directly ---------------------- */
+
+/* Small integers: float sums are exact in any order, and fit float16. */
+static float in_f32(int rank, size_t i) {
+  return (float)((int)(((size_t)rank * 37 + i * 11) % 23) - 11);
+}
+
+static float in_max(int rank, size_t i) {
+  return in_f32(rank, i) + 0.5f * (float)(((size_t)rank + i) % 3);
+}
+
+/* Large integers: sums wrap around. */
+static int32_t in_i32(int rank, size_t i) {
+  return (int32_t)((uint32_t)rank * 2654435761u + (uint32_t)i * 40503u);
+}
+
+static int32_t in_small(int rank, size_t i) {
+  return (int32_t)(((size_t)rank * 7 + i) % 19) - 9;
+}
+
+static float sum_f32(int n, size_t i) {
+  float s = 0;
+  for (int r = 0; r < n; r++) {
+    s += in_f32(r, i);
+  }
+  return s;
+}
+
+static float max_f32(int n, size_t i) {
+  float m = in_max(0, i);
+  for (int r = 1; r < n; r++) {
+    m = HORA_MAX(m, in_max(r, i));
+  }
+  return m;
+}
+
+static int32_t sum_i32(int n, size_t i) {
+  uint32_t s = 0;
+  for (int r = 0; r < n; r++) {
+    s += (uint32_t)in_i32(r, i);
+  }
+  return (int32_t)s;
+}
+
+static int32_t min_i32(int n, size_t i) {
+  int32_t m = in_i32(0, i);
+  for (int r = 1; r < n; r++) {
+    m = HORA_MIN(m, in_i32(r, i));
+  }
+  return m;
+}
+
+static int32_t sum_small(int n, size_t i) {
+  int32_t s = 0;
+  for (int r = 0; r < n; r++) {
+    s += in_small(r, i);
+  }
+  return s;
+}
+
+static void fill_bytes(char *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) {
+    p[i] = (char)(seed * 151u + i * 13u + (i >> 9));
+  }
+}
+
+static bool bytes_are(const char *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] != (char)(seed * 151u + i * 13u + (i >> 9))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+#define SENTINEL_F32 (-12345.5f)
+#define SENTINEL_I32 ((int32_t)0x5eed5eed)
+
+/* First index where got and want (float arrays) differ, or n. */
+static size_t first_diff_f32(const float *got, const float *want, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (got[i] != want[i]) {
+      return i;
+    }
+  }
+  return n;
+}
+
+static size_t first_diff_i32(const int32_t *got, const int32_t *want, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (got[i] != want[i]) {
+      return i;
+    }
+  }
+  return n;
+}
+
+#define EXPECT_F32(k, got, want, n, what)                                                        \
+  do {                                                                                           \
+    size_t d_ = first_diff_f32((got), (want), (n));                                              \
+    EXPECT((k), d_ == (n), "%s: element %zu of %zu is %g, expected %g", (what), d_, (size_t)(n), \
+           (double)(got)[d_ < (n) ? d_ : 0], (double)(want)[d_ < (n) ? d_ : 0]);                 \
+  } while (0)
+
+#define EXPECT_I32(k, got, want, n, what)                                                        \
+  do {                                                                                           \
+    size_t d_ = first_diff_i32((got), (want), (n));                                              \
+    EXPECT((k), d_ == (n), "%s: element %zu of %zu is %d, expected %d", (what), d_, (size_t)(n), \
+           (int)(got)[d_ < (n) ? d_ : 0], (int)(want)[d_ < (n) ? d_ : 0]);                       \
+  } while (0)
+
+/* ---- hora__ring_allreduce ------------------------------------------------- */
+
+static void body_allreduce(struct sim_rank *k) {
+  /* 0 and 1, fewer elements than ranks, counts no ring size divides, and
+   * enough for many chunks per segment. */
+  static const size_t counts[] = {0, 1, 2, 3, 5, 7, 9, 1000, 20011};
+  const int n = k->comm.size, me = k->comm.rank;
+  const struct hora__ring_view *ring = &k->comm.world_ring;
+  hora__comm *c = &k->comm;
+  for (size_t ci = 0; ci < HORA_ARRAY_SIZE(counts); ci++) {
+    size_t count = counts[ci];
+    float *fin = malloc((count + 1) * sizeof(float));
+    float *fout = malloc((count + 1) * sizeof(float));
+    float *fwant = malloc((count + 1) * sizeof(float));
+    int32_t *iin = malloc((count + 1) * sizeof(int32_t));
+    int32_t *iout = malloc((count + 1) * sizeof(int32_t));
+    int32_t *iwant = malloc((count + 1) * sizeof(int32_t));
+    char what[64];
+    if (!fin || !fout || !fwant || !iin || !iout || !iwant) {
+      note(k, __LINE__, "out of memory");
+      close_ends(k);
+      goto out;
+    }
+    /* float32 SUM, out of place; the input stays as it was. */
+    for (size_t i = 0; i <= count; i++) {
+      fin[i] = in_f32(me, i);
+      fout[i] = SENTINEL_F32;
+      fwant[i] = sum_f32(n, i);
+    }
+    CALL(k, hora__ring_allreduce(c, ring, fin, fout, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32));
+    snprintf(what, sizeof(what), "float32 sum of %zu", count);
+    EXPECT_F32(k, fout, fwant, count, what);
+    EXPECT(k, fout[count] == SENTINEL_F32, "%s: wrote past the end", what);
+    for (size_t i = 0; i < count; i++) {
+      fwant[i] = in_f32(me, i);
+    }
+    EXPECT_F32(k, fin, fwant, count, "the sum's input");
+
+    /* float32 SUM, float16 on the wire (exact for these values). */
+    for (size_t i = 0; i <= count; i++) {
+      fout[i] = SENTINEL_F32;
+      fwant[i] = sum_f32(n, i);
+    }
+    CALL(k, hora__ring_allreduce(c, ring, fin, fout, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT16));
+    snprintf(what, sizeof(what), "float32 sum of %zu over float16", count);
+    EXPECT_F32(k, fout, fwant, count, what);
+    EXPECT(k, fout[count] == SENTINEL_F32, "%s: wrote past the end", what);
+
+    /* float32 SUM in place, bfloat16 on the wire (exact too): the owner
+     * of each finished segment rounds its own copy in place. */
+    for (size_t i = 0; i <= count; i++) {
+      fout[i] = i < count ? in_f32(me, i) : SENTINEL_F32;
+      fwant[i] = sum_f32(n, i);
+    }
+    CALL(k,
+         hora__ring_allreduce(c, ring, fout, fout, count, HORA_FLOAT32, HORA_SUM, HORA_BFLOAT16));
+    snprintf(what, sizeof(what), "float32 sum of %zu in place over bfloat16", count);
+    EXPECT_F32(k, fout, fwant, count, what);
+    EXPECT(k, fout[count] == SENTINEL_F32, "%s: wrote past the end", what);
+
+    /* float32 MAX, in place. */
+    for (size_t i = 0; i <= count; i++) {
+      fout[i] = i < count ? in_max(me, i) : SENTINEL_F32;
+      fwant[i] = max_f32(n, i);
+    }
+    CALL(k, hora__ring_allreduce(c, ring, fout, fout, count, HORA_FLOAT32, HORA_MAX, HORA_FLOAT32));
+    snprintf(what, sizeof(what), "float32 max of %zu in place", count);
+    EXPECT_F32(k, fout, fwant, count, what);
+    EXPECT(k, fout[count] == SENTINEL_F32, "%s: wrote past the end", what);
+
+    /* int32 SUM (wrapping), out of place. */
+    for (size_t i = 0; i <= count; i++) {
+      iin[i] = in_i32(me, i);
+      iout[i] = SENTINEL_I32;
+      iwant[i] = sum_i32(n, i);
+    }
+    CALL(k, hora__ring_allreduce(c, ring, iin, iout, count, HORA_INT32, HORA_SUM, HORA_INT32));
+    snprintf(what, sizeof(what), "int32 sum of %zu", count);
+    EXPECT_I32(k, iout, iwant, count, what);
+    EXPECT(k, iout[count] == SENTINEL_I32, "%s: wrote past the end", what);
+
+    /* int32 MIN, in place. */
+    for (size_t i = 0; i <= count; i++) {
+      iout[i] = i < count ? in_i32(me, i) : SENTINEL_I32;
+      iwant[i] = min_i32(n, i);
+    }
+    CALL(k, hora__ring_allreduce(c, ring, iout, iout, count, HORA_INT32, HORA_MIN, HORA_INT32));
+    snprintf(what, sizeof(what), "int32 min of %zu in place", count);
+    EXPECT_I32(k, iout, iwant, count, what);
+    EXPECT(k, iout[count] == SENTINEL_I32, "%s: wrote past the end", what);
+  out:
+    free(fin);
+    free(fout);
+    free(fwant);
+    free(iin);
+    free(iout);
+    free(iwant);
+    if (!k->comm.world_ring.next) {
+      return; /* a call failed: this rank is out of the ring */
+    }
+  }
+}
+
+TEST(ring_allreduce_matches_direct_reductions) {
+  run_rings(body_allreduce);
+}
+
+/* ---- hora__ring_broadcast -------------------------------------------------- */
+
+static void body_broadcast(struct sim_rank *k) {
+  static const size_t sizes[] = {0, 1, 2 * 4096 + 3, 10000};
+  const int n = k->comm.size, me = k->comm.rank;
+  char *buf = malloc(10000 + 1);
+  if (!buf) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    return;
+  }
+  for (int root = 0; root < n; root++) {
+    for (size_t s = 0; s < HORA_ARRAY_SIZE(sizes); s++) {
+      size_t bytes = sizes[s];
+      unsigned seed = (unsigned)(root * 10 + (int)s + 1);
+      if (me == root) {
+        fill_bytes(buf, bytes, seed);
+      } else {
+        memset(buf, 0xee, bytes);
+      }
+      buf[bytes] = 0x77;
+      CALL(k, hora__ring_broadcast(&k->comm, &k->comm.world_ring, buf, bytes, root));
+      EXPECT(k, bytes_are(buf, bytes, seed), "broadcast of %zu bytes from %d: wrong bytes", bytes,
+             root);
+      EXPECT(k, buf[bytes] == 0x77, "broadcast of %zu bytes from %d: wrote past the end", bytes,
+             root);
+    }
+  }
+out:
+  free(buf);
+}
+
+TEST(ring_broadcast_from_every_root) {
+  run_rings(body_broadcast);
+}
+
+/* ---- hora__ring_allgather -------------------------------------------------- */
+
+static void body_allgather(struct sim_rank *k) {
+  static const size_t sizes[] = {0, 1, 5000, 3 * 4096 + 1};
+  const int n = k->comm.size, me = k->comm.rank;
+  size_t most = 3 * 4096 + 1;
+  char *send = malloc(most), *recv = malloc((size_t)n * most + 1);
+  if (!send || !recv) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    goto out;
+  }
+  for (size_t s = 0; s < HORA_ARRAY_SIZE(sizes); s++) {
+    for (int in_place = 0; in_place < 2; in_place++) {
+      size_t bytes = sizes[s];
+      memset(recv, 0xee, (size_t)n * bytes + 1);
+      char *mine = in_place ? recv + (size_t)me * bytes : send;
+      fill_bytes(mine, bytes, (unsigned)(me * 10 + (int)s + 1));
+      CALL(k, hora__ring_allgather(&k->comm, &k->comm.world_ring, mine, bytes, recv));
+      for (int r = 0; r < n; r++) {
+        EXPECT(k, bytes_are(recv + (size_t)r * bytes, bytes, (unsigned)(r * 10 + (int)s + 1)),
+               "allgather of %zu bytes%s: rank %d's block is wrong", bytes,
+               in_place ? " in place" : "", r);
+      }
+      EXPECT(k, (unsigned char)recv[(size_t)n * bytes] == 0xee,
+             "allgather of %zu bytes: wrote past the end", bytes);
+    }
+  }
+out:
+  free(send);
+  free(recv);
+}
+
+TEST(ring_allgather_in_and_out_of_place) {
+  run_rings(body_allgather);
+}
+
+/* ---- the dispatchers: fused lists, scales, AVERAGE -------------------------- */
+
+struct phases {
+  int begun, ended;
+};
+
+static void count_phase(void *arg, const char *name) {
+  struct phases *p = arg;
+  if (name) {
+    p->begun++;
+  } else {
+    p->ended++;
+  }
+}
+
+/* Copies what iovs list into one buffer. */
+static void gather(const struct hora__iov *iov, int n, void *out) {
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    memcpy((char *)out + off, iov[i].base, iov[i].len);
+    off += iov[i].len;
+  }
+}
+
+static void body_dispatch(struct sim_rank *k) {
+  const int n = k->comm.size, me = k->comm.rank;
+  hora__comm *c = &k->comm;
+  struct phases ph = {0};
+  enum { TOTAL = 1042 };
+  static const size_t in_lens[3] = {5, 1000, 37}, out_lens[2] = {600, 442}; /* floats */
+  float *in[3] = {NULL}, *outs[2] = {NULL}, *all = malloc(TOTAL * sizeof(float)),
+        *want = malloc(TOTAL * sizeof(float));
+  int32_t *ibuf = malloc(TOTAL * sizeof(int32_t)), *iwant = malloc(TOTAL * sizeof(int32_t));
+  char *bbuf[3] = {NULL};
+  static const size_t blens[3] = {3, 5000, 17};
+  char *gsend = malloc(777), *grecv = malloc((size_t)n * 777);
+  bool ok = all && want && ibuf && iwant && gsend && grecv;
+  for (int i = 0; i < 3; i++) {
+    ok = ok && (in[i] = malloc(in_lens[i] * sizeof(float))) && (bbuf[i] = malloc(blens[i]));
+  }
+  for (int i = 0; i < 2; i++) {
+    ok = ok && (outs[i] = malloc(out_lens[i] * sizeof(float)));
+  }
+  if (!ok) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    goto out;
+  }
+  struct hora__iov iin[3], iout[2];
+  size_t base = 0;
+  for (int i = 0; i < 3; i++) {
+    for (size_t j = 0; j < in_lens[i]; j++) {
+      in[i][j] = in_f32(me, base + j);
+    }
+    base += in_lens[i];
+    iin[i] = (struct hora__iov){in[i], in_lens[i] * sizeof(float)};
+  }
+  for (int i = 0; i < 2; i++) {
+    iout[i] = (struct hora__iov){outs[i], out_lens[i] * sizeof(float)};
+  }
+
+  /* Three tensors in, split differently out, through the fusion buffer:
+   * prescale 0.5 and postscale 4 (exact: powers of two). */
+  struct hora__coll_opts scaled = {
+      .prescale = 0.5, .postscale = 4.0, .phase = count_phase, .phase_arg = &ph};
+  for (int i = 0; i < 2; i++) {
+    for (size_t j = 0; j < out_lens[i]; j++) {
+      outs[i][j] = SENTINEL_F32;
+    }
+  }
+  CALL(k,
+       hora__allreduce(c, iin, 3, iout, 2, TOTAL, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32, &scaled));
+  gather(iout, 2, all);
+  for (size_t j = 0; j < TOTAL; j++) {
+    want[j] = sum_f32(n, j) * 0.5f * 4.0f; /* 4 * (the sum of x / 2) */
+  }
+  EXPECT_F32(k, all, want, TOTAL, "fused scaled sum");
+  gather(iin, 3, all);
+  for (size_t j = 0; j < TOTAL; j++) {
+    want[j] = in_f32(me, j);
+  }
+  EXPECT_F32(k, all, want, TOTAL, "the fused sum's inputs");
+
+  /* AVERAGE: a sum, divided by the divisor; the same lists both ways. */
+  struct hora__coll_opts avg = {
+      .prescale = 1.0, .divisor = n, .postscale = 1.0, .phase = count_phase, .phase_arg = &ph};
+  CALL(k,
+       hora__allreduce(c, iin, 3, iin, 3, TOTAL, HORA_FLOAT32, HORA_AVERAGE, HORA_FLOAT32, &avg));
+  gather(iin, 3, all);
+  for (size_t j = 0; j < TOTAL; j++) {
+    want[j] = sum_f32(n, j) / (float)n;
+  }
+  EXPECT_F32(k, all, want, TOTAL, "fused average in place");
+
+  /* One tensor, straight between the caller's buffers: the prescale works
+   * on the output and leaves the input alone. */
+  for (size_t j = 0; j < 600; j++) {
+    in[1][j] = in_f32(me, j);
+    outs[0][j] = SENTINEL_F32;
+  }
+  struct hora__coll_opts one = {.prescale = 2.0, .postscale = 0.25};
+  struct hora__iov i1 = {in[1], 600 * sizeof(float)}, o1 = {outs[0], 600 * sizeof(float)};
+  CALL(k, hora__allreduce(c, &i1, 1, &o1, 1, 600, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32, &one));
+  for (size_t j = 0; j < 600; j++) {
+    want[j] = sum_f32(n, j) * 2.0f * 0.25f;
+  }
+  EXPECT_F32(k, outs[0], want, 600, "one scaled sum");
+  for (size_t j = 0; j < 600; j++) {
+    want[j] = in_f32(me, j);
+  }
+  EXPECT_F32(k, in[1], want, 600, "the scaled sum's input");
+
+  /* int32 AVERAGE of one tensor in place: rounds toward zero. */
+  for (size_t j = 0; j < TOTAL; j++) {
+    ibuf[j] = in_small(me, j);
+    iwant[j] = (int32_t)(sum_small(n, j) / n);
+  }
+  struct hora__iov ii = {ibuf, TOTAL * sizeof(int32_t)};
+  CALL(k, hora__allreduce(c, &ii, 1, &ii, 1, TOTAL, HORA_INT32, HORA_AVERAGE, HORA_INT32, &avg));
+  EXPECT_I32(k, ibuf, iwant, TOTAL, "int32 average");
+
+  /* int32 SUM of two tensors, without options. */
+  for (size_t j = 0; j < TOTAL; j++) {
+    ibuf[j] = in_i32(me, j);
+    iwant[j] = sum_i32(n, j);
+  }
+  struct hora__iov two[2] = {{ibuf, 10 * sizeof(int32_t)},
+                             {ibuf + 10, (TOTAL - 10) * sizeof(int32_t)}};
+  CALL(k, hora__allreduce(c, two, 2, two, 2, TOTAL, HORA_INT32, HORA_SUM, HORA_INT32, NULL));
+  EXPECT_I32(k, ibuf, iwant, TOTAL, "fused int32 sum");
+
+  /* Broadcast of three tensors (fused) and of one, from every root. */
+  struct hora__iov bl[3];
+  size_t btotal = 0;
+  for (int i = 0; i < 3; i++) {
+    bl[i] = (struct hora__iov){bbuf[i], blens[i]};
+    btotal += blens[i];
+  }
+  for (int root = 0; root < n; root++) {
+    for (int nb = 3; nb >= 1; nb -= 2) {
+      size_t bytes = nb == 3 ? btotal : blens[1];
+      for (int i = 0; i < 3; i++) {
+        if (me == root) {
+          fill_bytes(bbuf[i], blens[i], (unsigned)(root * 3 + i + nb));
+        } else {
+          memset(bbuf[i], 0xee, blens[i]);
+        }
+      }
+      CALL(k, hora__broadcast(c, nb == 3 ? bl : &bl[1], nb, bytes, root, &avg));
+      for (int i = nb == 3 ? 0 : 1; i < (nb == 3 ? 3 : 2); i++) {
+        EXPECT(k, bytes_are(bbuf[i], blens[i], (unsigned)(root * 3 + i + nb)),
+               "broadcast of %d tensors from %d: tensor %d is wrong", nb, root, i);
+      }
+    }
+  }
+
+  /* Allgather. */
+  fill_bytes(gsend, 777, (unsigned)me + 40);
+  memset(grecv, 0xee, (size_t)n * 777);
+  CALL(k, hora__allgather(c, gsend, 777, grecv));
+  for (int r = 0; r < n; r++) {
+    EXPECT(k, bytes_are(grecv + (size_t)r * 777, 777, (unsigned)r + 40),
+           "allgather: rank %d's block is wrong", r);
+  }
+  EXPECT(k, ph.begun == ph.ended && ph.begun >= 3 + 2 * n, "phases: %d begun, %d ended", ph.begun,
+         ph.ended);
+out:
+  for (int i = 0; i < 3; i++) {
+    free(in[i]);
+    free(bbuf[i]);
+  }
+  for (int i = 0; i < 2; i++) {
+    free(outs[i]);
+  }
+  free(all);
+  free(want);
+  free(ibuf);
+  free(iwant);
+  free(gsend);
+  free(grecv);
+}
+
+TEST(host_collectives_fuse_scale_and_average_over_rings) {
+  run_rings(body_dispatch);
+}
+
+/* ---- a link that breaks in the middle ------------------------------------ */
+
+static void body_broken(struct sim_rank *k) {
+  const size_t count = 1u << 18; /* 1 MiB: far from done when the link breaks */
+  float *buf = malloc(count * sizeof(float));
+  if (!buf) {
+    k->rc = HORA_ERR_NO_MEMORY;
+    close_ends(k);
+    return;
+  }
+  for (size_t i = 0; i < count; i++) {
+    buf[i] = 1.0f;
+  }
+  /* Rank 0 joins only after the break, so that the ring cannot finish
+   * before it (with unbounded pieces it might, in a few milliseconds). */
+  for (int waited = 0; k->comm.rank == 0 && !atomic_load(&k->job->broken); waited++) {
+    if (waited == 10000) {
+      note(k, __LINE__, "the link did not break within 10 s");
+      break;
+    }
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  k->rc = hora__ring_allreduce(&k->comm, &k->comm.world_ring, buf, buf, count, HORA_FLOAT32,
+                               HORA_SUM, HORA_FLOAT32);
+  snprintf(k->msg, sizeof(k->msg), "%s", hora__error_message());
+  /* As the runtime does after a fatal error: it tells the job first (a
+   * while, during which the neighbours still drain the links this rank
+   * abandoned), then closes its connections, so that they see lost peers
+   * instead of waiting for it. */
+  struct timespec told = {0, 20000000};
+  nanosleep(&told, NULL);
+  close_ends(k);
+  free(buf);
+}
+
+/* Rank 2's link to its next breaks a few milliseconds into an allreduce
+ * (the others but rank 0 have moved data by then): every rank's call
+ * fails with a lost peer, none hangs. */
+TEST(ring_broken_link_fails_every_rank) {
+  static const struct {
+    int n;
+    size_t piece;
+  } cases[] = {{5, 13}, {3, 0}, {4, 4096}};
+  char why[1024];
+  for (size_t t = 0; t < HORA_ARRAY_SIZE(cases); t++) {
+    struct ring_job job;
+    int rc = job_start(&job, cases[t].n, cases[t].piece, 4096, 1 * MS);
+    job.break_rank = 2;
+    job.break_after = 5;
+    const char *bad = NULL;
+    if (rc != HORA_SUCCESS) {
+      snprintf(why, sizeof(why), "setting up a ring of %d: %s", cases[t].n, hora_strerror(rc));
+      bad = why;
+    } else {
+      bad = job_run(&job, body_broken, why, sizeof(why));
+    }
+    for (int r = 0; r < cases[t].n && !bad; r++) {
+      const struct sim_rank *k = &job.ranks[r];
+      if (k->rc != HORA_ERR_PEER_LOST || !strstr(k->msg, "lost rank")) {
+        snprintf(why, sizeof(why), "ring of %d (piece %zu): rank %d returned %s (%s)", cases[t].n,
+                 cases[t].piece, r, hora_strerror(k->rc), k->msg);
+        bad = why;
+      }
+    }
+    job_end(&job);
+    if (bad) {
+      FAIL("%.480s", bad);
+    }
+  }
+}
