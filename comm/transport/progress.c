@@ -121,6 +121,12 @@ int hora__progress_wait(hora__net *net) {
                ? 0
                : (int)HORA_MIN((net->service_due_ns - now + 999999) / 1000000, (uint64_t)1000);
     }
+    if (net->stall_ns) {
+      /* Wake in time to report a stall, with or without a service hook. */
+      uint64_t deadline = waiting_since + net->stall_ns;
+      int left = deadline <= now ? 0 : (int)HORA_MIN((deadline - now + 999999) / 1000000, (uint64_t)1000);
+      ms = HORA_MIN(ms, left + 1);
+    }
     int r = poll(fds, (nfds_t)n, ms);
     if (r < 0 && errno != EINTR) {
       return hora__error_errno(HORA_ERR_SYSTEM, "poll");

@@ -108,7 +108,7 @@ static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_by
     c->cross_size = n;
     c->world_ring.pos = r;
     c->world_ring.size = n;
-    c->algo_allreduce = c->algo_bcast = c->algo_allgather = HORA_ALGO_RING;
+    c->algo_allreduce = c->algo_bcast = c->algo_allgather = &hora__coll_ring;
   }
   for (int r = 0; r < n; r++) {
     int rc = hora__mock_pair(r, (r + 1) % n, piece, &job->ranks[r].comm.world_ring.next,
