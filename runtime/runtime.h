@@ -96,7 +96,7 @@ struct hora__runtime {
   atomic_flag fatal_claimed;
   struct hora__fate *fate; /* the same, for stream-ordered requests */
 
-  /* Coordinator-thread state (engine.c). */
+  /* Coordinator-thread state (engine.h). */
   struct hora__engine *engine;
 
   /* Counters for hora_get_stats: written by the coordinator, read by anyone. */
