@@ -119,6 +119,25 @@ int hora__runtime_fatal(struct hora__runtime *rt);
 void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
                                    const char *msg);
 
+/* init.c: the running runtime, counted as in use until hora__api_leave
+ * (which returns rc); NULL, with *rc set, when there is none. */
+struct hora__runtime *hora__api_running(int *rc, const char *call);
+int hora__api_leave(int rc);
+
+/* request.c: a caller's request, from allocation to its result. */
+struct hora_request *hora__request_new(uint8_t kind);
+void hora__request_free(struct hora_request *r);
+int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const char *name,
+                         hora_request **out);
+/* Until the coordinator has completed r. */
+void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r);
+/* The result of a completed request, which it frees (*req becomes NULL). */
+int hora__request_finish(hora_request **req);
+int hora__request_wait(struct hora__runtime *rt, hora_request **req);
+int hora__request_job_failed(const struct hora_request *r);
+/* Drops a reference to the fate, freeing it with the last. */
+void hora__fate_release(struct hora__fate *f);
+
 /* api.c: the collectives, with an optional caller's stream (a
  * cudaStream_t; NULL for none), for api_cuda.c. */
 int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
