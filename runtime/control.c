@@ -1,7 +1,7 @@
 /* The coordinator's control connections: the frames that come in (aborts,
- * requests for rank 0, response frames, cycle steps, stuck reports,
- * heartbeats), writes and their failures, heartbeats, the transport's
- * service hooks, refused connections, and rank 0 sending the responses. */
+ * requests for rank 0, response frames, cycle steps, stuck reports), the
+ * writes and their failures, heartbeats both ways, the transport's service
+ * hooks, refused connections, and rank 0 sending the responses. */
 #include <arpa/inet.h>
 #include <poll.h>
 #include <stdio.h>
