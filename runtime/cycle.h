@@ -1,6 +1,7 @@
-/* A partner's step of a negotiation cycle (engine.c), as it arrives: checked
- * against where this rank stands, then kept until the cycle gets to it.
- * Plain data and no sockets, so that it is unit-tested and fuzzed alone. */
+/* A partner's step of a negotiation cycle (cycle_steps.c), as it
+ * arrives: checked against where this rank stands, then kept until the
+ * cycle gets to it. Plain data and no sockets, so that it is unit-tested
+ * and fuzzed alone. */
 #ifndef HORA_CYCLE_H
 #define HORA_CYCLE_H
 

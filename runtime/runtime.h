@@ -96,7 +96,7 @@ struct hora__runtime {
   atomic_flag fatal_claimed;
   struct hora__fate *fate; /* the same, for stream-ordered requests */
 
-  /* Coordinator-thread state (engine.c). */
+  /* Coordinator-thread state (engine.h). */
   struct hora__engine *engine;
 
   /* Counters for hora_get_stats: written by the coordinator, read by anyone. */
@@ -118,6 +118,25 @@ int hora__runtime_fatal(struct hora__runtime *rt);
  * from the in-flight table and publishes the result. */
 void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
                                    const char *msg);
+
+/* init.c: the running runtime, counted as in use until hora__api_leave
+ * (which returns rc); NULL, with *rc set, when there is none. */
+struct hora__runtime *hora__api_running(int *rc, const char *call);
+int hora__api_leave(int rc);
+
+/* request.c: a caller's request, from allocation to its result. */
+struct hora_request *hora__request_new(uint8_t kind);
+void hora__request_free(struct hora_request *r);
+int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const char *name,
+                         hora_request **out);
+/* Until the coordinator has completed r. */
+void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r);
+/* The result of a completed request, which it frees (*req becomes NULL). */
+int hora__request_finish(hora_request **req);
+int hora__request_wait(struct hora__runtime *rt, hora_request **req);
+int hora__request_job_failed(const struct hora_request *r);
+/* Drops a reference to the fate, freeing it with the last. */
+void hora__fate_release(struct hora__fate *f);
 
 /* api.c: the collectives, with an optional caller's stream (a
  * cudaStream_t; NULL for none), for api_cuda.c. */

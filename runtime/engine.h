@@ -1,0 +1,137 @@
+/* The coordinator thread's state and the calls between the files it is
+ * made of: engine.c (the loop, start and stop, fatal errors), control.c
+ * (control connections), submit.c (taking and completing requests),
+ * execute.c (running a response), cycle_steps.c (the negotiation cycles)
+ * and stall.c (stall reports). Private to them: how negotiation works is
+ * at the top of engine.c. */
+#ifndef HORA_ENGINE_H
+#define HORA_ENGINE_H
+
+#include <poll.h>
+
+#include "runtime/cache.h"
+#include "runtime/cycle.h"
+#include "runtime/runtime.h"
+
+/* Cycle steps on the wire (cycle.h). */
+#define STEP_FOLD_IN HORA_STEP_FOLD_IN
+#define STEP_FOLD_OUT HORA_STEP_FOLD_OUT
+#define STEP_ASK HORA_STEP_ASK
+#define INBOX_STEPS HORA_INBOX_STEPS
+
+enum { CYCLE_IDLE, CYCLE_FOLD_IN, CYCLE_ROUNDS, CYCLE_RESULT, CYCLE_DONE };
+
+struct frame {
+  struct frame *next;
+  size_t len;
+  uint8_t data[];
+};
+
+struct hora__engine {
+  struct hora__runtime *rt;
+  hora__comm *comm;
+  struct hora__controller *ctl; /* rank 0 only */
+  struct hora__cache cache;     /* identical on every rank */
+  struct hora__response *todo, **todo_tail;
+  struct hora__wbuf wbuf;
+  bool stop;
+  bool abort_from_root; /* the fatal error came in an abort from rank 0 */
+  uint64_t next_stall_ns;
+  uint64_t send_at_ns; /* rank 0: when held-back responses must go */
+  /* A joined rank's stand-in buffers for allreduces it did not submit. */
+  void *zeros, *junk;
+  size_t zeros_bytes, junk_bytes;
+  struct hora__iov *iov_in, *iov_out; /* one entry per tensor of a response */
+  uint32_t iov_cap;
+  const struct hora__response *current; /* being executed, for on_phase */
+  uint64_t phase_ns, copy_ns;
+  bool phase_is_copy;
+  struct hora_request **reqs;
+  size_t reqs_cap;
+  /* Cycles (see the top of engine.c). */
+  struct hora__cycle_partners partners;
+  struct hora_request **waiting; /* [cache capacity]: our request on each slot */
+  uint32_t nwaiting;
+  uint64_t new_hits;     /* requests that went into `waiting` since we last took part */
+  uint8_t *evict_wish;   /* [bitmap]: slots we want emptied */
+  bool evict_wanted;
+  uint64_t next_wait_scan_ns; /* when to look for requests waiting too long */
+  uint64_t cycle_started_ns;
+  bool stuck_reported;   /* told rank 0 that the cycle in progress waits too long */
+  /* rank 0: who reported which cycle stuck, since when, and one of its keys */
+  uint64_t *stuck_cycle, *stuck_since_ns;
+  char stuck_key[HORA_KEY_MAX + 1];
+  size_t stuck_key_len;
+  uint64_t next_stuck_ns, next_stuck_warn_ns;
+  uint64_t cycles;       /* cycles whose end has been applied */
+  int cycle_phase;       /* CYCLE_IDLE, or where the one in progress stands */
+  int cycle_round;
+  bool round_sent;
+  uint8_t *acc;          /* ready, submitted, evict: 3 x cycle_nbytes */
+  uint32_t cycle_nbytes;
+  uint64_t acc_frames;
+  uint8_t acc_flags;
+  bool our_joined_flag;  /* what we said in our last contribution */
+  /* We have taken our own JOIN request, and the cycles have not yet applied
+   * the response that ends the join. It decides whether we stand in, and
+   * changes only with the cycles (never with when this rank happens to run
+   * that response), so every rank agrees on who stands in for which cycle. */
+  bool join_pending;
+  bool others_joined;    /* what the last cycle said */
+  struct hora__cycle_inbox *inbox; /* [2 * INBOX_STEPS]: by cycle parity and step */
+  /* Response frames, applied at the end of the cycle that counts them. */
+  struct frame *frames_head, **frames_tail;
+  uint64_t frames_got;   /* received (rank 0: sent) */
+  uint64_t frames_applied;
+  uint64_t frames_told;  /* rank 0: the count in its last contribution */
+  bool shutdown_seen;    /* a frame holds SHUTDOWN: peers may close now */
+  uint64_t frames_in;  /* control frames handled so far */
+  bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
+  struct pollfd *pollfds; /* room for every control connection and a few more */
+  int npollfds;
+  uint64_t seen_seq;   /* rt->submit_seq when the queue was last taken */
+  struct hora__gpu *gpu; /* device data plane, set up by the first device op */
+  void **ready, **done;  /* per tensor of a device response */
+  uint32_t events_cap;
+  bool setup_done;       /* HORA_GPU_INIT=eager: hora_init may go on (under rt->mu) */
+};
+
+/* control.c: control connections in and out */
+int hora__engine_read_ctrl(struct hora__engine *e, hora__ctrl *c);
+int hora__engine_ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
+                           size_t n);
+int hora__engine_service(void *arg);
+int hora__engine_service_pollfds(void *arg, struct pollfd *fds, int max);
+void hora__engine_refuse_connections(struct hora__engine *e, int lfd);
+int hora__engine_distribute(struct hora__engine *e);
+
+/* submit.c: submissions, and our requests by key */
+int hora__engine_grow_reqs(struct hora__engine *e, size_t n);
+int hora__engine_send_full(struct hora__engine *e, struct hora_request *const *list, size_t n);
+void hora__engine_wish_evicted(struct hora__engine *e, int32_t slot);
+int hora__engine_take_submissions(struct hora__engine *e, bool *busy);
+struct hora_request *hora__engine_lookup(struct hora__engine *e, const struct hora__resp_tensor *t);
+void hora__engine_complete(struct hora__engine *e, struct hora_request **reqs, size_t n, int status,
+                           const char *msg);
+void hora__engine_fail_by_key(struct hora__engine *e, const struct hora__resp_tensor *t, int status,
+                              const char *msg);
+void hora__engine_fail_mismatched(struct hora__engine *e, struct hora_request *q, const char *msg);
+void hora__engine_retire_placeholder(struct hora__engine *e, struct hora_request *p);
+
+/* execute.c: one response, run */
+int hora__engine_execute(struct hora__engine *e, const struct hora__response *r);
+
+/* cycle_steps.c: the negotiation cycles */
+int hora__engine_lost_partner(struct hora__engine *e, int peer);
+int hora__engine_cycle_advance(struct hora__engine *e, bool *progressed);
+int hora__engine_cycle_end(struct hora__engine *e, bool *progressed);
+
+/* stall.c: stall reports */
+void hora__engine_scan_waiting(struct hora__engine *e);
+uint64_t hora__engine_stall_half_ns(void);
+int hora__engine_report_stuck(struct hora__engine *e);
+void hora__engine_record_stuck(struct hora__engine *e, int from, uint64_t cycle, uint32_t waited_ms,
+                               const char *key, size_t key_len);
+int hora__engine_check_stuck(struct hora__engine *e);
+
+#endif

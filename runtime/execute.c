@@ -1,0 +1,429 @@
+/* Running a response: its tensors' requests (or a joined rank's stand-ins),
+ * the collective on host or device buffers, HORA_VERIFY, the statistics,
+ * and the responses that are not collectives (barrier, error, join,
+ * shutdown). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "comm/coll/collectives.h"
+#include "comm/gpu/gpu.h"
+#include "base/log.h"
+#include "base/params.h"
+#include "runtime/engine.h"
+#include "runtime/timeline.h"
+#include "runtime/verify.h"
+
+/* ---- execution -------------------------------------------------------------- */
+
+static int missing_tensor(struct hora__engine *e, const struct hora__response *r,
+                          const struct hora__resp_tensor *t) {
+  char name[300];
+  return hora__error(HORA_ERR_PROTOCOL, "rank 0 scheduled %s %s, which this rank never submitted",
+                     hora__kind_name(r->kind), hora__key_display(t->key, t->key_len, name, sizeof(name)));
+}
+
+static int ensure_buffer(void **buf, size_t *have, size_t need, bool zero) {
+  if (*have >= need) {
+    return HORA_SUCCESS;
+  }
+  void *p = hora__aligned_alloc(64, need);
+  if (!p) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  if (zero) {
+    memset(p, 0, need);
+  }
+  free(*buf);
+  *buf = p;
+  *have = need;
+  return HORA_SUCCESS;
+}
+
+static void timeline_all(const struct hora__response *r, const char *phase) {
+  if (!hora__timeline_enabled()) {
+    return;
+  }
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    if (phase) {
+      hora__timeline_begin(r->tensors[i].key, r->tensors[i].key_len, phase);
+    } else {
+      hora__timeline_end(r->tensors[i].key, r->tensors[i].key_len);
+    }
+  }
+}
+
+static hora_dtype wire_dtype(const struct hora__response *r) {
+  bool floating = r->dtype == HORA_FLOAT32 || r->dtype == HORA_FLOAT64;
+  if (!floating || r->compression == HORA_COMPRESSION_NONE) {
+    return (hora_dtype)r->dtype;
+  }
+  return r->compression == HORA_COMPRESSION_FP16 ? HORA_FLOAT16 : HORA_BFLOAT16;
+}
+
+/* Whether request q asked for what tensor i of response r runs; if not,
+ * says how they differ ("allreduce 'x': rank 1 submitted 10 elements, the
+ * response it ran under has 20"), in the order rank 0's mismatch messages
+ * use. */
+static bool request_matches(const struct hora__response *r, uint32_t i, int rank,
+                            const struct hora_request *q, char *msg, size_t size) {
+  struct hora__op_meta m;
+  const struct hora__op_meta *f = &q->meta;
+  hora__response_meta(r, i, &m);
+  char name[300], what[360];
+  hora__key_display(q->key, q->key_len, name, sizeof(name));
+  snprintf(what, sizeof(what), "%s %s: rank %d submitted", hora__kind_name(f->kind), name, rank);
+  const char *ran = "the response it ran under";
+  bool allreduce = m.kind == HORA_KIND_ALLREDUCE;
+  if (f->kind != m.kind) {
+    snprintf(msg, size, "%s it, %s is a %s", what, ran, hora__kind_name(m.kind));
+  } else if (f->device != m.device) {
+    snprintf(msg, size, "%s %s memory, %s is for %s memory", what, f->device ? "GPU" : "host",
+             ran, m.device ? "GPU" : "host");
+  } else if (f->dtype != m.dtype) {
+    snprintf(msg, size, "%s %s, %s has %s", what, hora_dtype_name(f->dtype), ran,
+             hora_dtype_name(m.dtype));
+  } else if (f->count != m.count) {
+    snprintf(msg, size, "%s %llu elements, %s has %llu", what, (unsigned long long)f->count, ran,
+             (unsigned long long)m.count);
+  } else if (f->shape != m.shape) {
+    char shape[400];
+    snprintf(msg, size, "%s %s, %s has %s", what, hora__shape_format(&q->shape, shape, sizeof(shape)),
+             ran, m.shape ? "another shape" : "none");
+  } else if (m.kind == HORA_KIND_BROADCAST && f->root != m.root) {
+    snprintf(msg, size, "%s root %d, %s has root %d", what, f->root, ran, m.root);
+  } else if (allreduce && f->op != m.op) {
+    snprintf(msg, size, "%s %s, %s has %s", what, hora_op_name(f->op), ran, hora_op_name(m.op));
+  } else if (allreduce && f->compression != m.compression) {
+    snprintf(msg, size, "%s compression %u, %s has %u", what, f->compression, ran, m.compression);
+  } else if (allreduce && (f->prescale != m.prescale || f->postscale != m.postscale)) {
+    snprintf(msg, size, "%s prescale %g and postscale %g, %s has %g and %g", what, f->prescale,
+             f->postscale, ran, m.prescale, m.postscale);
+  } else {
+    return true;
+  }
+  return false;
+}
+
+/* Looks up the local request of every tensor; a joined rank may lack some.
+ * A request that asked for something else than the response runs (a
+ * joined rank's other thread submitting a name it stands in for, with its
+ * own count) fails with HORA_ERR_MISMATCH, and this rank stands in for it
+ * with zeros like a joined rank: sized from its request, the collective
+ * would run past the caller's buffers. The others' allreduce goes on. */
+static int gather_requests(struct hora__engine *e, const struct hora__response *r, bool *joined) {
+  HORA_CHECK(hora__engine_grow_reqs(e, r->ntensors));
+  pthread_mutex_lock(&e->rt->mu);
+  *joined = e->rt->joined;
+  pthread_mutex_unlock(&e->rt->mu);
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    struct hora_request *q = hora__engine_lookup(e, &r->tensors[i]);
+    char msg[700];
+    bool retired = q && q->placeholder;
+    if (retired) {
+      hora__engine_retire_placeholder(e, q);
+      q = NULL;
+    }
+    if (q && !request_matches(r, i, e->rt->rank, q, msg, sizeof(msg))) {
+      bool stand_in = r->kind == HORA_KIND_ALLREDUCE;
+      HORA_WARN("%s%s", msg, stand_in ? "; it fails, and this rank adds zeros to the others'" : "");
+      hora__engine_fail_mismatched(e, q, msg);
+      if (!stand_in) {
+        /* Ranks agree on what a broadcast or an allgather moves before it
+         * is scheduled, so rank 0 and this rank no longer do. */
+        return hora__error(HORA_ERR_PROTOCOL, "rank 0 scheduled a response this rank cannot "
+                           "take part in: %s", msg);
+      }
+      e->reqs[i] = NULL;
+      continue;
+    }
+    e->reqs[i] = q;
+    if (!q && !((*joined || retired) && r->kind == HORA_KIND_ALLREDUCE)) {
+      return missing_tensor(e, r, &r->tensors[i]);
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+static void account(struct hora__engine *e, const struct hora__response *r, uint64_t start_ns,
+                    uint64_t comm_ns) {
+  struct hora__runtime *rt = e->rt;
+  size_t esize = hora_dtype_size((hora_dtype)r->dtype);
+  uint64_t bytes = 0, negotiate = 0;
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    bytes += r->tensors[i].count * esize;
+    if (e->reqs[i] && start_ns > e->reqs[i]->submit_ns) {
+      negotiate += start_ns - e->reqs[i]->submit_ns;
+    }
+  }
+  atomic_uint_fast64_t *kind = r->kind == HORA_KIND_ALLREDUCE   ? &rt->stats.allreduces
+                               : r->kind == HORA_KIND_BROADCAST ? &rt->stats.broadcasts
+                                                                : &rt->stats.allgathers;
+  atomic_fetch_add(kind, r->ntensors);
+  atomic_fetch_add(&rt->stats.bytes, bytes);
+  atomic_fetch_add(&rt->stats.negotiate_ns, negotiate);
+  atomic_fetch_add(&rt->stats.communicate_ns, comm_ns - HORA_MIN(comm_ns, e->copy_ns));
+  atomic_fetch_add(&rt->stats.copy_ns, e->copy_ns);
+  if (r->ntensors > 1) {
+    atomic_fetch_add(&rt->stats.fused_batches, 1);
+    atomic_fetch_add(&rt->stats.fused_tensors, r->ntensors);
+  }
+}
+
+/* The algorithms report their phases: timeline rows, and the copy time. */
+static void on_phase(void *arg, const char *name) {
+  struct hora__engine *e = arg;
+  if (name) {
+    e->phase_ns = hora__now_ns();
+    e->phase_is_copy = strncmp(name, "MEMCPY", 6) == 0;
+  } else if (e->phase_is_copy) {
+    e->copy_ns += hora__now_ns() - e->phase_ns;
+    e->phase_is_copy = false;
+  }
+  timeline_all(e->current, name);
+}
+
+static int grow_iovs(struct hora__engine *e, uint32_t n) {
+  if (n <= e->iov_cap) {
+    return HORA_SUCCESS;
+  }
+  struct hora__iov *in = hora__realloc(e->iov_in, n * sizeof(*in));
+  if (!in) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  e->iov_in = in;
+  struct hora__iov *out = hora__realloc(e->iov_out, n * sizeof(*out));
+  if (!out) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  e->iov_out = out;
+  e->iov_cap = n;
+  return HORA_SUCCESS;
+}
+
+/* HORA_VERIFY: every rank checks that it holds the same result bits. */
+static int verify(struct hora__engine *e, const struct hora__response *r, size_t bytes) {
+  const struct hora__iov *out = e->iov_out;
+  int n = (int)r->ntensors;
+  struct hora__iov gathered;
+  if (r->kind == HORA_KIND_ALLGATHER) {
+    gathered = (struct hora__iov){e->reqs[0]->recvbuf, bytes * (size_t)e->comm->size};
+    out = &gathered;
+    n = 1;
+  }
+  if (hora__params.VERIFY_CORRUPT_RANK == e->rt->rank) {
+    for (int i = 0; i < n; i++) {
+      if (out[i].len) {
+        ((uint8_t *)out[i].base)[out[i].len / 2] ^= 0x10;
+        break;
+      }
+    }
+  }
+  char name[160], what[256];
+  hora__key_display(r->tensors[0].key, r->tensors[0].key_len, name, sizeof(name));
+  if (r->ntensors > 1) {
+    snprintf(what, sizeof(what), "%s %s (fused with %u more)", hora__kind_name(r->kind), name,
+             r->ntensors - 1);
+  } else {
+    snprintf(what, sizeof(what), "%s %s", hora__kind_name(r->kind), name);
+  }
+  on_phase(e, "VERIFY");
+  int rc = hora__verify_result(e->comm, out, n, what);
+  on_phase(e, NULL);
+  return rc;
+}
+
+/* Device buffers: the device data plane, on the runtime's stream. A
+ * joined rank's stand-ins are device memory there (NULL entries here). */
+static int run_on_device(struct hora__engine *e, const struct hora__response *r, size_t total,
+                         size_t bytes, const struct hora__coll_opts *opts) {
+  hora__comm *c = e->comm;
+  if (e->events_cap < r->ntensors) {
+    void **ready = realloc(e->ready, r->ntensors * sizeof(void *));
+    void **done = ready ? realloc(e->done, r->ntensors * sizeof(void *)) : NULL;
+    if (ready) {
+      e->ready = ready;
+    }
+    if (!ready || !done) {
+      return hora__error(HORA_ERR_NO_MEMORY, "event lists of %u tensors", r->ntensors);
+    }
+    e->done = done;
+    e->events_cap = r->ntensors;
+  }
+  bool wait = false;
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    struct hora_request *q = e->reqs[i];
+    e->ready[i] = q ? q->ready_event : NULL;
+    e->done[i] = q ? q->done_event : NULL;
+    wait = wait || !q || !q->done_event;
+  }
+  if (r->kind == HORA_KIND_ALLGATHER) {
+    struct hora_request *q = e->reqs[0];
+    e->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
+    e->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
+  }
+  struct hora__gpu_op op = {
+      .kind = r->kind,
+      .in = e->iov_in,
+      .out = e->iov_out,
+      .n = (int)r->ntensors,
+      .count = total,
+      .dtype = (hora_dtype)r->dtype,
+      .op = (hora_op)r->op,
+      .root = r->root,
+      .opts = opts,
+      .ready = e->ready,
+      .done = e->done,
+      .wait = wait,
+  };
+  return hora__gpu_collective(c, &e->gpu, &op);
+}
+
+static int run_on_host(struct hora__engine *e, const struct hora__response *r, size_t total,
+                       size_t bytes, const struct hora__coll_opts *opts) {
+  hora__comm *c = e->comm;
+  int rc;
+  if (r->kind == HORA_KIND_ALLREDUCE) {
+    rc = hora__allreduce(c, e->iov_in, (int)r->ntensors, e->iov_out, (int)r->ntensors, total,
+                         (hora_dtype)r->dtype, (hora_op)r->op, wire_dtype(r), opts);
+  } else if (r->kind == HORA_KIND_BROADCAST) {
+    rc = hora__broadcast(c, e->iov_out, (int)r->ntensors, bytes, r->root, opts);
+  } else {
+    struct hora_request *q = e->reqs[0];
+    on_phase(e, "ALLGATHER");
+    rc = hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
+    on_phase(e, NULL);
+  }
+  if (rc == HORA_SUCCESS && hora__params.VERIFY) {
+    rc = verify(e, r, bytes);
+  }
+  return rc;
+}
+
+static int run_collective(struct hora__engine *e, const struct hora__response *r) {
+  hora__comm *c = e->comm;
+  size_t esize = hora_dtype_size((hora_dtype)r->dtype);
+  bool joined;
+  HORA_CHECK(gather_requests(e, r, &joined));
+  HORA_CHECK(grow_iovs(e, r->ntensors));
+  /* A joined rank stands in with zeros for what it did not submit, each
+   * tensor in its own place: the algorithm must see the same shape of
+   * buffers on every rank, and peers may read any of them. (The device
+   * data plane keeps its own stand-ins.) */
+  size_t missing = 0;
+  for (uint32_t i = 0; i < r->ntensors && !r->device; i++) {
+    if (!e->reqs[i]) {
+      missing += r->tensors[i].count * esize;
+    }
+  }
+  if (missing) {
+    HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, missing, true));
+    HORA_CHECK(ensure_buffer(&e->junk, &e->junk_bytes, missing, false));
+  }
+  size_t total = 0, bytes = 0, stand_in = 0;
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    size_t b = r->tensors[i].count * esize;
+    struct hora_request *q = e->reqs[i];
+    if (q) {
+      e->iov_in[i] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, b};
+      e->iov_out[i] = (struct hora__iov){q->recvbuf, b};
+    } else if (r->device) {
+      e->iov_in[i] = e->iov_out[i] = (struct hora__iov){NULL, b};
+    } else {
+      e->iov_in[i] = (struct hora__iov){(char *)e->zeros + stand_in, b};
+      e->iov_out[i] = (struct hora__iov){(char *)e->junk + stand_in, b};
+      stand_in += b;
+    }
+    total += r->tensors[i].count;
+    bytes += b;
+  }
+  struct hora__coll_opts opts = {
+      .prescale = r->prescale,
+      .divisor = r->op == HORA_AVERAGE ? c->size : 0,
+      .postscale = r->postscale,
+      .phase = on_phase,
+      .phase_arg = e,
+  };
+  e->current = r;
+  e->copy_ns = 0;
+  timeline_all(r, NULL); /* QUEUE ends */
+  uint64_t start = hora__now_ns();
+  int rc = r->device ? run_on_device(e, r, total, bytes, &opts)
+                     : run_on_host(e, r, total, bytes, &opts);
+  e->current = NULL;
+  HORA_CHECK(rc);
+  account(e, r, start, hora__now_ns() - start);
+  hora__engine_complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
+  return HORA_SUCCESS;
+}
+
+/* Barriers and unnamed operations are keyed by per-rank sequence numbers.
+ * A rank that had joined submits none, yet the others' run (stood in for)
+ * or fail (refused because of the join): it counts them too, so that after
+ * the join every rank's next number is the same. */
+static void keep_sequences_in_step(struct hora__engine *e, const struct hora__response *r) {
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    const struct hora__resp_tensor *t = &r->tensors[i];
+    if (t->key_len < 2 || (t->key[0] != HORA_KEY_BARRIER && t->key[0] != HORA_KEY_UNNAMED)) {
+      continue;
+    }
+    uint64_t n = 0;
+    for (uint16_t k = 1; k < t->key_len; k++) {
+      n = n * 10 + (uint64_t)(t->key[k] - '0');
+    }
+    struct hora__runtime *rt = e->rt;
+    pthread_mutex_lock(&rt->mu);
+    uint64_t *seq = t->key[0] == HORA_KEY_BARRIER ? &rt->barrier_seq : &rt->unnamed_seq;
+    if (*seq <= n) {
+      *seq = n + 1;
+    }
+    pthread_mutex_unlock(&rt->mu);
+  }
+}
+
+int hora__engine_execute(struct hora__engine *e, const struct hora__response *r) {
+  struct hora_request *q = NULL;
+  keep_sequences_in_step(e, r);
+  switch (r->kind) {
+    case HORA_KIND_ALLREDUCE:
+    case HORA_KIND_BROADCAST:
+    case HORA_KIND_ALLGATHER:
+      return run_collective(e, r);
+    case HORA_KIND_BARRIER:
+      q = hora__engine_lookup(e, &r->tensors[0]);
+      if (!q) {
+        return missing_tensor(e, r, &r->tensors[0]);
+      }
+      timeline_all(r, NULL);
+      hora__engine_complete(e, &q, 1, HORA_SUCCESS, NULL);
+      return HORA_SUCCESS;
+    case HORA_KIND_ERROR:
+      for (uint32_t i = 0; i < r->ntensors; i++) {
+        hora__engine_fail_by_key(e, &r->tensors[i], r->error_code,
+                                 r->error_msg ? r->error_msg : "");
+      }
+      return HORA_SUCCESS;
+    case HORA_KIND_JOIN: {
+      struct hora__resp_tensor t = {.key = (char[]){HORA_KEY_JOIN, 0}, .key_len = 1};
+      struct hora__runtime *rt = e->rt;
+      pthread_mutex_lock(&rt->mu);
+      struct hora_request *j = hora__table_get(&rt->inflight, t.key, t.key_len);
+      rt->joined = false;
+      if (j) {
+        j->last_joined = r->last_joined;
+        hora__request_complete_locked(rt, j, HORA_SUCCESS, NULL);
+        pthread_cond_broadcast(&rt->done_cv);
+      }
+      pthread_mutex_unlock(&rt->mu);
+      return HORA_SUCCESS;
+    }
+    case HORA_KIND_SHUTDOWN: {
+      struct hora__resp_tensor t = {.key = (char[]){HORA_KEY_SHUTDOWN, 0}, .key_len = 1};
+      struct hora_request *s = hora__engine_lookup(e, &t);
+      hora__engine_complete(e, &s, 1, HORA_SUCCESS, NULL);
+      e->stop = true;
+      return HORA_SUCCESS;
+    }
+    default:
+      return hora__error(HORA_ERR_PROTOCOL, "response of unknown kind %u", r->kind);
+  }
+}

@@ -1,0 +1,285 @@
+/* The runtime's life: hora_init (settings, MPI, the communicator, the
+ * coordinator), hora_finalize (every rank agrees that the job is over),
+ * hora_abort, the rank getters, and the count of the calls using the
+ * runtime, which hora_finalize waits out before it frees the runtime. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "base/log.h"
+#include "base/params.h"
+#include "runtime/cycle.h"
+#include "runtime/runtime.h"
+#include "runtime/timeline.h"
+
+/* The running runtime, or NULL. Published after it is fully set up. */
+static struct hora__runtime *_Atomic current;
+/* Serialises hora_init and hora_finalize. */
+static pthread_mutex_t lifecycle_mu = PTHREAD_MUTEX_INITIALIZER;
+/* hora_finalize finalized an MPI that hora_init had initialised: MPI cannot
+ * start again in this process. */
+static bool mpi_finalized_by_hora;
+
+/* Calls that are using the runtime right now. hora_finalize frees it only
+ * when none is left: threads its shutdown woke (waiters, a barrier) are
+ * still on their way out. Counted before `current` is read, so a call that
+ * sees the runtime is always counted. */
+static atomic_int api_users;
+
+/* The runtime, counted as in use until hora__api_leave(); NULL (and *rc
+ * set) if there is none. */
+struct hora__runtime *hora__api_running(int *rc, const char *call) {
+  atomic_fetch_add(&api_users, 1);
+  struct hora__runtime *rt = atomic_load(&current);
+  if (!rt) {
+    atomic_fetch_sub(&api_users, 1);
+    *rc = hora__error(HORA_ERR_INVALID_USAGE, "%s: hora_init has not been called%s", call,
+                      mpi_finalized_by_hora ? " (or hora_finalize has)" : "");
+  }
+  return rt;
+}
+
+int hora__api_leave(int rc) {
+  atomic_fetch_sub(&api_users, 1);
+  return rc;
+}
+
+/* ---- life cycle --------------------------------------------------------------- */
+
+static void runtime_free(struct hora__runtime *rt) {
+  if (!rt) {
+    return;
+  }
+  hora__engine_join(rt);
+  hora__comm_destroy(rt->comm);
+  hora__table_free(&rt->inflight);
+  if (rt->wake_fd >= 0) {
+    close(rt->wake_fd);
+  }
+  pthread_mutex_destroy(&rt->mu);
+  pthread_cond_destroy(&rt->done_cv);
+  hora__fate_release(rt->fate);
+  free(rt);
+}
+
+static void log_startup(const struct hora__runtime *rt) {
+  const hora__comm *c = rt->comm;
+  const struct hora__topology *t = &rt->topo;
+  HORA_INFO("host %s rank %d/%d local %d/%d host-index %d/%d: %d cores, %d PUs, %d NUMA node(s); "
+            "%s PUs %s (NUMA %s); transports: same host %s, other hosts %s; spin %d us",
+            hora__log_hostname(), c->rank, c->size, c->local_rank, c->local_size, c->cross_rank,
+            c->cross_size, t->cores, t->pus, t->numa_nodes, t->bound ? "bound to" : "not bound,",
+            t->cpus, t->numa, c->proc->local_transport, c->proc->remote_transport, c->net->spin_us);
+}
+
+static int init_locked(void) {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (finalized || mpi_finalized_by_hora) {
+    return hora__error(HORA_ERR_INVALID_USAGE,
+                       "hora_init: MPI has been finalized in this process (by %s), and MPI cannot "
+                       "start twice",
+                       mpi_finalized_by_hora ? "hora_finalize" : "the program");
+  }
+  /* Settings first: a bad value must not leave MPI half started. */
+  int prc = hora__params_load();
+  char perr[1024];
+  hora__strlcpy(perr, hora__error_message(), sizeof(perr));
+  if (prc == HORA_SUCCESS) {
+    prc = hora__log_open();
+    hora__strlcpy(perr, hora__error_message(), sizeof(perr));
+  }
+  bool owns_mpi = false;
+  if (!inited) {
+    int provided = 0;
+    int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (err != MPI_SUCCESS) {
+      return hora__mpi_error(err, "MPI_Init_thread");
+    }
+    owns_mpi = true;
+  }
+  /* Every rank learns whether any rank's settings were bad, so none is left
+   * waiting in the bootstrap for one that gave up. */
+  int worst = prc, err = MPI_Allreduce(&prc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int rc = HORA_SUCCESS;
+  if (err != MPI_SUCCESS) {
+    rc = hora__mpi_error(err, "MPI_Allreduce(settings check)");
+  } else if (prc != HORA_SUCCESS) {
+    rc = hora__error(prc, "%s", perr);
+  } else if (worst != HORA_SUCCESS) {
+    rc = hora__error(worst, "hora_init failed on another rank because of its HORA_* settings");
+  }
+  if (rc != HORA_SUCCESS) {
+    if (owns_mpi) {
+      MPI_Finalize();
+      mpi_finalized_by_hora = true;
+    }
+    return rc;
+  }
+
+  struct hora__runtime *rt = hora__calloc(1, sizeof(*rt));
+  if (!rt) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  rt->owns_mpi = owns_mpi;
+  rt->wake_fd = -1;
+  pthread_mutex_init(&rt->mu, NULL);
+  pthread_cond_init(&rt->done_cv, NULL);
+  rt->accepting = true;
+  rt->fate = hora__calloc(1, sizeof(*rt->fate));
+  if (!rt->fate) {
+    rc = HORA_ERR_NO_MEMORY;
+    goto fail;
+  }
+  atomic_init(&rt->fate->refs, 1);
+  rt->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (rt->wake_fd < 0) {
+    rc = hora__error_errno(HORA_ERR_SYSTEM, "eventfd");
+    goto fail;
+  }
+  HORA_CHECK_GOTO(hora__topology_probe(&rt->topo), rc, fail);
+  /* The control plane: the star around rank 0 (the bootstrap's own) and
+   * the cycles' partners. */
+  int world_rank = 0, world_size = 1, ctrl_peers[32], nctrl = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  struct hora__cycle_partners cp;
+  hora__cycle_partners(world_rank, world_size, &cp);
+  if (cp.fold >= 0) {
+    ctrl_peers[nctrl++] = cp.fold;
+  }
+  for (int i = 0; i < cp.nrounds; i++) {
+    ctrl_peers[nctrl++] = cp.round[i];
+  }
+  HORA_CHECK_GOTO(hora__comm_create(MPI_COMM_WORLD, ctrl_peers, nctrl, &rt->comm), rc, fail);
+  rt->rank = rt->comm->rank;
+  rt->size = rt->comm->size;
+  /* Spinning only pays when every local rank has a core of its own. */
+  rt->comm->net->spin_us = rt->comm->local_size <= rt->topo.pus ? (int)hora__params.SPIN_TIME_US : 0;
+  if (rt->rank == 0) {
+    hora__params_log();
+    if (hora__params.TIMELINE[0]) {
+      HORA_CHECK_GOTO(hora__timeline_open(hora__params.TIMELINE, hora__params.TIMELINE_MARK_CYCLES,
+                                          "HORA_TIMELINE"),
+                      rc, fail);
+    }
+  }
+  log_startup(rt);
+  HORA_CHECK_GOTO(hora__engine_start(rt), rc, fail);
+  atomic_store_explicit(&current, rt, memory_order_release);
+  return HORA_SUCCESS;
+fail:
+  runtime_free(rt);
+  hora__timeline_close();
+  if (owns_mpi) {
+    MPI_Finalize();
+    mpi_finalized_by_hora = true;
+  }
+  return rc;
+}
+
+HORA_EXTERN int hora_init(void) {
+  hora__error_clear();
+  pthread_mutex_lock(&lifecycle_mu);
+  int rc = atomic_load(&current) ? HORA_SUCCESS : init_locked();
+  pthread_mutex_unlock(&lifecycle_mu);
+  return rc;
+}
+
+HORA_EXTERN int hora_initialized(void) { return atomic_load(&current) != NULL; }
+
+HORA_EXTERN int hora_finalize(void) {
+  hora__error_clear();
+  pthread_mutex_lock(&lifecycle_mu);
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = hora__api_running(&rc, "hora_finalize");
+  if (!rt) {
+    pthread_mutex_unlock(&lifecycle_mu);
+    return rc;
+  }
+  /* Agree with every rank that the job is over, then stop. */
+  struct hora_request *r = hora__request_new(HORA_KIND_SHUTDOWN);
+  if (r) {
+    hora_request *q = NULL;
+    if (hora__request_submit(rt, r, NULL, &q) == HORA_SUCCESS) {
+      hora__request_wait(rt, &q);
+    }
+  }
+  atomic_store(&current, NULL);
+  hora__engine_join(rt);
+  hora__api_leave(HORA_SUCCESS);
+  while (atomic_load(&api_users) > 0) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  hora__timeline_close();
+  int fatal = atomic_load(&rt->fatal_code);
+  char msg[1024];
+  hora__strlcpy(msg, rt->fatal_msg, sizeof(msg));
+  bool owns_mpi = rt->owns_mpi;
+  runtime_free(rt);
+  if (owns_mpi) {
+    if (fatal == HORA_SUCCESS) {
+      MPI_Finalize();
+      mpi_finalized_by_hora = true;
+    } else {
+      /* A peer is gone: MPI_Finalize could wait for it forever. The
+       * process is expected to exit with an error now. */
+      HORA_WARN("hora_finalize: not finalizing MPI after a fatal error (%s)", hora_strerror(fatal));
+    }
+  }
+  hora__log_close();
+  pthread_mutex_unlock(&lifecycle_mu);
+  if (fatal != HORA_SUCCESS) {
+    return hora__error(fatal, "%s", msg);
+  }
+  return HORA_SUCCESS;
+}
+
+HORA_EXTERN int hora_abort(const char *reason) {
+  hora__error_clear();
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = hora__api_running(&rc, "hora_abort");
+  if (!rt) {
+    return rc;
+  }
+  char msg[1024];
+  snprintf(msg, sizeof(msg), "hora_abort called on rank %d: %s", rt->rank,
+           reason && reason[0] ? reason : "(no reason given)");
+  hora__runtime_set_fatal(rt, HORA_ERR_ABORTED, msg);
+  pthread_mutex_lock(&rt->mu);
+  rt->abort_asked = true;
+  hora__strlcpy(rt->abort_reason, reason ? reason : "", sizeof(rt->abort_reason));
+  atomic_fetch_add_explicit(&rt->submit_seq, 1, memory_order_release);
+  hora__engine_wake_locked(rt);
+  /* Wait (bounded) until the coordinator has told the job, so the news is
+   * out even if this process exits right away. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 5;
+  while (!rt->coordinator_exited) {
+    if (pthread_cond_timedwait(&rt->done_cv, &rt->mu, &until) != 0) {
+      break;
+    }
+  }
+  pthread_mutex_unlock(&rt->mu);
+  return hora__api_leave(HORA_SUCCESS);
+}
+
+#define RANK_GETTER(fn, field)                         \
+  HORA_EXTERN int fn(void) {                           \
+    atomic_fetch_add(&api_users, 1);                   \
+    struct hora__runtime *rt = atomic_load(&current);  \
+    return hora__api_leave(rt ? rt->comm->field : -1); \
+  }
+RANK_GETTER(hora_rank, rank)
+RANK_GETTER(hora_size, size)
+RANK_GETTER(hora_local_rank, local_rank)
+RANK_GETTER(hora_local_size, local_size)
+RANK_GETTER(hora_cross_rank, cross_rank)
+RANK_GETTER(hora_cross_size, cross_size)

@@ -1,0 +1,264 @@
+/* A caller's request from allocation to its result: naming and submission
+ * (the queue and the in-flight table), completion by the coordinator, the
+ * waits (a short spin, then the condition variable; a stream-ordered
+ * request's results polled on the GPU), and the job's fate, which such
+ * requests keep after hora_finalize. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "comm/gpu/gpu.h"
+#include "base/log.h"
+#include "runtime/runtime.h"
+
+void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg) {
+  if (atomic_flag_test_and_set(&rt->fatal_claimed)) {
+    return;
+  }
+  hora__strlcpy(rt->fatal_msg, msg && msg[0] ? msg : hora_strerror(code), sizeof(rt->fatal_msg));
+  if (rt->fate) {
+    hora__strlcpy(rt->fate->msg, rt->fatal_msg, sizeof(rt->fate->msg));
+    atomic_store_explicit(&rt->fate->code, code, memory_order_release);
+  }
+  atomic_store_explicit(&rt->fatal_code, code, memory_order_release);
+}
+
+void hora__fate_release(struct hora__fate *f) {
+  if (f && atomic_fetch_sub(&f->refs, 1) == 1) {
+    free(f);
+  }
+}
+
+int hora__runtime_fatal(struct hora__runtime *rt) {
+  int code = atomic_load_explicit(&rt->fatal_code, memory_order_acquire);
+  if (code != HORA_SUCCESS) {
+    hora__error_set_message(rt->fatal_msg);
+  }
+  return code;
+}
+
+void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
+                                   const char *msg) {
+  hora__table_remove(&rt->inflight, req->key, req->key_len);
+  req->status = status;
+  if (status != HORA_SUCCESS) {
+    req->error = strdup(msg && msg[0] ? msg : hora_strerror(status));
+  }
+  atomic_store_explicit(&req->done, 1, memory_order_release);
+}
+
+/* ---- requests -------------------------------------------------------------------- */
+
+struct hora_request *hora__request_new(uint8_t kind) {
+  struct hora_request *r = hora__calloc(1, sizeof(*r));
+  if (r) {
+    r->meta.kind = kind;
+    r->meta.root = -1;
+    r->meta.prescale = r->meta.postscale = 1.0;
+    r->shape.ndims = -1;
+    r->last_joined = -1;
+    r->sent_slot = -1;
+  }
+  return r;
+}
+
+void hora__request_free(struct hora_request *r) {
+  if (r) {
+    hora__gpu_event_destroy(r->ready_event);
+    hora__gpu_event_destroy(r->done_event);
+    hora__fate_release(r->fate);
+    free(r->error);
+    free(r);
+  }
+}
+
+/* Host or device memory: both buffers of an operation must agree. A
+ * caller's stream asks for device memory, and the runtime's stream will
+ * wait for the work already queued on it. */
+static int classify_memory(struct hora__runtime *rt, struct hora_request *r, const char *call) {
+  uint8_t k = r->meta.kind;
+  if (k != HORA_KIND_ALLREDUCE && k != HORA_KIND_BROADCAST && k != HORA_KIND_ALLGATHER) {
+    return HORA_SUCCESS;
+  }
+  bool send_dev = false, recv_dev = false;
+  HORA_CHECK(hora__gpu_is_device(r->sendbuf, &send_dev));
+  HORA_CHECK(hora__gpu_is_device(r->recvbuf, &recv_dev));
+  if (r->meta.count > 0 && send_dev != recv_dev) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: %s is device memory but %s is host memory", call,
+                       send_dev ? "sendbuf" : "recvbuf", send_dev ? "recvbuf" : "sendbuf");
+  }
+  r->meta.device = send_dev || recv_dev;
+  if (r->stream) {
+    if (!r->meta.device && r->meta.count > 0) {
+      return hora__error(HORA_ERR_INVALID_ARG,
+                         "%s: a stream is given, but the buffers are host memory", call);
+    }
+    r->fate = rt->fate;
+    atomic_fetch_add(&r->fate->refs, 1);
+    HORA_CHECK(hora__gpu_record_event(r->stream, &r->ready_event));
+    HORA_CHECK(hora__gpu_event_create(&r->done_event));
+  }
+  return HORA_SUCCESS;
+}
+
+/* Names the request, rejects a name already in flight, and hands the
+ * request to the coordinator. Takes ownership of r on every path. */
+int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const char *name,
+                         hora_request **out) {
+  int rc = HORA_SUCCESS;
+  char shown[300];
+  r->submit_ns = hora__now_ns();
+  rc = classify_memory(rt, r, hora__kind_name(r->meta.kind));
+  if (rc != HORA_SUCCESS) {
+    hora__request_free(r);
+    return rc;
+  }
+  pthread_mutex_lock(&rt->mu);
+  if (!rt->accepting || atomic_load(&rt->fatal_code) != HORA_SUCCESS) {
+    rc = hora__runtime_fatal(rt);
+    if (rc == HORA_SUCCESS) {
+      rc = hora__error(HORA_ERR_INVALID_USAGE, "the runtime is shutting down");
+    }
+    goto fail;
+  }
+  switch (r->meta.kind) {
+    case HORA_KIND_BARRIER:
+      r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c%llu", HORA_KEY_BARRIER,
+                                      (unsigned long long)rt->barrier_seq);
+      break;
+    case HORA_KIND_JOIN:
+      r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c", HORA_KEY_JOIN);
+      break;
+    case HORA_KIND_SHUTDOWN:
+      r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c", HORA_KEY_SHUTDOWN);
+      break;
+    default:
+      if (name) {
+        r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c%s", HORA_KEY_NAMED, name);
+      } else {
+        r->key_len = (uint16_t)snprintf(r->key, sizeof(r->key), "%c%llu", HORA_KEY_UNNAMED,
+                                        (unsigned long long)rt->unnamed_seq);
+      }
+      break;
+  }
+  if (hora__table_get(&rt->inflight, r->key, r->key_len)) {
+    rc = hora__error(HORA_ERR_INVALID_USAGE, "%s %s is already in flight on rank %d",
+                     hora__kind_name(r->meta.kind),
+                     hora__key_display(r->key, r->key_len, shown, sizeof(shown)), rt->rank);
+    goto fail;
+  }
+  if (rt->joined && r->meta.kind != HORA_KIND_ALLREDUCE && r->meta.kind != HORA_KIND_SHUTDOWN) {
+    rc = hora__error(HORA_ERR_INVALID_USAGE,
+                     "%s %s: rank %d has called hora_join; only allreduce can run until every "
+                     "rank has joined",
+                     hora__kind_name(r->meta.kind),
+                     hora__key_display(r->key, r->key_len, shown, sizeof(shown)), rt->rank);
+    goto fail;
+  }
+  rc = hora__table_put(&rt->inflight, r->key, r->key_len, r);
+  if (rc != HORA_SUCCESS) {
+    goto fail;
+  }
+  /* Sequence numbers advance only for operations that were accepted. */
+  if (r->meta.kind == HORA_KIND_BARRIER) {
+    rt->barrier_seq++;
+  } else if (r->key[0] == HORA_KEY_UNNAMED) {
+    rt->unnamed_seq++;
+  } else if (r->meta.kind == HORA_KIND_JOIN) {
+    rt->joined = true;
+  }
+  r->next = NULL;
+  if (rt->queue_tail) {
+    rt->queue_tail->next = r;
+  } else {
+    rt->queue_head = r;
+  }
+  rt->queue_tail = r;
+  atomic_fetch_add_explicit(&rt->submit_seq, 1, memory_order_release);
+  hora__engine_wake_locked(rt);
+  pthread_mutex_unlock(&rt->mu);
+  *out = r;
+  return HORA_SUCCESS;
+fail:
+  pthread_mutex_unlock(&rt->mu);
+  hora__request_free(r);
+  return rc;
+}
+
+/* The job's fatal error, once it has failed (and then sets the message). */
+int hora__request_job_failed(const struct hora_request *r) {
+  int code = atomic_load_explicit(&r->fate->code, memory_order_acquire);
+  if (code != HORA_SUCCESS) {
+    hora__error_set_message(r->fate->msg);
+  }
+  return code;
+}
+
+/* A stream-ordered request's results on the GPU. The host polls, sleeping
+ * (lengthening up to 100 us), instead of blocking in cudaEventSynchronize:
+ * after a lost peer NCCL's kernels may never end, and the job's failure
+ * (the coordinator watches NCCL's errors and the peers) must end the wait.
+ * Once the job has failed the results are not trusted even where the event
+ * has happened: aborting NCCL ends its kernels early, and the event then
+ * fires. */
+static int wait_results(struct hora_request *r) {
+  long sleep_ns = 2000;
+  for (;;) {
+    HORA_CHECK(hora__request_job_failed(r));
+    bool happened = false;
+    HORA_CHECK(hora__gpu_event_query(r->done_event, &happened));
+    if (happened) {
+      return HORA_SUCCESS;
+    }
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, NULL);
+    sleep_ns = sleep_ns < 100000 ? sleep_ns * 2 : 100000;
+  }
+}
+
+int hora__request_finish(hora_request **req) {
+  struct hora_request *r = *req;
+  int status = r->status;
+  /* A stream-ordered request completes once queued on the GPU; a plain
+   * wait also waits for its results. */
+  if (status == HORA_SUCCESS && r->done_event) {
+    status = wait_results(r);
+    if (status != HORA_SUCCESS) {
+      hora__request_free(r);
+      *req = NULL;
+      return status;
+    }
+  }
+  if (status != HORA_SUCCESS) {
+    hora__error_set_message(r->error);
+  }
+  hora__request_free(r);
+  *req = NULL;
+  return status;
+}
+
+/* Until the coordinator has completed r. */
+void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r) {
+  /* A short bounded poll catches fast completions without a sleep and a
+   * wake-up; oversubscribed hosts skip it (spin_us is 0 there). */
+  if (rt && rt->comm->net->spin_us > 0 && !atomic_load_explicit(&r->done, memory_order_acquire)) {
+    uint64_t until = hora__now_ns() + (uint64_t)rt->comm->net->spin_us * 1000;
+    while (!atomic_load_explicit(&r->done, memory_order_acquire) && hora__now_ns() < until) {
+      sched_yield();
+    }
+  }
+  if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    pthread_mutex_lock(&rt->mu);
+    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+      pthread_cond_wait(&rt->done_cv, &rt->mu);
+    }
+    pthread_mutex_unlock(&rt->mu);
+  }
+}
+
+int hora__request_wait(struct hora__runtime *rt, hora_request **req) {
+  hora__request_wait_done(rt, *req);
+  return hora__request_finish(req);
+}

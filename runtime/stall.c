@@ -1,0 +1,149 @@
+/* Stalls the cycles hide: cached requests waiting too long leave the
+ * cache, and a cycle some rank never joins is reported to rank 0, whose
+ * inspector names the ranks that never reported it. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/log.h"
+#include "base/params.h"
+#include "runtime/engine.h"
+
+/* Cached requests waiting half the stall time are emptied from the cache
+ * everywhere: they go to rank 0 in full, and its stall inspector names the
+ * ranks that never submitted them. */
+void hora__engine_scan_waiting(struct hora__engine *e) {
+  double check = hora__params.STALL_CHECK_TIME_SECONDS;
+  double shut = hora__params.STALL_SHUTDOWN_TIME_SECONDS;
+  double limit = check > 0 && (shut <= 0 || check < shut) ? check : shut;
+  uint64_t now = hora__now_ns();
+  if (limit <= 0 || e->nwaiting == 0) {
+    e->next_wait_scan_ns = UINT64_MAX;
+    return;
+  }
+  uint64_t half = (uint64_t)(limit * 0.5e9);
+  if (e->next_wait_scan_ns != UINT64_MAX && now < e->next_wait_scan_ns) {
+    return;
+  }
+  for (uint32_t s = 0; s < e->cache.capacity; s++) {
+    struct hora_request *q = e->waiting[s];
+    if (q && now - q->submit_ns >= half) {
+      hora__engine_wish_evicted(e, (int32_t)s);
+    }
+  }
+  e->next_wait_scan_ns = now + HORA_MAX(half / 4, (uint64_t)1000000);
+}
+
+/* Half of the shorter of the stall times, or 0 when both are off. */
+uint64_t hora__engine_stall_half_ns(void) {
+  double check = hora__params.STALL_CHECK_TIME_SECONDS;
+  double shut = hora__params.STALL_SHUTDOWN_TIME_SECONDS;
+  double limit = check > 0 && (shut <= 0 || check < shut) ? check : shut;
+  return limit > 0 ? (uint64_t)(limit * 0.5e9) : 0;
+}
+
+/* A cycle held up that long (a partner stopped answering, alive but stuck)
+ * is reported to rank 0, with one of the operations waiting on it: the
+ * ranks that never report it are the ones holding it up. */
+int hora__engine_report_stuck(struct hora__engine *e) {
+  uint64_t half = hora__engine_stall_half_ns();
+  if (!half || e->stuck_reported || e->cycle_phase == CYCLE_IDLE ||
+      e->cycle_phase == CYCLE_DONE) {
+    return HORA_SUCCESS;
+  }
+  uint64_t now = hora__now_ns();
+  if (now - e->cycle_started_ns < half) {
+    return HORA_SUCCESS;
+  }
+  e->stuck_reported = true;
+  const char *key = "";
+  size_t klen = 0;
+  for (uint32_t s = 0; s < e->cache.capacity && e->nwaiting; s++) {
+    if (e->waiting[s]) {
+      key = e->waiting[s]->key;
+      klen = e->waiting[s]->key_len;
+      break;
+    }
+  }
+  uint32_t waited = (uint32_t)HORA_MIN((now - e->cycle_started_ns) / 1000000u, UINT32_MAX);
+  if (e->ctl) {
+    hora__engine_record_stuck(e, 0, e->cycles + 1, waited, key, klen);
+    return HORA_SUCCESS;
+  }
+  hora__encode_stuck(&e->wbuf, e->cycles + 1, waited, key, klen);
+  return e->comm->proc->ctrl[0] ? hora__engine_ctrl_send(e, e->comm->proc->ctrl[0], HORA_MSG_STUCK,
+                                                         e->wbuf.data, e->wbuf.len)
+                                : HORA_SUCCESS;
+}
+
+/* Rank 0: rank `from` has waited `waited_ms` in cycle `cycle`. */
+void hora__engine_record_stuck(struct hora__engine *e, int from, uint64_t cycle, uint32_t waited_ms,
+                               const char *key, size_t key_len) {
+  uint64_t now = hora__now_ns(), waited = (uint64_t)waited_ms * 1000000u;
+  e->stuck_cycle[from] = cycle;
+  e->stuck_since_ns[from] = now > waited ? now - waited : 0;
+  if (key_len && !e->stuck_key_len) { /* one example is enough; cleared with the stall */
+    memcpy(e->stuck_key, key, key_len);
+    e->stuck_key_len = key_len;
+  }
+  e->next_stuck_ns = now; /* look at it in this turn of the loop */
+}
+
+/* Rank 0: the stall inspector for a cycle that some ranks never join. */
+int hora__engine_check_stuck(struct hora__engine *e) {
+  int size = e->comm->size;
+  bool any = false;
+  for (int r = 0; r < size && !any; r++) {
+    any = e->stuck_cycle[r] > e->cycles;
+  }
+  e->next_stuck_ns = UINT64_MAX;
+  if (!any) {
+    e->stuck_key_len = 0;
+    return HORA_SUCCESS;
+  }
+  uint64_t oldest = UINT64_MAX, now = hora__now_ns();
+  uint8_t *there = hora__malloc((size_t)size);
+  if (!there) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  /* A rank that reports any cycle still open here is alive and held up (a
+   * partner may have finished the older cycle and gone on to the next). */
+  for (int r = 0; r < size; r++) {
+    there[r] = e->stuck_cycle[r] > e->cycles;
+    if (there[r]) {
+      oldest = HORA_MIN(oldest, e->stuck_since_ns[r]);
+    }
+  }
+  char missing[256], what[340] = "operations";
+  hora__format_ranks(there, size, false, missing, sizeof(missing));
+  free(there);
+  if (e->stuck_key_len) {
+    char name[300];
+    hora__key_display(e->stuck_key, e->stuck_key_len, name, sizeof(name));
+    snprintf(what, sizeof(what), "operations such as %s", name);
+  }
+  double check = hora__params.STALL_CHECK_TIME_SECONDS;
+  double shut = hora__params.STALL_SHUTDOWN_TIME_SECONDS;
+  uint64_t age = now - oldest;
+  if (shut > 0 && age >= (uint64_t)(shut * 1e9)) {
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s stalled for %.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS): their "
+             "negotiation cycle waits for rank(s) %s, which stopped answering; shutting down",
+             what, (double)age * 1e-9, missing);
+    HORA_ERROR("%s", msg);
+    return hora__error(HORA_ERR_TIMEOUT, "%s", msg);
+  }
+  if (check > 0 && age >= (uint64_t)(check * 1e9) && now >= e->next_stuck_warn_ns) {
+    HORA_WARN("stall: %s have waited %.0f s (HORA_STALL_CHECK_TIME_SECONDS) in a negotiation "
+              "cycle that rank(s) %s never joined", what, (double)age * 1e-9, missing);
+    e->next_stuck_warn_ns = now + (uint64_t)(check * 1e9);
+  }
+  uint64_t due = UINT64_MAX;
+  if (check > 0) {
+    due = HORA_MAX(oldest + (uint64_t)(check * 1e9), e->next_stuck_warn_ns);
+  }
+  if (shut > 0) {
+    due = HORA_MIN(due, oldest + (uint64_t)(shut * 1e9));
+  }
+  e->next_stuck_ns = due;
+  return HORA_SUCCESS;
+}
