@@ -11,7 +11,6 @@
 #include "comm/gpu/gpu.h"
 #include "comm/shm/shm.h"
 #include "base/log.h"
-#include "base/mpi_error.h"
 #include "base/params.h"
 #include "runtime/runtime.h"
 #include "runtime/timeline.h"

@@ -11,6 +11,7 @@
 
 #include "comm/comm.h"
 #include "base/log.h"
+#include "base/mpi_error.h"
 #include "base/params.h"
 #include "runtime/cycle.h"
 #include "runtime/runtime.h"
