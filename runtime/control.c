@@ -31,23 +31,23 @@ static int on_abort_frame(struct hora__engine *e, int from, const uint8_t *p, si
 }
 
 struct submit_ctx {
-  struct hora__engine *e;
+  struct hora__set *set;
   int rank;
 };
 
 static int submit_cb(void *arg, const struct hora__wire_request *req) {
   struct submit_ctx *s = arg;
-  return hora__controller_submit(s->e->ctl, s->rank, req);
+  return hora__controller_submit(s->set->ctl, s->rank, req);
 }
 
 /* A partner's step of a cycle: checked, and kept in the inbox until the
  * cycle uses it. */
-static int on_cycle_frame(struct hora__engine *e, int from, const uint8_t *p, size_t n) {
-  uint32_t max_nbytes = (e->cache.capacity + 7) / 8;
-  return hora__cycle_accept(e->inbox, &e->partners, e->cycles, max_nbytes, from, p, n);
+static int on_cycle_frame(struct hora__set *set, int from, const uint8_t *p, size_t n) {
+  uint32_t max_nbytes = (set->cache.capacity + 7) / 8;
+  return hora__cycle_accept(set->inbox, &set->partners, set->cycles, max_nbytes, from, p, n);
 }
 
-static int queue_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
+static int queue_frame(struct hora__set *set, const uint8_t *p, size_t n) {
   struct frame *f = hora__malloc(sizeof(*f) + n);
   if (!f) {
     return HORA_ERR_NO_MEMORY;
@@ -55,16 +55,16 @@ static int queue_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
   f->next = NULL;
   f->len = n;
   memcpy(f->data, p, n);
-  *e->frames_tail = f;
-  e->frames_tail = &f->next;
-  e->frames_got++;
+  *set->frames_tail = f;
+  set->frames_tail = &f->next;
+  set->frames_got++;
   return HORA_SUCCESS;
 }
 
 /* Worker: a frame of responses from rank 0, kept until a cycle orders it.
  * Checked now (a malformed frame fails at once), and looked into for the
  * end of the job, after which peers may close their connections. */
-static int on_responses_frame(struct hora__engine *e, const uint8_t *p, size_t n) {
+static int on_responses_frame(struct hora__set *set, const uint8_t *p, size_t n) {
   struct hora__response *peek = NULL, **tail = &peek;
   if (hora__decode_responses(p, n, &tail, NULL) != HORA_SUCCESS) {
     return hora__error(HORA_ERR_PROTOCOL, "rank 0 sent a malformed response list: %s",
@@ -72,11 +72,11 @@ static int on_responses_frame(struct hora__engine *e, const uint8_t *p, size_t n
   }
   while (peek) {
     struct hora__response *nx = peek->next;
-    e->shutdown_seen |= peek->kind == HORA_KIND_SHUTDOWN;
+    set->shutdown_seen |= peek->kind == HORA_KIND_SHUTDOWN;
     hora__response_free(peek);
     peek = nx;
   }
-  return queue_frame(e, p, n);
+  return queue_frame(set, p, n);
 }
 
 /* After the job's end, or from a partner that is no longer needed (its
@@ -85,7 +85,7 @@ static int on_responses_frame(struct hora__engine *e, const uint8_t *p, size_t n
  * the partner fails then. */
 static bool may_close(const struct hora__engine *e, int peer) {
   bool partner_only = e->rt->rank != 0 && peer != 0;
-  return e->shutting_down || e->shutdown_seen || partner_only;
+  return e->shutting_down || e->world->shutdown_seen || partner_only;
 }
 
 /* One frame from `peer`. */
@@ -97,31 +97,31 @@ static int on_ctrl_frame(struct hora__engine *e, int peer, uint16_t type, const 
   if (type == HORA_MSG_ABORT) {
     return on_abort_frame(e, peer, p, n);
   }
-  if (type == HORA_MSG_REQUESTS && e->ctl) {
-    struct submit_ctx s = {e, peer};
+  if (type == HORA_MSG_REQUESTS && e->world->ctl) {
+    struct submit_ctx s = {e->world, peer};
     struct hora__request_sink sink = {submit_cb, &s};
     if (hora__decode_requests(p, n, &sink) != HORA_SUCCESS) {
       return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed request list: %s",
-                         hora__peer_name(e->comm->net, peer, name, sizeof(name)),
+                         hora__peer_name(&e->proc->net, peer, name, sizeof(name)),
                          hora__error_message());
     }
-  } else if (type == HORA_MSG_RESPONSES && !e->ctl && peer == 0) {
-    HORA_CHECK(on_responses_frame(e, p, n));
+  } else if (type == HORA_MSG_RESPONSES && !e->world->ctl && peer == 0) {
+    HORA_CHECK(on_responses_frame(e->world, p, n));
   } else if (type == HORA_MSG_CYCLE) {
-    HORA_CHECK(on_cycle_frame(e, peer, p, n));
-  } else if (type == HORA_MSG_STUCK && e->ctl) {
+    HORA_CHECK(on_cycle_frame(e->world, peer, p, n));
+  } else if (type == HORA_MSG_STUCK && e->world->ctl) {
     uint64_t cyc;
     uint32_t waited;
     const char *key;
     size_t klen;
     if (hora__decode_stuck(p, n, &cyc, &waited, &key, &klen) != HORA_SUCCESS) {
       return hora__error(HORA_ERR_PROTOCOL, "%s sent a malformed stuck-cycle message",
-                         hora__peer_name(e->comm->net, peer, name, sizeof(name)));
+                         hora__peer_name(&e->proc->net, peer, name, sizeof(name)));
     }
-    hora__engine_record_stuck(e, peer, cyc, waited, key, klen);
+    hora__engine_record_stuck(e->world, peer, cyc, waited, key, klen);
   } else if (type != HORA_MSG_HEARTBEAT) { /* a heartbeat's arriving was the point */
     return hora__error(HORA_ERR_PROTOCOL, "%s sent an unexpected control message (type %u)",
-                       hora__peer_name(e->comm->net, peer, name, sizeof(name)), type);
+                       hora__peer_name(&e->proc->net, peer, name, sizeof(name)), type);
   }
   return HORA_SUCCESS;
 }
@@ -160,11 +160,11 @@ int hora__engine_read_ctrl(struct hora__engine *e, hora__ctrl *c) {
     HORA_DEBUG("control: connection to rank %d closed", peer);
     if (may_close(e, peer)) {
       hora__ctrl_free(c);
-      e->comm->proc->ctrl[peer] = NULL;
+      e->proc->ctrl[peer] = NULL;
       return HORA_SUCCESS;
     }
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
-                       hora__peer_name(e->comm->net, peer, name, sizeof(name)));
+                       hora__peer_name(&e->proc->net, peer, name, sizeof(name)));
   }
   return rc;
 }
@@ -188,19 +188,19 @@ static int explain_write_failure(struct hora__engine *e, hora__ctrl *c, int rc) 
    * needed: the write did not matter. hora__engine_read_ctrl may have
    * closed (and freed) the connection already; it sees the EOF only after
    * the last frames. */
-  if (!e->comm->proc->ctrl[peer]) {
+  if (!e->proc->ctrl[peer]) {
     return HORA_SUCCESS;
   }
   if (may_close(e, peer)) {
     HORA_DEBUG("control: connection to rank %d closed", peer);
     hora__ctrl_free(c);
-    e->comm->proc->ctrl[peer] = NULL;
+    e->proc->ctrl[peer] = NULL;
     return HORA_SUCCESS;
   }
   /* Nothing left to read says more (what the peer sent before dying was
    * still queued): name it as lost, with its host and pid, all the same. */
   char name[160];
-  hora__peer_name(e->comm->net, peer, name, sizeof(name));
+  hora__peer_name(&e->proc->net, peer, name, sizeof(name));
   return hora__error(rc, "lost %s: %s", name, original);
 }
 
@@ -221,7 +221,7 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
   int peer = hora__ctrl_peer(c);
   if (now - hora__ctrl_last_out(c) >= limit / 4) {
     HORA_CHECK(hora__engine_ctrl_send(e, c, HORA_MSG_HEARTBEAT, NULL, 0));
-    if (!e->comm->proc->ctrl[peer]) {
+    if (!e->proc->ctrl[peer]) {
       return HORA_SUCCESS; /* closed (and freed) after the job's end */
     }
   }
@@ -229,7 +229,7 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
     char name[160];
     return hora__error(HORA_ERR_PEER_LOST,
                        "lost %s: nothing heard from it for %.1f s (HORA_PEER_TIMEOUT_SECONDS)",
-                       hora__peer_name(e->comm->net, hora__ctrl_peer(c), name, sizeof(name)),
+                       hora__peer_name(&e->proc->net, hora__ctrl_peer(c), name, sizeof(name)),
                        (double)(now - hora__ctrl_last_in(c)) * 1e-9);
   }
   return HORA_SUCCESS;
@@ -237,7 +237,7 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
 
 int hora__engine_service(void *arg) {
   struct hora__engine *e = arg;
-  hora__comm *c = e->comm;
+  hora__comm *c = e->world->comm;
   /* hora_abort while a collective waits on a peer: give up now, so the
    * engine tells the job instead of finishing (or hanging in) it first. */
   if (!e->shutting_down && hora__runtime_fatal(e->rt) != HORA_SUCCESS) {
@@ -245,7 +245,7 @@ int hora__engine_service(void *arg) {
   }
   /* Stream-ordered device requests complete once queued: NCCL's errors
    * are watched here, idle or not, so their waits end. */
-  HORA_CHECK(hora__gpu_check(e->gpu));
+  HORA_CHECK(hora__gpu_check(e->world->gpu));
   for (int r = 0; r < c->size; r++) {
     if (c->proc->ctrl[r]) {
       HORA_CHECK(hora__engine_read_ctrl(e, c->proc->ctrl[r]));
@@ -262,7 +262,7 @@ int hora__engine_service(void *arg) {
 
 int hora__engine_service_pollfds(void *arg, struct pollfd *fds, int max) {
   struct hora__engine *e = arg;
-  hora__comm *c = e->comm;
+  hora__comm *c = e->world->comm;
   int n = 0;
   for (int r = 0; r < c->size && n < max; r++) {
     if (c->proc->ctrl[r]) {
@@ -284,7 +284,7 @@ void hora__engine_refuse_connections(struct hora__engine *e, int lfd) {
       /* Out of descriptors, the connection would stay queued and wake
        * poll() at once, again and again: shed it. */
       len = sizeof(ss);
-      if (hora__accept_shed(lfd, &e->comm->proc->reserve_fd, &ss, &len) != 0) {
+      if (hora__accept_shed(lfd, &e->proc->reserve_fd, &ss, &len) != 0) {
         return;
       }
       fd = -2;
@@ -312,22 +312,22 @@ void hora__engine_refuse_connections(struct hora__engine *e, int lfd) {
 /* Rank 0: sends the ready responses, as one frame, when the fusion policy
  * says so; every rank (rank 0 too) applies it at the end of the cycle
  * that counts it. */
-int hora__engine_distribute(struct hora__engine *e) {
-  hora__comm *c = e->comm;
+int hora__engine_distribute(struct hora__set *set) {
+  hora__comm *c = set->comm;
   uint64_t wake;
-  e->send_at_ns = UINT64_MAX;
-  if (!hora__controller_should_send(e->ctl, hora__now_ns(),
+  set->send_at_ns = UINT64_MAX;
+  if (!hora__controller_should_send(set->ctl, hora__now_ns(),
                                     (uint64_t)(hora__params.CYCLE_TIME * 1e6),
                                     (uint64_t)hora__params.FUSION_THRESHOLD, &wake)) {
-    e->send_at_ns = wake;
+    set->send_at_ns = wake;
     return HORA_SUCCESS;
   }
   struct hora__response *head = NULL, **tail = &head;
-  HORA_CHECK(hora__controller_take(e->ctl, &tail, hora__params.FUSION_THRESHOLD));
+  HORA_CHECK(hora__controller_take(set->ctl, &tail, hora__params.FUSION_THRESHOLD));
   uint32_t n = 0;
   for (struct hora__response *r = head; r; r = r->next) {
     n++;
-    e->shutting_down |= r->kind == HORA_KIND_SHUTDOWN;
+    set->e->shutting_down |= r->kind == HORA_KIND_SHUTDOWN;
   }
   struct hora__response **v = hora__malloc((n ? n : 1) * sizeof(*v));
   int rc = v ? HORA_SUCCESS : HORA_ERR_NO_MEMORY;
@@ -336,7 +336,7 @@ int hora__engine_distribute(struct hora__engine *e) {
     v[n++] = r;
   }
   if (rc == HORA_SUCCESS) {
-    rc = hora__encode_responses(&e->wbuf, v, n);
+    rc = hora__encode_responses(&set->e->wbuf, v, n);
   }
   free(v);
   while (head) {
@@ -345,11 +345,11 @@ int hora__engine_distribute(struct hora__engine *e) {
     head = nx;
   }
   HORA_CHECK(rc);
-  HORA_CHECK(queue_frame(e, e->wbuf.data, e->wbuf.len));
+  HORA_CHECK(queue_frame(set, set->e->wbuf.data, set->e->wbuf.len));
   for (int r = 1; r < c->size; r++) {
     if (c->proc->ctrl[r]) {
-      HORA_CHECK(hora__engine_ctrl_send(e, c->proc->ctrl[r], HORA_MSG_RESPONSES, e->wbuf.data,
-                                        e->wbuf.len));
+      HORA_CHECK(hora__engine_ctrl_send(set->e, c->proc->ctrl[r], HORA_MSG_RESPONSES, set->e->wbuf.data,
+                                        set->e->wbuf.len));
     }
   }
   return HORA_SUCCESS;

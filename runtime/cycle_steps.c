@@ -13,166 +13,166 @@
 /* ---- cycles ------------------------------------------------------------------ */
 
 /* Where a partner's step of a cycle waits. */
-static struct hora__cycle_inbox *inbox_of(struct hora__engine *e, uint64_t cycle, int step) {
-  return hora__cycle_inbox_of(e->inbox, cycle, step);
+static struct hora__cycle_inbox *inbox_of(struct hora__set *set, uint64_t cycle, int step) {
+  return hora__cycle_inbox_of(set->inbox, cycle, step);
 }
 
 static bool bit_set(const uint8_t *v, uint32_t s) { return (v[s / 8] >> (s % 8)) & 1u; }
 
 /* Our part of the next cycle, against the cache as every rank has it. */
-static void contribute(struct hora__engine *e, bool joined) {
-  uint32_t used = e->cache.used, nb = (used + 7) / 8;
-  uint8_t *ready = e->acc, *submitted = ready + nb, *evict = submitted + nb;
-  memset(e->acc, 0, 3 * (size_t)nb);
+static void contribute(struct hora__set *set, bool joined) {
+  uint32_t used = set->cache.used, nb = (used + 7) / 8;
+  uint8_t *ready = set->acc, *submitted = ready + nb, *evict = submitted + nb;
+  memset(set->acc, 0, 3 * (size_t)nb);
   for (uint32_t s = 0; s < used; s++) {
     uint8_t b = (uint8_t)(1u << (s % 8));
-    if (e->waiting[s]) {
+    if (set->waiting[s]) {
       ready[s / 8] |= b;
       submitted[s / 8] |= b;
-    } else if (joined && e->cache.e[s].used && e->cache.e[s].meta.kind == HORA_KIND_ALLREDUCE) {
+    } else if (joined && set->cache.e[s].used && set->cache.e[s].meta.kind == HORA_KIND_ALLREDUCE) {
       ready[s / 8] |= b; /* stands in with zeros */
     }
   }
   if (nb) {
-    memcpy(evict, e->evict_wish, nb);
-    memset(e->evict_wish, 0, nb);
+    memcpy(evict, set->evict_wish, nb);
+    memset(set->evict_wish, 0, nb);
   }
-  e->evict_wanted = false;
-  e->cycle_nbytes = nb;
-  e->acc_frames = e->ctl ? e->frames_got : 0;
-  e->frames_told = e->acc_frames;
-  e->acc_flags = joined ? HORA_CYCLE_JOINED : 0;
-  e->our_joined_flag = joined;
-  hora__timeline_cycle(e->cycles + 1);
-  e->new_hits = 0;
-  e->cycle_started_ns = hora__now_ns();
-  e->stuck_reported = false;
+  set->evict_wanted = false;
+  set->cycle_nbytes = nb;
+  set->acc_frames = set->ctl ? set->frames_got : 0;
+  set->frames_told = set->acc_frames;
+  set->acc_flags = joined ? HORA_CYCLE_JOINED : 0;
+  set->our_joined_flag = joined;
+  hora__timeline_cycle(set->cycles + 1);
+  set->new_hits = 0;
+  set->cycle_started_ns = hora__now_ns();
+  set->stuck_reported = false;
 }
 
 int hora__engine_lost_partner(struct hora__engine *e, int peer) {
   char name[160];
   return hora__error(HORA_ERR_PEER_LOST, "lost %s: its control connection closed",
-                     hora__peer_name(e->comm->net, peer, name, sizeof(name)));
+                     hora__peer_name(&e->proc->net, peer, name, sizeof(name)));
 }
 
-static int send_step(struct hora__engine *e, int peer, int step) {
-  hora__ctrl *c = e->comm->proc->ctrl[peer];
+static int send_step(struct hora__set *set, int peer, int step) {
+  hora__ctrl *c = set->comm->proc->ctrl[peer];
   if (!c) {
-    return e->shutdown_seen || e->shutting_down ? HORA_SUCCESS : hora__engine_lost_partner(e, peer);
+    return set->shutdown_seen || set->e->shutting_down ? HORA_SUCCESS : hora__engine_lost_partner(set->e, peer);
   }
   bool ask = step == STEP_ASK;
-  struct hora__cycle_msg m = {.cycle = e->cycles + 1,
+  struct hora__cycle_msg m = {.cycle = set->cycles + 1,
                               .step = (uint8_t)step,
-                              .flags = ask ? 0 : e->acc_flags,
-                              .frames = ask ? 0 : e->acc_frames,
-                              .nbytes = ask ? 0 : e->cycle_nbytes,
-                              .vec = e->acc};
-  hora__encode_cycle(&e->wbuf, &m);
-  if (e->wbuf.failed) {
+                              .flags = ask ? 0 : set->acc_flags,
+                              .frames = ask ? 0 : set->acc_frames,
+                              .nbytes = ask ? 0 : set->cycle_nbytes,
+                              .vec = set->acc};
+  hora__encode_cycle(&set->e->wbuf, &m);
+  if (set->e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding a cycle message");
   }
-  return hora__engine_ctrl_send(e, c, HORA_MSG_CYCLE, e->wbuf.data, e->wbuf.len);
+  return hora__engine_ctrl_send(set->e, c, HORA_MSG_CYCLE, set->e->wbuf.data, set->e->wbuf.len);
 }
 
 /* Folds a partner's step into ours (or, for the result, takes it), once
  * it has arrived. */
-static int take_step(struct hora__engine *e, int peer, int step, bool *got) {
-  struct hora__cycle_inbox *in = inbox_of(e, e->cycles + 1, step);
+static int take_step(struct hora__set *set, int peer, int step, bool *got) {
+  struct hora__cycle_inbox *in = inbox_of(set, set->cycles + 1, step);
   *got = in->has;
   if (!in->has) {
     /* Its connection closed with the step not there: it never comes. */
-    bool ended = e->shutdown_seen || e->shutting_down; /* it stopped after the job's end */
-    return !e->comm->proc->ctrl[peer] && !ended ? hora__engine_lost_partner(e, peer) : HORA_SUCCESS;
+    bool ended = set->shutdown_seen || set->e->shutting_down; /* it stopped after the job's end */
+    return !set->comm->proc->ctrl[peer] && !ended ? hora__engine_lost_partner(set->e, peer) : HORA_SUCCESS;
   }
-  uint32_t nb = e->cycle_nbytes;
+  uint32_t nb = set->cycle_nbytes;
   if (in->nbytes != nb) {
     return hora__error(HORA_ERR_PROTOCOL, "rank %d's response cache is out of step with this "
                        "rank's (%u against %u bytes of bits in cycle %llu)", peer, in->nbytes, nb,
-                       (unsigned long long)(e->cycles + 1));
+                       (unsigned long long)(set->cycles + 1));
   }
   in->has = false;
   if (step == STEP_FOLD_OUT) {
     if (nb) { /* without a cache the vectors are empty (and vec may be NULL) */
-      memcpy(e->acc, in->vec, 3 * (size_t)nb);
+      memcpy(set->acc, in->vec, 3 * (size_t)nb);
     }
-    e->acc_frames = in->frames;
-    e->acc_flags = in->flags;
+    set->acc_frames = in->frames;
+    set->acc_flags = in->flags;
     return HORA_SUCCESS;
   }
   for (uint32_t i = 0; i < nb; i++) {
-    e->acc[i] &= in->vec[i];
-    e->acc[nb + i] |= in->vec[nb + i];
-    e->acc[2 * nb + i] |= in->vec[2 * nb + i];
+    set->acc[i] &= in->vec[i];
+    set->acc[nb + i] |= in->vec[nb + i];
+    set->acc[2 * nb + i] |= in->vec[2 * nb + i];
   }
-  e->acc_frames = HORA_MAX(e->acc_frames, in->frames);
-  e->acc_flags |= in->flags;
+  set->acc_frames = HORA_MAX(set->acc_frames, in->frames);
+  set->acc_flags |= in->flags;
   return HORA_SUCCESS;
 }
 
 /* Starts the next cycle when there is a reason to, and moves the one in
  * progress on as far as the partners' steps that have arrived allow. */
-int hora__engine_cycle_advance(struct hora__engine *e, bool *progressed) {
-  const struct hora__cycle_partners *cp = &e->partners;
-  if (e->cycle_phase == CYCLE_IDLE) {
-    bool joined = e->join_pending, asked = false;
+int hora__engine_cycle_advance(struct hora__set *set, bool *progressed) {
+  const struct hora__cycle_partners *cp = &set->partners;
+  if (set->cycle_phase == CYCLE_IDLE) {
+    bool joined = set->join_pending, asked = false;
     for (int i = 0; i < INBOX_STEPS && !asked; i++) {
-      asked = inbox_of(e, e->cycles + 1, i)->has;
+      asked = inbox_of(set, set->cycles + 1, i)->has;
     }
-    if (!asked && !e->new_hits && !e->evict_wanted && joined == e->our_joined_flag &&
-        !(e->ctl && e->frames_got > e->frames_told)) {
+    if (!asked && !set->new_hits && !set->evict_wanted && joined == set->our_joined_flag &&
+        !(set->ctl && set->frames_got > set->frames_told)) {
       return HORA_SUCCESS;
     }
     HORA_TRACE("cycle %llu: starting (%s; %llu new cached requests)",
-               (unsigned long long)(e->cycles + 1), asked ? "asked" : "our own",
-               (unsigned long long)e->new_hits);
-    contribute(e, joined);
+               (unsigned long long)(set->cycles + 1), asked ? "asked" : "our own",
+               (unsigned long long)set->new_hits);
+    contribute(set, joined);
     *progressed = true;
-    e->cycle_round = 0;
-    e->round_sent = false;
-    e->cycle_phase = cp->folds_out ? CYCLE_RESULT : cp->fold >= 0 ? CYCLE_FOLD_IN : CYCLE_ROUNDS;
+    set->cycle_round = 0;
+    set->round_sent = false;
+    set->cycle_phase = cp->folds_out ? CYCLE_RESULT : cp->fold >= 0 ? CYCLE_FOLD_IN : CYCLE_ROUNDS;
     if (cp->folds_out) {
-      HORA_CHECK(send_step(e, cp->fold, STEP_FOLD_IN));
-    } else if (cp->fold >= 0 && !inbox_of(e, e->cycles + 1, STEP_FOLD_IN)->has) {
-      HORA_CHECK(send_step(e, cp->fold, STEP_ASK));
+      HORA_CHECK(send_step(set, cp->fold, STEP_FOLD_IN));
+    } else if (cp->fold >= 0 && !inbox_of(set, set->cycles + 1, STEP_FOLD_IN)->has) {
+      HORA_CHECK(send_step(set, cp->fold, STEP_ASK));
     }
   }
   for (;;) {
     bool got;
-    switch (e->cycle_phase) {
+    switch (set->cycle_phase) {
       case CYCLE_FOLD_IN:
-        HORA_CHECK(take_step(e, cp->fold, STEP_FOLD_IN, &got));
+        HORA_CHECK(take_step(set, cp->fold, STEP_FOLD_IN, &got));
         if (!got) {
           return HORA_SUCCESS;
         }
-        e->cycle_phase = CYCLE_ROUNDS;
+        set->cycle_phase = CYCLE_ROUNDS;
         *progressed = true;
         break;
       case CYCLE_ROUNDS:
-        if (e->cycle_round == cp->nrounds) {
+        if (set->cycle_round == cp->nrounds) {
           if (cp->fold >= 0) {
-            HORA_CHECK(send_step(e, cp->fold, STEP_FOLD_OUT));
+            HORA_CHECK(send_step(set, cp->fold, STEP_FOLD_OUT));
           }
-          e->cycle_phase = CYCLE_DONE;
+          set->cycle_phase = CYCLE_DONE;
           *progressed = true;
           return HORA_SUCCESS;
         }
-        if (!e->round_sent) {
-          HORA_CHECK(send_step(e, cp->round[e->cycle_round], 1 + e->cycle_round));
-          e->round_sent = true;
+        if (!set->round_sent) {
+          HORA_CHECK(send_step(set, cp->round[set->cycle_round], 1 + set->cycle_round));
+          set->round_sent = true;
           *progressed = true;
         }
-        HORA_CHECK(take_step(e, cp->round[e->cycle_round], 1 + e->cycle_round, &got));
+        HORA_CHECK(take_step(set, cp->round[set->cycle_round], 1 + set->cycle_round, &got));
         if (!got) {
           return HORA_SUCCESS;
         }
-        e->cycle_round++;
-        e->round_sent = false;
+        set->cycle_round++;
+        set->round_sent = false;
         *progressed = true;
         break;
       case CYCLE_RESULT:
-        HORA_CHECK(take_step(e, cp->fold, STEP_FOLD_OUT, &got));
+        HORA_CHECK(take_step(set, cp->fold, STEP_FOLD_OUT, &got));
         if (got) {
-          e->cycle_phase = CYCLE_DONE;
+          set->cycle_phase = CYCLE_DONE;
           *progressed = true;
         }
         return HORA_SUCCESS;
@@ -201,109 +201,109 @@ static void timeline_cached(const struct hora__response *r, int size) {
 /* Our waiting requests whose slot no longer holds them (emptied, or taken
  * by another key), or that may not wait while someone has joined, go to
  * rank 0 in full. */
-static int unwait_stale(struct hora__engine *e) {
+static int unwait_stale(struct hora__set *set) {
   size_t n = 0;
-  for (uint32_t s = 0; s < e->cache.capacity && e->nwaiting > n; s++) {
-    struct hora_request *q = e->waiting[s];
+  for (uint32_t s = 0; s < set->cache.capacity && set->nwaiting > n; s++) {
+    struct hora_request *q = set->waiting[s];
     if (!q) {
       continue;
     }
-    const struct hora__cache_entry *ce = hora__cache_entry(&e->cache, (int32_t)s);
+    const struct hora__cache_entry *ce = hora__cache_entry(&set->cache, (int32_t)s);
     bool ours = ce && ce->key_len == q->key_len && memcmp(ce->key, q->key, q->key_len) == 0;
     bool stale = !ours || !hora__meta_equal(&ce->meta, &q->meta) ||
-                 (e->others_joined && q->meta.kind != HORA_KIND_ALLREDUCE);
+                 (set->others_joined && q->meta.kind != HORA_KIND_ALLREDUCE);
     if (!stale) {
       n++;
       continue;
     }
     if (ours) {
-      hora__engine_wish_evicted(e,
+      hora__engine_wish_evicted(set,
                                 (int32_t)s); /* ranks that submit it later must not wait either */
     }
-    HORA_CHECK(hora__engine_grow_reqs(e, 1));
-    e->waiting[s] = NULL;
-    e->nwaiting--;
+    HORA_CHECK(hora__engine_grow_reqs(set, 1));
+    set->waiting[s] = NULL;
+    set->nwaiting--;
     q->sent_slot = -1;
-    HORA_CHECK(hora__engine_send_full(e, &q, 1));
+    HORA_CHECK(hora__engine_send_full(set, &q, 1));
   }
   return HORA_SUCCESS;
 }
 
 /* The end of a cycle, once rank 0's frames it counts have all arrived:
  * the same steps, in the same order, on every rank. */
-int hora__engine_cycle_end(struct hora__engine *e, bool *progressed) {
-  if (e->cycle_phase != CYCLE_DONE || e->frames_got < e->acc_frames) {
+int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
+  if (set->cycle_phase != CYCLE_DONE || set->frames_got < set->acc_frames) {
     return HORA_SUCCESS;
   }
-  uint32_t nb = e->cycle_nbytes;
-  const uint8_t *ready = e->acc, *submitted = ready + nb, *evict = submitted + nb;
+  uint32_t nb = set->cycle_nbytes;
+  const uint8_t *ready = set->acc, *submitted = ready + nb, *evict = submitted + nb;
   struct hora__response *head = NULL, **tail = &head;
   int rc = HORA_SUCCESS;
   for (uint32_t s = 0; s < nb * 8 && rc == HORA_SUCCESS; s++) {
     if (!bit_set(ready, s) || !bit_set(submitted, s)) {
       continue;
     }
-    const struct hora__cache_entry *ce = hora__cache_entry(&e->cache, (int32_t)s);
+    const struct hora__cache_entry *ce = hora__cache_entry(&set->cache, (int32_t)s);
     struct hora__response *r = ce ? hora__response_for(&ce->meta, ce->key, ce->key_len) : NULL;
     if (!r) {
       rc = ce ? HORA_ERR_NO_MEMORY
               : hora__error(HORA_ERR_PROTOCOL, "cycle %llu scheduled cache slot %u, which is "
                             "empty here: the ranks' caches are out of step",
-                            (unsigned long long)(e->cycles + 1), s);
+                            (unsigned long long)(set->cycles + 1), s);
       break;
     }
     *tail = r;
     tail = &r->next;
     int32_t noted;
     struct hora__op_meta m = ce->meta;
-    rc = hora__cache_note(&e->cache, r->tensors[0].key, r->tensors[0].key_len, &m, &noted);
-    if (e->waiting[s]) {
-      e->waiting[s] = NULL;
-      e->nwaiting--;
+    rc = hora__cache_note(&set->cache, r->tensors[0].key, r->tensors[0].key_len, &m, &noted);
+    if (set->waiting[s]) {
+      set->waiting[s] = NULL;
+      set->nwaiting--;
     }
-    timeline_cached(r, e->comm->size);
+    timeline_cached(r, set->comm->size);
   }
   if (rc == HORA_SUCCESS) {
     rc = hora__responses_fuse(head, &tail, hora__params.FUSION_THRESHOLD);
   }
   for (uint32_t s = 0; s < nb * 8 && rc == HORA_SUCCESS; s++) {
     if (bit_set(evict, s) && !(bit_set(ready, s) && bit_set(submitted, s))) {
-      hora__cache_forget(&e->cache, (int32_t)s);
+      hora__cache_forget(&set->cache, (int32_t)s);
     }
   }
-  while (rc == HORA_SUCCESS && e->frames_applied < e->acc_frames) {
-    struct frame *f = e->frames_head;
-    e->frames_head = f->next;
-    if (!e->frames_head) {
-      e->frames_tail = &e->frames_head;
+  while (rc == HORA_SUCCESS && set->frames_applied < set->acc_frames) {
+    struct frame *f = set->frames_head;
+    set->frames_head = f->next;
+    if (!set->frames_head) {
+      set->frames_tail = &set->frames_head;
     }
-    if (hora__decode_responses(f->data, f->len, &tail, &e->cache) != HORA_SUCCESS) {
+    if (hora__decode_responses(f->data, f->len, &tail, &set->cache) != HORA_SUCCESS) {
       rc = hora__error(HORA_ERR_PROTOCOL, "rank 0 sent a malformed response list: %s",
                        hora__error_message());
     }
     free(f);
-    e->frames_applied++;
+    set->frames_applied++;
   }
   bool join_done = false;
   for (struct hora__response *r = head; r; r = r->next) {
     join_done |= r->kind == HORA_KIND_JOIN;
   }
-  e->join_pending &= !join_done;
-  *e->todo_tail = head; /* queued even on failure, so they are freed */
+  set->join_pending &= !join_done;
+  *set->todo_tail = head; /* queued even on failure, so they are freed */
   if (head) {
-    e->todo_tail = tail;
+    set->todo_tail = tail;
   }
   HORA_CHECK(rc);
   /* An ask that crossed our own start is spent with the cycle. */
-  inbox_of(e, e->cycles + 1, STEP_ASK)->has = false;
-  e->cycles++;
-  HORA_TRACE("cycle %llu: done, frames %llu", (unsigned long long)e->cycles,
-             (unsigned long long)e->acc_frames);
-  atomic_fetch_add(&e->rt->stats.cycles, 1);
+  inbox_of(set, set->cycles + 1, STEP_ASK)->has = false;
+  set->cycles++;
+  HORA_TRACE("cycle %llu: done, frames %llu", (unsigned long long)set->cycles,
+             (unsigned long long)set->acc_frames);
+  atomic_fetch_add(&set->e->rt->stats.cycles, 1);
   /* The all-joined response ends every rank's join: from this cycle on no
    * one stands in, on every rank alike. */
-  e->others_joined = (e->acc_flags & HORA_CYCLE_JOINED) != 0 && !join_done;
-  e->cycle_phase = CYCLE_IDLE;
+  set->others_joined = (set->acc_flags & HORA_CYCLE_JOINED) != 0 && !join_done;
+  set->cycle_phase = CYCLE_IDLE;
   *progressed = true;
-  return unwait_stale(e);
+  return unwait_stale(set);
 }

@@ -56,51 +56,104 @@
 #include "runtime/engine.h"
 #include "runtime/timeline.h"
 
+static void set_free(struct hora__set *s, bool failed) {
+  if (!s) {
+    return;
+  }
+  hora__controller_destroy(s->ctl);
+  hora__cache_free(&s->cache);
+  free(s->waiting);
+  free(s->evict_wish);
+  free(s->acc);
+  hora__cycle_inbox_free(s->inbox);
+  free(s->stuck_cycle);
+  free(s->stuck_since_ns);
+  while (s->frames_head) {
+    struct frame *f = s->frames_head;
+    s->frames_head = f->next;
+    free(f);
+  }
+  while (s->todo) {
+    struct hora__response *n = s->todo->next;
+    hora__response_free(s->todo);
+    s->todo = n;
+  }
+  free(s->zeros);
+  free(s->junk);
+  free(s->iov_in);
+  free(s->iov_out);
+  free(s->reqs);
+  hora__gpu_destroy(s->comm, s->gpu, failed);
+  free(s->ready);
+  free(s->done);
+  free(s);
+}
+
+/* The negotiation state of one communicator: its cache, cycles (partners
+ * by its own ranks), stall inspector and, at its first rank, controller. */
+static int set_create(struct hora__engine *e, hora__comm *comm, struct hora__set **out) {
+  struct hora__set *s = hora__calloc(1, sizeof(*s));
+  if (!s) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  s->e = e;
+  s->comm = comm;
+  s->todo_tail = &s->todo;
+  s->next_stall_ns = UINT64_MAX;
+  s->send_at_ns = UINT64_MAX;
+  int rc = hora__cache_init(&s->cache, (uint32_t)hora__params.CACHE_CAPACITY);
+  if (rc != HORA_SUCCESS) {
+    set_free(s, false);
+    return rc;
+  }
+  size_t bitmap = ((size_t)s->cache.capacity + 7) / 8;
+  s->frames_tail = &s->frames_head;
+  s->next_wait_scan_ns = UINT64_MAX;
+  s->cycle_phase = CYCLE_IDLE;
+  hora__cycle_partners(comm->rank, comm->size, &s->partners);
+  s->waiting = hora__calloc((size_t)s->cache.capacity + 1, sizeof(*s->waiting));
+  s->evict_wish = hora__calloc(bitmap + 1, 1);
+  s->acc = hora__calloc(3 * bitmap + 1, 1);
+  s->inbox = hora__calloc(2 * INBOX_STEPS, sizeof(*s->inbox));
+  s->stuck_cycle = hora__calloc((size_t)comm->size, sizeof(uint64_t));
+  s->stuck_since_ns = hora__calloc((size_t)comm->size, sizeof(uint64_t));
+  s->next_stuck_ns = UINT64_MAX;
+  if (!s->waiting || !s->evict_wish || !s->acc || !s->inbox || !s->stuck_cycle ||
+      !s->stuck_since_ns) {
+    set_free(s, false);
+    return HORA_ERR_NO_MEMORY;
+  }
+  if (comm->rank == 0) {
+    rc = hora__controller_create(comm->size, &s->ctl);
+    if (rc != HORA_SUCCESS) {
+      set_free(s, false);
+      return rc;
+    }
+  }
+  *out = s;
+  return HORA_SUCCESS;
+}
+
 static void engine_free(struct hora__engine *e) {
   if (!e) {
     return;
   }
-  hora__controller_destroy(e->ctl);
-  hora__cache_free(&e->cache);
-  free(e->waiting);
-  free(e->evict_wish);
-  free(e->acc);
-  hora__cycle_inbox_free(e->inbox);
-  free(e->stuck_cycle);
-  free(e->stuck_since_ns);
-  while (e->frames_head) {
-    struct frame *f = e->frames_head;
-    e->frames_head = f->next;
-    free(f);
-  }
-  while (e->todo) {
-    struct hora__response *n = e->todo->next;
-    hora__response_free(e->todo);
-    e->todo = n;
-  }
+  set_free(e->world, atomic_load(&e->rt->fatal_code) != HORA_SUCCESS);
   hora__wbuf_free(&e->wbuf);
   free(e->pollfds);
-  free(e->zeros);
-  free(e->junk);
-  free(e->iov_in);
-  free(e->iov_out);
-  free(e->reqs);
-  hora__gpu_destroy(e->comm, e->gpu, atomic_load(&e->rt->fatal_code) != HORA_SUCCESS);
-  free(e->ready);
-  free(e->done);
   free(e);
 }
 
-static int run_todo(struct hora__engine *e, bool *busy) {
-  while (e->todo && !e->stop) {
-    struct hora__response *r = e->todo;
-    e->todo = r->next;
-    if (!e->todo) {
-      e->todo_tail = &e->todo;
+static int run_todo(struct hora__set *set, bool *busy) {
+  while (set->todo && !set->e->stop) {
+    struct hora__response *r = set->todo;
+    set->todo = r->next;
+    if (!set->todo) {
+      set->todo_tail = &set->todo;
     }
     *busy = true;
     HORA_TRACE("execute %s (%u tensors)", hora__kind_name(r->kind), r->ntensors);
-    int rc = hora__engine_execute(e, r);
+    int rc = hora__engine_execute(set, r);
     hora__response_free(r);
     HORA_CHECK(rc);
   }
@@ -121,7 +174,7 @@ void hora__engine_wake_locked(struct hora__runtime *rt) {
 /* With a core to spare, poll briefly for work before sleeping: a wake-up
  * from poll() costs more than the whole exchange of a small allreduce. */
 static int spin_for_work(struct hora__engine *e, bool *found) {
-  hora__comm *c = e->comm;
+  hora__comm *c = e->world->comm;
   *found = false;
   if (c->net->spin_us <= 0) {
     return HORA_SUCCESS;
@@ -134,18 +187,18 @@ static int spin_for_work(struct hora__engine *e, bool *found) {
       return HORA_SUCCESS;
     }
     HORA_CHECK(hora__engine_service(e));
-    if (e->frames_in != frames || e->todo || (e->ctl && hora__controller_has_ready(e->ctl))) {
+    if (e->frames_in != frames || e->world->todo || (e->world->ctl && hora__controller_has_ready(e->world->ctl))) {
       *found = true;
       return HORA_SUCCESS;
     }
     sched_yield();
-  } while (hora__now_ns() < until && hora__now_ns() < e->send_at_ns);
+  } while (hora__now_ns() < until && hora__now_ns() < e->world->send_at_ns);
   return HORA_SUCCESS;
 }
 
 static int sleep_until_work(struct hora__engine *e) {
   struct hora__runtime *rt = e->rt;
-  hora__comm *c = e->comm;
+  hora__comm *c = e->world->comm;
   bool found;
   HORA_CHECK(spin_for_work(e, &found));
   if (found) {
@@ -167,13 +220,13 @@ static int sleep_until_work(struct hora__engine *e) {
   n += hora__engine_service_pollfds(e, fds + n, e->npollfds - n);
   hora__timeline_flush();
   int timeout = 1000;
-  uint64_t due = HORA_MIN(HORA_MIN(e->next_stall_ns, e->send_at_ns), e->next_wait_scan_ns);
-  due = HORA_MIN(due, e->next_stuck_ns);
+  uint64_t due = HORA_MIN(HORA_MIN(e->world->next_stall_ns, e->world->send_at_ns), e->world->next_wait_scan_ns);
+  due = HORA_MIN(due, e->world->next_stuck_ns);
   /* An idle rank still owes its peers heartbeats. */
   due = HORA_MIN(due, c->net->service_due_ns);
   uint64_t half = hora__engine_stall_half_ns();
-  if (half && !e->stuck_reported && e->cycle_phase != CYCLE_IDLE && e->cycle_phase != CYCLE_DONE) {
-    due = HORA_MIN(due, e->cycle_started_ns + half);
+  if (half && !e->world->stuck_reported && e->world->cycle_phase != CYCLE_IDLE && e->world->cycle_phase != CYCLE_DONE) {
+    due = HORA_MIN(due, e->world->cycle_started_ns + half);
   }
   if (due != UINT64_MAX) {
     uint64_t now = hora__now_ns();
@@ -212,32 +265,42 @@ woke:
 
 /* ---- the loop ----------------------------------------------------------------- */
 
-static int cycle(struct hora__engine *e) {
-  bool busy = false;
-  HORA_CHECK(hora__engine_take_submissions(e, &busy));
-  HORA_CHECK(hora__service_run(e->comm->net));
-  if (e->ctl && hora__controller_has_ready(e->ctl)) {
-    HORA_CHECK(hora__engine_distribute(e));
+/* One communicator's turn: send the responses its controller has ready,
+ * advance its cycle, run what the cycle scheduled, watch for stalls. */
+static int set_step(struct hora__set *set, bool *busy) {
+  if (set->ctl && hora__controller_has_ready(set->ctl)) {
+    HORA_CHECK(hora__engine_distribute(set));
   }
-  HORA_CHECK(hora__engine_cycle_advance(e, &busy));
-  HORA_CHECK(hora__engine_cycle_end(e, &busy));
+  HORA_CHECK(hora__engine_cycle_advance(set, busy));
+  HORA_CHECK(hora__engine_cycle_end(set, busy));
   /* The next cycle starts before this one's collectives run, so that the
    * partners can go on negotiating meanwhile. */
-  HORA_CHECK(hora__engine_cycle_advance(e, &busy));
-  HORA_CHECK(run_todo(e, &busy));
-  if (e->stop) {
+  HORA_CHECK(hora__engine_cycle_advance(set, busy));
+  HORA_CHECK(run_todo(set, busy));
+  if (set->e->stop) {
     return HORA_SUCCESS;
   }
-  if (e->ctl) {
-    HORA_CHECK(hora__controller_check_stalls(e->ctl, hora__now_ns(),
+  if (set->ctl) {
+    HORA_CHECK(hora__controller_check_stalls(set->ctl, hora__now_ns(),
                                              hora__params.STALL_CHECK_TIME_SECONDS,
                                              hora__params.STALL_SHUTDOWN_TIME_SECONDS,
-                                             &e->next_stall_ns));
+                                             &set->next_stall_ns));
   }
-  hora__engine_scan_waiting(e);
-  HORA_CHECK(hora__engine_report_stuck(e));
-  if (e->ctl && e->next_stuck_ns <= hora__now_ns()) {
-    HORA_CHECK(hora__engine_check_stuck(e));
+  hora__engine_scan_waiting(set);
+  HORA_CHECK(hora__engine_report_stuck(set));
+  if (set->ctl && set->next_stuck_ns <= hora__now_ns()) {
+    HORA_CHECK(hora__engine_check_stuck(set));
+  }
+  return HORA_SUCCESS;
+}
+
+static int cycle(struct hora__engine *e) {
+  bool busy = false;
+  HORA_CHECK(hora__engine_take_submissions(e->world, &busy));
+  HORA_CHECK(hora__service_run(&e->proc->net));
+  HORA_CHECK(set_step(e->world, &busy));
+  if (e->stop) {
+    return HORA_SUCCESS;
   }
   if (!busy) {
     HORA_CHECK(sleep_until_work(e));
@@ -252,7 +315,7 @@ static int attribute_failure(struct hora__engine *e, int rc) {
   char original[1024];
   hora__strlcpy(original, hora__error_message(), sizeof(original));
   uint64_t deadline = hora__now_ns() + 500 * 1000000ull;
-  hora__comm *c = e->comm;
+  hora__comm *c = e->world->comm;
   while (hora__now_ns() < deadline) {
     struct pollfd *fds = e->pollfds;
     int n = hora__engine_service_pollfds(e, fds, e->npollfds);
@@ -277,7 +340,7 @@ static int attribute_failure(struct hora__engine *e, int rc) {
 
 /* Tells the job about a fatal error that started here or at rank 0. */
 static void broadcast_fatal(struct hora__engine *e, int code, const char *msg, bool from_root) {
-  hora__comm *c = e->comm;
+  hora__comm *c = e->world->comm;
   hora__encode_abort(&e->wbuf, e->rt->rank, code, msg);
   if (e->wbuf.failed) {
     return;
@@ -329,7 +392,7 @@ static void fail_everything(struct hora__engine *e) {
 /* Writes out what is still queued on the control connections (the last
  * responses, say) before they close; bounded, since a peer may be gone. */
 static void flush_control(struct hora__engine *e, double timeout_s) {
-  hora__comm *c = e->comm;
+  hora__comm *c = e->world->comm;
   uint64_t deadline = hora__now_ns() + (uint64_t)(timeout_s * 1e9);
   for (;;) {
     struct pollfd *fds = e->pollfds;
@@ -361,7 +424,7 @@ static bool gpu_eager(void) { return strcmp(hora__params.GPU_INIT, "eager") == 0
  * CUDA, a GPU it sees), so that none waits in the set-up for one that
  * cannot. */
 static int gpu_setup_eager(struct hora__engine *e) {
-  hora__comm *c = e->comm;
+  hora__comm *c = e->world->comm;
   uint8_t mine = !HORA_HAVE_CUDA ? 0 : hora__gpu_present() ? 2 : 1;
   uint8_t *all = hora__calloc((size_t)c->size, 1);
   if (!all) {
@@ -390,21 +453,22 @@ static int gpu_setup_eager(struct hora__engine *e) {
                        "or a build without CUDA)",
                        lacking);
   }
-  return hora__gpu_setup(c, &e->gpu);
+  return hora__gpu_setup(c, &e->world->gpu);
 }
 
 static void *coordinator_main(void *arg) {
   struct hora__runtime *rt = arg;
   struct hora__engine *e = rt->engine;
   pthread_setname_np(pthread_self(), "hora-coord");
-  e->comm->net->service = hora__engine_service;
-  e->comm->net->service_pollfds = hora__engine_service_pollfds;
-  e->comm->net->service_arg = e;
+  hora__net *net = &e->proc->net;
+  net->service = hora__engine_service;
+  net->service_pollfds = hora__engine_service_pollfds;
+  net->service_arg = e;
   /* Often enough for heartbeats at a quarter of the peer timeout, and for
    * an abort to stop a collective well within a second. */
   uint64_t peer_ns = (uint64_t)(hora__params.PEER_TIMEOUT_SECONDS * 1e9);
-  e->comm->net->service_interval_ns = peer_ns > 0 ? HORA_MIN(peer_ns / 8, 100000000ull) : 100000000ull;
-  e->comm->net->service_due_ns = hora__now_ns() + e->comm->net->service_interval_ns;
+  net->service_interval_ns = peer_ns > 0 ? HORA_MIN(peer_ns / 8, 100000000ull) : 100000000ull;
+  net->service_due_ns = hora__now_ns() + net->service_interval_ns;
   int rc = HORA_SUCCESS;
   if (gpu_eager()) {
     /* hora_init waits for this; on failure the fatal path below ends the
@@ -441,12 +505,12 @@ static void *coordinator_main(void *arg) {
     /* NCCL kernels waiting for a lost peer end now, not at hora_finalize;
      * after the requests have failed, since aborting may wait for the
      * device. */
-    hora__gpu_abort(e->gpu);
+    hora__gpu_abort(e->world->gpu);
   }
   if (rc == HORA_SUCCESS) {
     flush_control(e, 5.0);
   }
-  hora__comm_disconnect(e->comm);
+  hora__comm_disconnect(e->world->comm);
   return NULL;
 }
 
@@ -456,44 +520,17 @@ int hora__engine_start(struct hora__runtime *rt) {
     return HORA_ERR_NO_MEMORY;
   }
   e->rt = rt;
-  e->comm = rt->comm;
-  e->todo_tail = &e->todo;
-  e->next_stall_ns = UINT64_MAX;
-  e->send_at_ns = UINT64_MAX;
+  e->proc = rt->comm->proc;
   e->npollfds = rt->size + 8;
   e->pollfds = hora__calloc((size_t)e->npollfds, sizeof(*e->pollfds));
   if (!e->pollfds) {
     engine_free(e);
     return HORA_ERR_NO_MEMORY;
   }
-  int crc = hora__cache_init(&e->cache, (uint32_t)hora__params.CACHE_CAPACITY);
-  if (crc != HORA_SUCCESS) {
+  int rc = set_create(e, rt->comm, &e->world);
+  if (rc != HORA_SUCCESS) {
     engine_free(e);
-    return crc;
-  }
-  size_t bitmap = ((size_t)e->cache.capacity + 7) / 8;
-  e->frames_tail = &e->frames_head;
-  e->next_wait_scan_ns = UINT64_MAX;
-  e->cycle_phase = CYCLE_IDLE;
-  hora__cycle_partners(rt->rank, rt->size, &e->partners);
-  e->waiting = hora__calloc((size_t)e->cache.capacity + 1, sizeof(*e->waiting));
-  e->evict_wish = hora__calloc(bitmap + 1, 1);
-  e->acc = hora__calloc(3 * bitmap + 1, 1);
-  e->inbox = hora__calloc(2 * INBOX_STEPS, sizeof(*e->inbox));
-  e->stuck_cycle = hora__calloc((size_t)rt->size, sizeof(uint64_t));
-  e->stuck_since_ns = hora__calloc((size_t)rt->size, sizeof(uint64_t));
-  e->next_stuck_ns = UINT64_MAX;
-  if (!e->waiting || !e->evict_wish || !e->acc || !e->inbox || !e->stuck_cycle ||
-      !e->stuck_since_ns) {
-    engine_free(e);
-    return HORA_ERR_NO_MEMORY;
-  }
-  if (rt->rank == 0) {
-    int rc = hora__controller_create(rt->size, &e->ctl);
-    if (rc != HORA_SUCCESS) {
-      engine_free(e);
-      return rc;
-    }
+    return rc;
   }
   rt->engine = e;
   int err = pthread_create(&rt->thread, NULL, coordinator_main, rt);

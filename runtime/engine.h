@@ -27,15 +27,16 @@ struct frame {
   uint8_t data[];
 };
 
-struct hora__engine {
-  struct hora__runtime *rt;
-  hora__comm *comm;
-  struct hora__controller *ctl; /* rank 0 only */
-  struct hora__cache cache;     /* identical on every rank */
+/* A communicator's negotiation: everything that agrees on, fuses and runs
+ * its collectives. The job's world is one (engine->world, made by
+ * hora__engine_start); a process set would be another, with the same
+ * code. Its rank and size are those of its communicator. */
+struct hora__set {
+  struct hora__engine *e;       /* the process's coordinator */
+  hora__comm *comm;             /* the members and their data plane */
+  struct hora__controller *ctl; /* the set's first rank only */
+  struct hora__cache cache;     /* identical on every member */
   struct hora__response *todo, **todo_tail;
-  struct hora__wbuf wbuf;
-  bool stop;
-  bool abort_from_root; /* the fatal error came in an abort from rank 0 */
   uint64_t next_stall_ns;
   uint64_t send_at_ns; /* rank 0: when held-back responses must go */
   /* A joined rank's stand-in buffers for allreduces it did not submit. */
@@ -85,14 +86,25 @@ struct hora__engine {
   uint64_t frames_applied;
   uint64_t frames_told;  /* rank 0: the count in its last contribution */
   bool shutdown_seen;    /* a frame holds SHUTDOWN: peers may close now */
+  struct hora__gpu *gpu; /* device data plane, set up by the first device op */
+  void **ready, **done;  /* per tensor of a device response */
+  uint32_t events_cap;
+};
+
+/* The process's coordinator: the loop, the control connections, and the
+ * communicators it negotiates for. */
+struct hora__engine {
+  struct hora__runtime *rt;
+  struct hora__proc *proc; /* the process's connections (the control star) */
+  struct hora__set *world; /* the job's world */
+  struct hora__wbuf wbuf;
+  bool stop;
+  bool abort_from_root; /* the fatal error came in an abort from rank 0 */
   uint64_t frames_in;  /* control frames handled so far */
   bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
   struct pollfd *pollfds; /* room for every control connection and a few more */
   int npollfds;
   uint64_t seen_seq;   /* rt->submit_seq when the queue was last taken */
-  struct hora__gpu *gpu; /* device data plane, set up by the first device op */
-  void **ready, **done;  /* per tensor of a device response */
-  uint32_t events_cap;
   bool setup_done;       /* HORA_GPU_INIT=eager: hora_init may go on (under rt->mu) */
 };
 
@@ -103,13 +115,13 @@ int hora__engine_ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type,
 int hora__engine_service(void *arg);
 int hora__engine_service_pollfds(void *arg, struct pollfd *fds, int max);
 void hora__engine_refuse_connections(struct hora__engine *e, int lfd);
-int hora__engine_distribute(struct hora__engine *e);
+int hora__engine_distribute(struct hora__set *set);
 
 /* submit.c: submissions, and our requests by key */
-int hora__engine_grow_reqs(struct hora__engine *e, size_t n);
-int hora__engine_send_full(struct hora__engine *e, struct hora_request *const *list, size_t n);
-void hora__engine_wish_evicted(struct hora__engine *e, int32_t slot);
-int hora__engine_take_submissions(struct hora__engine *e, bool *busy);
+int hora__engine_grow_reqs(struct hora__set *set, size_t n);
+int hora__engine_send_full(struct hora__set *set, struct hora_request *const *list, size_t n);
+void hora__engine_wish_evicted(struct hora__set *set, int32_t slot);
+int hora__engine_take_submissions(struct hora__set *set, bool *busy);
 struct hora_request *hora__engine_lookup(struct hora__engine *e, const struct hora__resp_tensor *t);
 void hora__engine_complete(struct hora__engine *e, struct hora_request **reqs, size_t n, int status,
                            const char *msg);
@@ -119,19 +131,19 @@ void hora__engine_fail_mismatched(struct hora__engine *e, struct hora_request *q
 void hora__engine_retire_placeholder(struct hora__engine *e, struct hora_request *p);
 
 /* execute.c: one response, run */
-int hora__engine_execute(struct hora__engine *e, const struct hora__response *r);
+int hora__engine_execute(struct hora__set *set, const struct hora__response *r);
 
 /* cycle_steps.c: the negotiation cycles */
 int hora__engine_lost_partner(struct hora__engine *e, int peer);
-int hora__engine_cycle_advance(struct hora__engine *e, bool *progressed);
-int hora__engine_cycle_end(struct hora__engine *e, bool *progressed);
+int hora__engine_cycle_advance(struct hora__set *set, bool *progressed);
+int hora__engine_cycle_end(struct hora__set *set, bool *progressed);
 
 /* stall.c: stall reports */
-void hora__engine_scan_waiting(struct hora__engine *e);
+void hora__engine_scan_waiting(struct hora__set *set);
 uint64_t hora__engine_stall_half_ns(void);
-int hora__engine_report_stuck(struct hora__engine *e);
-void hora__engine_record_stuck(struct hora__engine *e, int from, uint64_t cycle, uint32_t waited_ms,
+int hora__engine_report_stuck(struct hora__set *set);
+void hora__engine_record_stuck(struct hora__set *set, int from, uint64_t cycle, uint32_t waited_ms,
                                const char *key, size_t key_len);
-int hora__engine_check_stuck(struct hora__engine *e);
+int hora__engine_check_stuck(struct hora__set *set);
 
 #endif

@@ -110,49 +110,49 @@ static bool request_matches(const struct hora__response *r, uint32_t i, int rank
  * own count) fails with HORA_ERR_MISMATCH, and this rank stands in for it
  * with zeros like a joined rank: sized from its request, the collective
  * would run past the caller's buffers. The others' allreduce goes on. */
-static int gather_requests(struct hora__engine *e, const struct hora__response *r, bool *joined) {
-  HORA_CHECK(hora__engine_grow_reqs(e, r->ntensors));
-  pthread_mutex_lock(&e->rt->mu);
-  *joined = e->rt->joined;
-  pthread_mutex_unlock(&e->rt->mu);
+static int gather_requests(struct hora__set *set, const struct hora__response *r, bool *joined) {
+  HORA_CHECK(hora__engine_grow_reqs(set, r->ntensors));
+  pthread_mutex_lock(&set->e->rt->mu);
+  *joined = set->e->rt->joined;
+  pthread_mutex_unlock(&set->e->rt->mu);
   for (uint32_t i = 0; i < r->ntensors; i++) {
-    struct hora_request *q = hora__engine_lookup(e, &r->tensors[i]);
+    struct hora_request *q = hora__engine_lookup(set->e, &r->tensors[i]);
     char msg[700];
     bool retired = q && q->placeholder;
     if (retired) {
-      hora__engine_retire_placeholder(e, q);
+      hora__engine_retire_placeholder(set->e, q);
       q = NULL;
     }
-    if (q && !request_matches(r, i, e->rt->rank, q, msg, sizeof(msg))) {
+    if (q && !request_matches(r, i, set->e->rt->rank, q, msg, sizeof(msg))) {
       bool stand_in = r->kind == HORA_KIND_ALLREDUCE;
       HORA_WARN("%s%s", msg, stand_in ? "; it fails, and this rank adds zeros to the others'" : "");
-      hora__engine_fail_mismatched(e, q, msg);
+      hora__engine_fail_mismatched(set->e, q, msg);
       if (!stand_in) {
         /* Ranks agree on what a broadcast or an allgather moves before it
          * is scheduled, so rank 0 and this rank no longer do. */
         return hora__error(HORA_ERR_PROTOCOL, "rank 0 scheduled a response this rank cannot "
                            "take part in: %s", msg);
       }
-      e->reqs[i] = NULL;
+      set->reqs[i] = NULL;
       continue;
     }
-    e->reqs[i] = q;
+    set->reqs[i] = q;
     if (!q && !((*joined || retired) && r->kind == HORA_KIND_ALLREDUCE)) {
-      return missing_tensor(e, r, &r->tensors[i]);
+      return missing_tensor(set->e, r, &r->tensors[i]);
     }
   }
   return HORA_SUCCESS;
 }
 
-static void account(struct hora__engine *e, const struct hora__response *r, uint64_t start_ns,
+static void account(struct hora__set *set, const struct hora__response *r, uint64_t start_ns,
                     uint64_t comm_ns) {
-  struct hora__runtime *rt = e->rt;
+  struct hora__runtime *rt = set->e->rt;
   size_t esize = hora_dtype_size((hora_dtype)r->dtype);
   uint64_t bytes = 0, negotiate = 0;
   for (uint32_t i = 0; i < r->ntensors; i++) {
     bytes += r->tensors[i].count * esize;
-    if (e->reqs[i] && start_ns > e->reqs[i]->submit_ns) {
-      negotiate += start_ns - e->reqs[i]->submit_ns;
+    if (set->reqs[i] && start_ns > set->reqs[i]->submit_ns) {
+      negotiate += start_ns - set->reqs[i]->submit_ns;
     }
   }
   atomic_uint_fast64_t *kind = r->kind == HORA_KIND_ALLREDUCE   ? &rt->stats.allreduces
@@ -161,8 +161,8 @@ static void account(struct hora__engine *e, const struct hora__response *r, uint
   atomic_fetch_add(kind, r->ntensors);
   atomic_fetch_add(&rt->stats.bytes, bytes);
   atomic_fetch_add(&rt->stats.negotiate_ns, negotiate);
-  atomic_fetch_add(&rt->stats.communicate_ns, comm_ns - HORA_MIN(comm_ns, e->copy_ns));
-  atomic_fetch_add(&rt->stats.copy_ns, e->copy_ns);
+  atomic_fetch_add(&rt->stats.communicate_ns, comm_ns - HORA_MIN(comm_ns, set->copy_ns));
+  atomic_fetch_add(&rt->stats.copy_ns, set->copy_ns);
   if (r->ntensors > 1) {
     atomic_fetch_add(&rt->stats.fused_batches, 1);
     atomic_fetch_add(&rt->stats.fused_tensors, r->ntensors);
@@ -171,46 +171,46 @@ static void account(struct hora__engine *e, const struct hora__response *r, uint
 
 /* The algorithms report their phases: timeline rows, and the copy time. */
 static void on_phase(void *arg, const char *name) {
-  struct hora__engine *e = arg;
+  struct hora__set *set = arg;
   if (name) {
-    e->phase_ns = hora__now_ns();
-    e->phase_is_copy = strncmp(name, "MEMCPY", 6) == 0;
-  } else if (e->phase_is_copy) {
-    e->copy_ns += hora__now_ns() - e->phase_ns;
-    e->phase_is_copy = false;
+    set->phase_ns = hora__now_ns();
+    set->phase_is_copy = strncmp(name, "MEMCPY", 6) == 0;
+  } else if (set->phase_is_copy) {
+    set->copy_ns += hora__now_ns() - set->phase_ns;
+    set->phase_is_copy = false;
   }
-  timeline_all(e->current, name);
+  timeline_all(set->current, name);
 }
 
-static int grow_iovs(struct hora__engine *e, uint32_t n) {
-  if (n <= e->iov_cap) {
+static int grow_iovs(struct hora__set *set, uint32_t n) {
+  if (n <= set->iov_cap) {
     return HORA_SUCCESS;
   }
-  struct hora__iov *in = hora__realloc(e->iov_in, n * sizeof(*in));
+  struct hora__iov *in = hora__realloc(set->iov_in, n * sizeof(*in));
   if (!in) {
     return HORA_ERR_NO_MEMORY;
   }
-  e->iov_in = in;
-  struct hora__iov *out = hora__realloc(e->iov_out, n * sizeof(*out));
+  set->iov_in = in;
+  struct hora__iov *out = hora__realloc(set->iov_out, n * sizeof(*out));
   if (!out) {
     return HORA_ERR_NO_MEMORY;
   }
-  e->iov_out = out;
-  e->iov_cap = n;
+  set->iov_out = out;
+  set->iov_cap = n;
   return HORA_SUCCESS;
 }
 
 /* HORA_VERIFY: every rank checks that it holds the same result bits. */
-static int verify(struct hora__engine *e, const struct hora__response *r, size_t bytes) {
-  const struct hora__iov *out = e->iov_out;
+static int verify(struct hora__set *set, const struct hora__response *r, size_t bytes) {
+  const struct hora__iov *out = set->iov_out;
   int n = (int)r->ntensors;
   struct hora__iov gathered;
   if (r->kind == HORA_KIND_ALLGATHER) {
-    gathered = (struct hora__iov){e->reqs[0]->recvbuf, bytes * (size_t)e->comm->size};
+    gathered = (struct hora__iov){set->reqs[0]->recvbuf, bytes * (size_t)set->comm->size};
     out = &gathered;
     n = 1;
   }
-  if (hora__params.VERIFY_CORRUPT_RANK == e->rt->rank) {
+  if (hora__params.VERIFY_CORRUPT_RANK == set->e->rt->rank) {
     for (int i = 0; i < n; i++) {
       if (out[i].len) {
         ((uint8_t *)out[i].base)[out[i].len / 2] ^= 0x10;
@@ -226,111 +226,111 @@ static int verify(struct hora__engine *e, const struct hora__response *r, size_t
   } else {
     snprintf(what, sizeof(what), "%s %s", hora__kind_name(r->kind), name);
   }
-  on_phase(e, "VERIFY");
-  int rc = hora__verify_result(e->comm, out, n, what);
-  on_phase(e, NULL);
+  on_phase(set, "VERIFY");
+  int rc = hora__verify_result(set->comm, out, n, what);
+  on_phase(set, NULL);
   return rc;
 }
 
 /* Device buffers: the device data plane, on the runtime's stream. A
  * joined rank's stand-ins are device memory there (NULL entries here). */
-static int run_on_device(struct hora__engine *e, const struct hora__response *r, size_t total,
+static int run_on_device(struct hora__set *set, const struct hora__response *r, size_t total,
                          size_t bytes, const struct hora__coll_opts *opts) {
-  hora__comm *c = e->comm;
-  if (e->events_cap < r->ntensors) {
-    void **ready = realloc(e->ready, r->ntensors * sizeof(void *));
-    void **done = ready ? realloc(e->done, r->ntensors * sizeof(void *)) : NULL;
+  hora__comm *c = set->comm;
+  if (set->events_cap < r->ntensors) {
+    void **ready = realloc(set->ready, r->ntensors * sizeof(void *));
+    void **done = ready ? realloc(set->done, r->ntensors * sizeof(void *)) : NULL;
     if (ready) {
-      e->ready = ready;
+      set->ready = ready;
     }
     if (!ready || !done) {
       return hora__error(HORA_ERR_NO_MEMORY, "event lists of %u tensors", r->ntensors);
     }
-    e->done = done;
-    e->events_cap = r->ntensors;
+    set->done = done;
+    set->events_cap = r->ntensors;
   }
   bool wait = false;
   for (uint32_t i = 0; i < r->ntensors; i++) {
-    struct hora_request *q = e->reqs[i];
-    e->ready[i] = q ? q->ready_event : NULL;
-    e->done[i] = q ? q->done_event : NULL;
+    struct hora_request *q = set->reqs[i];
+    set->ready[i] = q ? q->ready_event : NULL;
+    set->done[i] = q ? q->done_event : NULL;
     wait = wait || !q || !q->done_event;
   }
   if (r->kind == HORA_KIND_ALLGATHER) {
-    struct hora_request *q = e->reqs[0];
-    e->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
-    e->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
+    struct hora_request *q = set->reqs[0];
+    set->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
+    set->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
   }
   struct hora__gpu_op op = {
       .kind = r->kind,
-      .in = e->iov_in,
-      .out = e->iov_out,
+      .in = set->iov_in,
+      .out = set->iov_out,
       .n = (int)r->ntensors,
       .count = total,
       .dtype = (hora_dtype)r->dtype,
       .op = (hora_op)r->op,
       .root = r->root,
       .opts = opts,
-      .ready = e->ready,
-      .done = e->done,
+      .ready = set->ready,
+      .done = set->done,
       .wait = wait,
   };
-  return hora__gpu_collective(c, &e->gpu, &op);
+  return hora__gpu_collective(c, &set->gpu, &op);
 }
 
-static int run_on_host(struct hora__engine *e, const struct hora__response *r, size_t total,
+static int run_on_host(struct hora__set *set, const struct hora__response *r, size_t total,
                        size_t bytes, const struct hora__coll_opts *opts) {
-  hora__comm *c = e->comm;
+  hora__comm *c = set->comm;
   int rc;
   if (r->kind == HORA_KIND_ALLREDUCE) {
-    rc = hora__allreduce(c, e->iov_in, (int)r->ntensors, e->iov_out, (int)r->ntensors, total,
+    rc = hora__allreduce(c, set->iov_in, (int)r->ntensors, set->iov_out, (int)r->ntensors, total,
                          (hora_dtype)r->dtype, (hora_op)r->op, wire_dtype(r), opts);
   } else if (r->kind == HORA_KIND_BROADCAST) {
-    rc = hora__broadcast(c, e->iov_out, (int)r->ntensors, bytes, r->root, opts);
+    rc = hora__broadcast(c, set->iov_out, (int)r->ntensors, bytes, r->root, opts);
   } else {
-    struct hora_request *q = e->reqs[0];
-    on_phase(e, "ALLGATHER");
+    struct hora_request *q = set->reqs[0];
+    on_phase(set, "ALLGATHER");
     rc = hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
-    on_phase(e, NULL);
+    on_phase(set, NULL);
   }
   if (rc == HORA_SUCCESS && hora__params.VERIFY) {
-    rc = verify(e, r, bytes);
+    rc = verify(set, r, bytes);
   }
   return rc;
 }
 
-static int run_collective(struct hora__engine *e, const struct hora__response *r) {
-  hora__comm *c = e->comm;
+static int run_collective(struct hora__set *set, const struct hora__response *r) {
+  hora__comm *c = set->comm;
   size_t esize = hora_dtype_size((hora_dtype)r->dtype);
   bool joined;
-  HORA_CHECK(gather_requests(e, r, &joined));
-  HORA_CHECK(grow_iovs(e, r->ntensors));
+  HORA_CHECK(gather_requests(set, r, &joined));
+  HORA_CHECK(grow_iovs(set, r->ntensors));
   /* A joined rank stands in with zeros for what it did not submit, each
    * tensor in its own place: the algorithm must see the same shape of
    * buffers on every rank, and peers may read any of them. (The device
    * data plane keeps its own stand-ins.) */
   size_t missing = 0;
   for (uint32_t i = 0; i < r->ntensors && !r->device; i++) {
-    if (!e->reqs[i]) {
+    if (!set->reqs[i]) {
       missing += r->tensors[i].count * esize;
     }
   }
   if (missing) {
-    HORA_CHECK(ensure_buffer(&e->zeros, &e->zeros_bytes, missing, true));
-    HORA_CHECK(ensure_buffer(&e->junk, &e->junk_bytes, missing, false));
+    HORA_CHECK(ensure_buffer(&set->zeros, &set->zeros_bytes, missing, true));
+    HORA_CHECK(ensure_buffer(&set->junk, &set->junk_bytes, missing, false));
   }
   size_t total = 0, bytes = 0, stand_in = 0;
   for (uint32_t i = 0; i < r->ntensors; i++) {
     size_t b = r->tensors[i].count * esize;
-    struct hora_request *q = e->reqs[i];
+    struct hora_request *q = set->reqs[i];
     if (q) {
-      e->iov_in[i] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, b};
-      e->iov_out[i] = (struct hora__iov){q->recvbuf, b};
+      set->iov_in[i] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, b};
+      set->iov_out[i] = (struct hora__iov){q->recvbuf, b};
     } else if (r->device) {
-      e->iov_in[i] = e->iov_out[i] = (struct hora__iov){NULL, b};
+      set->iov_in[i] = set->iov_out[i] = (struct hora__iov){NULL, b};
     } else {
-      e->iov_in[i] = (struct hora__iov){(char *)e->zeros + stand_in, b};
-      e->iov_out[i] = (struct hora__iov){(char *)e->junk + stand_in, b};
+      set->iov_in[i] = (struct hora__iov){(char *)set->zeros + stand_in, b};
+      set->iov_out[i] = (struct hora__iov){(char *)set->junk + stand_in, b};
       stand_in += b;
     }
     total += r->tensors[i].count;
@@ -341,18 +341,18 @@ static int run_collective(struct hora__engine *e, const struct hora__response *r
       .divisor = r->op == HORA_AVERAGE ? c->size : 0,
       .postscale = r->postscale,
       .phase = on_phase,
-      .phase_arg = e,
+      .phase_arg = set,
   };
-  e->current = r;
-  e->copy_ns = 0;
+  set->current = r;
+  set->copy_ns = 0;
   timeline_all(r, NULL); /* QUEUE ends */
   uint64_t start = hora__now_ns();
-  int rc = r->device ? run_on_device(e, r, total, bytes, &opts)
-                     : run_on_host(e, r, total, bytes, &opts);
-  e->current = NULL;
+  int rc = r->device ? run_on_device(set, r, total, bytes, &opts)
+                     : run_on_host(set, r, total, bytes, &opts);
+  set->current = NULL;
   HORA_CHECK(rc);
-  account(e, r, start, hora__now_ns() - start);
-  hora__engine_complete(e, e->reqs, r->ntensors, HORA_SUCCESS, NULL);
+  account(set, r, start, hora__now_ns() - start);
+  hora__engine_complete(set->e, set->reqs, r->ntensors, HORA_SUCCESS, NULL);
   return HORA_SUCCESS;
 }
 
@@ -380,31 +380,31 @@ static void keep_sequences_in_step(struct hora__engine *e, const struct hora__re
   }
 }
 
-int hora__engine_execute(struct hora__engine *e, const struct hora__response *r) {
+int hora__engine_execute(struct hora__set *set, const struct hora__response *r) {
   struct hora_request *q = NULL;
-  keep_sequences_in_step(e, r);
+  keep_sequences_in_step(set->e, r);
   switch (r->kind) {
     case HORA_KIND_ALLREDUCE:
     case HORA_KIND_BROADCAST:
     case HORA_KIND_ALLGATHER:
-      return run_collective(e, r);
+      return run_collective(set, r);
     case HORA_KIND_BARRIER:
-      q = hora__engine_lookup(e, &r->tensors[0]);
+      q = hora__engine_lookup(set->e, &r->tensors[0]);
       if (!q) {
-        return missing_tensor(e, r, &r->tensors[0]);
+        return missing_tensor(set->e, r, &r->tensors[0]);
       }
       timeline_all(r, NULL);
-      hora__engine_complete(e, &q, 1, HORA_SUCCESS, NULL);
+      hora__engine_complete(set->e, &q, 1, HORA_SUCCESS, NULL);
       return HORA_SUCCESS;
     case HORA_KIND_ERROR:
       for (uint32_t i = 0; i < r->ntensors; i++) {
-        hora__engine_fail_by_key(e, &r->tensors[i], r->error_code,
+        hora__engine_fail_by_key(set->e, &r->tensors[i], r->error_code,
                                  r->error_msg ? r->error_msg : "");
       }
       return HORA_SUCCESS;
     case HORA_KIND_JOIN: {
       struct hora__resp_tensor t = {.key = (char[]){HORA_KEY_JOIN, 0}, .key_len = 1};
-      struct hora__runtime *rt = e->rt;
+      struct hora__runtime *rt = set->e->rt;
       pthread_mutex_lock(&rt->mu);
       struct hora_request *j = hora__table_get(&rt->inflight, t.key, t.key_len);
       rt->joined = false;
@@ -418,9 +418,9 @@ int hora__engine_execute(struct hora__engine *e, const struct hora__response *r)
     }
     case HORA_KIND_SHUTDOWN: {
       struct hora__resp_tensor t = {.key = (char[]){HORA_KEY_SHUTDOWN, 0}, .key_len = 1};
-      struct hora_request *s = hora__engine_lookup(e, &t);
-      hora__engine_complete(e, &s, 1, HORA_SUCCESS, NULL);
-      e->stop = true;
+      struct hora_request *s = hora__engine_lookup(set->e, &t);
+      hora__engine_complete(set->e, &s, 1, HORA_SUCCESS, NULL);
+      set->e->stop = true;
       return HORA_SUCCESS;
     }
     default:

@@ -7,17 +7,17 @@
 
 /* ---- submissions ------------------------------------------------------------ */
 
-int hora__engine_grow_reqs(struct hora__engine *e, size_t n) {
-  if (n <= e->reqs_cap) {
+int hora__engine_grow_reqs(struct hora__set *set, size_t n) {
+  if (n <= set->reqs_cap) {
     return HORA_SUCCESS;
   }
-  size_t cap = HORA_MAX(n, 2 * e->reqs_cap);
-  struct hora_request **p = hora__realloc(e->reqs, cap * sizeof(*p));
+  size_t cap = HORA_MAX(n, 2 * set->reqs_cap);
+  struct hora_request **p = hora__realloc(set->reqs, cap * sizeof(*p));
   if (!p) {
     return HORA_ERR_NO_MEMORY;
   }
-  e->reqs = p;
-  e->reqs_cap = cap;
+  set->reqs = p;
+  set->reqs_cap = cap;
   return HORA_SUCCESS;
 }
 
@@ -28,41 +28,41 @@ static uint32_t waited_ms(const struct hora_request *q) {
 
 /* Requests that go to rank 0 in full: rank 0 hands them to its controller,
  * the others send one REQUESTS message. */
-int hora__engine_send_full(struct hora__engine *e, struct hora_request *const *list, size_t n) {
+int hora__engine_send_full(struct hora__set *set, struct hora_request *const *list, size_t n) {
   if (n == 0) {
     return HORA_SUCCESS;
   }
-  atomic_fetch_add(&e->rt->stats.sent_in_full, n);
-  if (e->ctl) {
+  atomic_fetch_add(&set->e->rt->stats.sent_in_full, n);
+  if (set->ctl) {
     for (size_t i = 0; i < n; i++) {
       struct hora_request *q = list[i];
       struct hora__wire_request w = {.meta = q->meta, .key = q->key, .key_len = q->key_len,
                                      .waited_ms = waited_ms(q), .shape = &q->shape};
-      HORA_CHECK(hora__controller_submit(e->ctl, 0, &w));
+      HORA_CHECK(hora__controller_submit(set->ctl, 0, &w));
     }
     return HORA_SUCCESS;
   }
-  hora__encode_requests_begin(&e->wbuf);
+  hora__encode_requests_begin(&set->e->wbuf);
   for (size_t i = 0; i < n; i++) {
-    hora__encode_request_shaped(&e->wbuf, &list[i]->meta, &list[i]->shape, list[i]->key,
+    hora__encode_request_shaped(&set->e->wbuf, &list[i]->meta, &list[i]->shape, list[i]->key,
                                 list[i]->key_len, waited_ms(list[i]));
   }
-  hora__encode_requests_end(&e->wbuf, (uint32_t)n);
-  if (e->wbuf.failed) {
+  hora__encode_requests_end(&set->e->wbuf, (uint32_t)n);
+  if (set->e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding %zu requests", n);
   }
-  if (!e->comm->proc->ctrl[0]) {
+  if (!set->comm->proc->ctrl[0]) {
     /* Rank 0 closed its end after the job's end (hora_finalize racing a
      * submission): these fail as finalized when the coordinator stops. */
-    return e->shutdown_seen || e->shutting_down ? HORA_SUCCESS : hora__engine_lost_partner(e, 0);
+    return set->shutdown_seen || set->e->shutting_down ? HORA_SUCCESS : hora__engine_lost_partner(set->e, 0);
   }
-  return hora__engine_ctrl_send(e, e->comm->proc->ctrl[0], HORA_MSG_REQUESTS, e->wbuf.data,
-                                e->wbuf.len);
+  return hora__engine_ctrl_send(set->e, set->comm->proc->ctrl[0], HORA_MSG_REQUESTS, set->e->wbuf.data,
+                                set->e->wbuf.len);
 }
 
-void hora__engine_wish_evicted(struct hora__engine *e, int32_t slot) {
-  e->evict_wish[slot / 8] |= (uint8_t)(1u << (slot % 8));
-  e->evict_wanted = true;
+void hora__engine_wish_evicted(struct hora__set *set, int32_t slot) {
+  set->evict_wish[slot / 8] |= (uint8_t)(1u << (slot % 8));
+  set->evict_wanted = true;
 }
 
 /* A new request waits on its cache slot when it ran before with the same
@@ -71,9 +71,9 @@ void hora__engine_wish_evicted(struct hora__engine *e, int32_t slot) {
  * everywhere, so that the others' same requests go in full too: rank 0 can
  * name a mismatch, and a rank that took its request after a cycle ended
  * the join cannot wait in the cache for one the others sent in full. */
-int hora__engine_take_submissions(struct hora__engine *e, bool *busy) {
-  struct hora__runtime *rt = e->rt;
-  e->seen_seq = atomic_load_explicit(&rt->submit_seq, memory_order_acquire);
+int hora__engine_take_submissions(struct hora__set *set, bool *busy) {
+  struct hora__runtime *rt = set->e->rt;
+  set->e->seen_seq = atomic_load_explicit(&rt->submit_seq, memory_order_acquire);
   pthread_mutex_lock(&rt->mu);
   struct hora_request *head = rt->queue_head;
   rt->queue_head = rt->queue_tail = NULL;
@@ -92,33 +92,33 @@ int hora__engine_take_submissions(struct hora__engine *e, bool *busy) {
   for (struct hora_request *r = head; r; r = r->next) {
     n++;
   }
-  HORA_CHECK(hora__engine_grow_reqs(e, n));
+  HORA_CHECK(hora__engine_grow_reqs(set, n));
   size_t nfull = 0;
   for (struct hora_request *r = head; r; r = r->next) {
     r->sent_slot = -1;
     r->taken = true;
-    e->join_pending |= r->meta.kind == HORA_KIND_JOIN;
+    set->join_pending |= r->meta.kind == HORA_KIND_JOIN;
     if (r->meta.kind > HORA_KIND_ALLGATHER) {
-      e->reqs[nfull++] = r;
+      set->reqs[nfull++] = r;
       continue;
     }
-    int32_t slot = hora__cache_find(&e->cache, r->key, r->key_len);
-    bool hit = slot >= 0 && hora__meta_equal(&e->cache.e[slot].meta, &r->meta);
+    int32_t slot = hora__cache_find(&set->cache, r->key, r->key_len);
+    bool hit = slot >= 0 && hora__meta_equal(&set->cache.e[slot].meta, &r->meta);
     atomic_fetch_add(hit ? &rt->stats.cache_hits : &rt->stats.cache_misses, 1);
-    if (hit && !e->waiting[slot] &&
-        (r->meta.kind == HORA_KIND_ALLREDUCE || !e->others_joined)) {
+    if (hit && !set->waiting[slot] &&
+        (r->meta.kind == HORA_KIND_ALLREDUCE || !set->others_joined)) {
       r->sent_slot = slot;
-      e->waiting[slot] = r;
-      e->nwaiting++;
-      e->new_hits++;
+      set->waiting[slot] = r;
+      set->nwaiting++;
+      set->new_hits++;
       continue;
     }
     if (slot >= 0) {
-      hora__engine_wish_evicted(e, slot);
+      hora__engine_wish_evicted(set, slot);
     }
-    e->reqs[nfull++] = r;
+    set->reqs[nfull++] = r;
   }
-  return hora__engine_send_full(e, e->reqs, nfull);
+  return hora__engine_send_full(set, set->reqs, nfull);
 }
 
 /* ---- our requests, by key --------------------------------------------------- */
