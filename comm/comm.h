@@ -24,6 +24,7 @@ typedef struct hora__comm hora__comm;
 struct hora__shm;
 struct hora__peer_maps;
 struct hora__coll_backend;
+struct hora__gpu;
 
 /* A ring over some of the ranks: this rank's position in it, its size and
  * the connections to its neighbours. */
@@ -83,7 +84,8 @@ struct hora__comm {
   struct hora__ring_view cross_ring; /* the members with this local rank, one per host */
   uint64_t shm_seq;                  /* pieces done over shm: picks the half */
   /* Each kind's algorithm, from the one table (comm/coll/select.c). */
-  const struct hora__coll_backend *algo_allreduce, *algo_bcast, *algo_allgather;
+  const struct hora__coll_backend *algo_allreduce, *algo_bcast, *algo_allgather, *algo_device;
+  struct hora__gpu *gpu; /* its device data plane, set up by the first device op */
   char *fusion; /* the socket path's fusion buffer */
   size_t fusion_bytes;
   void *fusion_reg; /* its RDMA registration, or NULL */

@@ -245,7 +245,7 @@ int hora__engine_service(void *arg) {
   }
   /* Stream-ordered device requests complete once queued: NCCL's errors
    * are watched here, idle or not, so their waits end. */
-  HORA_CHECK(hora__gpu_check(e->world->gpu));
+  HORA_CHECK(hora__gpu_check(e->world->comm->gpu));
   for (int r = 0; r < c->size; r++) {
     if (c->proc->ctrl[r]) {
       HORA_CHECK(hora__engine_read_ctrl(e, c->proc->ctrl[r]));

@@ -83,7 +83,8 @@ static void set_free(struct hora__set *s, bool failed) {
   free(s->iov_in);
   free(s->iov_out);
   free(s->reqs);
-  hora__gpu_destroy(s->comm, s->gpu, failed);
+  hora__gpu_destroy(s->comm, s->comm->gpu, failed);
+  s->comm->gpu = NULL;
   free(s->ready);
   free(s->done);
   free(s);
@@ -453,7 +454,7 @@ static int gpu_setup_eager(struct hora__engine *e) {
                        "or a build without CUDA)",
                        lacking);
   }
-  return hora__gpu_setup(c, &e->world->gpu);
+  return hora__gpu_setup(c, &c->gpu);
 }
 
 static void *coordinator_main(void *arg) {
@@ -505,7 +506,7 @@ static void *coordinator_main(void *arg) {
     /* NCCL kernels waiting for a lost peer end now, not at hora_finalize;
      * after the requests have failed, since aborting may wait for the
      * device. */
-    hora__gpu_abort(e->world->gpu);
+    hora__gpu_abort(e->world->comm->gpu);
   }
   if (rc == HORA_SUCCESS) {
     flush_control(e, 5.0);

@@ -86,7 +86,6 @@ struct hora__set {
   uint64_t frames_applied;
   uint64_t frames_told;  /* rank 0: the count in its last contribution */
   bool shutdown_seen;    /* a frame holds SHUTDOWN: peers may close now */
-  struct hora__gpu *gpu; /* device data plane, set up by the first device op */
   void **ready, **done;  /* per tensor of a device response */
   uint32_t events_cap;
 };

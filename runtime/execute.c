@@ -234,9 +234,10 @@ static int verify(struct hora__set *set, const struct hora__response *r, size_t 
 
 /* Device buffers: the device data plane, on the runtime's stream. A
  * joined rank's stand-ins are device memory there (NULL entries here). */
-static int run_on_device(struct hora__set *set, const struct hora__response *r, size_t total,
-                         size_t bytes, const struct hora__coll_opts *opts) {
-  hora__comm *c = set->comm;
+/* Device requests' events: the runtime stream waits for each tensor's
+ * `ready`, and records its `done`. Waits for the GPU unless every tensor
+ * is a stream-ordered request of this rank. */
+static int device_events(struct hora__set *set, const struct hora__response *r, bool *wait) {
   if (set->events_cap < r->ntensors) {
     void **ready = realloc(set->ready, r->ntensors * sizeof(void *));
     void **done = ready ? realloc(set->done, r->ntensors * sizeof(void *)) : NULL;
@@ -249,48 +250,53 @@ static int run_on_device(struct hora__set *set, const struct hora__response *r, 
     set->done = done;
     set->events_cap = r->ntensors;
   }
-  bool wait = false;
+  *wait = false;
   for (uint32_t i = 0; i < r->ntensors; i++) {
     struct hora_request *q = set->reqs[i];
     set->ready[i] = q ? q->ready_event : NULL;
     set->done[i] = q ? q->done_event : NULL;
-    wait = wait || !q || !q->done_event;
+    *wait = *wait || !q || !q->done_event;
   }
-  if (r->kind == HORA_KIND_ALLGATHER) {
-    struct hora_request *q = set->reqs[0];
-    set->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
-    set->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
-  }
-  struct hora__gpu_op op = {
-      .kind = r->kind,
+  return HORA_SUCCESS;
+}
+
+/* The response as one operation of the data plane, which picks the
+ * backend (comm/coll/select.c). */
+static int run_op(struct hora__set *set, const struct hora__response *r, size_t total,
+                  size_t bytes, const struct hora__coll_opts *opts) {
+  hora__comm *c = set->comm;
+  struct hora__coll_op op = {
+      .kind = (enum hora__coll_kind)r->kind,
       .in = set->iov_in,
       .out = set->iov_out,
       .n = (int)r->ntensors,
       .count = total,
+      .bytes = bytes,
       .dtype = (hora_dtype)r->dtype,
+      .wire = wire_dtype(r),
       .op = (hora_op)r->op,
       .root = r->root,
       .opts = opts,
-      .ready = set->ready,
-      .done = set->done,
-      .wait = wait,
+      .device = r->device,
   };
-  return hora__gpu_collective(c, &set->gpu, &op);
-}
-
-static int run_on_host(struct hora__set *set, const struct hora__response *r, size_t total,
-                       size_t bytes, const struct hora__coll_opts *opts) {
-  hora__comm *c = set->comm;
-  int rc;
-  if (r->kind == HORA_KIND_ALLREDUCE) {
-    rc = hora__allreduce(c, set->iov_in, (int)r->ntensors, set->iov_out, (int)r->ntensors, total,
-                         (hora_dtype)r->dtype, (hora_op)r->op, wire_dtype(r), opts);
-  } else if (r->kind == HORA_KIND_BROADCAST) {
-    rc = hora__broadcast(c, set->iov_out, (int)r->ntensors, bytes, r->root, opts);
-  } else {
+  if (r->kind == HORA_KIND_ALLGATHER) {
     struct hora_request *q = set->reqs[0];
+    set->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
+    set->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
+    op.n = 1;
+  }
+  if (r->device) {
+    HORA_CHECK(device_events(set, r, &op.wait));
+    op.ready = set->ready;
+    op.done = set->done;
+    return hora__coll_run(c, &op);
+  }
+  bool marks = r->kind == HORA_KIND_ALLGATHER;
+  if (marks) {
     on_phase(set, "ALLGATHER");
-    rc = hora__allgather(c, q->sendbuf, bytes, q->recvbuf);
+  }
+  int rc = hora__coll_run(c, &op);
+  if (marks) {
     on_phase(set, NULL);
   }
   if (rc == HORA_SUCCESS && hora__params.VERIFY) {
@@ -347,8 +353,7 @@ static int run_collective(struct hora__set *set, const struct hora__response *r)
   set->copy_ns = 0;
   timeline_all(r, NULL); /* QUEUE ends */
   uint64_t start = hora__now_ns();
-  int rc = r->device ? run_on_device(set, r, total, bytes, &opts)
-                     : run_on_host(set, r, total, bytes, &opts);
+  int rc = run_op(set, r, total, bytes, &opts);
   set->current = NULL;
   HORA_CHECK(rc);
   account(set, r, start, hora__now_ns() - start);

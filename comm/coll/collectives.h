@@ -44,9 +44,31 @@ int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out);
  * shape (lengths), each entry its own memory. wire: HORA_FLOAT16/BFLOAT16 narrows
  * float32/float64 data on socket links (pass dtype for none). AVERAGE
  * reduces as a sum; opts->divisor divides. */
-/* One family of algorithms for the host collectives. */
+/* One collective as the runtime hands it to the data plane. */
+struct hora__coll_op {
+  enum hora__coll_kind kind;
+  const struct hora__iov *in, *out;
+  int n;        /* tensors (allgather: one) */
+  size_t count; /* elements over all tensors (allgather: this rank's) */
+  size_t bytes; /* bytes over all tensors (allgather: this rank's) */
+  hora_dtype dtype;
+  hora_dtype wire; /* on the wire (compression), for host allreduces */
+  hora_op op;
+  int root;
+  const struct hora__coll_opts *opts;
+  /* The buffers are GPU memory; in[i].base == NULL marks a joined rank's
+   * stand-in there: zeros in, nothing out. */
+  bool device;
+  void *const *ready; /* device: n events the runtime stream waits for first, or NULL entries */
+  void *const *done;  /* device: n events recorded when the results are written, or NULL */
+  bool wait;          /* device: return only when the GPU has finished */
+};
+
+/* A family of algorithms. Host backends serve each kind on host buffers;
+ * the device backend serves whole operations on GPU memory. */
 struct hora__coll_backend {
   const char *name;
+  int (*run_device)(hora__comm *comm, const struct hora__coll_op *op);
   int (*allreduce)(hora__comm *comm, const struct hora__iov *in, int nin,
                    const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
                    hora_op op, hora_dtype wire, const struct hora__coll_opts *opts);
@@ -60,11 +82,16 @@ extern const struct hora__coll_backend hora__coll_ring;
 /* The host's shared segment (allreduce also across hosts, hierarchically:
  * shared memory within each host, a ring between them). */
 extern const struct hora__coll_backend hora__coll_shm;
+/* GPU memory: NCCL, or staged through the host backends (comm/gpu). */
+extern const struct hora__coll_backend hora__coll_gpu;
 /* The one table: which backend runs each kind of collective on comm,
  * decided from what every member sees alike (shm: the members of each host
  * share a segment; hierarchical: several hosts with the same number of
  * members each, and a cross-host ring). */
 void hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical);
+
+/* Runs op with the backend the table chose for it on comm. */
+int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op);
 
 /* The host collectives, through comm's backends. */
 int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,

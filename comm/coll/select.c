@@ -1,6 +1,7 @@
 /* The algorithm table: each communicator's choice of backend per kind of
  * collective, made once from its shape, and the entry points that go
- * through it. Nothing else decides between shared memory and rings. */
+ * through it. Nothing else decides between shared memory, rings and the
+ * device data plane. */
 #include "comm/coll/collectives.h"
 #include "comm/shm/shm.h"
 
@@ -52,6 +53,23 @@ void hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical) {
       shm && (comm->cross_size == 1 || hierarchical) ? &hora__coll_shm : &hora__coll_ring;
   comm->algo_bcast = comm->algo_allgather =
       shm && comm->cross_size == 1 ? &hora__coll_shm : &hora__coll_ring;
+  comm->algo_device = &hora__coll_gpu;
+}
+
+int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op) {
+  if (op->device) {
+    return comm->algo_device->run_device(comm, op);
+  }
+  switch (op->kind) {
+    case HORA_COLL_ALLREDUCE:
+      return comm->algo_allreduce->allreduce(comm, op->in, op->n, op->out, op->n, op->count,
+                                             op->dtype, op->op, op->wire, op->opts);
+    case HORA_COLL_BROADCAST:
+      return comm->algo_bcast->broadcast(comm, op->out, op->n, op->bytes, op->root, op->opts);
+    case HORA_COLL_ALLGATHER:
+      return comm->algo_allgather->allgather(comm, op->in[0].base, op->bytes, op->out[0].base);
+  }
+  return hora__error(HORA_ERR_INVALID_ARG, "collective of unknown kind %d", (int)op->kind);
 }
 
 int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,

@@ -436,7 +436,8 @@ void hora__gpu_destroy(hora__comm *c, struct hora__gpu *g, bool failed) {
   free(g);
 }
 
-int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hora__gpu_op *op) {
+static int gpu_run_device(hora__comm *c, const struct hora__coll_op *op) {
+  struct hora__gpu **gpu = &c->gpu;
   if (!hora__gpu_present()) {
     return hora__error(HORA_ERR_NOT_SUPPORTED, "a device buffer, but this process sees no GPU");
   }
@@ -474,6 +475,11 @@ int hora__gpu_collective(hora__comm *c, struct hora__gpu **gpu, const struct hor
   }
   return op->wait ? hora__gpu_wait_stream(c, g) : HORA_SUCCESS;
 }
+
+const struct hora__coll_backend hora__coll_gpu = {
+    .name = "gpu",
+    .run_device = gpu_run_device,
+};
 
 /* ---- the copy kernel's bandwidth -------------------------------------------------- */
 

@@ -38,24 +38,8 @@ int hora__gpu_event_query(void *event, bool *happened);
 int hora__gpu_event_create(void **event);
 void hora__gpu_event_destroy(void *event);
 
-/* One collective over device buffers. in[i].base == NULL marks a joined
- * rank's stand-in: zeros in, nothing out. */
-struct hora__gpu_op {
-  enum hora__coll_kind kind;
-  const struct hora__iov *in, *out;
-  int n;
-  size_t count; /* elements over all tensors (allgather: this rank's) */
-  hora_dtype dtype;
-  hora_op op;
-  int root;
-  const struct hora__coll_opts *opts;
-  void *const *ready; /* n events the runtime stream waits for first, or NULL entries */
-  void *const *done;  /* n events recorded when the results are written, or NULL */
-  bool wait;          /* return only when the GPU has finished */
-};
 
 /* Runs op; sets up the GPU state in *gpu on first use. */
-int hora__gpu_collective(hora__comm *comm, struct hora__gpu **gpu, const struct hora__gpu_op *op);
 /* Sets up the GPU state in *gpu now (HORA_GPU_INIT=eager), if it is not
  * yet; every rank calls it together, and a failure on one rank fails it on
  * all. */

@@ -34,10 +34,15 @@ int hora__gpu_event_create(void **event) {
 }
 void hora__gpu_event_destroy(void *event) { (void)event; }
 
-int hora__gpu_collective(hora__comm *comm, struct hora__gpu **gpu, const struct hora__gpu_op *op) {
-  (void)comm, (void)gpu, (void)op;
+static int gpu_run_device(hora__comm *comm, const struct hora__coll_op *op) {
+  (void)comm, (void)op;
   return no_cuda();
 }
+
+const struct hora__coll_backend hora__coll_gpu = {
+    .name = "gpu",
+    .run_device = gpu_run_device,
+};
 const char *hora__gpu_path(const struct hora__gpu *gpu) {
   (void)gpu;
   return NULL;

@@ -71,7 +71,7 @@ static size_t total_len(const struct hora__iov *v, int n) {
   return t;
 }
 
-static void phase(const struct hora__gpu_op *op, const char *name) {
+static void phase(const struct hora__coll_op *op, const char *name) {
   if (op->opts && op->opts->phase) {
     op->opts->phase(op->opts->phase_arg, name);
   }
@@ -121,7 +121,7 @@ static ncclRedOp_t nccl_op(hora_dtype dt, hora_op op) {
     }                                                                                        \
   } while (0)
 
-int hora__gpu_nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op) {
+int hora__gpu_nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op) {
   const struct hora__coll_opts *o = op->opts;
   if (op->kind == HORA_COLL_ALLGATHER) {
     phase(op, "NCCL_ALLGATHER");
@@ -235,7 +235,7 @@ static bool direct_usable(hora__comm *c, struct hora__gpu *g, size_t bytes) {
   return g->direct > 0;
 }
 
-static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op,
+static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op,
                             size_t bytes) {
   bool root = c->rank == op->root;
   if (root) {
@@ -258,7 +258,7 @@ static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hor
   return HORA_SUCCESS;
 }
 
-int hora__gpu_staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op) {
+int hora__gpu_staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op) {
   if (op->kind == HORA_COLL_ALLGATHER) {
     size_t bytes = op->in[0].len;
     HORA_CHECK(hora__gpu_grow_stage(c, g, bytes * (size_t)(c->size + 1)));

@@ -66,8 +66,8 @@ int hora__gpu_copied_out(struct hora__gpu *g);
 int hora__gpu_elem_type(hora_dtype dt);
 #if HORA_HAVE_NCCL
 bool hora__gpu_nccl_reduces(hora_dtype dt);
-int hora__gpu_nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op);
+int hora__gpu_nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op);
 #endif
-int hora__gpu_staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__gpu_op *op);
+int hora__gpu_staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op);
 
 #endif
