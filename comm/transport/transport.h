@@ -1,5 +1,5 @@
 /* The transport vtable: how bytes move between two ranks. Every transport
- * implements it; the algorithms (allreduce.c, broadcast.c, allgather.c) are
+ * implements it; the algorithms (comm/coll/) are
  * written once against it. Shaped like NCCL's net plugin API: connections
  * are set up without blocking (connect, accept, establish), transfers are
  * posted and then tested, memory is registered once, and each connection
@@ -49,7 +49,7 @@ struct hora__conn {
   int peer;
   hora__xfer *send_head, *send_tail;
   hora__xfer *recv_head, *recv_tail;
-  struct hora__conn *active_next; /* on the comm's list of busy connections */
+  struct hora__conn *active_next; /* on the progress engine's list of busy connections */
   bool active;
   /* Transfers already off the queues whose completion the transport still
    * owes (an RDMA write straight from the caller's memory). */
