@@ -56,7 +56,7 @@
 #include "runtime/engine.h"
 #include "runtime/timeline.h"
 
-static void set_free(struct hora__set *s, bool failed) {
+void hora__engine_set_free(struct hora__set *s, bool failed) {
   if (!s) {
     return;
   }
@@ -92,7 +92,7 @@ static void set_free(struct hora__set *s, bool failed) {
 
 /* The negotiation state of one communicator: its cache, cycles (partners
  * by its own ranks), stall inspector and, at its first rank, controller. */
-static int set_create(struct hora__engine *e, hora__comm *comm, struct hora__set **out) {
+int hora__engine_set_create(struct hora__engine *e, hora__comm *comm, struct hora__set **out) {
   struct hora__set *s = hora__calloc(1, sizeof(*s));
   if (!s) {
     return HORA_ERR_NO_MEMORY;
@@ -104,7 +104,7 @@ static int set_create(struct hora__engine *e, hora__comm *comm, struct hora__set
   s->send_at_ns = UINT64_MAX;
   int rc = hora__cache_init(&s->cache, (uint32_t)hora__params.CACHE_CAPACITY);
   if (rc != HORA_SUCCESS) {
-    set_free(s, false);
+    hora__engine_set_free(s, false);
     return rc;
   }
   size_t bitmap = ((size_t)s->cache.capacity + 7) / 8;
@@ -121,13 +121,13 @@ static int set_create(struct hora__engine *e, hora__comm *comm, struct hora__set
   s->next_stuck_ns = UINT64_MAX;
   if (!s->waiting || !s->evict_wish || !s->acc || !s->inbox || !s->stuck_cycle ||
       !s->stuck_since_ns) {
-    set_free(s, false);
+    hora__engine_set_free(s, false);
     return HORA_ERR_NO_MEMORY;
   }
   if (comm->rank == 0) {
     rc = hora__controller_create(comm->size, &s->ctl);
     if (rc != HORA_SUCCESS) {
-      set_free(s, false);
+      hora__engine_set_free(s, false);
       return rc;
     }
   }
@@ -139,7 +139,7 @@ static void engine_free(struct hora__engine *e) {
   if (!e) {
     return;
   }
-  set_free(e->world, atomic_load(&e->rt->fatal_code) != HORA_SUCCESS);
+  hora__engine_set_free(e->world, atomic_load(&e->rt->fatal_code) != HORA_SUCCESS);
   hora__wbuf_free(&e->wbuf);
   free(e->pollfds);
   free(e);
@@ -528,7 +528,7 @@ int hora__engine_start(struct hora__runtime *rt) {
     engine_free(e);
     return HORA_ERR_NO_MEMORY;
   }
-  int rc = set_create(e, rt->comm, &e->world);
+  int rc = hora__engine_set_create(e, rt->comm, &e->world);
   if (rc != HORA_SUCCESS) {
     engine_free(e);
     return rc;

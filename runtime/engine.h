@@ -107,6 +107,15 @@ struct hora__engine {
   bool setup_done;       /* HORA_GPU_INIT=eager: hora_init may go on (under rt->mu) */
 };
 
+/* engine.c: a communicator's negotiation state (its cache, cycles with
+ * partners by its own ranks, stall inspector and, at its first rank, the
+ * controller), made for engine e and freed with the responses still queued
+ * on it; `failed`: after a fatal error (the device data plane is aborted,
+ * not waited for). hora__engine_start makes the world's; the unit tests
+ * make their own. */
+int hora__engine_set_create(struct hora__engine *e, hora__comm *comm, struct hora__set **out);
+void hora__engine_set_free(struct hora__set *s, bool failed);
+
 /* control.c: control connections in and out */
 int hora__engine_read_ctrl(struct hora__engine *e, hora__ctrl *c);
 int hora__engine_ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,

@@ -57,6 +57,11 @@ int test_skipped;
   X(ib_immediates_are_checked_against_the_ring)                                              \
   X(ib_record_roundtrip_and_rejects)                                                         \
   X(cycle_steps_are_checked_on_arrival)                                                      \
+  X(cycles_schedule_slots_ready_everywhere_and_submitted_somewhere)                          \
+  X(cycles_apply_rank_0s_frames_at_their_end)                                                \
+  X(cycles_tell_every_rank_someone_joined)                                                   \
+  X(cycle_steps_from_the_wrong_rank_or_cycle_fail_naming_it)                                 \
+  X(cycle_partner_lost_mid_cycle_fails_with_peer_lost)                                       \
   X(progress_moves_queued_transfers_in_order_and_in_pieces)                                  \
   X(progress_refuses_a_receive_of_another_length)                                            \
   X(progress_fails_both_ends_of_a_broken_link)                                               \
