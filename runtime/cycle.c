@@ -8,6 +8,17 @@ struct hora__cycle_inbox *hora__cycle_inbox_of(struct hora__cycle_inbox *inbox, 
   return &inbox[(cycle & 1) * HORA_INBOX_STEPS + step];
 }
 
+struct hora__cycle_inbox *hora__cycle_take(struct hora__cycle_inbox *inbox, uint64_t cycle,
+                                           int step) {
+  struct hora__cycle_inbox *in = hora__cycle_inbox_of(inbox, cycle, step);
+  if (!in->has || in->cycle != cycle) {
+    return NULL;
+  }
+  in->has = false;
+  in->taken = cycle;
+  return in;
+}
+
 void hora__cycle_inbox_free(struct hora__cycle_inbox *inbox) {
   if (inbox) {
     for (int i = 0; i < 2 * HORA_INBOX_STEPS; i++) {
@@ -39,7 +50,7 @@ int hora__cycle_accept(struct hora__cycle_inbox *inbox, const struct hora__cycle
                        (unsigned long long)m.cycle, max_nbytes);
   }
   struct hora__cycle_inbox *in = hora__cycle_inbox_of(inbox, m.cycle, m.step);
-  if (in->has) {
+  if (in->has || m.cycle <= in->taken) {
     return hora__error(HORA_ERR_PROTOCOL, "rank %d sent step %u of cycle %llu twice", from,
                        m.step, (unsigned long long)m.cycle);
   }
@@ -56,6 +67,7 @@ int hora__cycle_accept(struct hora__cycle_inbox *inbox, const struct hora__cycle
     memcpy(in->vec, m.vec, need);
   }
   in->has = true;
+  in->cycle = m.cycle;
   in->flags = m.flags;
   in->frames = m.frames;
   in->nbytes = m.nbytes;

@@ -28,6 +28,8 @@ void hora__cycle_partners(int rank, int size, struct hora__cycle_partners *p);
 
 struct hora__cycle_inbox {
   bool has;
+  uint64_t cycle; /* of the step held (has) */
+  uint64_t taken; /* the last cycle whose step was taken from here (0: none) */
   uint8_t flags;
   uint64_t frames;
   uint32_t nbytes;
@@ -40,6 +42,11 @@ struct hora__cycle_inbox {
 struct hora__cycle_inbox *hora__cycle_inbox_of(struct hora__cycle_inbox *inbox, uint64_t cycle,
                                                int step);
 void hora__cycle_inbox_free(struct hora__cycle_inbox *inbox);
+/* Takes the step of `cycle` from the inbox: NULL if it has not arrived.
+ * The entry stays valid until the next accept; a step of that cycle sent
+ * again later is refused. */
+struct hora__cycle_inbox *hora__cycle_take(struct hora__cycle_inbox *inbox, uint64_t cycle,
+                                           int step);
 
 /* Decodes a CYCLE message from rank `from` and keeps it in the inbox: it
  * must come from the partner of its step (cp), for one of the next two

@@ -90,7 +90,7 @@ static int take_step(struct hora__set *set, int peer, int step, bool *got) {
                        "rank's (%u against %u bytes of bits in cycle %llu)", peer, in->nbytes, nb,
                        (unsigned long long)(set->cycles + 1));
   }
-  in->has = false;
+  hora__cycle_take(set->inbox, set->cycles + 1, step);
   if (step == STEP_FOLD_OUT) {
     if (nb) { /* without a cache the vectors are empty (and vec may be NULL) */
       memcpy(set->acc, in->vec, 3 * (size_t)nb);
@@ -295,7 +295,7 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
   }
   HORA_CHECK(rc);
   /* An ask that crossed our own start is spent with the cycle. */
-  inbox_of(set, set->cycles + 1, STEP_ASK)->has = false;
+  hora__cycle_take(set->inbox, set->cycles + 1, STEP_ASK);
   set->cycles++;
   HORA_TRACE("cycle %llu: done, frames %llu", (unsigned long long)set->cycles,
              (unsigned long long)set->acc_frames);

@@ -52,3 +52,33 @@ TEST(cycle_steps_are_checked_on_arrival) {
   ASSERT_EQ_INT(rc[5], HORA_ERR_PROTOCOL);
   ASSERT_EQ_INT(rc[6], HORA_SUCCESS);
 }
+
+/* A step taken by the cycle in progress and then sent again must not wait
+ * in the inbox to be used as a later cycle's (its slot is shared by
+ * parity with cycle + 2). */
+TEST(cycle_step_sent_again_after_it_was_taken_is_refused) {
+  struct hora__cycle_partners cp; /* rank 1 of 4: rounds with 0 and 3 */
+  hora__cycle_partners(1, 4, &cp);
+  struct hora__cycle_inbox *inbox = calloc(2 * HORA_INBOX_STEPS, sizeof(*inbox));
+  ASSERT(inbox);
+  struct hora__wbuf w = {0};
+  const uint8_t vec[3] = {1, 2, 3};
+  size_t n = encode(&w, 1, 1, 1, vec);
+  int rc0 = hora__cycle_accept(inbox, &cp, 0, 1, 0, w.data, n);
+  struct hora__cycle_inbox *in = hora__cycle_take(inbox, 1, 1);
+  int taken = in != NULL;
+  int rc1 = hora__cycle_accept(inbox, &cp, 0, 1, 0, w.data, n); /* the same step again */
+  char msg[160];
+  snprintf(msg, sizeof(msg), "%s", hora__error_message());
+  int held = hora__cycle_inbox_of(inbox, 3, 1)->has;
+  n = encode(&w, 3, 1, 1, vec); /* the real step of cycle 3 comes later */
+  int rc2 = hora__cycle_accept(inbox, &cp, 2, 1, 0, w.data, n);
+  hora__cycle_inbox_free(inbox);
+  hora__wbuf_free(&w);
+  ASSERT_EQ_INT(rc0, HORA_SUCCESS);
+  ASSERT(taken);
+  ASSERT_EQ_INT(rc1, HORA_ERR_PROTOCOL);
+  ASSERT_STR_CONTAINS(msg, "rank 0 sent step 1 of cycle 1 twice");
+  ASSERT(!held);
+  ASSERT_EQ_INT(rc2, HORA_SUCCESS);
+}
