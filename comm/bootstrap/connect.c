@@ -196,8 +196,8 @@ static int by_peer_and_kind(const void *a, const void *b) {
 
 /* Whether connections to peer of this kind use the RDMA transport. */
 static bool uses_ib(const hora__comm *c, int peer, int kind) {
-  return kind != HORA_CONN_CTRL && c->proc->rdma &&
-         (c->proc->ib_all || (c->proc->ib_remote && !same_host(c, peer)));
+  /* rdma is set only where every host has an RDMA port (ib_remote). */
+  return kind != HORA_CONN_CTRL && c->proc->rdma && (c->proc->ib_all || !same_host(c, peer));
 }
 
 /* One socket to peer; kind is the wire kind (with the socket index). */

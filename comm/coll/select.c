@@ -62,12 +62,12 @@ int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op) {
   }
   switch (op->kind) {
     case HORA_COLL_ALLREDUCE:
-      return comm->algo_allreduce->allreduce(comm, op->in, op->n, op->out, op->n, op->count,
-                                             op->dtype, op->op, op->wire, op->opts);
+      return hora__allreduce(comm, op->in, op->n, op->out, op->n, op->count, op->dtype, op->op,
+                             op->wire, op->opts);
     case HORA_COLL_BROADCAST:
-      return comm->algo_bcast->broadcast(comm, op->out, op->n, op->bytes, op->root, op->opts);
+      return hora__broadcast(comm, op->out, op->n, op->bytes, op->root, op->opts);
     case HORA_COLL_ALLGATHER:
-      return comm->algo_allgather->allgather(comm, op->in[0].base, op->bytes, op->out[0].base);
+      return hora__allgather(comm, op->in[0].base, op->bytes, op->out[0].base);
   }
   return hora__error(HORA_ERR_INVALID_ARG, "collective of unknown kind %d", (int)op->kind);
 }
