@@ -205,12 +205,15 @@ typedef struct hora_allreduce_options {
    * shape and none, get HORA_ERR_MISMATCH naming both. */
   int ndims;
   const int64_t *dims;
+  /* The process set that runs it (added later; see "Process sets" below):
+   * NULL or hora_process_set_world() for every rank of the job. */
+  const struct hora_process_set *process_set;
 } hora_allreduce_options;
 
 #define HORA_MAX_DIMS 32
 
 #define HORA_ALLREDUCE_OPTIONS_INIT \
-  { sizeof(hora_allreduce_options), 1.0, 1.0, HORA_COMPRESSION_DEFAULT, -1, NULL }
+  { sizeof(hora_allreduce_options), 1.0, 1.0, HORA_COMPRESSION_DEFAULT, -1, NULL, NULL }
 
 /* hora_allreduce_async with options; opts may be NULL (the defaults). */
 HORA_EXTERN int hora_allreduce_async_ex(const char *name, const void *sendbuf, void *recvbuf,
@@ -279,9 +282,12 @@ typedef struct hora_op_options {
   int ndims;          /* -1: no shape; else dims[0] * ... * dims[ndims-1] == count
                          (for allgather: this rank's input) */
   const int64_t *dims;
+  /* The process set that runs it (added later; see "Process sets" below):
+   * NULL or hora_process_set_world() for every rank of the job. */
+  const struct hora_process_set *process_set;
 } hora_op_options;
 
-#define HORA_OP_OPTIONS_INIT { sizeof(hora_op_options), -1, NULL }
+#define HORA_OP_OPTIONS_INIT { sizeof(hora_op_options), -1, NULL, NULL }
 
 /* hora_broadcast_async / hora_allgather_async with options; opts may be NULL. */
 HORA_EXTERN int hora_broadcast_async_ex(const char *name, void *buf, size_t count,
@@ -303,6 +309,66 @@ HORA_EXTERN int hora_allgather_async_ex(const char *name, const void *sendbuf, s
  * HORA_ERR_INVALID_USAGE. */
 HORA_EXTERN int hora_start_timeline(const char *path, int mark_cycles);
 HORA_EXTERN int hora_stop_timeline(void);
+
+/* ---- Process sets ------------------------------------------------------------
+ * A process set is a group of the job's ranks that runs collectives among
+ * themselves, like Horovod's process sets or an MPI communicator. Every
+ * collective takes one through its options struct (`process_set` in
+ * hora_allreduce_options and hora_op_options; hora_barrier_ex and
+ * hora_join_ex for the two calls that had none): NULL, or
+ * hora_process_set_world(), is every rank of the job.
+ *
+ * Within a set, ranks are the set's own: 0 .. size-1 in the order of the
+ * members' global ranks. A broadcast's root, an allgather's order and
+ * hora_join_ex's last_joined_rank are set ranks; messages (mismatches,
+ * stall warnings) name global ranks and the set's id.
+ *
+ * Each set negotiates on its own: names are matched within the set (the
+ * same name in two sets is two operations), its first member coordinates
+ * it, and it has its own response cache, fusion buffer, join and stall
+ * inspector, so one set's stalled operation never holds up another's.
+ * Each runs on a thread of its own with connections of its own, so the
+ * operations of different sets a rank has in flight complete whatever the
+ * order they were submitted in. A fatal error in any set (a lost peer)
+ * fails every set of the job, the world too.
+ *
+ * Memory and descriptors per set and member: its fusion buffer
+ * (HORA_FUSION_THRESHOLD, allocated on first use) and ring staging, a
+ * shared-memory segment among its members on the host, one thread, two
+ * listening sockets and its control and ring connections. */
+typedef struct hora_process_set hora_process_set;
+
+/* Makes the set of the n global ranks in `ranks` (any order, no
+ * duplicates). Collective over every rank of the job, which must all pass
+ * the same ranks (HORA_ERR_MISMATCH on every rank otherwise); sets are
+ * numbered 1, 2, ... in the order they are made. A rank outside the set
+ * gets a handle too: hora_process_set_included() says 0, and its
+ * collectives fail with HORA_ERR_INVALID_USAGE. */
+HORA_EXTERN int hora_process_set_create(const int *ranks, int n, hora_process_set **ps);
+
+/* Frees a set: collective over every rank of the job, all passing the same
+ * set. Its members first complete what is in flight on it. Not while other
+ * threads submit to it; the world cannot be destroyed. Sets still alive at
+ * hora_finalize are destroyed there. */
+HORA_EXTERN int hora_process_set_destroy(hora_process_set *ps);
+
+/* The job's world as a set (id 0). Valid while the runtime runs. */
+HORA_EXTERN hora_process_set *hora_process_set_world(void);
+
+/* The set's id (0: the world), its size, this rank's rank in it (-1 when not
+ * a member), and whether this rank is a member; -1 for a NULL set. */
+HORA_EXTERN int hora_process_set_id(const hora_process_set *ps);
+HORA_EXTERN int hora_process_set_size(const hora_process_set *ps);
+HORA_EXTERN int hora_process_set_rank(const hora_process_set *ps);
+HORA_EXTERN int hora_process_set_included(const hora_process_set *ps);
+/* Copies the members' global ranks, ascending, into ranks[0 .. n-1] (at
+ * most n of them) and returns the set's size; -1 for a NULL set. */
+HORA_EXTERN int hora_process_set_ranks(const hora_process_set *ps, int *ranks, int n);
+
+/* hora_barrier and hora_join within opts->process_set (opts may be NULL:
+ * the world). last_joined_rank is a rank of that set. */
+HORA_EXTERN int hora_barrier_ex(const hora_op_options *opts);
+HORA_EXTERN int hora_join_ex(const hora_op_options *opts, int *last_joined_rank);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,10 @@ HORA_EXTERN int hora_wait(hora_request **req) {
   if (atomic_load_explicit(&(*req)->done, memory_order_acquire)) {
     return hora__request_finish(req);
   }
+  if ((*req)->inst) {
+    /* A process set's: the request keeps its runtime alive. */
+    return hora__request_wait((*req)->inst, req);
+  }
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt = hora__api_running(&rc, "hora_wait");
   if (!rt) {
@@ -97,6 +101,15 @@ static void set_shape(struct hora_request *r, const struct hora__shape *s) {
   }
 }
 
+/* The process set of a hora_op_options (NULL: the world), read only where
+ * the caller's struct_size covers it (checked by op_options_shape). */
+static const hora_process_set *op_options_set(const hora_op_options *opts) {
+  return opts && opts->struct_size >= offsetof(hora_op_options, process_set) +
+                                          sizeof(opts->process_set)
+             ? opts->process_set
+             : NULL;
+}
+
 /* The shape of a hora_op_options (NULL: none), read only where the
  * caller's struct_size covers it. */
 static int op_options_shape(const char *call, const hora_op_options *opts, size_t count,
@@ -159,6 +172,9 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
       o.ndims = -1;
       o.dims = NULL;
     }
+    if (opts->struct_size < offsetof(hora_allreduce_options, process_set) + sizeof(o.process_set)) {
+      o.process_set = NULL;
+    }
   }
   struct hora__shape shape;
   HORA_CHECK(hora__shape_check("hora_allreduce_async_ex", o.ndims, o.dims, count, &shape));
@@ -173,7 +189,7 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
   HORA_CHECK(hora__check_allreduce_dtype(opts ? "hora_allreduce_async_ex" : "hora_allreduce_async",
                                          name, dtype, op, o.prescale, o.postscale));
   int rc = HORA_SUCCESS;
-  struct hora__runtime *rt = hora__api_running(&rc, "hora_allreduce_async");
+  struct hora__runtime *rt = hora__api_running_in(o.process_set, &rc, "hora_allreduce_async");
   if (!rt) {
     return rc;
   }
@@ -222,14 +238,15 @@ int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype
   struct hora__shape shape;
   HORA_CHECK(op_options_shape("hora_broadcast_async_ex", opts, count, &shape));
   int rc = HORA_SUCCESS;
-  struct hora__runtime *rt = hora__api_running(&rc, "hora_broadcast_async");
+  struct hora__runtime *rt =
+      hora__api_running_in(op_options_set(opts), &rc, "hora_broadcast_async");
   if (!rt) {
     return rc;
   }
   if (root < 0 || root >= rt->size) {
     return hora__api_leave(hora__error(
-        HORA_ERR_INVALID_ARG,
-        "hora_broadcast_async: root %d is out of range (the job has %d ranks)", root, rt->size));
+        HORA_ERR_INVALID_ARG, "hora_broadcast_async: root %d is out of range (the %s has %d ranks)",
+        root, rt->set_id ? "process set" : "job", rt->size));
   }
   struct hora_request *r = hora__request_new(HORA_KIND_BROADCAST);
   if (!r) {
@@ -261,7 +278,11 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
                            hora_request **req) {
   hora__error_clear();
   int rc = HORA_SUCCESS;
-  struct hora__runtime *rt = hora__api_running(&rc, "hora_allgather_async");
+  if (opts && (opts->struct_size < sizeof(opts->struct_size) || opts->struct_size > (1u << 16))) {
+    return op_options_shape("hora_allgather_async_ex", opts, count, &(struct hora__shape){0});
+  }
+  struct hora__runtime *rt =
+      hora__api_running_in(op_options_set(opts), &rc, "hora_allgather_async");
   if (!rt) {
     if (req) {
       *req = NULL;
@@ -311,7 +332,7 @@ int hora__wait_stream(hora_request **req, void *stream) {
     if (!rt) {
       return rc;
     }
-    hora__request_wait_done(rt, r);
+    hora__request_wait_done(r->inst ? r->inst : rt, r);
     hora__api_leave(HORA_SUCCESS);
   }
   int status = r->status;
@@ -350,10 +371,15 @@ HORA_EXTERN int hora_allgather(const char *name, const void *sendbuf, size_t cou
   return hora_wait(&r);
 }
 
-static int run_internal(uint8_t kind, const char *call, int *last_joined) {
+static int run_internal(uint8_t kind, const char *call, const hora_op_options *opts,
+                        int *last_joined) {
   hora__error_clear();
   int rc = HORA_SUCCESS;
-  struct hora__runtime *rt = hora__api_running(&rc, call);
+  if (opts && (opts->struct_size < sizeof(opts->struct_size) || opts->struct_size > (1u << 16))) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: opts->struct_size is %zu; set it to "
+                       "sizeof(hora_op_options)", call, opts->struct_size);
+  }
+  struct hora__runtime *rt = hora__api_running_in(op_options_set(opts), &rc, call);
   if (!rt) {
     return rc;
   }
@@ -380,7 +406,13 @@ static int run_internal(uint8_t kind, const char *call, int *last_joined) {
   return hora__api_leave(hora__request_finish(&q));
 }
 
-HORA_EXTERN int hora_barrier(void) { return run_internal(HORA_KIND_BARRIER, "hora_barrier", NULL); }
+HORA_EXTERN int hora_barrier(void) {
+  return run_internal(HORA_KIND_BARRIER, "hora_barrier", NULL, NULL);
+}
+
+HORA_EXTERN int hora_barrier_ex(const hora_op_options *opts) {
+  return run_internal(HORA_KIND_BARRIER, "hora_barrier_ex", opts, NULL);
+}
 
 HORA_EXTERN int hora_broadcast_parameters(const hora_tensor *tensors, size_t n, int root) {
   hora__error_clear();
@@ -458,20 +490,23 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   s.staged_bytes = rt->comm ? __atomic_load_n(&rt->comm->proc->staged_bytes, __ATOMIC_RELAXED) : 0;
   s.cycles = atomic_load(&rt->stats.cycles);
   s.sent_in_full = atomic_load(&rt->stats.sent_in_full);
+  hora__process_sets_add_stats(&s);
   size_t keep = stats->struct_size;
   memcpy(stats, &s, HORA_MIN(keep, sizeof(s)));
   stats->struct_size = keep;
   return hora__api_leave(HORA_SUCCESS);
 }
 
-HORA_EXTERN int hora_join(int *last_joined_rank) {
+HORA_EXTERN int hora_join_ex(const hora_op_options *opts, int *last_joined_rank) {
   int last = -1;
-  int rc = run_internal(HORA_KIND_JOIN, "hora_join", &last);
+  int rc = run_internal(HORA_KIND_JOIN, opts ? "hora_join_ex" : "hora_join", opts, &last);
   if (last_joined_rank) {
     *last_joined_rank = rc == HORA_SUCCESS ? last : -1;
   }
   return rc;
 }
+
+HORA_EXTERN int hora_join(int *last_joined_rank) { return hora_join_ex(NULL, last_joined_rank); }
 
 /* Only rank 0 writes the timeline; the coordinator keeps writing events
  * while the file is swapped (timeline.c locks). */

@@ -130,6 +130,9 @@ int hora__engine_set_create(struct hora__engine *e, hora__comm *comm, struct hor
       hora__engine_set_free(s, false);
       return rc;
     }
+    if (e->rt) {
+      hora__controller_name(s->ctl, e->rt->global_ranks, e->rt->label);
+    }
   }
   *out = s;
   return HORA_SUCCESS;
@@ -498,8 +501,11 @@ static void *coordinator_main(void *arg) {
     /* The first fatal error wins: hora_abort may have recorded one already. */
     hora__runtime_set_fatal(rt, rc, hora__error_message());
     int code = atomic_load(&rt->fatal_code);
-    HORA_ERROR("fatal: %s (%s)", rt->fatal_msg, hora_strerror(code));
-    broadcast_fatal(e, code, rt->fatal_msg, e->abort_from_root);
+    if (!atomic_load(&rt->contained)) {
+      HORA_ERROR("%sfatal: %s (%s)", rt->label, rt->fatal_msg, hora_strerror(code));
+      broadcast_fatal(e, code, rt->fatal_msg, e->abort_from_root);
+      hora__process_sets_fatal(rt, code, rt->fatal_msg);
+    }
   }
   fail_everything(e);
   if (rc != HORA_SUCCESS) {

@@ -16,6 +16,7 @@
 #include "runtime/cycle.h"
 #include "runtime/runtime.h"
 #include "runtime/timeline.h"
+#include "hora_mpi.h"
 
 /* The running runtime, or NULL. Published after it is fully set up. */
 static struct hora__runtime *_Atomic current;
@@ -43,6 +44,8 @@ struct hora__runtime *hora__api_running(int *rc, const char *call) {
   }
   return rt;
 }
+
+struct hora__runtime *hora__world_runtime(void) { return atomic_load(&current); }
 
 int hora__api_leave(int rc) {
   atomic_fetch_sub(&api_users, 1);
@@ -77,10 +80,17 @@ static void log_startup(const struct hora__runtime *rt) {
             t->cpus, t->numa, c->proc->local_transport, c->proc->remote_transport, c->net->spin_us);
 }
 
-static int init_locked(void) {
+static int init_locked(MPI_Comm comm) {
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
+  if (comm != MPI_COMM_NULL && (!inited || finalized)) {
+    return hora__error(HORA_ERR_INVALID_USAGE,
+                       "hora_init_comm: MPI is not running, so there can be no communicator");
+  }
+  if (comm == MPI_COMM_NULL) {
+    comm = MPI_COMM_WORLD;
+  }
   if (finalized || mpi_finalized_by_hora) {
     return hora__error(HORA_ERR_INVALID_USAGE,
                        "hora_init: MPI has been finalized in this process (by %s), and MPI cannot "
@@ -106,7 +116,7 @@ static int init_locked(void) {
   }
   /* Every rank learns whether any rank's settings were bad, so none is left
    * waiting in the bootstrap for one that gave up. */
-  int worst = prc, err = MPI_Allreduce(&prc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int worst = prc, err = MPI_Allreduce(&prc, &worst, 1, MPI_INT, MPI_MAX, comm);
   int rc = HORA_SUCCESS;
   if (err != MPI_SUCCESS) {
     rc = hora__mpi_error(err, "MPI_Allreduce(settings check)");
@@ -123,12 +133,36 @@ static int init_locked(void) {
     return rc;
   }
 
+  struct hora__runtime *rt = NULL;
+  rc = hora__instance_start(comm, 0, NULL, &rt);
+  if (rc != HORA_SUCCESS) {
+    hora__timeline_close();
+    if (owns_mpi) {
+      MPI_Finalize();
+      mpi_finalized_by_hora = true;
+    }
+    return rc;
+  }
+  rt->owns_mpi = owns_mpi;
+  atomic_store_explicit(&current, rt, memory_order_release);
+  return HORA_SUCCESS;
+}
+
+/* A runtime over comm: the job's world (set_id 0), or a process set's. */
+int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
+                         struct hora__runtime **out) {
+  int rc = HORA_SUCCESS;
   struct hora__runtime *rt = hora__calloc(1, sizeof(*rt));
   if (!rt) {
     return HORA_ERR_NO_MEMORY;
   }
-  rt->owns_mpi = owns_mpi;
   rt->wake_fd = -1;
+  rt->set_id = set_id;
+  rt->global_ranks = global_ranks;
+  atomic_init(&rt->refs, 1);
+  if (set_id > 0) {
+    snprintf(rt->label, sizeof(rt->label), "process set %d: ", set_id);
+  }
   pthread_mutex_init(&rt->mu, NULL);
   pthread_cond_init(&rt->done_cv, NULL);
   rt->accepting = true;
@@ -146,48 +180,90 @@ static int init_locked(void) {
   HORA_CHECK_GOTO(hora__topology_probe(&rt->topo), rc, fail);
   /* The control plane: the star around rank 0 (the bootstrap's own) and
    * the cycles' partners. */
-  int world_rank = 0, world_size = 1, ctrl_peers[32], nctrl = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  int my_rank = 0, my_size = 1, ctrl_peers[32], nctrl = 0;
+  MPI_Comm_rank(comm, &my_rank);
+  MPI_Comm_size(comm, &my_size);
   struct hora__cycle_partners cp;
-  hora__cycle_partners(world_rank, world_size, &cp);
+  hora__cycle_partners(my_rank, my_size, &cp);
   if (cp.fold >= 0) {
     ctrl_peers[nctrl++] = cp.fold;
   }
   for (int i = 0; i < cp.nrounds; i++) {
     ctrl_peers[nctrl++] = cp.round[i];
   }
-  HORA_CHECK_GOTO(hora__comm_create(MPI_COMM_WORLD, ctrl_peers, nctrl, &rt->comm), rc, fail);
+  rc = hora__comm_create(comm, ctrl_peers, nctrl, &rt->comm);
+  if (set_id > 0) {
+    hora__log_set_rank(global_ranks[my_rank]); /* the bootstrap named the set's rank */
+  }
+  if (rc != HORA_SUCCESS) {
+    goto fail;
+  }
   rt->rank = rt->comm->rank;
   rt->size = rt->comm->size;
+  rt->comm->net->names = global_ranks;
   /* Spinning only pays when every local rank has a core of its own. */
   rt->comm->net->spin_us = rt->comm->local_size <= rt->topo.pus ? (int)hora__params.SPIN_TIME_US : 0;
-  if (rt->rank == 0) {
-    hora__params_log();
-    if (hora__params.TIMELINE[0]) {
-      HORA_CHECK_GOTO(hora__timeline_open(hora__params.TIMELINE, hora__params.TIMELINE_MARK_CYCLES,
-                                          "HORA_TIMELINE"),
-                      rc, fail);
+  rt->spin_us = rt->comm->net->spin_us;
+  if (set_id == 0) {
+    if (rt->rank == 0) {
+      hora__params_log();
+      if (hora__params.TIMELINE[0]) {
+        HORA_CHECK_GOTO(hora__timeline_open(hora__params.TIMELINE,
+                                            hora__params.TIMELINE_MARK_CYCLES, "HORA_TIMELINE"),
+                        rc, fail);
+      }
     }
+    log_startup(rt);
   }
-  log_startup(rt);
   HORA_CHECK_GOTO(hora__engine_start(rt), rc, fail);
-  atomic_store_explicit(&current, rt, memory_order_release);
+  *out = rt;
   return HORA_SUCCESS;
 fail:
-  runtime_free(rt);
-  hora__timeline_close();
-  if (owns_mpi) {
-    MPI_Finalize();
-    mpi_finalized_by_hora = true;
-  }
+  hora__instance_release(rt);
   return rc;
+}
+
+/* Agrees with the set's ranks that it is over, stops its coordinator (every
+ * request it held has then completed) and frees its data plane. */
+void hora__instance_stop(struct hora__runtime *rt) {
+  struct hora_request *r = hora__request_new(HORA_KIND_SHUTDOWN);
+  if (r) {
+    hora_request *q = NULL;
+    if (hora__request_submit(rt, r, NULL, &q) == HORA_SUCCESS) {
+      hora__request_wait(rt, &q);
+    }
+  }
+  hora__engine_join(rt);
+  hora__comm_destroy(rt->comm);
+  pthread_mutex_lock(&rt->mu);
+  rt->comm = NULL;
+  close(rt->wake_fd);
+  rt->wake_fd = -1;
+  pthread_mutex_unlock(&rt->mu);
+}
+
+/* Drops a reference; the last frees what stop left (the locks, the table). */
+void hora__instance_release(struct hora__runtime *rt) {
+  if (rt && atomic_fetch_sub(&rt->refs, 1) == 1) {
+    runtime_free(rt);
+  }
 }
 
 HORA_EXTERN int hora_init(void) {
   hora__error_clear();
   pthread_mutex_lock(&lifecycle_mu);
-  int rc = atomic_load(&current) ? HORA_SUCCESS : init_locked();
+  int rc = atomic_load(&current) ? HORA_SUCCESS : init_locked(MPI_COMM_NULL);
+  pthread_mutex_unlock(&lifecycle_mu);
+  return rc;
+}
+
+HORA_EXTERN int hora_init_comm(MPI_Comm comm) {
+  hora__error_clear();
+  if (comm == MPI_COMM_NULL) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_init_comm: comm is MPI_COMM_NULL");
+  }
+  pthread_mutex_lock(&lifecycle_mu);
+  int rc = atomic_load(&current) ? HORA_SUCCESS : init_locked(comm);
   pthread_mutex_unlock(&lifecycle_mu);
   return rc;
 }
@@ -203,7 +279,9 @@ HORA_EXTERN int hora_finalize(void) {
     pthread_mutex_unlock(&lifecycle_mu);
     return rc;
   }
-  /* Agree with every rank that the job is over, then stop. */
+  /* The process sets first, in the order they were made (each is over when
+   * its members agree), then the world: every rank agrees the job is over. */
+  hora__process_sets_finalize();
   struct hora_request *r = hora__request_new(HORA_KIND_SHUTDOWN);
   if (r) {
     hora_request *q = NULL;

@@ -41,6 +41,8 @@ struct pending_op {
 
 struct hora__controller {
   int size;
+  const int *names; /* the job's rank of each rank, for messages (NULL: the same) */
+  const char *label; /* prefixed to messages ("process set 2: ") */
   struct hora__table ops; /* key -> pending_op */
   struct pending_op *oldest, *newest;
   uint8_t *joined; /* [size] */
@@ -240,8 +242,9 @@ static void unlink_op(struct hora__controller *c, struct pending_op *op) {
   op_free(op);
 }
 
-/* Formats a rank set as "1,3-5". */
-void hora__format_ranks(const uint8_t *set, int size, bool want, char *buf, size_t n) {
+/* Formats a rank set as "1,3-5", each rank r shown as names[r] (NULL: r). */
+void hora__format_ranks_named(const uint8_t *set, int size, bool want, const int *names,
+                              char *buf, size_t n) {
   size_t o = 0;
   buf[0] = '\0';
   for (int r = 0; r < size && o + 24 < n; r++) {
@@ -249,18 +252,33 @@ void hora__format_ranks(const uint8_t *set, int size, bool want, char *buf, size
       continue;
     }
     int e = r;
-    while (e + 1 < size && (set[e + 1] != 0) == want) {
+    while (e + 1 < size && (set[e + 1] != 0) == want &&
+           (!names || names[e + 1] == names[e] + 1)) {
       e++;
     }
-    o += (size_t)snprintf(buf + o, n - o, "%s%d", o ? "," : "", r);
+    o += (size_t)snprintf(buf + o, n - o, "%s%d", o ? "," : "", names ? names[r] : r);
     if (e > r) {
-      o += (size_t)snprintf(buf + o, n - o, "%s%d", e == r + 1 ? "," : "-", e);
+      o += (size_t)snprintf(buf + o, n - o, "%s%d", e == r + 1 ? "," : "-",
+                            names ? names[e] : e);
     }
     r = e;
   }
   if (o + 24 >= n && n > 4) {
     snprintf(buf + n - 4, 4, "...");
   }
+}
+
+void hora__format_ranks(const uint8_t *set, int size, bool want, char *buf, size_t n) {
+  hora__format_ranks_named(set, size, want, NULL, buf, n);
+}
+
+void hora__controller_name(struct hora__controller *c, const int *names, const char *label) {
+  c->names = names;
+  c->label = label;
+}
+
+static int name_of(const struct hora__controller *c, int r) {
+  return c->names && r >= 0 && r < c->size ? c->names[r] : r;
 }
 
 static int respond_error(struct hora__controller *c, struct pending_op *op, int code,
@@ -270,7 +288,9 @@ static int respond_error(struct hora__controller *c, struct pending_op *op, int 
     return HORA_ERR_NO_MEMORY;
   }
   r->error_code = (uint16_t)code;
-  r->error_msg = hora__strdup(msg);
+  char full[1100];
+  snprintf(full, sizeof(full), "%s%s", c->label ? c->label : "", msg);
+  r->error_msg = hora__strdup(full);
   if (!r->error_msg || hora__response_set_tensor(r, 0, op->key, op->key_len, 0) != HORA_SUCCESS) {
     hora__response_free(r);
     return HORA_ERR_NO_MEMORY;
@@ -295,8 +315,9 @@ static int respond(struct hora__controller *c, struct pending_op *op) {
   return HORA_SUCCESS;
 }
 
-static void describe_mismatch(const struct pending_op *op, const struct variant *va,
-                              const struct variant *vb, char *msg, size_t size);
+static void describe_mismatch(const struct hora__controller *c, const struct pending_op *op,
+                              const struct variant *va, const struct variant *vb, char *msg,
+                              size_t size);
 
 /* Decides what can be decided about `op` now. */
 static int update(struct hora__controller *c, struct pending_op *op) {
@@ -304,7 +325,7 @@ static int update(struct hora__controller *c, struct pending_op *op) {
   hora__key_display(op->key, op->key_len, name, sizeof(name));
   const char *kind = hora__kind_name(op->meta.kind);
   if (op->meta.kind != HORA_KIND_ALLREDUCE && c->njoined > 0) {
-    hora__format_ranks(c->joined, c->size, true, ranks, sizeof(ranks));
+    hora__format_ranks_named(c->joined, c->size, true, c->names, ranks, sizeof(ranks));
     snprintf(msg, sizeof(msg),
              "%s %s was submitted while rank(s) %s had called hora_join: only allreduce can run "
              "until every rank has joined",
@@ -315,7 +336,7 @@ static int update(struct hora__controller *c, struct pending_op *op) {
     bool stands_in = c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE;
     if (c->shutdown[r] && !op->have[r] && !stands_in) {
       snprintf(msg, sizeof(msg), "%s %s cannot complete: rank %d called hora_finalize without "
-               "submitting it", kind, name, r);
+               "submitting it", kind, name, name_of(c, r));
       return respond_error(c, op, HORA_ERR_ABORTED, msg);
     }
   }
@@ -340,7 +361,7 @@ static int update(struct hora__controller *c, struct pending_op *op) {
         b = v;
       }
     }
-    describe_mismatch(op, a, b, msg, sizeof(msg));
+    describe_mismatch(c, op, a, b, msg, sizeof(msg));
     return respond_error(c, op, HORA_ERR_MISMATCH, msg);
   }
   return respond(c, op);
@@ -348,10 +369,11 @@ static int update(struct hora__controller *c, struct pending_op *op) {
 
 /* "allreduce 'x': rank 0 sent 10 elements, rank 1 sent 11": the first field
  * in which the requests of variants va and vb differ. */
-static void describe_mismatch(const struct pending_op *op, const struct variant *va,
-                              const struct variant *vb, char *msg, size_t size) {
+static void describe_mismatch(const struct hora__controller *c, const struct pending_op *op,
+                              const struct variant *va, const struct variant *vb, char *msg,
+                              size_t size) {
   char name[300];
-  int a = va->lowest_rank, rank = vb->lowest_rank;
+  int a = name_of(c, va->lowest_rank), rank = name_of(c, vb->lowest_rank);
   const struct hora__op_meta *f = &va->meta, *m = &vb->meta;
   hora__key_display(op->key, op->key_len, name, sizeof(name));
   const char *kind = hora__kind_name(f->kind);
@@ -589,22 +611,22 @@ int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, d
     for (int r = 0; r < c->size; r++) {
       present[r] = op->have[r] || (c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE);
     }
-    hora__format_ranks(present, c->size, false, missing, sizeof(missing));
+    hora__format_ranks_named(present, c->size, false, c->names, missing, sizeof(missing));
     free(present);
     hora__key_display(op->key, op->key_len, name, sizeof(name));
     snprintf(msg, sizeof(msg),
-             "%s %s stalled for %.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS) waiting for rank(s) %s; "
-             "shutting down",
-             hora__kind_name(op->meta.kind), name, (double)oldest_age * 1e-9, missing);
+             "%s%s %s stalled for %.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS) waiting for rank(s) "
+             "%s; shutting down",
+             c->label ? c->label : "", hora__kind_name(op->meta.kind), name, (double)oldest_age * 1e-9, missing);
     HORA_ERROR("%s", msg);
     return hora__error(HORA_ERR_TIMEOUT, "%s", msg);
   }
   if (check_ns > 0 && oldest_age >= check_ns && now_ns >= c->next_stall_warn_ns) {
     char line[4096];
     size_t o = (size_t)snprintf(line, sizeof(line),
-                                "stall: these operations have waited more than %g s "
+                                "%sstall: these operations have waited more than %g s "
                                 "(HORA_STALL_CHECK_TIME_SECONDS) for some ranks:",
-                                check_s);
+                                c->label ? c->label : "", check_s);
     uint8_t *present = hora__calloc((size_t)c->size, 1);
     if (!present) {
       return HORA_ERR_NO_MEMORY;
@@ -620,7 +642,7 @@ int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, d
       for (int r = 0; r < c->size; r++) {
         present[r] = op->have[r] || (c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE);
       }
-      hora__format_ranks(present, c->size, false, missing, sizeof(missing));
+      hora__format_ranks_named(present, c->size, false, c->names, missing, sizeof(missing));
       hora__key_display(op->key, op->key_len, name, sizeof(name));
       o += (size_t)snprintf(line + o, sizeof(line) - o, " %s %s (%.0f s) missing rank(s) %s;",
                             hora__kind_name(op->meta.kind), name,

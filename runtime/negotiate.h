@@ -47,7 +47,14 @@ size_t hora__controller_pending(const struct hora__controller *c);
 int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, double check_s,
                                   double shutdown_s, uint64_t *next_ns);
 
-/* Writes the ranks r < size with (set[r] != 0) == want as "1,3-5". */
+/* Writes the ranks r < size with (set[r] != 0) == want as "1,3-5"; the
+ * _named form shows rank r as names[r] (a process set's global ranks). */
 void hora__format_ranks(const uint8_t *set, int size, bool want, char *buf, size_t n);
+void hora__format_ranks_named(const uint8_t *set, int size, bool want, const int *names,
+                              char *buf, size_t n);
+
+/* Messages name rank r as names[r] and start with label (a process set's;
+ * both stay the caller's). */
+void hora__controller_name(struct hora__controller *c, const int *names, const char *label);
 
 #endif

@@ -70,6 +70,7 @@ void hora__request_free(struct hora_request *r) {
     hora__gpu_event_destroy(r->done_event);
     hora__fate_release(r->fate);
     free(r->error);
+    hora__instance_release(r->inst);
     free(r);
   }
 }
@@ -110,6 +111,10 @@ int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const
   int rc = HORA_SUCCESS;
   char shown[300];
   r->submit_ns = hora__now_ns();
+  if (rt->set_id != 0) {
+    atomic_fetch_add(&rt->refs, 1);
+    r->inst = rt;
+  }
   rc = classify_memory(rt, r, hora__kind_name(r->meta.kind));
   if (rc != HORA_SUCCESS) {
     hora__request_free(r);
@@ -144,9 +149,10 @@ int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const
       break;
   }
   if (hora__table_get(&rt->inflight, r->key, r->key_len)) {
-    rc = hora__error(HORA_ERR_INVALID_USAGE, "%s %s is already in flight on rank %d",
+    rc = hora__error(HORA_ERR_INVALID_USAGE, "%s%s %s is already in flight on rank %d", rt->label,
                      hora__kind_name(r->meta.kind),
-                     hora__key_display(r->key, r->key_len, shown, sizeof(shown)), rt->rank);
+                     hora__key_display(r->key, r->key_len, shown, sizeof(shown)),
+                     hora__global_rank(rt, rt->rank));
     goto fail;
   }
   if (rt->joined && r->meta.kind != HORA_KIND_ALLREDUCE && r->meta.kind != HORA_KIND_SHUTDOWN) {
@@ -154,7 +160,8 @@ int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const
                      "%s %s: rank %d has called hora_join; only allreduce can run until every "
                      "rank has joined",
                      hora__kind_name(r->meta.kind),
-                     hora__key_display(r->key, r->key_len, shown, sizeof(shown)), rt->rank);
+                     hora__key_display(r->key, r->key_len, shown, sizeof(shown)),
+                     hora__global_rank(rt, rt->rank));
     goto fail;
   }
   rc = hora__table_put(&rt->inflight, r->key, r->key_len, r);
@@ -243,8 +250,9 @@ int hora__request_finish(hora_request **req) {
 void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r) {
   /* A short bounded poll catches fast completions without a sleep and a
    * wake-up; oversubscribed hosts skip it (spin_us is 0 there). */
-  if (rt && rt->comm->net->spin_us > 0 && !atomic_load_explicit(&r->done, memory_order_acquire)) {
-    uint64_t until = hora__now_ns() + (uint64_t)rt->comm->net->spin_us * 1000;
+  int spin_us = rt ? rt->spin_us : 0;
+  if (spin_us > 0 && !atomic_load_explicit(&r->done, memory_order_acquire)) {
+    uint64_t until = hora__now_ns() + (uint64_t)spin_us * 1000;
     while (!atomic_load_explicit(&r->done, memory_order_acquire) && hora__now_ns() < until) {
       sched_yield();
     }

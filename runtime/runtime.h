@@ -43,6 +43,9 @@ struct hora_request {
   void *stream;
   void *ready_event, *done_event;
   struct hora__fate *fate;
+  /* The process set's runtime it was submitted to (counted: it outlives the
+   * set's destruction until this request is freed); NULL for the world's. */
+  struct hora__runtime *inst;
   /* Coordinator only: the cache slot it waits on, or -1 (sent in full). */
   int32_t sent_slot;
   /* Coordinator only: taken off the submission queue. Until then it is in
@@ -63,9 +66,19 @@ struct hora_request {
 };
 
 struct hora__runtime {
-  /* Set by hora_init, read-only while running. */
+  /* Set by hora_init (or hora_process_set_create), read-only while running. */
   hora__comm *comm;
   int rank, size;
+  /* A process set's (0: the job's world): its id, its members' global ranks
+   * by set rank (NULL for the world) and "process set N: " for messages. */
+  int set_id;
+  const int *global_ranks;
+  char label[32];
+  atomic_int refs; /* a process set's: its handle and its requests */
+  int spin_us;     /* how long a waiting caller polls before it sleeps */
+  /* A fatal error here stays here (a set whose making failed elsewhere):
+   * neither its peers nor the process's other sets are told. */
+  atomic_bool contained;
   bool owns_mpi;
   struct hora__topology topo;
   pthread_t thread;
@@ -122,6 +135,8 @@ void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request
 /* init.c: the running runtime, counted as in use until hora__api_leave
  * (which returns rc); NULL, with *rc set, when there is none. */
 struct hora__runtime *hora__api_running(int *rc, const char *call);
+/* The world's runtime, or NULL (not counted: for the fatal path only). */
+struct hora__runtime *hora__world_runtime(void);
 int hora__api_leave(int rc);
 
 /* request.c: a caller's request, from allocation to its result. */
@@ -149,6 +164,28 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
                            void *recvbuf, const hora_op_options *opts, void *stream,
                            hora_request **req);
 int hora__wait_stream(hora_request **req, void *stream);
+
+/* init.c: a runtime over `comm` (the world's, or a process set's with its
+ * id and members' global ranks), started; and stopping it (collective over
+ * its ranks) before it is released. */
+int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
+                         struct hora__runtime **out);
+void hora__instance_stop(struct hora__runtime *rt);
+void hora__instance_release(struct hora__runtime *rt);
+
+/* process_set.c: the runtime that runs a collective of opts' set (NULL: the
+ * world), counted as in use like hora__api_running; fatal errors passed on
+ * to every set of the process; the sets' counters for hora_get_stats; and
+ * the sets still alive, destroyed by hora_finalize. */
+struct hora__runtime *hora__api_running_in(const struct hora_process_set *ps, int *rc,
+                                           const char *call);
+void hora__process_sets_fatal(struct hora__runtime *from, int code, const char *msg);
+void hora__process_sets_add_stats(hora_stats *s);
+void hora__process_sets_finalize(void);
+/* A global rank for messages: rank r of rt's set. */
+static inline int hora__global_rank(const struct hora__runtime *rt, int r) {
+  return rt->global_ranks && r >= 0 && r < rt->size ? rt->global_ranks[r] : r;
+}
 
 /* engine.c */
 int hora__engine_start(struct hora__runtime *rt);

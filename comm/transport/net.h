@@ -33,6 +33,7 @@ typedef int (*hora__service_pollfds_fn)(void *arg, struct pollfd *fds, int max);
 struct hora__net {
   int rank, size;                /* in the job */
   struct hora__peer_info *peers; /* [size], for messages; NULL in unit tests */
+  const int *names;              /* [size]: the job's rank of each, for messages (NULL: the same) */
   hora__conn *active;            /* connections with queued transfers */
   int spin_us;                   /* bounded polling before sleeping */
   uint64_t stall_ns;             /* a collective with no progress this long fails (0: never) */

@@ -9,8 +9,10 @@
 
 const char *hora__peer_name(const hora__net *net, int rank, char *buf, size_t n) {
   if (net && net->peers && rank >= 0 && rank < net->size) {
-    snprintf(buf, n, "rank %d (host %s, pid %d)", rank, net->peers[rank].host,
-             (int)net->peers[rank].pid);
+    snprintf(buf, n, "rank %d (host %s, pid %d)", net->names ? net->names[rank] : rank,
+             net->peers[rank].host, (int)net->peers[rank].pid);
+  } else if (net && net->names && rank >= 0 && rank < net->size) {
+    snprintf(buf, n, "rank %d", net->names[rank]);
   } else {
     snprintf(buf, n, "rank %d", rank);
   }
