@@ -8,7 +8,9 @@
  * ("stop" sends the victim SIGSTOP: alive but silent; survivors must then
  * get HORA_ERR_TIMEOUT from the stall shutdown the caller configures;
  * "silent" stops it too, and the survivors must find it lost through the
- * heartbeats, HORA_PEER_TIMEOUT_SECONDS.) */
+ * heartbeats, HORA_PEER_TIMEOUT_SECONDS.) A mode prefixed "sets-" trains
+ * in process sets of two ranks each ({0,1}, {2,3}, ...): the survivors in
+ * the sets without the victim must fail within 10 s too, naming it. */
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -95,11 +97,31 @@ int main(int argc, char **argv) {
   }
   int victim = atoi(argv[1]);
   const char *mode = argv[2];
+  int in_sets = !strncmp(mode, "sets-", 5);
+  if (in_sets) {
+    mode += 5;
+  }
   if (hora_init() != HORA_SUCCESS) {
     printf("FAIL peer_loss/%s: hora_init: %s\n", mode, hora_last_error());
     return 1;
   }
   int rank = hora_rank(), size = hora_size();
+  /* Sets of pairs: every rank makes every set, and trains in its own. */
+  hora_allreduce_options opts = HORA_ALLREDUCE_OPTIONS_INIT;
+  int set_size = size;
+  for (int first = 0; in_sets && first < size; first += 2) {
+    int pair[2] = {first, first + 1};
+    int n = first + 1 < size ? 2 : 1;
+    hora_process_set *ps = NULL;
+    if (hora_process_set_create(pair, n, &ps) != HORA_SUCCESS) {
+      printf("FAIL peer_loss/sets-%s: hora_process_set_create: %s\n", mode, hora_last_error());
+      return 1;
+    }
+    if (hora_process_set_included(ps)) {
+      opts.process_set = ps;
+      set_size = n;
+    }
+  }
   enum { N = 300000 }; /* 1.2 MB: big enough for every data path */
   float *buf = malloc(N * sizeof(float));
   int expect = !strcmp(mode, "stop") ? HORA_ERR_TIMEOUT : HORA_ERR_PEER_LOST;
@@ -111,9 +133,16 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N; i += 1000) {
       buf[i] = (float)(rank + step);
     }
-    int rc = hora_allreduce(step % 2 ? "grad/a" : "grad/b", buf, buf, N, HORA_FLOAT32, HORA_SUM);
+    hora_request *req = NULL;
+    int rc = hora_allreduce_async_ex(step % 2 ? "grad/a" : "grad/b", buf, buf, N, HORA_FLOAT32,
+                                     HORA_SUM, &opts, &req);
     if (rc == HORA_SUCCESS) {
-      float want = (float)(size * step + size * (size - 1) / 2);
+      rc = hora_wait(&req);
+    }
+    if (rc == HORA_SUCCESS) {
+      /* Sum over the ranks r of the set (or the job) of r + step. */
+      int lo = in_sets ? rank - rank % 2 : 0;
+      float want = (float)(set_size * step + set_size * lo + set_size * (set_size - 1) / 2);
       if (buf[0] != want) {
         printf("FAIL peer_loss/%s/victim%d/rank%d: wrong result %g at step %d\n", mode, victim,
                rank, (double)buf[0], step);
@@ -133,8 +162,8 @@ int main(int argc, char **argv) {
     const char *msg = hora_last_error();
     int ok = rc == expect && dt < 10.0 && (strstr(msg, who) || strstr(msg, who_list)) &&
              (expect == HORA_ERR_TIMEOUT || strstr(msg, host));
-    printf("%s peer_loss/%s/victim%d/rank%d (%s after %.2f s: %s)\n", ok ? "PASS" : "FAIL", mode,
-           victim, rank, hora_strerror(rc), dt, msg);
+    printf("%s peer_loss/%s%s/victim%d/rank%d (%s after %.2f s: %s)\n", ok ? "PASS" : "FAIL",
+           in_sets ? "sets-" : "", mode, victim, rank, hora_strerror(rc), dt, msg);
     fflush(stdout);
     /* Later calls fail the same way, and finalize does not hang. */
     double t0 = now();
