@@ -191,13 +191,10 @@ int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
   for (int i = 0; i < cp.nrounds; i++) {
     ctrl_peers[nctrl++] = cp.round[i];
   }
-  rc = hora__comm_create(comm, ctrl_peers, nctrl, &rt->comm);
-  if (set_id > 0) {
-    hora__log_set_rank(global_ranks[my_rank]); /* the bootstrap named the set's rank */
+  if (set_id == 0) {
+    hora__log_set_rank(my_rank); /* the log names the world's ranks, from the bootstrap on */
   }
-  if (rc != HORA_SUCCESS) {
-    goto fail;
-  }
+  HORA_CHECK_GOTO(hora__comm_create(comm, ctrl_peers, nctrl, &rt->comm), rc, fail);
   rt->rank = rt->comm->rank;
   rt->size = rt->comm->size;
   rt->comm->net->names = global_ranks;

@@ -220,7 +220,6 @@ static int comm_create(MPI_Comm world, const int *ctrl_peers, int nctrl_peers, h
   MPI_Comm_size(c->proc->mpi, &c->size);
   c->net->rank = c->rank;
   c->net->size = c->size;
-  hora__log_set_rank(c->rank);
   HORA_CHECK(check_job_settings(c));
   MPI_Comm local = MPI_COMM_NULL;
   int rc = topology_from_mpi(c, &local);

@@ -14,9 +14,10 @@
 
 static char logdir[256];
 
-/* The sets every test uses: evens, odds, the lower half (at least rank 0)
- * and the first and last rank. */
-static hora_process_set *evens, *odds, *lower, *ends;
+/* The sets every test uses: evens, odds, the lower half (at least rank 0),
+ * the first and last rank, and the first two ranks of each half (on two
+ * hosts of equal size: hierarchical within the set). */
+static hora_process_set *evens, *odds, *lower, *ends, *pairs;
 
 static int *ranks_where(int (*keep)(int r), int *n) {
   int *v = calloc((size_t)mt_size, sizeof(int));
@@ -32,6 +33,7 @@ static int is_even(int r) { return r % 2 == 0; }
 static int is_odd(int r) { return r % 2 == 1; }
 static int is_lower(int r) { return r < (mt_size + 1) / 2; }
 static int is_end(int r) { return r == 0 || r == mt_size - 1; }
+static int is_pair(int r) { return r % (mt_size / 2 > 0 ? mt_size / 2 : 1) < 2; }
 
 /* Members of ps, and the sum over them of (global rank + 1). */
 static float member_sum(const hora_process_set *ps) {
@@ -68,6 +70,7 @@ static void sets_are_made_and_described(void) {
   odds = mt_size > 1 ? make(is_odd) : NULL;
   lower = make(is_lower);
   ends = make(is_end);
+  pairs = make(is_pair);
   MT_CHECK(hora_process_set_id(hora_process_set_world()) == 0, "the world's id is not 0");
   MT_CHECK(hora_process_set_size(hora_process_set_world()) == mt_size, "world size");
   MT_CHECK(hora_process_set_rank(hora_process_set_world()) == mt_rank, "world rank");
@@ -86,7 +89,7 @@ static void sets_are_made_and_described(void) {
 }
 
 static void collectives_run_within_each_set(void) {
-  const hora_process_set *all[] = {hora_process_set_world(), evens, odds, lower, ends};
+  const hora_process_set *all[] = {hora_process_set_world(), evens, odds, lower, ends, pairs};
   for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) {
     const hora_process_set *ps = all[k];
     if (!ps || !hora_process_set_included(ps)) {
@@ -484,6 +487,7 @@ static void destroyed_with_work_done(void) {
   if (odds) {
     MT_OK(hora_process_set_destroy(odds));
   }
+  MT_OK(hora_process_set_destroy(pairs));
   /* evens stays alive: hora_finalize destroys it. */
 }
 

@@ -2,7 +2,7 @@
 # Multi-host correctness on fake hosts made of network namespaces
 # (../shared/netns): 4 hosts x 1 rank (rings over TCP) and 2 hosts x 2 ranks
 # (hierarchical allreduce: shared memory within a host, TCP across), also
-# with the flat ring forced. Prints PASS/FAIL/SKIP lines.
+# with the flat ring forced; process sets on 4 x 1 and 2 x 3. Prints PASS/FAIL/SKIP lines.
 # usage: check-netns.sh BUILDDIR
 set -u
 builddir=$(cd "$1" && pwd)
@@ -38,11 +38,12 @@ fi
 printf '%s0 slots=1\n%s1 slots=1\n%s2 slots=1\n%s3 slots=1\n' "$NETNS_PREFIX" "$NETNS_PREFIX" \
   "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts41"
 printf '%s0 slots=2\n%s1 slots=2\n' "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts22"
+printf '%s0 slots=3\n%s1 slots=3\n' "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts23"
 
-run() { # label hostfile program args...
+run() { # label hostfile program args...   (NP=n: other than 4 ranks)
   label=$1 hosts=$2 prog=$3
   shift 3
-  timeout -k 10 300 "$netns/mpirun-netns.sh" "$hosts" -np 4 "$builddir/tests/mpi/$prog" "$@" \
+  timeout -k 10 300 "$netns/mpirun-netns.sh" "$hosts" -np "${NP:-4}" "$builddir/tests/mpi/$prog" "$@" \
     </dev/null >"$work/out" 2>"$work/err"
   rc=$?
   sed -n -E "s#^(PASS|FAIL|SKIP) #\\1 netns-$label/#p" "$work/out"
@@ -60,6 +61,10 @@ for p in $progs; do
 done
 run 2x2-flat "$work/hosts22" test_collectives HORA_HIERARCHICAL_ALLREDUCE=0
 run 4x1-3-sockets "$work/hosts41" test_collectives HORA_SOCKETS_PER_PEER=3
+# Process sets across hosts: one rank per host, and 2 hosts x 3 ranks, where
+# the set of the first two ranks of each host is hierarchical in itself.
+run 4x1 "$work/hosts41" test_process_sets
+NP=6 run 2x3 "$work/hosts23" test_process_sets
 
 # The trainer across two hosts of two ranks reaches the accuracy of the same
 # job on one host. Same seed, but the order of floating-point sums differs
