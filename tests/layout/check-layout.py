@@ -46,7 +46,7 @@ def main():
             continue
         text = open(os.path.join(src, f), encoding="utf-8", errors="replace").read()
         for inc in INCLUDE.findall(text):
-            if inc in ("config.h", "hora.h", "hora_cuda.h"):
+            if inc in ("config.h", "hora.h", "hora_cuda.h", "hora_mpi.h"):
                 continue
             to = os.path.dirname(inc)
             if to not in rank:
