@@ -80,6 +80,9 @@ struct hora__comm {
   int rank, size;          /* in this communicator */
   int local_rank, local_size;
   int cross_rank, cross_size;
+  /* This process's local rank in the job's world: picks its GPU, the same
+   * for every communicator of the process (set after hora__comm_create). */
+  int device_local_rank;
   struct hora__ring_view world_ring; /* every member, in rank order */
   struct hora__ring_view cross_ring; /* the members with this local rank, one per host */
   uint64_t shm_seq;                  /* pieces done over shm: picks the half */

@@ -370,6 +370,11 @@ HORA_EXTERN int hora_process_set_ranks(const hora_process_set *ps, int *ranks, i
 HORA_EXTERN int hora_barrier_ex(const hora_op_options *opts);
 HORA_EXTERN int hora_join_ex(const hora_op_options *opts, int *last_joined_rank);
 
+/* hora_broadcast_parameters within opts->process_set (opts may be NULL;
+ * its shape fields are ignored); root is a rank of that set. */
+HORA_EXTERN int hora_broadcast_parameters_ex(const hora_tensor *tensors, size_t n, int root,
+                                             const hora_op_options *opts);
+
 #ifdef __cplusplus
 }
 #endif

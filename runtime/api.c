@@ -415,9 +415,18 @@ HORA_EXTERN int hora_barrier_ex(const hora_op_options *opts) {
 }
 
 HORA_EXTERN int hora_broadcast_parameters(const hora_tensor *tensors, size_t n, int root) {
+  return hora_broadcast_parameters_ex(tensors, n, root, NULL);
+}
+
+HORA_EXTERN int hora_broadcast_parameters_ex(const hora_tensor *tensors, size_t n, int root,
+                                             const hora_op_options *opts) {
   hora__error_clear();
   if (n > 0 && !tensors) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_broadcast_parameters: tensors is NULL");
+  }
+  if (opts && (opts->struct_size < sizeof(opts->struct_size) || opts->struct_size > (1u << 16))) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_broadcast_parameters_ex: opts->struct_size is "
+                       "%zu; set it to sizeof(hora_op_options)", opts->struct_size);
   }
   hora_request **reqs = hora__calloc(n ? n : 1, sizeof(*reqs));
   if (!reqs) {
@@ -428,8 +437,11 @@ HORA_EXTERN int hora_broadcast_parameters(const hora_tensor *tensors, size_t n, 
   char first_msg[1024] = "";
   size_t submitted = 0;
   for (size_t i = 0; i < n; i++) {
-    int rc = hora_broadcast_async(tensors[i].name, tensors[i].buf, tensors[i].count,
-                                  tensors[i].dtype, root, &reqs[i]);
+    /* Each tensor's own shape is unknown here: only the set is passed on. */
+    hora_op_options o = HORA_OP_OPTIONS_INIT;
+    o.process_set = op_options_set(opts);
+    int rc = hora_broadcast_async_ex(tensors[i].name, tensors[i].buf, tensors[i].count,
+                                     tensors[i].dtype, root, &o, &reqs[i]);
     if (rc != HORA_SUCCESS) {
       first = rc;
       snprintf(first_msg, sizeof(first_msg), "hora_broadcast_parameters: tensor %zu: %s", i,

@@ -198,6 +198,8 @@ int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
   rt->rank = rt->comm->rank;
   rt->size = rt->comm->size;
   rt->comm->net->names = global_ranks;
+  struct hora__runtime *world = set_id ? hora__world_runtime() : NULL;
+  rt->comm->device_local_rank = world ? world->comm->local_rank : rt->comm->local_rank;
   /* Spinning only pays when every local rank has a core of its own. */
   rt->comm->net->spin_us = rt->comm->local_size <= rt->topo.pus ? (int)hora__params.SPIN_TIME_US : 0;
   rt->spin_us = rt->comm->net->spin_us;

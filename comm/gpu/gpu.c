@@ -275,7 +275,7 @@ static int gpu_local(hora__comm *c, struct hora__gpu *g, char *bus, size_t bus_l
   if (count <= 0) {
     return hora__error(HORA_ERR_NOT_SUPPORTED, "this process sees no GPU");
   }
-  g->device = hora__params.GPU >= 0 ? (int)hora__params.GPU : c->local_rank % count;
+  g->device = hora__params.GPU >= 0 ? (int)hora__params.GPU : c->device_local_rank % count;
   if (g->device >= count) {
     return hora__error(HORA_ERR_INVALID_ARG, "HORA_GPU=%d, but this process sees %d GPU(s)",
                        g->device, count);

@@ -152,6 +152,58 @@ static void broadcast_and_allgather(void) {
   cudaFree(d);
 }
 
+/* Device buffers in process sets: the odd ranks and the last rank alone,
+ * each with a communicator of its own on the same GPU as the world's, and
+ * the world's allreduce in flight at the same time. */
+static void process_sets_on_the_gpu(void) {
+  enum { N = 1 << 16 };
+  int odd[64], n = 0;
+  for (int r = 1; r < mt_size && n < 64; r += 2) {
+    odd[n++] = r;
+  }
+  int last = mt_size - 1;
+  hora_process_set *odds = NULL, *alone = NULL;
+  if (n > 0) {
+    MT_OK(hora_process_set_create(odd, n, &odds));
+  }
+  MT_OK(hora_process_set_create(&last, 1, &alone));
+  float *h = malloc(N * sizeof(float));
+  for (int i = 0; i < N; i++) {
+    h[i] = (float)(mt_rank + 1);
+  }
+  float *dw = dev_copy(h, N * sizeof(float)), *ds = dev_copy(h, N * sizeof(float));
+  hora_request *rw = NULL, *rs = NULL;
+  MT_OK(hora_allreduce_async("d/ps/world", dw, dw, N, HORA_FLOAT32, HORA_SUM, &rw));
+  hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+  o.process_set = odds && hora_process_set_included(odds) ? odds : alone;
+  if (hora_process_set_included(o.process_set)) {
+    MT_OK(hora_allreduce_async_ex("d/ps/set", ds, ds, N, HORA_FLOAT32, HORA_SUM, &o, &rs));
+  }
+  MT_OK(hora_wait(&rw));
+  cudaMemcpy(h, dw, N * sizeof(float), cudaMemcpyDeviceToHost);
+  MT_CHECK(h[N - 1] == (float)(mt_size * (mt_size + 1) / 2), "world: %g", (double)h[N - 1]);
+  if (rs) {
+    MT_OK(hora_wait(&rs));
+    cudaMemcpy(h, ds, N * sizeof(float), cudaMemcpyDeviceToHost);
+    float want = 0;
+    for (int i = 0; o.process_set == odds && i < n; i++) {
+      want += (float)(odd[i] + 1);
+    }
+    if (o.process_set == alone) {
+      want = (float)(mt_rank + 1);
+    }
+    MT_CHECK(h[N - 1] == want, "process set %d: %g, expected %g",
+             hora_process_set_id(o.process_set), (double)h[N - 1], (double)want);
+  }
+  cudaFree(dw);
+  cudaFree(ds);
+  free(h);
+  if (odds) {
+    MT_OK(hora_process_set_destroy(odds));
+  }
+  MT_OK(hora_process_set_destroy(alone));
+}
+
 static void joined_rank_stands_in_on_the_gpu(void) {
   enum { N = 777 };
   float h[N], back[N];
@@ -552,7 +604,7 @@ int main(int argc, char **argv) {
                          "gpu/joined_rank_stands_in_on_the_gpu", "gpu/stream_ordered",
                          "gpu/stream_ordered_back_to_back", "gpu/host_and_device_never_mix",
                          "gpu/failed_job_with_stream_work_in_flight",
-                         "gpu/eager_init_failure_on_every_rank"};
+                         "gpu/eager_init_failure_on_every_rank", "gpu/process_sets"};
   if (!have_gpu) {
     char why[200];
     snprintf(why, sizeof(why), "no GPU visible (cudaGetDeviceCount: %s)",
@@ -574,6 +626,7 @@ int main(int argc, char **argv) {
   mt_run(tests[5], stream_ordered);
   mt_run(tests[6], stream_ordered_back_to_back);
   mt_run(tests[7], host_and_device_never_mix);
+  mt_run(tests[10], process_sets_on_the_gpu);
   /* These two end the runtime. */
   mt_run(tests[8], failed_job_with_stream_work_in_flight);
   mt_run(tests[9], eager_init_failure_on_every_rank);

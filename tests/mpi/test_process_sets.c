@@ -126,6 +126,13 @@ static void collectives_run_within_each_set(void) {
                i, got[i]);
     }
     MT_OK(hora_barrier_ex(&oo));
+    /* Parameters from the set's rank 0. */
+    double w1[3] = {mt_rank, mt_rank, mt_rank};
+    int64_t w2[2] = {mt_rank, -mt_rank};
+    hora_tensor params[2] = {{"w1", w1, 3, HORA_FLOAT64}, {"w2", w2, 2, HORA_INT64}};
+    MT_OK(hora_broadcast_parameters_ex(params, 2, 0, &oo));
+    MT_CHECK(w1[2] == members[0] && w2[1] == -members[0], "set %d: parameters %g %lld",
+             hora_process_set_id(ps), w1[2], (long long)w2[1]);
     (void)me;
   }
   /* A rank outside a set cannot use it. */
