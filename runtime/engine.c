@@ -464,6 +464,7 @@ static void *coordinator_main(void *arg) {
   struct hora__runtime *rt = arg;
   struct hora__engine *e = rt->engine;
   pthread_setname_np(pthread_self(), "hora-coord");
+  hora__timeline_thread_set(rt->set_id);
   hora__net *net = &e->proc->net;
   net->service = hora__engine_service;
   net->service_pollfds = hora__engine_service_pollfds;

@@ -170,9 +170,27 @@ static void event_start(struct timeline *tl) {
   tl->in_buf = true;
 }
 
+/* The process set whose coordinator runs on this thread (0: the world):
+ * its tensors get rows of their own, labelled with the set. */
+static _Thread_local int thread_set;
+
+void hora__timeline_thread_set(int set_id) { thread_set = set_id; }
+
 /* The row of a tensor (NULL when out of memory); the first use names it
- * with a metadata event. */
+ * with a metadata event. Rows are by set and key: the same name in two
+ * sets is two tensors. */
 static struct row *row_of(struct timeline *tl, const char *key, size_t len) {
+  char full[HORA_KEY_MAX + 16];
+  const char *own = key;
+  size_t own_len = len, flen = 0;
+  if (thread_set > 0 && len <= HORA_KEY_MAX) {
+    memcpy(full, &thread_set, sizeof(thread_set));
+    flen = sizeof(thread_set);
+    memcpy(full + flen, key, len);
+    flen += len;
+    key = full;
+    len = flen;
+  }
   struct row *row = hora__table_get(&tl->rows, key, len);
   if (row) {
     return row;
@@ -183,14 +201,19 @@ static struct row *row_of(struct timeline *tl, const char *key, size_t len) {
     return NULL;
   }
   row->id = tl->next_row++;
-  char name[300];
-  hora__key_display(key, len, name, sizeof(name));
+  char name[300], labelled[340];
+  hora__key_display(own, own_len, name, sizeof(name));
   /* Strip the quotes around user names for a cleaner label. */
   size_t nl = strlen(name);
   const char *label = name;
   if (nl >= 2 && name[0] == '\'') {
     label = name + 1;
     nl -= 2;
+  }
+  if (flen) {
+    nl = (size_t)snprintf(labelled, sizeof(labelled), "process set %d: %.*s", thread_set,
+                          (int)nl, label);
+    label = labelled;
   }
   event_start(tl);
   char head[96];

@@ -29,6 +29,9 @@ void hora__timeline_end(const char *key, size_t len);
 void hora__timeline_mark(const char *key, size_t len, const char *what);
 /* An instant event CYCLE_START with the cycle's number, if asked for. */
 void hora__timeline_cycle(uint64_t cycle);
+/* The calling thread works for process set `set_id` (0: the world): its
+ * events go on rows of that set's own, labelled with it. */
+void hora__timeline_thread_set(int set_id);
 /* Writes buffered events out (called when idle, and when the buffer fills). */
 void hora__timeline_flush(void);
 
