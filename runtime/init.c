@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/coll/collectives.h"
 #include "comm/comm.h"
 #include "base/log.h"
 #include "base/mpi_error.h"
@@ -213,6 +214,14 @@ int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
       }
     }
     log_startup(rt);
+  } else if (rt->rank == 0) {
+    const hora__comm *c = rt->comm;
+    HORA_INFO("process set %d: %d ranks (global %d..%d) on %d host(s); allreduce %s", set_id,
+              c->size, global_ranks[0], global_ranks[c->size - 1], c->cross_size,
+              strcmp(c->algo_allreduce->name, "shm") != 0 ? "over the ring"
+              : c->cross_size > 1                         ? "hierarchical (shared memory, then "
+                                                            "across hosts)"
+                                                          : "in shared memory");
   }
   HORA_CHECK_GOTO(hora__engine_start(rt), rc, fail);
   *out = rt;

@@ -135,6 +135,22 @@ static void collectives_run_within_each_set(void) {
              hora_process_set_id(ps), w1[2], (long long)w2[1]);
     (void)me;
   }
+  /* On two hosts of three ranks, `pairs` (two ranks of each) is reduced
+   * hierarchically: its first rank (global 0) says so in its log. */
+  if (mt_rank == 0 && hora_cross_size() == 2 && hora_local_size() == 3) {
+    char path[300], line[1024];
+    snprintf(path, sizeof(path), "%s/ps.0.log", logdir);
+    FILE *f = fopen(path, "r");
+    int hier = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+      hier |= strstr(line, "process set 5: 4 ranks") && strstr(line, "on 2 host(s)") &&
+              strstr(line, "hierarchical");
+    }
+    if (f) {
+      fclose(f);
+    }
+    MT_CHECK(hier, "%s does not say that process set 5 is reduced hierarchically", path);
+  }
   /* A rank outside a set cannot use it. */
   if (odds && !hora_process_set_included(odds)) {
     float y = 1;
@@ -551,6 +567,7 @@ int main(int argc, char **argv) {
   snprintf(pattern, sizeof(pattern), "%s/ps.%%r.log", logdir);
   setenv("HORA_LOG_FILE", pattern, 1);
   setenv("HORA_STALL_CHECK_TIME_SECONDS", "2", 1);
+  setenv("HORA_LOG_LEVEL", "info", 0); /* the sets say how they reduce */
   mt_init();
   mt_run("process_sets/made_and_described", sets_are_made_and_described);
   mt_run("process_sets/collectives_within_each_set", collectives_run_within_each_set);
