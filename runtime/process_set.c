@@ -98,6 +98,42 @@ static int gather_asks(uint64_t n, const struct ask *mine, struct ask *all) {
   return hora_allgather(name, mine, sizeof(*mine) / sizeof(int64_t), HORA_INT64, all);
 }
 
+/* The start of a making or destroying call: the running world, and the
+ * call's number (its agreements' names), with making_mu held until
+ * end_call. NULL, with *rc set, when there is no runtime. */
+static struct hora__runtime *begin_call(const char *call, int *rc, uint64_t *call_no) {
+  hora__error_clear();
+  struct hora__runtime *world = hora__api_running(rc, call);
+  if (world) {
+    pthread_mutex_lock(&making_mu);
+    *call_no = ++calls;
+  }
+  return world;
+}
+
+static int end_call(int rc) {
+  pthread_mutex_unlock(&making_mu);
+  return hora__api_leave(rc);
+}
+
+static const char *call_name(int64_t what) {
+  return what == ASK_CREATE      ? "hora_process_set_create"
+         : what == ASK_FROM_COMM ? "hora_process_set_from_mpi_comm"
+                                 : "hora_process_set_destroy";
+}
+
+/* Every rank that found its own arguments good must be making the same
+ * call: a MISMATCH naming the first that is not, else `mine`. */
+static int same_call(const struct ask *all, int size, int64_t what, int mine, int me) {
+  for (int r = 0; r < size && mine == HORA_SUCCESS; r++) {
+    if (all[r].status == HORA_SUCCESS && all[r].what != what) {
+      mine = hora__error(HORA_ERR_MISMATCH, "%s on rank %d, but rank %d called %s",
+                         call_name(what), me, r, call_name(all[r].what));
+    }
+  }
+  return mine;
+}
+
 static void handle_free(struct hora_process_set *ps) {
   if (ps) {
     free(ps->ranks);
@@ -165,14 +201,12 @@ static int make_set(const char *call, struct hora__runtime *world, uint64_t call
 
 HORA_EXTERN int hora_process_set_create(const int *ranks, int n, hora_process_set **out) {
   static const char call[] = "hora_process_set_create";
-  hora__error_clear();
   int rc = HORA_SUCCESS;
-  struct hora__runtime *world = hora__api_running(&rc, call);
+  uint64_t call_no = 0;
+  struct hora__runtime *world = begin_call(call, &rc, &call_no);
   if (!world) {
     return rc;
   }
-  pthread_mutex_lock(&making_mu);
-  uint64_t call_no = ++calls;
   int mine = HORA_SUCCESS;
   int *sorted = NULL;
   if (out) {
@@ -206,16 +240,9 @@ HORA_EXTERN int hora_process_set_create(const int *ranks, int n, hora_process_se
   if (rc != HORA_SUCCESS) {
     goto out; /* the world itself failed: every rank sees that */
   }
+  mine = same_call(all, world->size, ASK_CREATE, mine, world->rank);
   for (int r = 0; r < world->size && mine == HORA_SUCCESS; r++) {
-    if (all[r].status != HORA_SUCCESS) {
-      continue; /* that rank reports its own */
-    }
-    if (all[r].what != ASK_CREATE) {
-      mine = hora__error(HORA_ERR_MISMATCH, "%s on rank %d, but rank %d called %s", call,
-                         world->rank, r, all[r].what == ASK_FROM_COMM
-                                             ? "hora_process_set_from_mpi_comm"
-                                             : "hora_process_set_destroy");
-    } else if (all[r].n != me.n || all[r].hash != me.hash) {
+    if (all[r].status == HORA_SUCCESS && (all[r].n != me.n || all[r].hash != me.hash)) {
       mine = hora__error(HORA_ERR_MISMATCH,
                          "%s: rank %d passed other ranks (%lld of them) than rank %d (%d)", call, r,
                          (long long)all[r].n, world->rank, n);
@@ -235,20 +262,17 @@ HORA_EXTERN int hora_process_set_create(const int *ranks, int n, hora_process_se
 out:
   free(all);
   free(sorted);
-  pthread_mutex_unlock(&making_mu);
-  return hora__api_leave(rc);
+  return end_call(rc);
 }
 
 HORA_EXTERN int hora_process_set_from_mpi_comm(MPI_Comm comm, hora_process_set **out) {
   static const char call[] = "hora_process_set_from_mpi_comm";
-  hora__error_clear();
   int rc = HORA_SUCCESS;
-  struct hora__runtime *world = hora__api_running(&rc, call);
+  uint64_t call_no = 0;
+  struct hora__runtime *world = begin_call(call, &rc, &call_no);
   if (!world) {
     return rc;
   }
-  pthread_mutex_lock(&making_mu);
-  uint64_t call_no = ++calls;
   int mine = HORA_SUCCESS, n = 0;
   int *members = NULL;
   if (out) {
@@ -308,13 +332,7 @@ HORA_EXTERN int hora_process_set_from_mpi_comm(MPI_Comm comm, hora_process_set *
   }
   /* Every member of this rank's communicator must have passed the same one;
    * the sets are then disjoint, and each is numbered by its lowest rank. */
-  for (int r = 0; r < world->size && mine == HORA_SUCCESS; r++) {
-    if (all[r].status == HORA_SUCCESS && all[r].what != ASK_FROM_COMM) {
-      mine = hora__error(HORA_ERR_MISMATCH, "%s on rank %d, but rank %d called %s", call,
-                         world->rank, r, all[r].what == ASK_CREATE ? "hora_process_set_create"
-                                                                   : "hora_process_set_destroy");
-    }
-  }
+  mine = same_call(all, world->size, ASK_FROM_COMM, mine, world->rank);
   for (int i = 0; i < n && mine == HORA_SUCCESS; i++) {
     const struct ask *a = &all[members[i]];
     if (a->status == HORA_SUCCESS && (a->n != me.n || a->hash != me.hash)) {
@@ -346,20 +364,17 @@ HORA_EXTERN int hora_process_set_from_mpi_comm(MPI_Comm comm, hora_process_set *
 out:
   free(all);
   free(members);
-  pthread_mutex_unlock(&making_mu);
-  return hora__api_leave(rc);
+  return end_call(rc);
 }
 
 HORA_EXTERN int hora_process_set_destroy(hora_process_set *ps) {
   static const char call[] = "hora_process_set_destroy";
-  hora__error_clear();
   int rc = HORA_SUCCESS;
-  struct hora__runtime *world = hora__api_running(&rc, call);
+  uint64_t call_no = 0;
+  struct hora__runtime *world = begin_call(call, &rc, &call_no);
   if (!world) {
     return rc;
   }
-  pthread_mutex_lock(&making_mu);
-  uint64_t call_no = ++calls;
   int mine = HORA_SUCCESS;
   if (!ps) {
     mine = hora__error(HORA_ERR_INVALID_ARG, "%s: ps is NULL", call);
@@ -374,16 +389,9 @@ HORA_EXTERN int hora_process_set_destroy(hora_process_set *ps) {
   if (rc != HORA_SUCCESS) {
     goto out;
   }
+  mine = same_call(all, world->size, ASK_DESTROY, mine, world->rank);
   for (int r = 0; r < world->size && mine == HORA_SUCCESS; r++) {
-    if (all[r].status != HORA_SUCCESS) {
-      continue;
-    }
-    if (all[r].what != ASK_DESTROY) {
-      mine = hora__error(HORA_ERR_MISMATCH, "%s on rank %d, but rank %d called %s", call,
-                         world->rank, r, all[r].what == ASK_CREATE
-                                             ? "hora_process_set_create"
-                                             : "hora_process_set_from_mpi_comm");
-    } else if (all[r].n != me.n) {
+    if (all[r].status == HORA_SUCCESS && all[r].n != me.n) {
       mine = hora__error(HORA_ERR_MISMATCH,
                          "%s: rank %d destroys process set %d, rank %d set %lld (made by "
                          "another call)",
@@ -417,8 +425,7 @@ HORA_EXTERN int hora_process_set_destroy(hora_process_set *ps) {
   handle_free(ps);
 out:
   free(all);
-  pthread_mutex_unlock(&making_mu);
-  return hora__api_leave(rc);
+  return end_call(rc);
 }
 
 void hora__process_sets_finalize(void) {

@@ -1,5 +1,6 @@
 #include "mpitest.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 
 int mt_rank = -1, mt_size = -1;
@@ -89,3 +90,30 @@ void mt_skip(const char *name, const char *why) {
 }
 
 int mt_total_failures(void) { return failures_total; }
+
+int mt_count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  while (d && readdir(d)) {
+    n++;
+  }
+  if (d) {
+    closedir(d);
+  }
+  return n;
+}
+
+long mt_rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long k = -1;
+  while (f && fgets(line, sizeof(line), f)) {
+    if (!strncmp(line, "VmRSS:", 6)) {
+      k = atol(line + 6);
+    }
+  }
+  if (f) {
+    fclose(f);
+  }
+  return k;
+}

@@ -69,6 +69,9 @@ void mt_init(void);
 /* Runs one test on every rank and prints its line on rank 0. */
 void mt_run(const char *name, void (*fn)(void));
 void mt_skip(const char *name, const char *why);
+/* This process's open descriptors and resident set (KiB), for leak checks. */
+int mt_count_fds(void);
+long mt_rss_kib(void);
 /* Failures over all tests and ranks so far. */
 int mt_total_failures(void);
 

@@ -4,7 +4,6 @@
  * a truncated handshake. The job must keep computing right, log every
  * refused connection, and keep its file descriptors and memory bounded. */
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/random.h>
@@ -24,32 +23,6 @@ static struct sockaddr_un unix_addr;
 static socklen_t unix_len;
 static int attacks_done, attacks_made;
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  while (d && readdir(d)) {
-    n++;
-  }
-  if (d) {
-    closedir(d);
-  }
-  return n;
-}
-
-static long rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long k = -1;
-  while (f && fgets(line, sizeof(line), f)) {
-    if (!strncmp(line, "VmRSS:", 6)) {
-      k = atol(line + 6);
-    }
-  }
-  if (f) {
-    fclose(f);
-  }
-  return k;
-}
 
 /* Finds "listening on IP:PORT (...) and @NAME" in this rank's log. */
 static int find_addresses(void) {
@@ -158,8 +131,8 @@ static void *attacker(void *arg) {
 
 static void under_attack(void) {
   MT_CHECK(find_addresses(), "rank %d: no 'listening on' line in its debug log", mt_rank);
-  int fds_before = count_fds();
-  long rss_before = rss_kib();
+  int fds_before = mt_count_fds();
+  long rss_before = mt_rss_kib();
   pthread_t th;
   pthread_create(&th, NULL, attacker, NULL);
   enum { N = 4096 };
@@ -186,8 +159,8 @@ static void under_attack(void) {
   MT_OK(hora_barrier());
   usleep(300000); /* the last refusals */
   MT_OK(hora_barrier());
-  int fds_after = count_fds();
-  long rss_after = rss_kib();
+  int fds_after = mt_count_fds();
+  long rss_after = mt_rss_kib();
   MT_CHECK(fds_after <= fds_before + 2, "file descriptors grew from %d to %d", fds_before, fds_after);
   MT_CHECK(rss_after - rss_before < 20000, "RSS grew by %ld KiB", rss_after - rss_before);
   /* Every connection the attacker made was refused and logged. */

@@ -5,7 +5,6 @@
  * destroying sets 100 times with nothing left behind, and the errors of
  * bad arguments. With the argument "init_comm": hora_init_comm on half of
  * MPI_COMM_WORLD. */
-#include <dirent.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -403,32 +402,6 @@ static void sets_from_mpi_comm_split(void) {
   MT_OK(hora_process_set_destroy(ps));
 }
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  while (d && readdir(d)) {
-    n++;
-  }
-  if (d) {
-    closedir(d);
-  }
-  return n;
-}
-
-static long rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long k = -1;
-  while (f && fgets(line, sizeof(line), f)) {
-    if (!strncmp(line, "VmRSS:", 6)) {
-      k = atol(line + 6);
-    }
-  }
-  if (f) {
-    fclose(f);
-  }
-  return k;
-}
 
 static void one_set_made_used_and_destroyed(int i) {
   int v[2] = {mt_size - 1, 0};
@@ -450,14 +423,14 @@ static void made_and_destroyed_100_times_leaves_nothing(void) {
   for (int i = 0; i < 5; i++) {
     one_set_made_used_and_destroyed(i);
   }
-  int fds = count_fds();
-  long rss = rss_kib();
+  int fds = mt_count_fds();
+  long rss = mt_rss_kib();
   double t0 = MPI_Wtime();
   for (int i = 0; i < 100; i++) {
     one_set_made_used_and_destroyed(i);
   }
-  int fds_after = count_fds();
-  long rss_after = rss_kib();
+  int fds_after = mt_count_fds();
+  long rss_after = mt_rss_kib();
   MT_CHECK(fds_after == fds, "descriptors: %d before, %d after 100 sets", fds, fds_after);
 #ifndef __SANITIZE_ADDRESS__
   /* (AddressSanitizer keeps freed memory in quarantine; its leak checker
