@@ -64,6 +64,7 @@ class AllreduceOptions(ctypes.Structure):
         ("compression", ctypes.c_int),
         ("ndims", ctypes.c_int),
         ("dims", ctypes.POINTER(ctypes.c_int64)),
+        ("process_set", ctypes.c_void_p),  # a hora_process_set *; NULL: the world
     ]
 
 
@@ -72,6 +73,7 @@ class OpOptions(ctypes.Structure):
         ("struct_size", ctypes.c_size_t),
         ("ndims", ctypes.c_int),
         ("dims", ctypes.POINTER(ctypes.c_int64)),
+        ("process_set", ctypes.c_void_p),
     ]
 
 
@@ -107,6 +109,19 @@ class Library:
                     [ch, P, sz, i, i, ctypes.POINTER(OpOptions), req_p])
         self._proto("hora_allgather_async_ex", i,
                     [ch, P, sz, i, P, ctypes.POINTER(OpOptions), req_p])
+        self._proto("hora_process_set_create", i, [ctypes.POINTER(i), i, req_p])
+        self._proto("hora_process_set_destroy", i, [P])
+        self._proto("hora_process_set_world", P, [])
+        for f in ("hora_process_set_id", "hora_process_set_size", "hora_process_set_rank",
+                  "hora_process_set_included"):
+            self._proto(f, i, [P])
+        self._proto("hora_process_set_ranks", i, [P, ctypes.POINTER(i), i])
+        self._proto("hora_barrier_ex", i, [ctypes.POINTER(OpOptions)])
+        self._proto("hora_join_ex", i, [ctypes.POINTER(OpOptions), ctypes.POINTER(i)])
+        # An MPI_Comm is a pointer in Open MPI and an int in MPICH: the caller
+        # passes a ctypes value of the right type (see mpi_comm_handle).
+        self.has_mpi_comm = self._proto("hora_init_comm", i, None, optional=True)
+        self._proto("hora_process_set_from_mpi_comm", i, None, optional=True)
         self._proto("hora_start_timeline", i, [ch, i])
         self._proto("hora_stop_timeline", i, [])
         self._proto("hora_built", i, [ch])
@@ -134,6 +149,13 @@ class Library:
         f.argtypes = argtypes
         setattr(self, name, f)
         return True
+
+    @staticmethod
+    def mpi_comm_handle(comm):
+        """The MPI_Comm of an mpi4py communicator, as a ctypes value."""
+        from mpi4py import MPI
+        small = MPI._sizeof(MPI.Comm) == ctypes.sizeof(ctypes.c_int)
+        return (ctypes.c_int if small else ctypes.c_void_p)(MPI._handleof(comm))
 
     def last_error(self):
         msg = self.hora_last_error()

@@ -9,17 +9,18 @@ except ImportError:
 
 import torch
 
-from hora.torch.mpi_ops import (_check_process_set, allgather, broadcast_, broadcast_async_,
-                                rank, synchronize)
+from hora.torch.mpi_ops import (_resolve_set, allgather, broadcast_, broadcast_async_,
+                                global_process_set, rank, synchronize)
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object"]
 
 
-def broadcast_parameters(params, root_rank):
-    """Overwrites every tensor of params with root_rank's. params is a
-    state_dict, or a list of (name, tensor) pairs (model.named_parameters())
-    or of tensors."""
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Overwrites every tensor of params with root_rank's (a global rank) on
+    the ranks of process_set. params is a state_dict, or a list of (name,
+    tensor) pairs (model.named_parameters()) or of tensors."""
+    ps = _resolve_set(process_set, "broadcast_parameters")
     if isinstance(params, dict):
         params = sorted(params.items(), key=lambda kv: kv[0])
     elif isinstance(params, list):
@@ -34,7 +35,7 @@ def broadcast_parameters(params, root_rank):
             raise ValueError("broadcast_parameters: %s is a %s, not a tensor"
                              % (name, type(p).__name__))
         # In place, under the autograd engine's radar (parameters are leaves).
-        handles.append(broadcast_async_(p.data if p.requires_grad else p, root_rank, name))
+        handles.append(broadcast_async_(p.data if p.requires_grad else p, root_rank, name, ps))
     for h in handles:
         synchronize(h)
 
@@ -73,9 +74,10 @@ class _TensorSlot:
 def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None):
     """Gives every rank root_rank's optimizer state: hyperparameters of every
     parameter group and the per-parameter state (momentum, Adam moments,
-    step counts). Ranks whose state is still empty get it all. `model` is
-    accepted for Horovod's signature and not needed."""
-    _check_process_set(process_set, "broadcast_optimizer_state")
+    step counts), on the ranks of process_set. Ranks whose state is still
+    empty get it all. `model` is accepted for Horovod's signature and not
+    needed."""
+    ps = _resolve_set(process_set, "broadcast_optimizer_state")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state = optimizer.state_dict()
@@ -84,7 +86,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
     # The structure (with the scalars) travels as one object; the tensors as
     # tensors, in place where this rank has the same ones.
     skeleton = broadcast_object(skeleton if rank() == root_rank else None, root_rank,
-                                name="optimizer_state.structure")
+                                name="optimizer_state.structure", process_set=ps)
     slots = []
     _collect_slots(skeleton, slots)
     slots.sort(key=lambda s: s.index)
@@ -102,7 +104,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
             on = device if s.device_type != "cpu" else torch.device("cpu")
             t = torch.empty(s.shape, dtype=s.dtype, device=on)
         received.append(t)
-        handles.append(broadcast_async_(t, root_rank, name="optimizer_state.%d" % s.index))
+        handles.append(broadcast_async_(t, root_rank, name="optimizer_state.%d" % s.index,
+                                        process_set=ps))
     for h in handles:
         synchronize(h)
     if rank() != root_rank:  # the root has its state already
@@ -126,31 +129,33 @@ def _to_bytes(obj):
     return torch.frombuffer(bytearray(b.getvalue()), dtype=torch.uint8)
 
 
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """Returns root_rank's obj on every rank (pickled; obj is ignored elsewhere)."""
-    _check_process_set(process_set, "broadcast_object")
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Returns root_rank's obj on every rank of process_set (pickled; obj is
+    ignored elsewhere)."""
+    ps = _resolve_set(process_set, "broadcast_object")
     name = name or type(obj).__name__
     if rank() == root_rank:
         data = _to_bytes(obj)
         n = torch.tensor([data.numel()], dtype=torch.int64)
     else:
         n = torch.zeros(1, dtype=torch.int64)
-    broadcast_(n, root_rank, name=name + ".sz")
+    broadcast_(n, root_rank, name=name + ".sz", process_set=ps)
     if rank() != root_rank:
         data = torch.empty(int(n.item()), dtype=torch.uint8)
-    broadcast_(data, root_rank, name=name + ".t")
+    broadcast_(data, root_rank, name=name + ".t", process_set=ps)
     if rank() == root_rank:
         return obj
     return pickle.loads(data.numpy().tobytes())
 
 
-def allgather_object(obj, name=None, process_set=None):
-    """Returns the list of every rank's obj, in rank order."""
-    _check_process_set(process_set, "allgather_object")
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Returns the list of the obj of every rank of process_set, in rank order."""
+    ps = _resolve_set(process_set, "allgather_object")
     name = name or type(obj).__name__
     data = _to_bytes(obj)
-    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz")
-    gathered = allgather(data, name=name + ".t").numpy().tobytes()
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz",
+                      process_set=ps)
+    gathered = allgather(data, name=name + ".t", process_set=ps).numpy().tobytes()
     out, off = [], 0
     for n in sizes.tolist():
         out.append(pickle.loads(gathered[off:off + n]))

@@ -7,13 +7,22 @@ handle; synchronize(handle) waits (with the GIL released) and returns the
 output. Allgather lets the first dimension differ between ranks: a small
 exchange of the ranks' first dimensions goes first, so its handle advances
 in two phases (see _Allgather).
+
+Every collective takes a process_set (a ProcessSet registered by init() or
+add_process_set(); global_process_set by default): it then runs among the
+set's members alone, with ranks of the set where ranks order the result
+(allgather) and global ranks where the caller names one (a broadcast's
+root), as Horovod's.
 """
 import atexit
+import bisect
 import ctypes
 import enum
 import hashlib
 import itertools
 import operator
+import os
+import sys
 import time
 import warnings
 
@@ -30,7 +39,8 @@ __all__ = [
     "ccl_built", "ddl_built", "start_timeline", "stop_timeline",
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_",
-    "broadcast_async_", "join", "barrier", "poll", "synchronize", "global_process_set",
+    "broadcast_async_", "join", "barrier", "poll", "synchronize", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set",
     "HoraInternalError", "HorovodInternalError",
 ]
 
@@ -63,62 +73,233 @@ _DTYPES = {
 # ---- life cycle and ranks -------------------------------------------------------
 
 
-class _GlobalProcessSet:
-    """Every rank of the job: the one process set there is until process sets
-    can be made."""
+def _is_mpi_comm(obj):
+    # Looked up, not imported: importing mpi4py starts MPI, and an mpi4py
+    # communicator cannot exist without the module loaded.
+    MPI = sys.modules.get("mpi4py.MPI")
+    return MPI is not None and isinstance(obj, MPI.Comm)
 
-    process_set_id = 0
 
-    def rank(self):
-        return rank()
+class ProcessSet:
+    """Ranks of the job that run collectives among themselves, as Horovod's:
+    made from a list of global ranks or an mpi4py communicator, then passed
+    to init(process_sets=[...]) or add_process_set() (collective over every
+    rank of the job). process_set_id is None until then, and again after
+    remove_process_set() or shutdown(). There is one object per set made,
+    so a set is equal only to itself."""
+
+    def __init__(self, ranks_or_comm):
+        self.process_set_id = None
+        self.ranks = None
+        self.mpi_comm = None
+        self._handle = None  # the hora_process_set while registered; None means NULL: the world
+        self._unnamed = {}  # per-kind counters of unnamed operations, as _op_name keeps them
+        if _is_mpi_comm(ranks_or_comm):
+            self.mpi_comm = ranks_or_comm
+            return
+        try:
+            self.ranks = sorted(operator.index(r) for r in ranks_or_comm)
+        except TypeError:
+            raise ValueError("ProcessSet takes a list of global ranks or an mpi4py communicator, "
+                             "got %r" % (ranks_or_comm,)) from None
 
     def size(self):
-        return size()
+        """The number of ranks in the set; None while it is not registered."""
+        if self.process_set_id is None:
+            return None
+        return size() if self is global_process_set else _lib.hora_process_set_size(self._handle)
+
+    def rank(self):
+        """This rank's rank in the set (0 .. size()-1, in the order of the
+        global ranks); None while the set is not registered. Raises
+        ValueError on a rank outside it."""
+        if self.process_set_id is None:
+            return None
+        if self is global_process_set:
+            return rank()
+        r = _lib.hora_process_set_rank(self._handle)
+        if r < 0:
+            raise ValueError("rank %d is not a member of process set %d"
+                             % (rank(), self.process_set_id))
+        return r
 
     def included(self):
-        return True
+        """Whether this rank is in the set; None while its ranks are unknown
+        (a communicator's set before it is registered)."""
+        if self.ranks is None:
+            return None
+        return rank() in self.ranks
 
     def __repr__(self):
-        return "ProcessSet(process_set_id=0, ranks=all)"
+        return "ProcessSet(process_set_id=%r, ranks=%r, mpi_comm=%r)" % (
+            self.process_set_id, self.ranks, self.mpi_comm)
 
 
-global_process_set = _GlobalProcessSet()
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+_added = []  # the registered sets but the world, in the order they were made
 
 
-def _check_process_set(process_set, what):
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("%s: only the global process set is supported in this version"
-                                  % what)
+def _resolve_set(process_set, what):
+    """process_set (None: the world) checked as an argument of `what`."""
+    if process_set is None or process_set is global_process_set:
+        return global_process_set
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError("%s: process_set must be a hvd.ProcessSet, got %s"
+                        % (what, type(process_set).__name__))
+    if process_set.process_set_id is None:
+        raise ValueError("%s: %r is not registered: add it with hvd.add_process_set() or "
+                         "hvd.init(process_sets=[...]) (a removed set must be added again)"
+                         % (what, process_set))
+    return process_set
+
+
+def _make_set(ps, what):
+    """Makes ps's set in libhora (collective over the job) and registers it."""
+    # Making a set runs world collectives that block in libhora: allgathers
+    # between phases must go on first, as for join.
+    _drain_staged()
+    out = ctypes.c_void_p()
+    if ps.mpi_comm is not None:
+        if not _lib.has_mpi_comm:
+            raise NotImplementedError("%s: %s has no hora_process_set_from_mpi_comm"
+                                      % (what, _lib.path))
+        rc = _lib.hora_process_set_from_mpi_comm(_lib.mpi_comm_handle(ps.mpi_comm),
+                                                 ctypes.byref(out))
+    else:
+        n = len(ps.ranks)
+        rc = _lib.hora_process_set_create((ctypes.c_int * n)(*ps.ranks), n, ctypes.byref(out))
+    L.check(rc, what)
+    ps._handle = out.value
+    ps.process_set_id = _lib.hora_process_set_id(ps._handle)
+    n = _lib.hora_process_set_size(ps._handle)
+    ranks = (ctypes.c_int * n)()
+    _lib.hora_process_set_ranks(ps._handle, ranks, n)
+    ps.ranks = list(ranks)
+    ps._unnamed = {}
+    # Horovod refuses a second set of the same ranks. Checked once libhora
+    # has agreed on the ranks: every rank then finds the same, where a
+    # check before would leave the ranks that passed it waiting in libhora.
+    if ps.mpi_comm is None and any(o.mpi_comm is None and o.ranks == ps.ranks for o in _added):
+        handle = ps._handle
+        ps._handle = ps.process_set_id = None
+        L.check(_lib.hora_process_set_destroy(handle), what)
+        raise ValueError("%s: a process set of ranks %s exists already" % (what, ps.ranks))
+    _added.append(ps)
+
+
+def _forget_set(ps):
+    ps.process_set_id = None
+    ps._handle = None
+    ps._unnamed = {}
+    _added.remove(ps)
+
+
+def add_process_set(process_set):
+    """Registers a ProcessSet (or makes one of a list of global ranks) after
+    init and returns it. Collective over every rank of the job, all passing
+    the same ranks."""
+    _ranked(_lib.hora_size, "add_process_set")
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    elif process_set.process_set_id is not None:
+        raise ValueError("add_process_set: %r is registered already" % (process_set,))
+    _make_set(process_set, "hora.torch.add_process_set")
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Frees a registered set (collective over every rank of the job, each
+    passing its object of that set; members first complete what is in
+    flight on it). False for the world or a set not registered, as Horovod;
+    True once removed."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError("remove_process_set: expected a hvd.ProcessSet, got %s"
+                        % type(process_set).__name__)
+    if process_set.process_set_id is None or process_set is global_process_set:
+        return False
+    _drain_staged()
+    handle = process_set._handle
+    # Forgotten first: whatever libhora answers, the object never hands a
+    # handle that may be freed to it again.
+    _forget_set(process_set)
+    L.check(_lib.hora_process_set_destroy(handle), "hora.torch.remove_process_set")
+    return True
 
 
 _exit_registered = False
 _homogeneous = None
 
 
-def init(comm=None, process_sets=None):
-    """Starts the runtime (collective over the job). A second call is harmless."""
-    if comm is not None and isinstance(comm, (list, tuple)):
-        if list(comm) != list(range(len(comm))):
-            raise NotImplementedError("hora.torch.init: starting on a sub-communicator is not "
-                                      "supported in this version; call init() on every rank")
-    elif comm is not None and not hasattr(comm, "Get_size"):
+def _launched_size():
+    """The job's size as the launcher tells it before MPI starts, or None."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
+
+
+def _world_comm(comm):
+    """For init's comm: the mpi4py communicator to start on (None: the whole
+    job) and the number of ranks asked for (None: any). A list of ranks is
+    Horovod's: only those ranks call init."""
+    if comm is None or _is_mpi_comm(comm):
+        return comm, None
+    try:
+        ranks = sorted(operator.index(r) for r in comm)
+    except TypeError:
         raise ValueError("hora.torch.init: comm must be a list of ranks or an mpi4py "
-                         "communicator, got %s" % type(comm).__name__)
-    if process_sets:
-        raise NotImplementedError("hora.torch.init: process sets are not supported in this "
-                                  "version")
-    L.check(_lib.hora_init(), "hora.torch.init")
+                         "communicator, got %s" % type(comm).__name__) from None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        n = _launched_size()
+        if ranks != list(range(len(ranks))) or (n is not None and n != len(ranks)):
+            raise NotImplementedError("hora.torch.init: starting on ranks %s, a part of the job, "
+                                      "needs mpi4py (to make their communicator); install it, or "
+                                      "call init() on every rank and use a process set"
+                                      % ranks) from None
+        return None, len(ranks)
+    world = MPI.COMM_WORLD
+    if ranks == list(range(world.Get_size())):
+        return None, len(ranks)
+    # Collective over those ranks only, as Horovod's init on a list.
+    return world.Create_group(world.Get_group().Incl(ranks)), None
+
+
+def init(comm=None, process_sets=None):
+    """Starts the runtime (collective over the job) and registers
+    process_sets (a list of ProcessSet, or "dynamic": sets can always be
+    added later). comm: a list of global ranks or an mpi4py communicator
+    to run on instead of the whole job. A second call is harmless."""
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError("hora.torch.init: process_sets must be a list of hvd.ProcessSet or "
+                             "\"dynamic\", got %r" % (process_sets,))
+        process_sets = None
+    process_sets = list(process_sets or ())
+    for ps in process_sets:
+        if not isinstance(ps, ProcessSet):
+            raise TypeError("hora.torch.init: process_sets must hold hvd.ProcessSet objects, got "
+                            "%s" % type(ps).__name__)
+    world_comm, n = _world_comm(comm)
+    if world_comm is None:
+        L.check(_lib.hora_init(), "hora.torch.init")
+        if n is not None and n != size():
+            raise NotImplementedError("hora.torch.init: comm names %d ranks and the job has %d; "
+                                      "starting on a part of the job needs mpi4py" % (n, size()))
+    elif not _lib.has_mpi_comm:
+        raise NotImplementedError("hora.torch.init: %s has no hora_init_comm" % _lib.path)
+    else:
+        L.check(_lib.hora_init_comm(_lib.mpi_comm_handle(world_comm)), "hora.torch.init")
+        global_process_set.mpi_comm = world_comm
     global _exit_registered
     if not _exit_registered:
         # Horovod scripts rarely call shutdown(); MPI must still be finalized.
         atexit.register(shutdown)
         _exit_registered = True
-    if comm is not None:
-        n = len(comm) if isinstance(comm, (list, tuple)) else comm.Get_size()
-        if n != size():
-            raise NotImplementedError("hora.torch.init: comm has %d ranks and the job %d; "
-                                      "sub-communicators are not supported in this version"
-                                      % (n, size()))
+    global_process_set.ranks = list(range(size()))
     global _homogeneous
     if _homogeneous is None:
         # Every rank is here: ask once (Horovod's is_homogeneous() is local).
@@ -130,6 +311,9 @@ def init(comm=None, process_sets=None):
                 "hora.torch.init")
         L.check(_lib.hora_wait(ctypes.byref(req)), "hora.torch.init")
         _homogeneous = bool((sizes == sizes[0]).all())
+    for ps in process_sets:
+        if ps.process_set_id is None:  # a second init, or the same object twice
+            _make_set(ps, "hora.torch.init")
 
 
 def shutdown():
@@ -140,6 +324,8 @@ def shutdown():
         rc = _lib.hora_finalize()
         _handles.clear()
         _staged.clear()
+        for ps in list(_added):  # hora_finalize destroyed them
+            _forget_set(ps)
         # After a failure of the job (already raised by the calls it failed),
         # shutting down is what is left to do: only misuse raises here.
         if rc in (L.ERR_INVALID_ARG, L.ERR_INVALID_USAGE):
@@ -241,16 +427,14 @@ def stop_timeline():
 
 # ---- names and tensor checks ------------------------------------------------------
 
-_unnamed = {}
-
-
-def _op_name(kind, name):
+def _op_name(kind, name, ps=global_process_set):
     """Horovod's names: '<kind>.<name>', or '<kind>.noname.<n>' numbered per
-    kind, the same on every rank that submits in the same order."""
+    kind and process set, the same on every member that submits in the same
+    order (the ranks outside a set submit nothing to it)."""
     if name is None:
         # setdefault and next() are each atomic under the GIL: the autograd
         # thread and the main thread may both be submitting.
-        n = next(_unnamed.setdefault(kind, itertools.count()))
+        n = next(ps._unnamed.setdefault(kind, itertools.count()))
         return "%s.noname.%d" % (kind, n)
     key = "%s.%s" % (kind, name)
     if len(key.encode()) > 255:
@@ -292,20 +476,22 @@ def _dims(shape):
 
 
 # libhora copies options and shapes at submission, so one struct per
-# (shape, prescale, postscale) serves every call: a training loop submits the
-# same few again and again.
+# (shape, prescale, postscale, set) serves every call: a training loop submits
+# the same few again and again. The set is keyed by its handle, the very value
+# the struct holds, so a set made later at a removed one's address is served
+# right.
 _allreduce_options_cache = {}
 
 
-def _allreduce_options(shape, prescale, postscale):
-    k = (shape, prescale, postscale)
+def _allreduce_options(shape, prescale, postscale, handle):
+    k = (shape, prescale, postscale, handle)
     entry = _allreduce_options_cache.get(k)
     if entry is None:
         if len(_allreduce_options_cache) >= 4096:
             _allreduce_options_cache.clear()
         nd, dims = _dims(shape)
         entry = (L.AllreduceOptions(ctypes.sizeof(L.AllreduceOptions), prescale, postscale, -1, nd,
-                                    dims), dims)
+                                    dims, handle), dims)
         _allreduce_options_cache[k] = entry
     return entry[0]
 
@@ -415,8 +601,9 @@ def _resolve_op(op, average):
     return op
 
 
-def _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, in_place):
-    key = _op_name("allreduce", name)
+def _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, in_place,
+                      ps):
+    key = _op_name("allreduce", name, ps)
     dt = _dtype_of(tensor, lambda: "allreduce '%s'" % key)
     src = tensor if tensor.is_contiguous() else tensor.contiguous()
     finish = None
@@ -430,7 +617,7 @@ def _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_facto
     else:
         dst = output
         h = _Handle("allreduce", key, output, (src, dst))
-    opts = _allreduce_options(tensor.shape, prescale_factor, postscale_factor)
+    opts = _allreduce_options(tensor.shape, prescale_factor, postscale_factor, ps._handle)
     if tensor.is_cuda:
         h.stream_of = tensor
         with torch.cuda.device(tensor.device):
@@ -450,25 +637,26 @@ def _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_facto
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=None):
+                    postscale_factor=1.0, process_set=global_process_set):
     """Starts an allreduce into a new tensor; returns a handle for synchronize()."""
     op = _resolve_op(op, average)
-    _check_process_set(process_set, "allreduce_async")
+    ps = _resolve_set(process_set, "allreduce_async")
     _dtype_of(tensor, lambda: "allreduce '%s'" % (name or "unnamed"))  # before allocating
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, False)
+    return _allreduce_submit(tensor, output, name, op, prescale_factor, postscale_factor, False,
+                             ps)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=None):
+                     postscale_factor=1.0, process_set=global_process_set):
     """Starts an in-place allreduce of tensor; returns a handle."""
     op = _resolve_op(op, average)
-    _check_process_set(process_set, "allreduce_async_")
-    return _allreduce_submit(tensor, None, name, op, prescale_factor, postscale_factor, True)
+    ps = _resolve_set(process_set, "allreduce_async_")
+    return _allreduce_submit(tensor, None, name, op, prescale_factor, postscale_factor, True, ps)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=None):
+               postscale_factor=1.0, process_set=global_process_set):
     """Allreduces tensor in place and returns it."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
@@ -478,32 +666,33 @@ class _AllreduceFunction(torch.autograd.Function):
     """Allreduce with a gradient: the gradient is allreduced the same way."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, ps):
         ctx.op = op
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
+        ctx.ps = ps
         h = allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor)
+                            postscale_factor=postscale_factor, process_set=ps)
         return synchronize(h)
 
     @staticmethod
     def backward(ctx, grad_output):
         g = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale_factor,
-                      postscale_factor=ctx.postscale_factor)
-        return g, None, None, None, None
+                      postscale_factor=ctx.postscale_factor, process_set=ctx.ps)
+        return g, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=None):
-    """Returns the reduction of tensor over all ranks (a new tensor). Has a
-    gradient. `compression` (Compression.fp16, ...) narrows the tensor for
-    the trip and restores its dtype after."""
+              postscale_factor=1.0, process_set=global_process_set):
+    """Returns the reduction of tensor over the ranks of process_set (a new
+    tensor). Has a gradient. `compression` (Compression.fp16, ...) narrows
+    the tensor for the trip and restores its dtype after."""
     from hora.torch.compression import Compression
     op = _resolve_op(op, average)
-    _check_process_set(process_set, "allreduce")
+    ps = _resolve_set(process_set, "allreduce")
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
-    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor)
+    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor, ps)
     return compression.decompress(reduced, ctx)
 
 
@@ -518,19 +707,22 @@ class _Allgather(_Handle):
     seen complete, by any later call of this module, so no rank waits on a
     phase another rank has not submitted."""
 
-    __slots__ = ("tensor", "sizes", "phase")
+    __slots__ = ("tensor", "sizes", "phase", "set_handle")
 
-    def __init__(self, tensor, key):
+    def __init__(self, tensor, key, ps):
         super().__init__("allgather", key, None, None)
         self.tensor = tensor
-        self.sizes = torch.empty(size(), dtype=torch.int64)
+        self.sizes = torch.empty(ps.size(), dtype=torch.int64)  # one per member
         self.phase = 1
+        self.set_handle = ps._handle  # both phases run in the set
 
     def submit_sizes(self):
         first = torch.tensor([self.tensor.shape[0]], dtype=torch.int64)
+        opts = L.OpOptions(ctypes.sizeof(L.OpOptions), -1, None, self.set_handle)
         self.keep = (first, self.sizes)
-        return _lib.hora_allgather_async((self.key + "#sizes").encode(), first.data_ptr(), 1,
-                                         L.INT64, self.sizes.data_ptr(), ctypes.byref(self.req))
+        return _lib.hora_allgather_async_ex((self.key + "#sizes").encode(), first.data_ptr(), 1,
+                                            L.INT64, self.sizes.data_ptr(), ctypes.byref(opts),
+                                            ctypes.byref(self.req))
 
     def advance(self):
         """Submits phase two once phase one is done. True when no longer staged."""
@@ -557,7 +749,7 @@ class _Allgather(_Handle):
                 return torch.cat([g.narrow(0, r * m, n) for r, n in enumerate(s)])
             self.finish = finish
         nd, dims = _dims(src.shape)
-        opts = L.OpOptions(ctypes.sizeof(L.OpOptions), nd, dims)
+        opts = L.OpOptions(ctypes.sizeof(L.OpOptions), nd, dims, self.set_handle)
         self.keep = (src, gathered, dims, opts)
         self.req = ctypes.c_void_p()
         key = self.key.encode()
@@ -588,17 +780,18 @@ def _advance_staged():
             _staged.pop(i, None)  # another thread may have taken it
 
 
-def allgather_async(tensor, name=None, process_set=None):
-    """Starts gathering every rank's tensor along the first dimension; the
-    ranks' first dimensions may differ. Returns a handle."""
-    _check_process_set(process_set, "allgather_async")
-    key = _op_name("allgather", name)
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts gathering the tensors of process_set's ranks along the first
+    dimension, in the order of their ranks; their first dimensions may
+    differ. Returns a handle."""
+    ps = _resolve_set(process_set, "allgather_async")
+    key = _op_name("allgather", name, ps)
     what = "allgather '%s'" % key
     _dtype_of(tensor, what)
     if tensor.dim() == 0:
         raise ValueError("%s: cannot allgather a 0-dimensional tensor; give it a first "
                          "dimension (tensor.view(1))" % what)
-    h = _Allgather(tensor, key)
+    h = _Allgather(tensor, key, ps)
     rc = h.submit_sizes()
     i = _submitted(rc, h, what)
     _staged[i] = h
@@ -607,33 +800,35 @@ def allgather_async(tensor, name=None, process_set=None):
 
 class _AllgatherFunction(torch.autograd.Function):
     """Allgather with a gradient, as Horovod's: each rank gets the average
-    over ranks of the gradient's rows that came from it."""
+    over the set's ranks of the gradient's rows that came from it."""
 
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, ps):
         ctx.dim = tensor.shape[0]
-        return synchronize(allgather_async(tensor, name=name))
+        ctx.ps = ps
+        return synchronize(allgather_async(tensor, name=name, process_set=ps))
 
     @staticmethod
     def backward(ctx, grad_output):
-        reduced = allreduce(grad_output, op=Average)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
-        offset = int(dims[:rank()].sum()) if rank() else 0
-        return reduced.narrow(0, offset, ctx.dim), None
+        reduced = allreduce(grad_output, op=Average, process_set=ctx.ps)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.ps)
+        r = ctx.ps.rank()
+        offset = int(dims[:r].sum()) if r else 0
+        return reduced.narrow(0, offset, ctx.dim), None, None
 
 
-def allgather(tensor, name=None, process_set=None):
-    """Concatenates every rank's tensor along the first dimension (a new
-    tensor). Has a gradient."""
-    _check_process_set(process_set, "allgather")
-    return _AllgatherFunction.apply(tensor, name)
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates the tensors of process_set's ranks along the first
+    dimension, in the order of their ranks (a new tensor). Has a gradient."""
+    ps = _resolve_set(process_set, "allgather")
+    return _AllgatherFunction.apply(tensor, name, ps)
 
 
 # ---- broadcast ------------------------------------------------------------------------
 
 
-def _broadcast_submit(tensor, root_rank, name, in_place):
-    key = _op_name("broadcast", name)
+def _broadcast_submit(tensor, root_rank, name, in_place, ps):
+    key = _op_name("broadcast", name, ps)
     what = "broadcast '%s'" % key
     dt = _dtype_of(tensor, what)
     try:
@@ -641,6 +836,14 @@ def _broadcast_submit(tensor, root_rank, name, in_place):
     except TypeError:
         raise TypeError("%s: root_rank must be an integer, got %s"
                         % (what, type(root_rank).__name__)) from None
+    root = root_rank
+    if ps._handle is not None:
+        # Horovod's root is a global rank; libhora's, a rank of the set.
+        i = bisect.bisect_left(ps.ranks, root_rank)
+        if i == len(ps.ranks) or ps.ranks[i] != root_rank:
+            raise ValueError("%s: root_rank %d is not a member of process set %d (ranks %s)"
+                             % (what, root_rank, ps.process_set_id, ps.ranks))
+        root = i
     if in_place:
         buf = tensor if tensor.is_contiguous() else tensor.contiguous()
         finish = None
@@ -653,59 +856,62 @@ def _broadcast_submit(tensor, root_rank, name, in_place):
         buf = tensor.clone(memory_format=torch.contiguous_format)
         finish, out = None, buf
     nd, dims = _dims(tensor.shape)
-    opts = L.OpOptions(ctypes.sizeof(L.OpOptions), nd, dims)
+    opts = L.OpOptions(ctypes.sizeof(L.OpOptions), nd, dims, ps._handle)
     h = _Handle("broadcast", key, out, (buf, dims, opts), finish)
     kb = key.encode()
     if tensor.is_cuda:
         h.stream_of = tensor
         with torch.cuda.device(tensor.device):
             rc = _lib.hora_broadcast_async_stream_ex(kb, buf.data_ptr(), buf.numel(), dt,
-                                                     root_rank, ctypes.byref(opts),
+                                                     root, ctypes.byref(opts),
                                                      _stream_of(tensor), ctypes.byref(h.req))
     else:
-        rc = _lib.hora_broadcast_async_ex(kb, buf.data_ptr(), buf.numel(), dt, root_rank,
+        rc = _lib.hora_broadcast_async_ex(kb, buf.data_ptr(), buf.numel(), dt, root,
                                           ctypes.byref(opts), ctypes.byref(h.req))
     return _submitted(rc, h, what)
 
 
-def broadcast_async(tensor, root_rank, name=None, process_set=None):
-    """Starts broadcasting root_rank's tensor into a new tensor; returns a handle."""
-    _check_process_set(process_set, "broadcast_async")
-    return _broadcast_submit(tensor, root_rank, name, False)
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts broadcasting root_rank's tensor into a new tensor; returns a
+    handle. root_rank is a global rank, a member of process_set."""
+    ps = _resolve_set(process_set, "broadcast_async")
+    return _broadcast_submit(tensor, root_rank, name, False, ps)
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting root_rank's tensor into tensor; returns a handle."""
-    _check_process_set(process_set, "broadcast_async_")
-    return _broadcast_submit(tensor, root_rank, name, True)
+    ps = _resolve_set(process_set, "broadcast_async_")
+    return _broadcast_submit(tensor, root_rank, name, True, ps)
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=None):
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites tensor with root_rank's and returns it."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 class _BroadcastFunction(torch.autograd.Function):
     """Broadcast with a gradient, as Horovod's: the root gets the average of
-    every rank's gradient, the others zero."""
+    every member's gradient, the others zero."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
+    def forward(ctx, tensor, root_rank, name, ps):
         ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name=name))
+        ctx.ps = ps
+        return synchronize(broadcast_async(tensor, root_rank, name=name, process_set=ps))
 
     @staticmethod
     def backward(ctx, grad_output):
-        reduced = allreduce(grad_output, op=Average)
-        if rank() != ctx.root_rank:
+        reduced = allreduce(grad_output, op=Average, process_set=ctx.ps)
+        if rank() != ctx.root_rank:  # both global ranks
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
-def broadcast(tensor, root_rank, name=None, process_set=None):
-    """Returns root_rank's tensor on every rank (a new tensor). Has a gradient."""
-    _check_process_set(process_set, "broadcast")
-    return _BroadcastFunction.apply(tensor, root_rank, name)
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns root_rank's tensor on every rank of process_set (a new
+    tensor); root_rank is a global rank. Has a gradient."""
+    ps = _resolve_set(process_set, "broadcast")
+    return _BroadcastFunction.apply(tensor, root_rank, name, ps)
 
 
 # ---- completion ------------------------------------------------------------------------
@@ -780,11 +986,12 @@ def _drain_staged():
             delay = min(delay * 2, 1e-3)
 
 
-def barrier(process_set=None):
-    """Returns when every rank has called it."""
-    _check_process_set(process_set, "barrier")
-    # An allreduce of nothing: it completes once every rank has submitted
+def barrier(process_set=global_process_set):
+    """Returns when every rank of process_set has called it."""
+    ps = _resolve_set(process_set, "barrier")
+    # An allreduce of nothing: it completes once every member has submitted
     # it, and its wait lets allgathers between phases go on, where a
-    # blocking hora_barrier would hold back phases other ranks wait on.
-    h = allreduce_async_(torch.zeros(0), name=_op_name("barrier", None), op=Sum)
+    # blocking hora_barrier_ex would hold back phases other ranks wait on.
+    h = allreduce_async_(torch.zeros(0), name=_op_name("barrier", None, ps), op=Sum,
+                         process_set=ps)
     synchronize(h)

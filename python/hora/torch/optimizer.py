@@ -13,7 +13,8 @@ import torch
 
 from hora.torch import mpi_ops
 from hora.torch.compression import Compression
-from hora.torch.mpi_ops import Average, Adasum, allgather_async, allreduce_async_, size, synchronize
+from hora.torch.mpi_ops import (Average, Adasum, allgather_async, allreduce_async_,
+                                global_process_set, synchronize)
 
 __all__ = ["DistributedOptimizer"]
 
@@ -23,7 +24,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # optimizer's class (see DistributedOptimizer), so super() is spelled out.
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=Average, gradient_predivide_factor=1.0, sparse_as_dense=False):
+                 op=Average, gradient_predivide_factor=1.0, sparse_as_dense=False,
+                 process_set=global_process_set):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         if named_parameters is not None:
@@ -52,12 +54,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        # Ranks outside the set, and a set of one, step on their own gradients.
+        self._reduces = process_set.included() and process_set.size() > 1
         self._handles = {}
         self._grad_accs = []
         self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
-        if size() > 1:
+        if self._reduces:
             self._register_hooks()
 
     def load_state_dict(self, *args, **kwargs):
@@ -101,7 +106,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return self._sparse_allreduce_grad_async(p, name), None
             # Reduced dense, handed back sparse (SparseAdam takes only that).
             compressed, ctx = self._compression.compress(tensor.to_dense())
-            handle = allreduce_async_(compressed, name=name, op=self.op)
+            handle = allreduce_async_(compressed, name=name, op=self.op,
+                                      process_set=self.process_set)
             dense = compressed
 
             def finish():
@@ -115,22 +121,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             prescale = postscale = 1.0
         handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=prescale,
-                                  postscale_factor=postscale)
+                                  postscale_factor=postscale, process_set=self.process_set)
         return handle, ctx
 
     def _sparse_allreduce_grad_async(self, p, name):
         # Allgather concatenates along the first dimension: indices go
         # transposed, one row per nonzero.
         t = p.grad.coalesce()
-        ih = allgather_async(t._indices().transpose(0, 1).contiguous(), name=name + ".indices")
-        vh = allgather_async(t._values(), name=name + ".values")
-        op = self.op
+        ih = allgather_async(t._indices().transpose(0, 1).contiguous(), name=name + ".indices",
+                             process_set=self.process_set)
+        vh = allgather_async(t._values(), name=name + ".values", process_set=self.process_set)
+        op, n = self.op, self.process_set.size()
 
         def finish():
             values = synchronize(vh)
             indices = synchronize(ih)
             if op == Average:
-                values = values / size()
+                values = values / n
             return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
         return finish
 
@@ -154,7 +161,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits for every gradient's allreduce (submitting those backprop did
         not reach) and writes the results into p.grad."""
-        if size() == 1:
+        if not self._reduces:
             self._synchronized = True
             return
         missing = self._requires_update - set(self._handles)
@@ -204,11 +211,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None):
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
     """Wraps a torch optimizer so that step() uses gradients averaged (or
-    reduced by `op`) over all ranks. Takes Horovod's arguments; see
-    Horovod's documentation for each."""
-    mpi_ops._check_process_set(process_set, "DistributedOptimizer")
+    reduced by `op`) over the ranks of process_set (on ranks outside it,
+    step() uses their own). Takes Horovod's arguments; see Horovod's
+    documentation for each."""
+    process_set = mpi_ops._resolve_set(process_set, "DistributedOptimizer")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
@@ -222,4 +231,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, sparse_as_dense)
+               op, gradient_predivide_factor, sparse_as_dense, process_set)
