@@ -14,7 +14,7 @@ PACKAGES="
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   clang libclang-rt-14-dev
   iproute2 procps psmisc python3 valgrind
-  python3-torch python3-torchvision python3-pytest python3-cloudpickle
+  python3-torch python3-torchvision python3-pytest python3-cloudpickle python3-mpi4py
   qemu-system-x86 kmod xz-utils util-linux
 "
 
