@@ -336,6 +336,16 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
     # A script that never calls shutdown() (most Horovod scripts) exits 0.
     HORA_LIBRARY="$builddir/.libs/libhora.so.0" \
       run_mpi python/exit_without_shutdown 2 "" "$py" "$srcdir/tests/python/check_exit_without_shutdown.py"
+    # init(comm=...) with mpi4py: a half of the job, a list of ranks that only
+    # they call, and sets from a split communicator registered at init.
+    if "$py" -c 'import mpi4py' 2>/dev/null; then
+      for mode in split list sets; do
+        HORA_LIBRARY="$builddir/.libs/libhora.so.0" \
+          run_mpi "python/init_comm_$mode" 4 "" "$py" "$srcdir/tests/python/check_init_comm.py" "$mode"
+      done
+    else
+      echo "SKIP python/init_comm: $py cannot import mpi4py (scripts/install-deps.sh installs python3-mpi4py)" | tee -a "$results"
+    fi
     # Ranks that submit different names fail on every rank once the stall
     # shutdown time has passed. The runtime then shuts down and leaves MPI
     # unfinalized, so the job's exit status is not 0: the lines decide.
