@@ -92,6 +92,9 @@ struct hora__comm {
   char *fusion; /* the socket path's fusion buffer */
   size_t fusion_bytes;
   void *fusion_reg; /* its RDMA registration, or NULL */
+  char *reduced; /* a reduce-scatter's whole reduction, of which it keeps one block */
+  size_t reduced_bytes;
+  void *reduced_reg;
   char *scratch;    /* the ring's staging for chunks in flight */
   size_t scratch_bytes;
   void *scratch_reg;

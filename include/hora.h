@@ -239,7 +239,8 @@ HORA_EXTERN int hora_broadcast_parameters(const hora_tensor *tensors, size_t n, 
  * show where the time goes. Like the options, the struct can grow. */
 typedef struct hora_stats {
   size_t struct_size;       /* sizeof(hora_stats) */
-  uint64_t operations;      /* operations completed: allreduces + broadcasts + allgathers */
+  uint64_t operations;      /* operations completed: allreduces + broadcasts + allgathers
+                               (+ reducescatters) */
   uint64_t allreduces, broadcasts, allgathers;
   uint64_t bytes;           /* bytes of the callers' buffers those collectives covered */
   uint64_t fused_batches;   /* collectives that carried more than one tensor */
@@ -257,6 +258,7 @@ typedef struct hora_stats {
   uint64_t kernel_bytes;    /* allreduce bytes copied between the host's ranks by the
                                kernel (process_vm_readv/writev; HORA_SHM_SINGLE_COPY) */
   uint64_t staged_bytes;    /* allreduce bytes staged through the host's shared memory */
+  uint64_t reducescatters;  /* reducescatters completed (added later; also in operations) */
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */
@@ -374,6 +376,31 @@ HORA_EXTERN int hora_join_ex(const hora_op_options *opts, int *last_joined_rank)
  * its shape fields are ignored); root is a rank of that set. */
 HORA_EXTERN int hora_broadcast_parameters_ex(const hora_tensor *tensors, size_t n, int root,
                                              const hora_op_options *opts);
+
+/* ---- Reducescatter ------------------------------------------------------------
+ * Reduces count elements of sendbuf over the ranks (of opts->process_set),
+ * like an allreduce, and leaves each rank its block of the result, in rank
+ * order: Horovod's split, where the first (rows % size) ranks get one row
+ * more than the others. The rows are the shape's first dimension when
+ * opts gives a shape (so every block is whole rows), else single elements.
+ * recvbuf holds hora_reducescatter_block(count, rows, size, rank)
+ * elements (rows 0: elements). Every op, prescale, postscale and
+ * compression works as for allreduce; AVERAGE divides by the set's size.
+ * A rank that has joined contributes zeros, as to an allreduce. Host
+ * buffers only for now (device buffers: HORA_ERR_NOT_SUPPORTED). */
+HORA_EXTERN int hora_reducescatter_async(const char *name, const void *sendbuf, void *recvbuf,
+                                         size_t count, hora_dtype dtype, hora_op op,
+                                         hora_request **req);
+HORA_EXTERN int hora_reducescatter_async_ex(const char *name, const void *sendbuf,
+                                            void *recvbuf, size_t count, hora_dtype dtype,
+                                            hora_op op, const hora_allreduce_options *opts,
+                                            hora_request **req);
+HORA_EXTERN int hora_reducescatter(const char *name, const void *sendbuf, void *recvbuf,
+                                   size_t count, hora_dtype dtype, hora_op op);
+/* Elements of rank's block of a reducescatter of count elements in `rows`
+ * rows (0: count single elements) over size ranks; 0 for arguments that
+ * make no split (rank out of range, count not a multiple of rows). */
+HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size, int rank);
 
 #ifdef __cplusplus
 }

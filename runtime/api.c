@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "comm/coll/collectives.h"
 #include "comm/comm.h"
 #include "comm/gpu/gpu.h"
 #include "comm/shm/shm.h"
@@ -143,16 +144,22 @@ HORA_EXTERN int hora_allreduce_async_ex(const char *name, const void *sendbuf, v
   return hora__allreduce_submit(name, sendbuf, recvbuf, count, dtype, op, opts, NULL, req);
 }
 
-int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
-                           hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
-                           void *stream, hora_request **req) {
+/* Allreduce and reducescatter: the reductions, with the same options. */
+static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf, void *recvbuf,
+                            size_t count, hora_dtype dtype, hora_op op,
+                            const hora_allreduce_options *opts, void *stream,
+                            hora_request **req) {
   hora__error_clear();
-  HORA_CHECK(check_common("hora_allreduce_async", name, count, dtype, req, 1));
+  bool scatter = kind == HORA_KIND_REDUCESCATTER;
+  const char *call = scatter ? "hora_reducescatter_async" : "hora_allreduce_async";
+  HORA_CHECK(check_common(call, name, count, dtype, req, 1));
   if (!hora__op_valid((int)op)) {
-    return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async: unknown op %d", (int)op);
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: unknown op %d", call, (int)op);
   }
-  if (count > 0 && (!sendbuf || !recvbuf)) {
-    return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async: %s is NULL",
+  /* (A reducescatter's recvbuf may be NULL where this rank's block is
+   * empty: checked once the set, and so the block, is known.) */
+  if (count > 0 && (!sendbuf || (!recvbuf && !scatter))) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: %s is NULL", call,
                        sendbuf ? "recvbuf" : "sendbuf");
   }
   /* Read only the fields the caller's struct has. */
@@ -186,14 +193,14 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
     return hora__error(HORA_ERR_INVALID_ARG, "hora_allreduce_async_ex: unknown compression %d",
                        o.compression);
   }
-  HORA_CHECK(hora__check_allreduce_dtype(opts ? "hora_allreduce_async_ex" : "hora_allreduce_async",
+  HORA_CHECK(hora__check_allreduce_dtype(call,
                                          name, dtype, op, o.prescale, o.postscale));
   int rc = HORA_SUCCESS;
-  struct hora__runtime *rt = hora__api_running_in(o.process_set, &rc, "hora_allreduce_async");
+  struct hora__runtime *rt = hora__api_running_in(o.process_set, &rc, call);
   if (!rt) {
     return rc;
   }
-  struct hora_request *r = hora__request_new(HORA_KIND_ALLREDUCE);
+  struct hora_request *r = hora__request_new(kind);
   if (!r) {
     return hora__api_leave(HORA_ERR_NO_MEMORY);
   }
@@ -206,10 +213,62 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
   /* Only float32 and float64 are narrowed on the wire. */
   r->meta.compression = (uint8_t)(dtype == HORA_FLOAT32 || dtype == HORA_FLOAT64 ? compression : 0);
   set_shape(r, &shape);
+  if (scatter) {
+    /* The split counts rows of the first dimension, where a shape gives one. */
+    int64_t rows = shape.ndims > 0 ? shape.dims[0] : 0;
+    if (rows > INT32_MAX) {
+      hora__request_free(r);
+      return hora__api_leave(hora__error(HORA_ERR_INVALID_ARG,
+                                         "%s: the first dimension "
+                                         "(%lld) is too large to split", call, (long long)rows));
+    }
+    r->meta.root = (int32_t)rows;
+    if (!recvbuf && hora_reducescatter_block(count, (size_t)rows, rt->size, rt->rank) > 0) {
+      hora__request_free(r);
+      return hora__api_leave(hora__error(HORA_ERR_INVALID_ARG, "%s: recvbuf is NULL", call));
+    }
+  }
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   r->stream = stream;
   return hora__api_leave(hora__request_submit(rt, r, name, req));
+}
+
+int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
+                           hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
+                           void *stream, hora_request **req) {
+  return reduction_submit(HORA_KIND_ALLREDUCE, name, sendbuf, recvbuf, count, dtype, op, opts,
+                          stream, req);
+}
+
+HORA_EXTERN int hora_reducescatter_async_ex(const char *name, const void *sendbuf,
+                                            void *recvbuf, size_t count, hora_dtype dtype,
+                                            hora_op op, const hora_allreduce_options *opts,
+                                            hora_request **req) {
+  return reduction_submit(HORA_KIND_REDUCESCATTER, name, sendbuf, recvbuf, count, dtype, op,
+                          opts, NULL, req);
+}
+
+HORA_EXTERN int hora_reducescatter_async(const char *name, const void *sendbuf, void *recvbuf,
+                                         size_t count, hora_dtype dtype, hora_op op,
+                                         hora_request **req) {
+  return hora_reducescatter_async_ex(name, sendbuf, recvbuf, count, dtype, op, NULL, req);
+}
+
+HORA_EXTERN int hora_reducescatter(const char *name, const void *sendbuf, void *recvbuf,
+                                   size_t count, hora_dtype dtype, hora_op op) {
+  hora_request *r = NULL;
+  HORA_CHECK(hora_reducescatter_async(name, sendbuf, recvbuf, count, dtype, op, &r));
+  return hora_wait(&r);
+}
+
+HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size, int rank) {
+  if (size <= 0 || rank < 0 || rank >= size || (rows && count % rows)) {
+    return 0;
+  }
+  size_t start, len;
+  hora__block_range(count, rows ? count / rows : 1, size, rank, &start, &len);
+  return len;
 }
 
 HORA_EXTERN int hora_allreduce_async(const char *name, const void *sendbuf, void *recvbuf,
@@ -488,7 +547,8 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   s.allreduces = atomic_load(&rt->stats.allreduces);
   s.broadcasts = atomic_load(&rt->stats.broadcasts);
   s.allgathers = atomic_load(&rt->stats.allgathers);
-  s.operations = s.allreduces + s.broadcasts + s.allgathers;
+  s.reducescatters = atomic_load(&rt->stats.reducescatters);
+  s.operations = s.allreduces + s.broadcasts + s.allgathers + s.reducescatters;
   s.bytes = atomic_load(&rt->stats.bytes);
   s.fused_batches = atomic_load(&rt->stats.fused_batches);
   s.fused_tensors = atomic_load(&rt->stats.fused_tensors);

@@ -29,7 +29,7 @@ static void contribute(struct hora__set *set, bool joined) {
     if (set->waiting[s]) {
       ready[s / 8] |= b;
       submitted[s / 8] |= b;
-    } else if (joined && set->cache.e[s].used && set->cache.e[s].meta.kind == HORA_KIND_ALLREDUCE) {
+    } else if (joined && set->cache.e[s].used && hora__kind_stands_in(set->cache.e[s].meta.kind)) {
       ready[s / 8] |= b; /* stands in with zeros */
     }
   }
@@ -211,7 +211,7 @@ static int unwait_stale(struct hora__set *set) {
     const struct hora__cache_entry *ce = hora__cache_entry(&set->cache, (int32_t)s);
     bool ours = ce && ce->key_len == q->key_len && memcmp(ce->key, q->key, q->key_len) == 0;
     bool stale = !ours || !hora__meta_equal(&ce->meta, &q->meta) ||
-                 (set->others_joined && q->meta.kind != HORA_KIND_ALLREDUCE);
+                 (set->others_joined && !hora__kind_stands_in(q->meta.kind));
     if (!stale) {
       n++;
       continue;

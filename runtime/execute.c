@@ -73,7 +73,7 @@ static bool request_matches(const struct hora__response *r, uint32_t i, int rank
   hora__key_display(q->key, q->key_len, name, sizeof(name));
   snprintf(what, sizeof(what), "%s %s: rank %d submitted", hora__kind_name(f->kind), name, rank);
   const char *ran = "the response it ran under";
-  bool allreduce = m.kind == HORA_KIND_ALLREDUCE;
+  bool allreduce = hora__kind_stands_in(m.kind); /* the reductions: op, scales, compression */
   if (f->kind != m.kind) {
     snprintf(msg, size, "%s it, %s is a %s", what, ran, hora__kind_name(m.kind));
   } else if (f->device != m.device) {
@@ -124,7 +124,7 @@ static int gather_requests(struct hora__set *set, const struct hora__response *r
       q = NULL;
     }
     if (q && !request_matches(r, i, set->e->rt->rank, q, msg, sizeof(msg))) {
-      bool stand_in = r->kind == HORA_KIND_ALLREDUCE;
+      bool stand_in = hora__kind_stands_in(r->kind);
       HORA_WARN("%s%s", msg, stand_in ? "; it fails, and this rank adds zeros to the others'" : "");
       hora__engine_fail_mismatched(set->e, q, msg);
       if (!stand_in) {
@@ -137,7 +137,7 @@ static int gather_requests(struct hora__set *set, const struct hora__response *r
       continue;
     }
     set->reqs[i] = q;
-    if (!q && !((*joined || retired) && r->kind == HORA_KIND_ALLREDUCE)) {
+    if (!q && !((*joined || retired) && hora__kind_stands_in(r->kind))) {
       return missing_tensor(set->e, r, &r->tensors[i]);
     }
   }
@@ -155,9 +155,10 @@ static void account(struct hora__set *set, const struct hora__response *r, uint6
       negotiate += start_ns - set->reqs[i]->submit_ns;
     }
   }
-  atomic_uint_fast64_t *kind = r->kind == HORA_KIND_ALLREDUCE   ? &rt->stats.allreduces
-                               : r->kind == HORA_KIND_BROADCAST ? &rt->stats.broadcasts
-                                                                : &rt->stats.allgathers;
+  atomic_uint_fast64_t *kind = r->kind == HORA_KIND_ALLREDUCE       ? &rt->stats.allreduces
+                               : r->kind == HORA_KIND_BROADCAST     ? &rt->stats.broadcasts
+                               : r->kind == HORA_KIND_REDUCESCATTER ? &rt->stats.reducescatters
+                                                                    : &rt->stats.allgathers;
   atomic_fetch_add(kind, r->ntensors);
   atomic_fetch_add(&rt->stats.bytes, bytes);
   atomic_fetch_add(&rt->stats.negotiate_ns, negotiate);
@@ -285,6 +286,16 @@ static int run_op(struct hora__set *set, const struct hora__response *r, size_t 
     set->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
     op.n = 1;
   }
+  if (r->kind == HORA_KIND_REDUCESCATTER) {
+    /* Never fused: one tensor, of which this rank keeps its block (a
+     * joined rank's stand-in output is as large as the whole). */
+    op.unit = r->root > 0 ? total / (size_t)r->root : 1;
+    size_t start, len;
+    hora__block_range(total, op.unit, c->size, c->rank, &start, &len);
+    if (set->reqs[0]) {
+      set->iov_out[0].len = len * hora_dtype_size((hora_dtype)r->dtype);
+    }
+  }
   if (r->device) {
     HORA_CHECK(device_events(set, r, &op.wait));
     op.ready = set->ready;
@@ -299,7 +310,8 @@ static int run_op(struct hora__set *set, const struct hora__response *r, size_t 
   if (marks) {
     on_phase(set, NULL);
   }
-  if (rc == HORA_SUCCESS && hora__params.VERIFY) {
+  /* (A reducescatter's ranks hold different blocks: nothing to compare.) */
+  if (rc == HORA_SUCCESS && hora__params.VERIFY && r->kind != HORA_KIND_REDUCESCATTER) {
     rc = verify(set, r, bytes);
   }
   return rc;
@@ -392,6 +404,7 @@ int hora__engine_execute(struct hora__set *set, const struct hora__response *r) 
     case HORA_KIND_ALLREDUCE:
     case HORA_KIND_BROADCAST:
     case HORA_KIND_ALLGATHER:
+    case HORA_KIND_REDUCESCATTER:
       return run_collective(set, r);
     case HORA_KIND_BARRIER:
       q = hora__engine_lookup(set->e, &r->tensors[0]);

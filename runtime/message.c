@@ -32,8 +32,8 @@
 #define RESP_TENSOR_MIN_BYTES (2 + 1 + 8 + 8)                  /* 1-byte key */
 #define NO_SHAPE 0xffu /* the ndims byte of a request without a shape */
 
-static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "barrier",
-                                         "join",      "shutdown",  "error"};
+static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "reducescatter",
+                                         "barrier",   "join",      "shutdown",  "error"};
 _Static_assert(HORA_ARRAY_SIZE(kind_names) == HORA_KIND_COUNT_, "a name for every kind");
 
 const char *hora__kind_name(int kind) {
@@ -42,7 +42,8 @@ const char *hora__kind_name(int kind) {
 
 const char *hora__negotiate_phase(int kind) {
   static const char *const phases[] = {"NEGOTIATE_ALLREDUCE", "NEGOTIATE_BROADCAST",
-                                       "NEGOTIATE_ALLGATHER", "NEGOTIATE_BARRIER",
+                                       "NEGOTIATE_ALLGATHER", "NEGOTIATE_REDUCESCATTER",
+                                       "NEGOTIATE_BARRIER",
                                        "NEGOTIATE_JOIN",      "NEGOTIATE_SHUTDOWN",
                                        "NEGOTIATE_ERROR"};
   _Static_assert(HORA_ARRAY_SIZE(phases) == HORA_KIND_COUNT_, "a phase for every kind");
@@ -289,8 +290,7 @@ static int check_shape(const struct hora__op_meta *m, const struct hora__shape *
   if (s->ndims < 0) {
     return HORA_SUCCESS;
   }
-  if (m->kind != HORA_KIND_ALLREDUCE && m->kind != HORA_KIND_BROADCAST &&
-      m->kind != HORA_KIND_ALLGATHER) {
+  if (m->kind > HORA_KIND_REDUCESCATTER) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s request with a shape", hora__kind_name(m->kind));
   }
   return shape_holds("request", s, m->count);
@@ -468,7 +468,7 @@ struct hora__response *hora__response_for(const struct hora__op_meta *m, const c
 }
 
 static bool cacheable(uint8_t kind) {
-  return kind == HORA_KIND_ALLREDUCE || kind == HORA_KIND_BROADCAST || kind == HORA_KIND_ALLGATHER;
+  return kind <= HORA_KIND_REDUCESCATTER;
 }
 
 int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n) {

@@ -23,6 +23,7 @@ enum hora__kind {
   HORA_KIND_ALLREDUCE,
   HORA_KIND_BROADCAST,
   HORA_KIND_ALLGATHER,
+  HORA_KIND_REDUCESCATTER, /* the last of the collectives: kinds up to it are cached */
   HORA_KIND_BARRIER,
   HORA_KIND_JOIN,
   HORA_KIND_SHUTDOWN,
@@ -31,6 +32,10 @@ enum hora__kind {
 };
 
 const char *hora__kind_name(int kind);
+/* Collectives a joined rank stands in for, with zeros. */
+static inline bool hora__kind_stands_in(int kind) {
+  return kind == HORA_KIND_ALLREDUCE || kind == HORA_KIND_REDUCESCATTER;
+}
 /* The timeline row of a kind's negotiation: "NEGOTIATE_ALLREDUCE". */
 const char *hora__negotiate_phase(int kind);
 
@@ -41,7 +46,7 @@ struct hora__op_meta {
   uint8_t op;
   uint8_t device;      /* 0 host memory, 1 GPU memory */
   uint8_t compression; /* hora_compression, NONE unless it applies */
-  int32_t root;
+  int32_t root; /* broadcast: its root; reducescatter: the rows it splits (0: elements) */
   uint64_t count;
   double prescale, postscale;
   uint64_t shape; /* hora__shape_fingerprint of the caller's shape; 0: none given */

@@ -324,7 +324,7 @@ static int update(struct hora__controller *c, struct pending_op *op) {
   char name[300], ranks[256], msg[1024];
   hora__key_display(op->key, op->key_len, name, sizeof(name));
   const char *kind = hora__kind_name(op->meta.kind);
-  if (op->meta.kind != HORA_KIND_ALLREDUCE && c->njoined > 0) {
+  if (!hora__kind_stands_in(op->meta.kind) && c->njoined > 0) {
     hora__format_ranks_named(c->joined, c->size, true, c->names, ranks, sizeof(ranks));
     snprintf(msg, sizeof(msg),
              "%s %s was submitted while rank(s) %s had called hora_join: only allreduce can run "
@@ -333,7 +333,7 @@ static int update(struct hora__controller *c, struct pending_op *op) {
     return respond_error(c, op, HORA_ERR_INVALID_USAGE, msg);
   }
   for (int r = 0; r < c->size; r++) {
-    bool stands_in = c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE;
+    bool stands_in = c->joined[r] && hora__kind_stands_in(op->meta.kind);
     if (c->shutdown[r] && !op->have[r] && !stands_in) {
       snprintf(msg, sizeof(msg), "%s %s cannot complete: rank %d called hora_finalize without "
                "submitting it", kind, name, name_of(c, r));
@@ -341,7 +341,7 @@ static int update(struct hora__controller *c, struct pending_op *op) {
     }
   }
   int ready = op->nhave;
-  if (op->meta.kind == HORA_KIND_ALLREDUCE) {
+  if (hora__kind_stands_in(op->meta.kind)) {
     ready += c->njoined - op->nhave_joined;
   }
   if (ready < c->size) {
@@ -447,13 +447,13 @@ static void add_variant(struct pending_op *op, int rank, const struct hora__op_m
 
 /* Only the fields that matter for a kind are compared. */
 static void normalise(struct hora__op_meta *m) {
-  if (m->kind != HORA_KIND_ALLREDUCE) {
+  if (!hora__kind_stands_in(m->kind)) {
     m->op = 0;
     m->compression = 0;
     m->prescale = m->postscale = 1.0;
   }
-  if (m->kind != HORA_KIND_BROADCAST) {
-    m->root = -1;
+  if (m->kind != HORA_KIND_BROADCAST && m->kind != HORA_KIND_REDUCESCATTER) {
+    m->root = -1; /* (a reducescatter's root is its rows: the shape decides it) */
   }
   if (m->kind == HORA_KIND_BARRIER) {
     m->dtype = 0;
@@ -609,7 +609,7 @@ int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, d
       return HORA_ERR_NO_MEMORY;
     }
     for (int r = 0; r < c->size; r++) {
-      present[r] = op->have[r] || (c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE);
+      present[r] = op->have[r] || (c->joined[r] && hora__kind_stands_in(op->meta.kind));
     }
     hora__format_ranks_named(present, c->size, false, c->names, missing, sizeof(missing));
     free(present);
@@ -640,7 +640,7 @@ int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, d
       }
       char name[300], missing[256];
       for (int r = 0; r < c->size; r++) {
-        present[r] = op->have[r] || (c->joined[r] && op->meta.kind == HORA_KIND_ALLREDUCE);
+        present[r] = op->have[r] || (c->joined[r] && hora__kind_stands_in(op->meta.kind));
       }
       hora__format_ranks_named(present, c->size, false, c->names, missing, sizeof(missing));
       hora__key_display(op->key, op->key_len, name, sizeof(name));

@@ -80,7 +80,7 @@ void hora__request_free(struct hora_request *r) {
  * wait for the work already queued on it. */
 static int classify_memory(struct hora__runtime *rt, struct hora_request *r, const char *call) {
   uint8_t k = r->meta.kind;
-  if (k != HORA_KIND_ALLREDUCE && k != HORA_KIND_BROADCAST && k != HORA_KIND_ALLGATHER) {
+  if (k > HORA_KIND_REDUCESCATTER) {
     return HORA_SUCCESS;
   }
   bool send_dev = false, recv_dev = false;
@@ -91,6 +91,10 @@ static int classify_memory(struct hora__runtime *rt, struct hora_request *r, con
                        send_dev ? "sendbuf" : "recvbuf", send_dev ? "recvbuf" : "sendbuf");
   }
   r->meta.device = send_dev || recv_dev;
+  if (r->meta.device && k == HORA_KIND_REDUCESCATTER) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED, "%s: device buffers are not supported by "
+                       "reducescatter yet; copy to host memory", call);
+  }
   if (r->stream) {
     if (!r->meta.device && r->meta.count > 0) {
       return hora__error(HORA_ERR_INVALID_ARG,

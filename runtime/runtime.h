@@ -114,7 +114,7 @@ struct hora__runtime {
 
   /* Counters for hora_get_stats: written by the coordinator, read by anyone. */
   struct {
-    atomic_uint_fast64_t allreduces, broadcasts, allgathers, bytes;
+    atomic_uint_fast64_t allreduces, broadcasts, allgathers, reducescatters, bytes;
     atomic_uint_fast64_t fused_batches, fused_tensors, cache_hits, cache_misses;
     atomic_uint_fast64_t cycles, sent_in_full;
     atomic_uint_fast64_t negotiate_ns, communicate_ns, copy_ns;

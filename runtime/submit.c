@@ -98,7 +98,7 @@ int hora__engine_take_submissions(struct hora__set *set, bool *busy) {
     r->sent_slot = -1;
     r->taken = true;
     set->join_pending |= r->meta.kind == HORA_KIND_JOIN;
-    if (r->meta.kind > HORA_KIND_ALLGATHER) {
+    if (r->meta.kind > HORA_KIND_REDUCESCATTER) {
       set->reqs[nfull++] = r;
       continue;
     }
@@ -106,7 +106,7 @@ int hora__engine_take_submissions(struct hora__set *set, bool *busy) {
     bool hit = slot >= 0 && hora__meta_equal(&set->cache.e[slot].meta, &r->meta);
     atomic_fetch_add(hit ? &rt->stats.cache_hits : &rt->stats.cache_misses, 1);
     if (hit && !set->waiting[slot] &&
-        (r->meta.kind == HORA_KIND_ALLREDUCE || !set->others_joined)) {
+        (hora__kind_stands_in(r->meta.kind) || !set->others_joined)) {
       r->sent_slot = slot;
       set->waiting[slot] = r;
       set->nwaiting++;

@@ -467,6 +467,7 @@ void hora__comm_destroy(hora__comm *c) {
   hora__comm_disconnect(c);
   hora__comm_deregister(c, &c->fusion_reg);
   hora__comm_deregister(c, &c->scratch_reg);
+  hora__comm_deregister(c, &c->reduced_reg);
   hora__comm_deregister(c, &c->proc->shm_reg);
   if (c->proc->mpi != MPI_COMM_NULL) {
     int finalized = 0;
@@ -480,6 +481,7 @@ void hora__comm_destroy(hora__comm *c) {
   hora__shm_destroy(c->proc->shm);
   free(c->fusion);
   free(c->scratch);
+  free(c->reduced);
   free(c->proc->bounce);
   free(c->net->peers);
   free(c->proc->ctrl);

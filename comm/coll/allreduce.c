@@ -26,6 +26,8 @@
 
 struct allreduce_ctx {
   int rank, size;
+  int shift;   /* reduce-scatter: 1, so that rank r ends with segment r (allreduce: 0) */
+  size_t unit; /* segments are whole units of this many elements (1: elements) */
   const char *send;
   char *recv;
   size_t count, esize, base, rem, chunk_elems, nchunks;
@@ -37,8 +39,15 @@ struct allreduce_ctx {
 
 static void seg_range(const struct allreduce_ctx *a, int seg, size_t *start, size_t *len) {
   size_t s = (size_t)seg;
-  *start = s * a->base + HORA_MIN(s, a->rem);
-  *len = a->base + (s < a->rem ? 1 : 0);
+  *start = (s * a->base + HORA_MIN(s, a->rem)) * a->unit;
+  *len = (a->base + (s < a->rem ? 1 : 0)) * a->unit;
+}
+
+void hora__block_range(size_t count, size_t unit, int size, int r, size_t *start, size_t *len) {
+  size_t units = count / unit, base = units / (size_t)size, rem = units % (size_t)size;
+  size_t s = (size_t)r;
+  *start = (s * base + HORA_MIN(s, rem)) * unit;
+  *len = (base + (s < rem ? 1 : 0)) * unit;
 }
 
 /* Element range of linear transfer index i, and its step. */
@@ -47,7 +56,7 @@ static void chunk_range(const struct allreduce_ctx *a, size_t i, bool sending, s
   size_t t = i / a->nchunks;
   size_t k = i % a->nchunks;
   int p = a->size;
-  int seg = (int)(((long)a->rank - (long)t - (sending ? 0 : 1)) % p + p) % p;
+  int seg = (int)(((long)a->rank - a->shift - (long)t - (sending ? 0 : 1)) % p + p) % p;
   size_t start, len;
   seg_range(a, seg, &start, &len);
   size_t lo = HORA_MIN(k * a->chunk_elems, len);
@@ -106,26 +115,24 @@ static void ar_received(void *arg, size_t i, void *staged) {
   }
 }
 
-int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *view, const void *sendbuf,
-                         void *recvbuf, size_t count, hora_dtype dtype, hora_op op,
-                         hora_dtype wire_dtype) {
+/* The ring's reduction: 2(p-1) steps of an allreduce, or the first p-1
+ * (reduce-scatter, shifted so that rank r ends with segment r). */
+static int ring_reduce(hora__comm *comm, const struct hora__ring_view *view, const void *sendbuf,
+                       void *recvbuf, size_t count, size_t unit, bool scatter, hora_dtype dtype,
+                       hora_op op, hora_dtype wire_dtype) {
   size_t esize = hora_dtype_size(dtype);
   int p = view->size;
-  if (p == 1 || count == 0) {
-    if (sendbuf != recvbuf && count) {
-      memcpy(recvbuf, sendbuf, count * esize);
-    }
-    return HORA_SUCCESS;
-  }
   struct allreduce_ctx a = {
       .rank = view->pos,
       .size = p,
+      .shift = scatter ? 1 : 0,
+      .unit = unit,
       .send = sendbuf,
       .recv = recvbuf,
       .count = count,
       .esize = esize,
-      .base = count / (size_t)p,
-      .rem = count % (size_t)p,
+      .base = count / unit / (size_t)p,
+      .rem = count / unit % (size_t)p,
       .dtype = dtype,
       .wire = wire_dtype,
       .wire_esize = hora_dtype_size(wire_dtype),
@@ -134,9 +141,9 @@ int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *view, c
   };
   /* A chunk is what one staging slot holds, in wire bytes. */
   a.chunk_elems = HORA_MAX((size_t)comm->proc->chunk_bytes / a.wire_esize, (size_t)1);
-  size_t max_seg = a.base + (a.rem ? 1 : 0);
+  size_t max_seg = (a.base + (a.rem ? 1 : 0)) * unit;
   a.nchunks = HORA_MAX((max_seg + a.chunk_elems - 1) / a.chunk_elems, (size_t)1);
-  size_t total = (size_t)(2 * (p - 1)) * a.nchunks;
+  size_t total = (size_t)((scatter ? 1 : 2) * (p - 1)) * a.nchunks;
   struct hora__ring ring = {
       .next = view->next,
       .prev = view->prev,
@@ -151,6 +158,30 @@ int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *view, c
       .received = ar_received,
   };
   return hora__ring_run(comm, &ring);
+}
+
+int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *view, const void *sendbuf,
+                         void *recvbuf, size_t count, hora_dtype dtype, hora_op op,
+                         hora_dtype wire_dtype) {
+  if (view->size == 1 || count == 0) {
+    if (sendbuf != recvbuf && count) {
+      memcpy(recvbuf, sendbuf, count * hora_dtype_size(dtype));
+    }
+    return HORA_SUCCESS;
+  }
+  return ring_reduce(comm, view, sendbuf, recvbuf, count, 1, false, dtype, op, wire_dtype);
+}
+
+int hora__ring_reducescatter(hora__comm *comm, const struct hora__ring_view *view,
+                             const void *sendbuf, void *scratch, size_t count, size_t unit,
+                             hora_dtype dtype, hora_op op, hora_dtype wire_dtype) {
+  if (view->size == 1 || count == 0) {
+    if (sendbuf != scratch && count) {
+      memcpy(scratch, sendbuf, count * hora_dtype_size(dtype));
+    }
+    return HORA_SUCCESS;
+  }
+  return ring_reduce(comm, view, sendbuf, scratch, count, unit, true, dtype, op, wire_dtype);
 }
 
 /* ---- choosing the algorithm ------------------------------------------------ */

@@ -17,7 +17,12 @@
 
 /* The kinds of collective the data plane runs. The runtime's operation
  * kinds (runtime/message.h) share these values. */
-enum hora__coll_kind { HORA_COLL_ALLREDUCE, HORA_COLL_BROADCAST, HORA_COLL_ALLGATHER };
+enum hora__coll_kind {
+  HORA_COLL_ALLREDUCE,
+  HORA_COLL_BROADCAST,
+  HORA_COLL_ALLGATHER,
+  HORA_COLL_REDUCESCATTER
+};
 
 struct hora__iov {
   void *base;
@@ -50,6 +55,7 @@ struct hora__coll_op {
   const struct hora__iov *in, *out;
   int n;        /* tensors (allgather: one) */
   size_t count; /* elements over all tensors (allgather: this rank's) */
+  size_t unit;  /* reducescatter: elements per row of the split (1: elements) */
   size_t bytes; /* bytes over all tensors (allgather: this rank's) */
   hora_dtype dtype;
   hora_dtype wire; /* on the wire (compression), for host allreduces */
@@ -105,12 +111,28 @@ int hora__broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, siz
 /* recvbuf[r * bytes ..] = rank r's sendbuf. */
 int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
 
+/* recvbuf = block `rank` (hora__block_range) of the reduction of every
+ * rank's count elements of sendbuf, with opts' scales as an allreduce. */
+int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                        size_t unit, hora_dtype dtype, hora_op op, hora_dtype wire,
+                        const struct hora__coll_opts *opts);
+
 /* ---- rings ---------------------------------------------------------------- */
 
 
 int hora__ring_allreduce(hora__comm *comm, const struct hora__ring_view *ring, const void *sendbuf,
                          void *recvbuf, size_t count, hora_dtype dtype, hora_op op,
                          hora_dtype wire);
+/* The reduce-scatter half of the ring: afterwards scratch (count elements;
+ * may be sendbuf) holds at rank r the complete reduction of block r, at the
+ * place hora__block_range gives; the rest of scratch is partial sums. */
+int hora__ring_reducescatter(hora__comm *comm, const struct hora__ring_view *ring,
+                             const void *sendbuf, void *scratch, size_t count, size_t unit,
+                             hora_dtype dtype, hora_op op, hora_dtype wire);
+/* Block r of count elements split among size ranks in whole units of
+ * `unit` elements, the first (count / unit) % size blocks one unit larger
+ * (Horovod's reducescatter split). */
+void hora__block_range(size_t count, size_t unit, int size, int r, size_t *start, size_t *len);
 int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *ring, void *buf,
                          size_t bytes, int root_pos);
 int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *ring, const void *sendbuf,

@@ -3,6 +3,7 @@
  * through it. Nothing else decides between shared memory, rings and the
  * device data plane. */
 #include "comm/coll/collectives.h"
+#include "comm/reduce/reduce.h"
 #include "comm/shm/shm.h"
 
 static int ring_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
@@ -68,6 +69,9 @@ int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op) {
       return hora__broadcast(comm, op->out, op->n, op->bytes, op->root, op->opts);
     case HORA_COLL_ALLGATHER:
       return hora__allgather(comm, op->in[0].base, op->bytes, op->out[0].base);
+    case HORA_COLL_REDUCESCATTER:
+      return hora__reducescatter(comm, op->in[0].base, op->out[0].base, op->count, op->unit,
+                                 op->dtype, op->op, op->wire, op->opts);
   }
   return hora__error(HORA_ERR_INVALID_ARG, "collective of unknown kind %d", (int)op->kind);
 }
@@ -85,4 +89,45 @@ int hora__broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, siz
 
 int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
   return comm->algo_allgather->allgather(comm, sendbuf, bytes, recvbuf);
+}
+
+/* Over the ring, the reduce-scatter half of its allreduce. Where shared
+ * memory reduces (one host, or hierarchically across hosts), its allreduce
+ * into the staging buffer, of which this rank keeps its block: the same
+ * bytes cross the host's memory either way, and hierarchical allreduce
+ * already sends each host's sum once around the hosts. */
+int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                        size_t unit, hora_dtype dtype, hora_op op, hora_dtype wire,
+                        const struct hora__coll_opts *opts) {
+  size_t es = hora_dtype_size(dtype), start, len;
+  hora__block_range(count, unit, comm->size, comm->rank, &start, &len);
+  HORA_CHECK(hora__comm_grow_registered(comm, &comm->reduced, &comm->reduced_bytes,
+                                        &comm->reduced_reg, count * es));
+  char *f = comm->reduced;
+  int rc;
+  if (comm->algo_allreduce == &hora__coll_ring) {
+    const void *src = sendbuf;
+    if (opts && opts->prescale != 1.0) {
+      memcpy(f, sendbuf, count * es);
+      hora__scale(dtype, f, count, opts->prescale);
+      src = f;
+    }
+    if (opts && opts->phase) {
+      opts->phase(opts->phase_arg, "REDUCESCATTER");
+    }
+    rc = hora__ring_reducescatter(comm, &comm->world_ring, src, f, count, unit, dtype, op, wire);
+    if (opts && opts->phase) {
+      opts->phase(opts->phase_arg, NULL);
+    }
+    if (rc == HORA_SUCCESS) {
+      hora__post_apply(opts, dtype, f + start * es, len);
+    }
+  } else {
+    struct hora__iov in = {(void *)(uintptr_t)sendbuf, count * es}, out = {f, count * es};
+    rc = hora__allreduce(comm, &in, 1, &out, 1, count, dtype, op, wire, opts);
+  }
+  if (rc == HORA_SUCCESS && len) {
+    memcpy(recvbuf, f + start * es, len * es);
+  }
+  return rc;
 }

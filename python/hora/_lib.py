@@ -99,6 +99,9 @@ class Library:
         self._proto("hora_dtype_size", sz, [i])
         self._proto("hora_allreduce_async_ex", i,
                     [ch, P, P, sz, i, i, ctypes.POINTER(AllreduceOptions), req_p])
+        self._proto("hora_reducescatter_async_ex", i,
+                    [ch, P, P, sz, i, i, ctypes.POINTER(AllreduceOptions), req_p])
+        self._proto("hora_reducescatter_block", sz, [sz, sz, i, i])
         self._proto("hora_broadcast_async", i, [ch, P, sz, i, i, req_p])
         self._proto("hora_allgather_async", i, [ch, P, sz, i, P, req_p])
         self._proto("hora_wait", i, [req_p])

@@ -139,6 +139,99 @@ static void allreduce_every_dtype_and_op(void) {
   }
 }
 
+/* Reducescatter: each rank's block of the reduction, by Horovod's split
+ * (the first count % size ranks one element more), for every dtype and op,
+ * counts below and above the rank count (blocks of zero elements too), in
+ * place and not. */
+static void reducescatter_every_dtype_and_op(void) {
+  static const size_t rs_counts[] = {0, 1, 3, 17, 1000, 65537};
+  for (int dt = HORA_UINT8; dt <= HORA_BOOL; dt++) {
+    size_t es = hora_dtype_size((hora_dtype)dt);
+    for (int op = HORA_SUM; op <= HORA_PRODUCT; op++) {
+      if (dt == HORA_BOOL && op == HORA_AVERAGE) {
+        continue;
+      }
+      for (size_t c = 0; c < sizeof(rs_counts) / sizeof(rs_counts[0]); c++) {
+        size_t n = rs_counts[c];
+        size_t mine = hora_reducescatter_block(n, 0, mt_size, mt_rank), start = 0;
+        for (int r = 0; r < mt_rank; r++) {
+          start += hora_reducescatter_block(n, 0, mt_size, r);
+        }
+        int in_place = c % 2;
+        uint8_t *send = malloc(n * es + 1), *recv = malloc(mine * es + 1), *want = malloc(es);
+        for (size_t i = 0; i < n; i++) {
+          store((hora_dtype)dt, send, i, value(op, (hora_dtype)dt, mt_rank, i));
+        }
+        char name[96];
+        snprintf(name, sizeof(name), "rs/%s/%s/%zu", hora_dtype_name((hora_dtype)dt),
+                 hora_op_name((hora_op)op), n);
+        void *dst = in_place ? send : recv;
+        MT_OK(hora_reducescatter(name, send, dst, n, (hora_dtype)dt, (hora_op)op));
+        int bad = 0;
+        for (size_t i = 0; i < mine && bad < 3; i++) {
+          expected((hora_dtype)dt, op, start + i, mt_size, want);
+          if (memcmp((uint8_t *)dst + i * es, want, es) != 0) {
+            mt_fail(__FILE__, __LINE__, "%s: element %zu of the block (%zu of the whole) is wrong",
+                    name, i, start + i);
+            bad++;
+          }
+        }
+        free(send);
+        free(recv);
+        free(want);
+      }
+    }
+  }
+}
+
+/* With a shape, the split is by rows; scales, AVERAGE and fp16 on the wire
+ * as for allreduce; ranks that disagree get HORA_ERR_MISMATCH. */
+static void reducescatter_rows_scales_and_mismatch(void) {
+  enum { COLS = 5 };
+  int64_t rows = mt_size + 3;
+  size_t n = (size_t)rows * COLS;
+  size_t mine = hora_reducescatter_block(n, (size_t)rows, mt_size, mt_rank);
+  size_t first_row = 0;
+  for (int r = 0; r < mt_rank; r++) {
+    first_row += hora_reducescatter_block(n, (size_t)rows, mt_size, r) / COLS;
+  }
+  MT_CHECK(mine % COLS == 0, "a block of %zu elements is not whole rows of %d", mine, COLS);
+  float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) {
+    x[i] = (float)(mt_rank + 1) * (float)(i % 7);
+  }
+  hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+  int64_t dims[2] = {rows, COLS};
+  o.ndims = 2;
+  o.dims = dims;
+  o.prescale = 2.0;
+  o.postscale = 0.5;
+  o.compression = HORA_COMPRESSION_FP16;
+  hora_request *r;
+  MT_OK(hora_reducescatter_async_ex("rs/rows", x, y, n, HORA_FLOAT32, HORA_AVERAGE, &o, &r));
+  MT_OK(hora_wait(&r));
+  float ranks_sum = (float)(mt_size * (mt_size + 1) / 2);
+  for (size_t i = 0; i < mine; i++) {
+    size_t g = first_row * COLS + i;
+    float want = ranks_sum * (float)(g % 7) * 2.0f / (float)mt_size * 0.5f;
+    if (fabsf(y[i] - want) > 1e-2f * fabsf(want) + 1e-3f) {
+      mt_fail(__FILE__, __LINE__, "rs/rows: element %zu is %g, expected %g", g, (double)y[i],
+              (double)want);
+      break;
+    }
+  }
+  if (mt_size > 1) {
+    MT_OK(hora_reducescatter_async("rs/mismatch", x, y, mt_rank == 0 ? n : n - 1, HORA_FLOAT32,
+                                   HORA_SUM, &r));
+    MT_FAILS(hora_wait(&r), HORA_ERR_MISMATCH, "reducescatter 'rs/mismatch': rank 0 sent");
+  }
+  MT_CHECK(hora_reducescatter_block(10, 3, 2, 0) == 0, "10 elements in 3 rows split");
+  MT_CHECK(hora_reducescatter_block(10, 0, 4, 1) == 3 && hora_reducescatter_block(10, 0, 4, 2) == 2,
+           "10 elements over 4 ranks: 3,3,2,2");
+  free(x);
+  free(y);
+}
+
 static void allreduce_large(void) {
   /* Several MiB, crossing many pipeline chunks, float32 and int8. */
   const size_t n = (size_t)3 << 19; /* 1.5 Mi elements = 6 MiB of float32 */
@@ -455,6 +548,9 @@ int main(int argc, char **argv) {
   mt_run("collectives/ranks_match_mpi", ranks_match_mpi);
   mt_run("collectives/allreduce_every_dtype_and_op", allreduce_every_dtype_and_op);
   mt_run("collectives/allreduce_large", allreduce_large);
+  mt_run("collectives/reducescatter_every_dtype_and_op", reducescatter_every_dtype_and_op);
+  mt_run("collectives/reducescatter_rows_scales_and_mismatch",
+         reducescatter_rows_scales_and_mismatch);
   mt_run("collectives/int16_wraps_and_scales", int16_wraps_and_scales);
   mt_run("collectives/bool_refusals", bool_refusals);
   mt_run("collectives/zero_count", allreduce_zero_count);

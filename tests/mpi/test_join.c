@@ -20,13 +20,20 @@ static void epoch(int (*steps)(int rank), int expect_last) {
       avg[i] = (float)(mt_rank + 1);
       mx[i] = -1 - mt_rank;
     }
-    hora_request *r1, *r2, *r3;
+    /* A reducescatter too: joined ranks add zeros to it as to an allreduce. */
+    float sh[LEN], block[LEN];
+    for (int i = 0; i < LEN; i++) {
+      sh[i] = (float)(mt_rank + 1);
+    }
+    hora_request *r1, *r2, *r3, *r4;
     MT_OK(hora_allreduce_async("grad", g, g, LEN, HORA_FLOAT32, HORA_SUM, &r1));
     MT_OK(hora_allreduce_async("avg", avg, avg, LEN, HORA_FLOAT32, HORA_AVERAGE, &r2));
     MT_OK(hora_allreduce_async("max", mx, mx, LEN, HORA_INT32, HORA_MAX, &r3));
+    MT_OK(hora_reducescatter_async("shard", sh, block, LEN, HORA_FLOAT32, HORA_SUM, &r4));
     MT_OK(hora_wait(&r1));
     MT_OK(hora_wait(&r2));
     MT_OK(hora_wait(&r3));
+    MT_OK(hora_wait(&r4));
     /* Ranks still stepping contribute; joined ones add zeros. */
     float sum = 0;
     int joined = 0, max_active = -1000;
@@ -44,6 +51,9 @@ static void epoch(int (*steps)(int rank), int expect_last) {
     MT_CHECK(avg[7] == sum / (float)mt_size, "step %d: average %g, expected %g (divided by %d)", s,
              (double)avg[7], (double)(sum / (float)mt_size), mt_size);
     MT_CHECK(mx[3] == want_max, "step %d: max %d, expected %d", s, mx[3], want_max);
+    size_t blen = hora_reducescatter_block(LEN, 0, mt_size, mt_rank);
+    MT_CHECK(blen == 0 || (block[0] == sum && block[blen - 1] == sum),
+             "step %d: reducescatter %g, expected %g", s, (double)block[0], (double)sum);
   }
   /* The rank with the most steps finishes after everyone else joined:
    * a broadcast now must fail, since the others are joined. */

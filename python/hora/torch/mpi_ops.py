@@ -39,6 +39,7 @@ __all__ = [
     "ccl_built", "ddl_built", "start_timeline", "stop_timeline",
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_",
+    "reducescatter", "reducescatter_async",
     "broadcast_async_", "join", "barrier", "poll", "synchronize", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set",
     "HoraInternalError", "HorovodInternalError",
@@ -694,6 +695,68 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     compressed, ctx = compression.compress(tensor)
     reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor, ps)
     return compression.decompress(reduced, ctx)
+
+
+# ---- reducescatter --------------------------------------------------------------------
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducing tensor over process_set's ranks, each keeping its
+    share of the first dimension (the first rows % size ranks one row more,
+    as Horovod's); returns a handle whose result is that share."""
+    op = _resolve_op(op, None)
+    ps = _resolve_set(process_set, "reducescatter_async")
+    key = _op_name("reducescatter", name, ps)
+    what = "reducescatter '%s'" % key
+    dt = _dtype_of(tensor, what)
+    if tensor.dim() == 0:
+        raise ValueError("%s: cannot reducescatter a 0-dimensional tensor; give it a first "
+                         "dimension (tensor.view(1))" % what)
+    if tensor.is_cuda:
+        raise NotImplementedError("%s: reducescatter of CUDA tensors is not supported yet; "
+                                  "use a CPU tensor" % what)
+    src = tensor if tensor.is_contiguous() else tensor.contiguous()
+    n, me = ps.size(), ps.rank()
+    rows = tensor.shape[0]
+    share = _lib.hora_reducescatter_block(rows, rows, n, me) if rows else 0
+    output = torch.empty((share,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+    h = _Handle("reducescatter", key, output, (src, output))
+    opts = _allreduce_options(tensor.shape, prescale_factor, postscale_factor, ps._handle)
+    rc = _lib.hora_reducescatter_async_ex(key.encode(), src.data_ptr(), output.data_ptr(),
+                                          tensor.numel(), dt, _HORA_OP[op], ctypes.byref(opts),
+                                          ctypes.byref(h.req))
+    return _submitted(rc, h, what)
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    """Reducescatter with a gradient: each rank's input gets every rank's
+    output gradient, gathered, times what the forward multiplied by."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, ps):
+        ctx.scale = prescale_factor * postscale_factor / (ps.size() if op == Average else 1)
+        ctx.ps = ps
+        return synchronize(reducescatter_async(tensor, name, op, ps, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        gathered = allgather(grad_output.contiguous(), process_set=ctx.ps)
+        return gathered * ctx.scale, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Returns this rank's share of the reduction of tensor over
+    process_set's ranks (a new tensor). Has a gradient."""
+    from hora.torch.compression import Compression
+    ps = _resolve_set(process_set, "reducescatter")
+    compression = compression or Compression.none
+    compressed, cctx = compression.compress(tensor)
+    out = _ReducescatterFunction.apply(compressed, name, _resolve_op(op, None), prescale_factor,
+                                       postscale_factor, ps)
+    return compression.decompress(out, cctx)
 
 
 # ---- allgather ------------------------------------------------------------------------
