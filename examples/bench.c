@@ -7,7 +7,9 @@
  *   allreduce  busbw = algbw * 2(n-1)/n
  *   allgather  busbw = algbw * (n-1)/n     (bytes = the whole gathered buffer)
  *   broadcast  busbw = algbw
- * then the same for MPI_Allreduce / MPI_Allgather / MPI_Bcast, and the ratio
+ *   reducescatter  busbw = algbw * (n-1)/n  (bytes = each rank's whole input)
+ * then the same for MPI_Allreduce / MPI_Allgather / MPI_Bcast /
+ * MPI_Reduce_scatter_block, and the ratio
  * of the two busbw. Results are checked after every timed repetition.
  *
  *   mpirun -np 2 hora-bench -b 1M -e 256M -f 2 -o allreduce
@@ -38,8 +40,8 @@
 #pragma GCC diagnostic pop
 #endif
 
-enum coll { ALLREDUCE, BROADCAST, ALLGATHER };
-static const char *const coll_names[] = {"allreduce", "broadcast", "allgather"};
+enum coll { ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, NCOLLS };
+static const char *const coll_names[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
 
 static int rank, size;
 
@@ -85,10 +87,12 @@ static size_t check(enum coll c, const float *buf, size_t n, int salt, int root)
   size_t bad = 0;
   for (size_t i = 0; i < n; i += 1 + n / 4096) {
     float want;
-    if (c == ALLREDUCE) {
+    if (c == ALLREDUCE || c == REDUCESCATTER) {
+      /* A reducescatter's output is this rank's block of the sum. */
+      size_t g = c == REDUCESCATTER ? (size_t)rank * n + i : i;
       want = 0;
       for (int r = 0; r < size; r++) {
-        want += (float)((r + salt + (int)(i % 61)) % 64);
+        want += (float)((r + salt + (int)(g % 61)) % 64);
       }
     } else if (c == BROADCAST) {
       want = (float)((root + salt + (int)(i % 61)) % 64);
@@ -230,6 +234,8 @@ static double run_hora(enum coll c, float *buf, float *out, size_t n, int iters)
       rc = hora_allreduce("bench", buf, out, n, HORA_FLOAT32, HORA_SUM);
     } else if (c == BROADCAST) {
       rc = hora_broadcast("bench", buf, n, HORA_FLOAT32, 0);
+    } else if (c == REDUCESCATTER) {
+      rc = hora_reducescatter("bench", buf, out, n, HORA_FLOAT32, HORA_SUM);
     } else {
       rc = hora_allgather("bench", buf, n / (size_t)size, HORA_FLOAT32, out);
     }
@@ -249,6 +255,9 @@ static double run_mpi(enum coll c, float *buf, float *out, size_t n, int iters) 
       MPI_Allreduce(buf, out, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else if (c == BROADCAST) {
       MPI_Bcast(buf, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    } else if (c == REDUCESCATTER) {
+      MPI_Reduce_scatter_block(buf, out, (int)(n / (size_t)size), MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD);
     } else {
       MPI_Allgather(buf, (int)(n / (size_t)size), MPI_FLOAT, out, (int)(n / (size_t)size),
                     MPI_FLOAT, MPI_COMM_WORLD);
@@ -263,7 +272,8 @@ static void usage(void) {
           "  -b SIZE   smallest message in bytes (default 8); K, M, G suffixes\n"
           "  -e SIZE   largest message in bytes (default 64M)\n"
           "  -f N      size multiplier between steps (default 4)\n"
-          "  -o OP     allreduce | broadcast | allgather | all (default all)\n"
+          "  -o OP     allreduce | broadcast | allgather | reducescatter | all (default all;\n"
+          "            reducescatter: host buffers only)\n"
           "  -n N      operations per timed repetition (default: by size)\n"
           "  -r N      repetitions; the median is printed (default 5)\n"
           "  --no-mpi  do not run MPI's collectives beside hora's\n"
@@ -277,7 +287,7 @@ int main(int argc, char **argv) {
   size_t minb = 8, maxb = 64 << 20;
   double factor = 4;
   int reps = 5, fixed_iters = 0, with_mpi = 1, hora_mem = 0;
-  int colls[3] = {1, 1, 1};
+  int colls[NCOLLS] = {1, 1, 1, 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-b") && i + 1 < argc) {
@@ -293,7 +303,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "-o") && i + 1 < argc) {
       const char *o = argv[++i];
       int all = !strcmp(o, "all");
-      for (int c = 0; c < 3; c++) {
+      for (int c = 0; c < NCOLLS; c++) {
         colls[c] = all || !strcmp(o, coll_names[c]);
       }
     } else if (!strcmp(a, "--no-mpi")) {
@@ -380,11 +390,13 @@ int main(int argc, char **argv) {
   const char *peer = on_device ? "NCCL" : "MPI";
   double *th = calloc((size_t)reps, sizeof(double)), *tm = calloc((size_t)reps, sizeof(double));
   long errors = 0;
-  for (int c = 0; c < 3; c++) {
-    if (!colls[c]) {
-      continue;
+  for (int c = 0; c < NCOLLS; c++) {
+    if (!colls[c] || (c == REDUCESCATTER && on_device)) {
+      continue; /* (hora's reducescatter takes host buffers only so far) */
     }
-    double bus = c == ALLREDUCE ? 2.0 * (size - 1) / size : c == ALLGATHER ? (double)(size - 1) / size : 1.0;
+    double bus = c == ALLREDUCE                        ? 2.0 * (size - 1) / size
+                 : c == ALLGATHER || c == REDUCESCATTER ? (double)(size - 1) / size
+                                                       : 1.0;
     if (rank == 0) {
       char pus[16], ratio[16];
       snprintf(pus, sizeof(pus), "%s us", peer);
@@ -396,7 +408,7 @@ int main(int argc, char **argv) {
     }
     for (double bd = (double)minb; bd <= (double)maxb * 1.0001; bd *= factor) {
       size_t n = (size_t)bd / 4;
-      if (c == ALLGATHER) {
+      if (c == ALLGATHER || c == REDUCESCATTER) {
         n = n / (size_t)size * (size_t)size;
       }
       if (n == 0) {
@@ -418,7 +430,8 @@ int main(int argc, char **argv) {
         fill(on_device ? hbuf : buf, mine_n, r);
         to_device(buf, mine_n);
         run_hora((enum coll)c, buf, c == BROADCAST ? buf : out, n, 1);
-        bad += check((enum coll)c, from_device(c == BROADCAST ? buf : out, n), n, r, 0);
+        size_t out_n = c == REDUCESCATTER ? n / (size_t)size : n;
+        bad += check((enum coll)c, from_device(c == BROADCAST ? buf : out, n), out_n, r, 0);
         double tmpi = !with_peer ? 0
                       : on_device ? run_nccl((enum coll)c, buf, out, n, iters)
                                   : run_mpi((enum coll)c, buf, out, n, iters);
