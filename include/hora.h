@@ -150,7 +150,10 @@ HORA_EXTERN int hora_barrier(void);
 
 /* For a rank that has run out of data: blocks until every rank has joined,
  * taking part in the other ranks' allreduces with zeros meanwhile. Returns
- * the rank that joined last in *last_joined_rank (may be NULL). */
+ * the rank that joined last in *last_joined_rank (may be NULL).
+ * (Added later: joined ranks also add zeros to reducescatters, and receive
+ * the others' broadcasts from a root that has not joined; a broadcast from
+ * a joined root, and an allgather, still fail with HORA_ERR_INVALID_USAGE.) */
 HORA_EXTERN int hora_join(int *last_joined_rank);
 
 /* ---- Additions beyond API.md --------------------------------------------- */

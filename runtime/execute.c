@@ -137,7 +137,10 @@ static int gather_requests(struct hora__set *set, const struct hora__response *r
       continue;
     }
     set->reqs[i] = q;
-    if (!q && !((*joined || retired) && hora__kind_stands_in(r->kind))) {
+    /* (Rank 0 schedules a broadcast for joined ranks only from a root that
+     * has not joined: they receive it into stand-ins.) */
+    bool receives = hora__kind_stands_in(r->kind) || r->kind == HORA_KIND_BROADCAST;
+    if (!q && !((*joined || retired) && receives)) {
       return missing_tensor(set->e, r, &r->tensors[i]);
     }
   }

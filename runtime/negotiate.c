@@ -319,21 +319,40 @@ static void describe_mismatch(const struct hora__controller *c, const struct pen
                               const struct variant *va, const struct variant *vb, char *msg,
                               size_t size);
 
+/* Whether the joined ranks take part in op without submitting it: with
+ * zeros in a reduction, as receivers of a broadcast whose root has not
+ * joined (or submitted it before it did). */
+static bool joined_stand_in(const struct hora__controller *c, const struct pending_op *op) {
+  int root = op->meta.root;
+  return hora__kind_stands_in(op->meta.kind) ||
+         (op->meta.kind == HORA_KIND_BROADCAST && root >= 0 && root < c->size &&
+          (!c->joined[root] || op->have[root]));
+}
+
 /* Decides what can be decided about `op` now. */
 static int update(struct hora__controller *c, struct pending_op *op) {
   char name[300], ranks[256], msg[1024];
   hora__key_display(op->key, op->key_len, name, sizeof(name));
   const char *kind = hora__kind_name(op->meta.kind);
-  if (!hora__kind_stands_in(op->meta.kind) && c->njoined > 0) {
+  bool in = joined_stand_in(c, op);
+  if (!in && c->njoined > 0) {
     hora__format_ranks_named(c->joined, c->size, true, c->names, ranks, sizeof(ranks));
-    snprintf(msg, sizeof(msg),
-             "%s %s was submitted while rank(s) %s had called hora_join: only allreduce can run "
-             "until every rank has joined",
-             kind, name, ranks);
+    if (op->meta.kind == HORA_KIND_BROADCAST) {
+      snprintf(msg, sizeof(msg),
+               "%s %s: its root, rank %d, has called hora_join, so it has nothing to send "
+               "(rank(s) %s have joined)",
+               kind, name, name_of(c, op->meta.root), ranks);
+    } else {
+      snprintf(msg, sizeof(msg),
+               "%s %s was submitted while rank(s) %s had called hora_join: only allreduce, "
+               "reducescatter and broadcasts from a rank that has not joined can run until "
+               "every rank has joined",
+               kind, name, ranks);
+    }
     return respond_error(c, op, HORA_ERR_INVALID_USAGE, msg);
   }
   for (int r = 0; r < c->size; r++) {
-    bool stands_in = c->joined[r] && hora__kind_stands_in(op->meta.kind);
+    bool stands_in = c->joined[r] && in;
     if (c->shutdown[r] && !op->have[r] && !stands_in) {
       snprintf(msg, sizeof(msg), "%s %s cannot complete: rank %d called hora_finalize without "
                "submitting it", kind, name, name_of(c, r));
@@ -341,7 +360,7 @@ static int update(struct hora__controller *c, struct pending_op *op) {
     }
   }
   int ready = op->nhave;
-  if (hora__kind_stands_in(op->meta.kind)) {
+  if (in) {
     ready += c->njoined - op->nhave_joined;
   }
   if (ready < c->size) {
@@ -609,7 +628,7 @@ int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, d
       return HORA_ERR_NO_MEMORY;
     }
     for (int r = 0; r < c->size; r++) {
-      present[r] = op->have[r] || (c->joined[r] && hora__kind_stands_in(op->meta.kind));
+      present[r] = op->have[r] || (c->joined[r] && joined_stand_in(c, op));
     }
     hora__format_ranks_named(present, c->size, false, c->names, missing, sizeof(missing));
     free(present);
@@ -640,7 +659,7 @@ int hora__controller_check_stalls(struct hora__controller *c, uint64_t now_ns, d
       }
       char name[300], missing[256];
       for (int r = 0; r < c->size; r++) {
-        present[r] = op->have[r] || (c->joined[r] && hora__kind_stands_in(op->meta.kind));
+        present[r] = op->have[r] || (c->joined[r] && joined_stand_in(c, op));
       }
       hora__format_ranks_named(present, c->size, false, c->names, missing, sizeof(missing));
       hora__key_display(op->key, op->key_len, name, sizeof(name));

@@ -55,12 +55,18 @@ static void epoch(int (*steps)(int rank), int expect_last) {
     MT_CHECK(blen == 0 || (block[0] == sum && block[blen - 1] == sum),
              "step %d: reducescatter %g, expected %g", s, (double)block[0], (double)sum);
   }
-  /* The rank with the most steps finishes after everyone else joined:
-   * a broadcast now must fail, since the others are joined. */
+  /* The rank with the most steps finishes after everyone else joined: its
+   * broadcast runs (the joined ranks receive it), one from a joined root
+   * fails, and an allgather fails. */
   if (mt_size > 1 && mt_rank == expect_last) {
     float b[2] = {1, 2};
-    MT_FAILS(hora_broadcast("during-join", b, 2, HORA_FLOAT32, mt_rank), HORA_ERR_INVALID_USAGE,
-             "hora_join");
+    MT_OK(hora_broadcast("during-join", b, 2, HORA_FLOAT32, mt_rank));
+    MT_CHECK(b[0] == 1 && b[1] == 2, "the root's broadcast changed its buffer");
+    int joined_root = (expect_last + 1) % mt_size;
+    char want[64];
+    snprintf(want, sizeof(want), "its root, rank %d, has called hora_join", joined_root);
+    MT_FAILS(hora_broadcast("during-join-r", b, 2, HORA_FLOAT32, joined_root),
+             HORA_ERR_INVALID_USAGE, want);
     MT_FAILS(hora_allgather("during-join-g", b, 1, HORA_FLOAT32, b), HORA_ERR_INVALID_USAGE, "join");
   }
   int last = -2;
@@ -212,6 +218,37 @@ static void cached_broadcast_right_after_join(void) {
   }
 }
 
+/* With the last rank joined, the others still broadcast among themselves
+ * from a rank that has not joined (the joined one receives into its
+ * stand-in), each from every root in turn; a broadcast from the joined
+ * rank fails on all of them, naming it. */
+static void broadcast_while_some_have_joined(void) {
+  int joined = mt_size - 1, who = -1;
+  if (mt_size < 3) {
+    MT_OK(hora_join(&who));
+    return;
+  }
+  if (mt_rank != joined) {
+    for (int root = 0; root < joined; root++) {
+      int32_t v[300];
+      for (int i = 0; i < 300; i++) {
+        v[i] = mt_rank * 1000 + i;
+      }
+      char name[32];
+      snprintf(name, sizeof(name), "bj/%d", root);
+      MT_OK(hora_broadcast(name, v, 300, HORA_INT32, root));
+      MT_CHECK(v[0] == root * 1000 && v[299] == root * 1000 + 299,
+               "broadcast from %d while rank %d had joined: %d", root, joined, v[0]);
+    }
+    int32_t x = 1;
+    char want[64];
+    snprintf(want, sizeof(want), "its root, rank %d, has called hora_join", joined);
+    MT_FAILS(hora_broadcast("bj/joined-root", &x, 1, HORA_INT32, joined), HORA_ERR_INVALID_USAGE,
+             want);
+  }
+  MT_OK(hora_join(&who));
+}
+
 struct join_arg {
   int rc, last;
 };
@@ -321,6 +358,7 @@ int main(int argc, char **argv) {
   mt_run("join/stand_in_for_fused_tensors", joined_ranks_stand_in_for_fused_tensors);
   mt_run("join/refused_operations_keep_ranks_in_step", refused_operations_keep_ranks_in_step);
   mt_run("join/cached_broadcast_right_after_join", cached_broadcast_right_after_join);
+  mt_run("join/broadcast_while_some_have_joined", broadcast_while_some_have_joined);
   mt_run("join/joined_rank_request_must_match_its_response",
          joined_rank_request_must_match_its_response);
   int failures = mt_total_failures();

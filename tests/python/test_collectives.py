@@ -307,6 +307,19 @@ def test_join_barrier_and_ranks():
         assert last != 0
 
 
+@needs_peers
+def test_broadcast_object_while_a_rank_has_joined():
+    # Lightning broadcasts objects at the end of an epoch, after some ranks
+    # ran out of data: the joined rank takes part, the others get the root's.
+    if hvd.rank() != 0:
+        got = hvd.broadcast_object({"epoch": 3, "from": hvd.rank()}, root_rank=1,
+                                   name="join.obj")
+        assert got == {"epoch": 3, "from": 1}
+        with pytest.raises(hvd.HoraInternalError, match="its root, rank 0, has called hora_join"):
+            hvd.broadcast(torch.ones(2), 0, name="join.from.joined")
+    hvd.join()
+
+
 def test_tensors_on_other_devices_are_refused():
     with pytest.raises(ValueError, match="meta"):
         hvd.allreduce(torch.empty(3, device="meta"), name="meta.dev")
