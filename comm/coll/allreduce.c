@@ -44,6 +44,10 @@ static void seg_range(const struct allreduce_ctx *a, int seg, size_t *start, siz
 }
 
 void hora__block_range(size_t count, size_t unit, int size, int r, size_t *start, size_t *len) {
+  if (unit == 0 || count == 0) {
+    *start = *len = 0; /* nothing to split (a shape with a zero dimension) */
+    return;
+  }
   size_t units = count / unit, base = units / (size_t)size, rem = units % (size_t)size;
   size_t s = (size_t)r;
   *start = (s * base + HORA_MIN(s, rem)) * unit;

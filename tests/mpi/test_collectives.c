@@ -226,6 +226,14 @@ static void reducescatter_rows_scales_and_mismatch(void) {
     MT_FAILS(hora_wait(&r), HORA_ERR_MISMATCH, "reducescatter 'rs/mismatch': rank 0 sent");
   }
   MT_CHECK(hora_reducescatter_block(10, 3, 2, 0) == 0, "10 elements in 3 rows split");
+  /* A shape with a zero dimension: nothing to split, nothing to receive. */
+  int64_t empty_dims[2] = {3, 0};
+  hora_allreduce_options eo = HORA_ALLREDUCE_OPTIONS_INIT;
+  eo.ndims = 2;
+  eo.dims = empty_dims;
+  MT_OK(hora_reducescatter_async_ex("rs/empty", NULL, NULL, 0, HORA_FLOAT32, HORA_SUM, &eo, &r));
+  MT_OK(hora_wait(&r));
+  MT_CHECK(hora_reducescatter_block(0, 3, 2, 1) == 0, "no elements in 3 rows");
   MT_CHECK(hora_reducescatter_block(10, 0, 4, 1) == 3 && hora_reducescatter_block(10, 0, 4, 2) == 2,
            "10 elements over 4 ranks: 3,3,2,2");
   free(x);

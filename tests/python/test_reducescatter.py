@@ -47,6 +47,11 @@ def test_reducescatter_default_is_average_with_scales():
     assert torch.allclose(out, torch.full_like(out, want))
 
 
+def test_reducescatter_of_rows_without_elements():
+    out = hvd.reducescatter(torch.empty(hvd.size() + 1, 0), name="rs.no.cols", op=hvd.Sum)
+    assert out.shape == (2 if hvd.rank() == 0 else 1, 0)
+
+
 def test_reducescatter_fewer_rows_than_ranks():
     n, r = hvd.size(), hvd.rank()
     out = hvd.reducescatter(torch.ones(1, 4), name="rs.one.row", op=hvd.Sum)
