@@ -239,11 +239,19 @@ TEST(controller_join_and_shutdown) {
   struct hora__response *r = take_all(c);
   ASSERT(r && r->kind == HORA_KIND_ALLREDUCE && !r->next);
   free_list(r);
-  /* ... a broadcast fails with a message naming the joined rank. */
-  ASSERT(submit(c, 0, HORA_KIND_BROADCAST, "Nb", 5, HORA_FLOAT32, 0, 0) == 0);
+  /* ... so does a broadcast from a root that has not joined (the joined
+   * rank receives it) ... */
+  ASSERT(submit(c, 0, HORA_KIND_BROADCAST, "Nc", 5, HORA_FLOAT32, 0, 0) == 0);
+  ASSERT(!hora__controller_has_ready(c));
+  ASSERT(submit(c, 2, HORA_KIND_BROADCAST, "Nc", 5, HORA_FLOAT32, 0, 0) == 0);
+  r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_BROADCAST && r->root == 0 && !r->next);
+  free_list(r);
+  /* ... but one from the joined rank fails, naming it. */
+  ASSERT(submit(c, 0, HORA_KIND_BROADCAST, "Nb", 5, HORA_FLOAT32, 0, 1) == 0);
   r = take_all(c);
   ASSERT(r && r->kind == HORA_KIND_ERROR && r->error_code == HORA_ERR_INVALID_USAGE);
-  ASSERT_STR_CONTAINS(r->error_msg, "rank(s) 1");
+  ASSERT_STR_CONTAINS(r->error_msg, "its root, rank 1, has called hora_join");
   free_list(r);
   /* Last to join is reported, and the state resets for the next epoch. */
   ASSERT(submit(c, 2, HORA_KIND_JOIN, "J", 0, 0, 0, -1) == 0);
