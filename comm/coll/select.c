@@ -101,8 +101,14 @@ int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, si
                         const struct hora__coll_opts *opts) {
   size_t es = hora_dtype_size(dtype), start, len;
   hora__block_range(count, unit, comm->size, comm->rank, &start, &len);
+  size_t had = comm->reduced_bytes;
   HORA_CHECK(hora__comm_grow_registered(comm, &comm->reduced, &comm->reduced_bytes,
                                         &comm->reduced_reg, count * es));
+  if (comm->reduced_bytes != had) {
+    /* Once per growth: peers may write into it with process_vm_writev,
+     * which valgrind cannot see, and it would flag the results as unset. */
+    memset(comm->reduced, 0, comm->reduced_bytes);
+  }
   char *f = comm->reduced;
   int rc;
   if (comm->algo_allreduce == &hora__coll_ring) {
