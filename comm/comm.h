@@ -89,6 +89,7 @@ struct hora__comm {
   /* Each kind's algorithm, from the one table (comm/coll/select.c). */
   const struct hora__coll_backend *algo_allreduce, *algo_bcast, *algo_allgather, *algo_device;
   struct hora__gpu *gpu; /* its device data plane, set up by the first device op */
+  bool all_pairs; /* a data connection to every member (alltoall's, made on first use) */
   char *fusion; /* the socket path's fusion buffer */
   size_t fusion_bytes;
   void *fusion_reg; /* its RDMA registration, or NULL */
@@ -107,6 +108,11 @@ void hora__comm_destroy(hora__comm *comm);
 /* Closes every connection and listener (peers see EOF at once); the
  * communicator stays allocated until hora__comm_destroy. */
 void hora__comm_disconnect(hora__comm *comm);
+
+/* Connects this rank to every member it has no data connection to yet
+ * (alltoall's pairwise exchange). Collective over comm: every member calls
+ * it at the same point of its collectives, while none sleeps idle. */
+int hora__comm_connect_peers(hora__comm *comm);
 
 /* Long-lived data-plane buffers (fusion, ring staging) registered with the
  * RDMA device, so large transfers move straight into and out of them. A

@@ -262,6 +262,8 @@ typedef struct hora_stats {
                                kernel (process_vm_readv/writev; HORA_SHM_SINGLE_COPY) */
   uint64_t staged_bytes;    /* allreduce bytes staged through the host's shared memory */
   uint64_t reducescatters;  /* reducescatters completed (added later; also in operations) */
+  uint64_t alltoalls;       /* alltoalls completed (added later; also in operations;
+                               allgathervs count among the allgathers) */
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */
@@ -404,6 +406,79 @@ HORA_EXTERN int hora_reducescatter(const char *name, const void *sendbuf, void *
  * rows (0: count single elements) over size ranks; 0 for arguments that
  * make no split (rank out of range, count not a multiple of rows). */
 HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size, int rank);
+
+/* ---- Allgatherv and alltoall ---------------------------------------------------
+ * Collectives whose counts differ by rank. Counts are elements, indexed by
+ * rank within the set (opts->process_set), and blocks lie packed in rank
+ * order. Each rank gives only its own counts: when the operation runs, the
+ * ranks first exchange them (a small allgather of each rank's counts), so
+ * they are not part of the negotiation, and counts that change every step
+ * still hit the response cache.
+ *
+ * A caller that knows what it will receive passes recv_counts and a recvbuf
+ * holding their sum. If they differ from what the others send, the
+ * operation fails on every rank with HORA_ERR_MISMATCH naming the rank, and
+ * nothing is written. A caller that does not know uses an _alloc form:
+ * hora allocates the result once the counts are known and hands it over,
+ * with the counts, in a hora_received when the request completes (the
+ * counts-only query is then a free side effect). sendbuf and recvbuf must
+ * not overlap.
+ *
+ * With a shape in opts (dims[0] rows of this rank's sendbuf), every
+ * dimension but the first must agree across ranks (HORA_ERR_MISMATCH) and
+ * an alltoall's send counts must be whole rows.
+ *
+ * Join: while some ranks have joined, the others' allgathervs and alltoalls
+ * run; a joined rank sends no elements and receives nothing (its counts in
+ * the others' results are 0). Horovod refuses both once a rank has joined.
+ * Host buffers only for now (device buffers: HORA_ERR_NOT_SUPPORTED). */
+typedef struct hora_received {
+  void *buf;      /* `total` elements; release with hora_received_free */
+  size_t total;
+  size_t *counts; /* [size]: elements received from each rank */
+  int size;       /* ranks of the set */
+} hora_received;
+
+/* Frees what a completed _alloc operation handed over and zeroes *r; a
+ * zeroed or NULL r is a no-op. */
+HORA_EXTERN void hora_received_free(hora_received *r);
+
+/* recvbuf = every rank's count elements of sendbuf, in rank order; rank r
+ * sends recv_counts[r] of them. */
+HORA_EXTERN int hora_allgatherv_async(const char *name, const void *sendbuf, size_t count,
+                                      hora_dtype dtype, void *recvbuf, const size_t *recv_counts,
+                                      const hora_op_options *opts, hora_request **req);
+HORA_EXTERN int hora_allgatherv(const char *name, const void *sendbuf, size_t count,
+                                hora_dtype dtype, void *recvbuf, const size_t *recv_counts,
+                                const hora_op_options *opts);
+/* The same, with the result allocated: *result is filled when the request
+ * completes successfully (and zeroed otherwise). It must stay valid until then. */
+HORA_EXTERN int hora_allgatherv_alloc_async(const char *name, const void *sendbuf, size_t count,
+                                            hora_dtype dtype, hora_received *result,
+                                            const hora_op_options *opts, hora_request **req);
+
+/* Sends send_counts[j] elements of sendbuf (blocks in rank order) to each
+ * rank j and receives recv_counts[j] elements from each into recvbuf. With
+ * send_counts NULL, this rank sends each rank as many elements as it
+ * receives from it (recv_counts), as in the equal split. */
+HORA_EXTERN int hora_alltoall_async(const char *name, const void *sendbuf,
+                                    const size_t *send_counts, void *recvbuf,
+                                    const size_t *recv_counts, hora_dtype dtype,
+                                    hora_request **req);
+HORA_EXTERN int hora_alltoall(const char *name, const void *sendbuf, const size_t *send_counts,
+                              void *recvbuf, const size_t *recv_counts, hora_dtype dtype);
+/* With count (the elements of sendbuf) and options. send_counts NULL is the
+ * equal split, count / size elements to every rank (count must divide);
+ * recv_counts NULL with it expects the same from every rank. */
+HORA_EXTERN int hora_alltoall_async_ex(const char *name, const void *sendbuf, size_t count,
+                                       const size_t *send_counts, void *recvbuf,
+                                       const size_t *recv_counts, hora_dtype dtype,
+                                       const hora_op_options *opts, hora_request **req);
+/* The same, with the result allocated as for hora_allgatherv_alloc_async. */
+HORA_EXTERN int hora_alltoall_alloc_async(const char *name, const void *sendbuf, size_t count,
+                                          const size_t *send_counts, hora_dtype dtype,
+                                          hora_received *result, const hora_op_options *opts,
+                                          hora_request **req);
 
 #ifdef __cplusplus
 }

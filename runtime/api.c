@@ -75,7 +75,7 @@ static int check_name(const char *name) {
   return HORA_SUCCESS;
 }
 
-static int check_common(const char *call, const char *name, size_t count, hora_dtype dtype,
+int hora__api_check_common(const char *call, const char *name, size_t count, hora_dtype dtype,
                         hora_request **req, size_t multiplier) {
   if (!req) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s: req is NULL", call);
@@ -95,7 +95,7 @@ static int check_common(const char *call, const char *name, size_t count, hora_d
 
 /* The caller's shape into r: its dims for rank 0's messages, and the
  * fingerprint every comparison uses. */
-static void set_shape(struct hora_request *r, const struct hora__shape *s) {
+void hora__api_set_shape(struct hora_request *r, const struct hora__shape *s) {
   if (s->ndims >= 0) {
     r->shape = *s;
     r->meta.shape = hora__shape_fingerprint(r->meta.kind, s);
@@ -104,7 +104,7 @@ static void set_shape(struct hora_request *r, const struct hora__shape *s) {
 
 /* The process set of a hora_op_options (NULL: the world), read only where
  * the caller's struct_size covers it (checked by op_options_shape). */
-static const hora_process_set *op_options_set(const hora_op_options *opts) {
+const hora_process_set *hora__api_options_set(const hora_op_options *opts) {
   return opts && opts->struct_size >= offsetof(hora_op_options, process_set) +
                                           sizeof(opts->process_set)
              ? opts->process_set
@@ -113,7 +113,7 @@ static const hora_process_set *op_options_set(const hora_op_options *opts) {
 
 /* The shape of a hora_op_options (NULL: none), read only where the
  * caller's struct_size covers it. */
-static int op_options_shape(const char *call, const hora_op_options *opts, size_t count,
+int hora__api_options_shape(const char *call, const hora_op_options *opts, size_t count,
                             struct hora__shape *shape) {
   shape->ndims = -1;
   if (!opts) {
@@ -152,7 +152,7 @@ static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf,
   hora__error_clear();
   bool scatter = kind == HORA_KIND_REDUCESCATTER;
   const char *call = scatter ? "hora_reducescatter_async" : "hora_allreduce_async";
-  HORA_CHECK(check_common(call, name, count, dtype, req, 1));
+  HORA_CHECK(hora__api_check_common(call, name, count, dtype, req, 1));
   if (!hora__op_valid((int)op)) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s: unknown op %d", call, (int)op);
   }
@@ -212,7 +212,7 @@ static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf,
   r->meta.postscale = o.postscale;
   /* Only float32 and float64 are narrowed on the wire. */
   r->meta.compression = (uint8_t)(dtype == HORA_FLOAT32 || dtype == HORA_FLOAT64 ? compression : 0);
-  set_shape(r, &shape);
+  hora__api_set_shape(r, &shape);
   if (scatter) {
     /* The split counts rows of the first dimension, where a shape gives one. */
     int64_t rows = shape.ndims > 0 ? shape.dims[0] : 0;
@@ -290,15 +290,15 @@ HORA_EXTERN int hora_broadcast_async_ex(const char *name, void *buf, size_t coun
 int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype dtype, int root,
                            const hora_op_options *opts, void *stream, hora_request **req) {
   hora__error_clear();
-  HORA_CHECK(check_common("hora_broadcast_async", name, count, dtype, req, 1));
+  HORA_CHECK(hora__api_check_common("hora_broadcast_async", name, count, dtype, req, 1));
   if (count > 0 && !buf) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_broadcast_async: buf is NULL");
   }
   struct hora__shape shape;
-  HORA_CHECK(op_options_shape("hora_broadcast_async_ex", opts, count, &shape));
+  HORA_CHECK(hora__api_options_shape("hora_broadcast_async_ex", opts, count, &shape));
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt =
-      hora__api_running_in(op_options_set(opts), &rc, "hora_broadcast_async");
+      hora__api_running_in(hora__api_options_set(opts), &rc, "hora_broadcast_async");
   if (!rt) {
     return rc;
   }
@@ -314,7 +314,7 @@ int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype
   r->meta.dtype = (uint8_t)dtype;
   r->meta.count = count;
   r->meta.root = root;
-  set_shape(r, &shape);
+  hora__api_set_shape(r, &shape);
   r->sendbuf = buf;
   r->recvbuf = buf;
   r->stream = stream;
@@ -338,17 +338,17 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
   hora__error_clear();
   int rc = HORA_SUCCESS;
   if (opts && (opts->struct_size < sizeof(opts->struct_size) || opts->struct_size > (1u << 16))) {
-    return op_options_shape("hora_allgather_async_ex", opts, count, &(struct hora__shape){0});
+    return hora__api_options_shape("hora_allgather_async_ex", opts, count, &(struct hora__shape){0});
   }
   struct hora__runtime *rt =
-      hora__api_running_in(op_options_set(opts), &rc, "hora_allgather_async");
+      hora__api_running_in(hora__api_options_set(opts), &rc, "hora_allgather_async");
   if (!rt) {
     if (req) {
       *req = NULL;
     }
     return req ? rc : hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: req is NULL");
   }
-  rc = check_common("hora_allgather_async", name, count, dtype, req, (size_t)rt->size);
+  rc = hora__api_check_common("hora_allgather_async", name, count, dtype, req, (size_t)rt->size);
   if (rc != HORA_SUCCESS) {
     return hora__api_leave(rc);
   }
@@ -357,7 +357,7 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
                                        sendbuf ? "recvbuf" : "sendbuf"));
   }
   struct hora__shape shape;
-  rc = op_options_shape("hora_allgather_async_ex", opts, count, &shape);
+  rc = hora__api_options_shape("hora_allgather_async_ex", opts, count, &shape);
   if (rc != HORA_SUCCESS) {
     return hora__api_leave(rc);
   }
@@ -367,7 +367,7 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
   }
   r->meta.dtype = (uint8_t)dtype;
   r->meta.count = count;
-  set_shape(r, &shape);
+  hora__api_set_shape(r, &shape);
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   r->stream = stream;
@@ -438,7 +438,7 @@ static int run_internal(uint8_t kind, const char *call, const hora_op_options *o
     return hora__error(HORA_ERR_INVALID_ARG, "%s: opts->struct_size is %zu; set it to "
                        "sizeof(hora_op_options)", call, opts->struct_size);
   }
-  struct hora__runtime *rt = hora__api_running_in(op_options_set(opts), &rc, call);
+  struct hora__runtime *rt = hora__api_running_in(hora__api_options_set(opts), &rc, call);
   if (!rt) {
     return rc;
   }
@@ -498,7 +498,7 @@ HORA_EXTERN int hora_broadcast_parameters_ex(const hora_tensor *tensors, size_t 
   for (size_t i = 0; i < n; i++) {
     /* Each tensor's own shape is unknown here: only the set is passed on. */
     hora_op_options o = HORA_OP_OPTIONS_INIT;
-    o.process_set = op_options_set(opts);
+    o.process_set = hora__api_options_set(opts);
     int rc = hora_broadcast_async_ex(tensors[i].name, tensors[i].buf, tensors[i].count,
                                      tensors[i].dtype, root, &o, &reqs[i]);
     if (rc != HORA_SUCCESS) {
@@ -548,7 +548,8 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   s.broadcasts = atomic_load(&rt->stats.broadcasts);
   s.allgathers = atomic_load(&rt->stats.allgathers);
   s.reducescatters = atomic_load(&rt->stats.reducescatters);
-  s.operations = s.allreduces + s.broadcasts + s.allgathers + s.reducescatters;
+  s.alltoalls = atomic_load(&rt->stats.alltoalls);
+  s.operations = s.allreduces + s.broadcasts + s.allgathers + s.reducescatters + s.alltoalls;
   s.bytes = atomic_load(&rt->stats.bytes);
   s.fused_batches = atomic_load(&rt->stats.fused_batches);
   s.fused_tensors = atomic_load(&rt->stats.fused_tensors);

@@ -138,8 +138,16 @@ void hora__engine_fail_by_key(struct hora__engine *e, const struct hora__resp_te
 void hora__engine_fail_mismatched(struct hora__engine *e, struct hora_request *q, const char *msg);
 void hora__engine_retire_placeholder(struct hora__engine *e, struct hora_request *p);
 
-/* execute.c: one response, run */
+/* execute.c: one response, run; whether request q asked for what tensor i
+ * of r runs (else *msg says how they differ); the phases the algorithms
+ * report (arg: the set; name NULL ends one), for the timeline and copy time */
 int hora__engine_execute(struct hora__set *set, const struct hora__response *r);
+bool hora__engine_request_matches(const struct hora__response *r, uint32_t i, int rank,
+                                  const struct hora_request *q, char *msg, size_t size);
+void hora__engine_phase(void *arg, const char *name);
+
+/* exchange.c: an allgatherv or an alltoall, counts exchanged first */
+int hora__engine_run_exchange(struct hora__set *set, const struct hora__response *r);
 
 /* cycle_steps.c: the negotiation cycles */
 int hora__engine_lost_partner(struct hora__engine *e, int peer);

@@ -64,7 +64,7 @@ static hora_dtype wire_dtype(const struct hora__response *r) {
  * says how they differ ("allreduce 'x': rank 1 submitted 10 elements, the
  * response it ran under has 20"), in the order rank 0's mismatch messages
  * use. */
-static bool request_matches(const struct hora__response *r, uint32_t i, int rank,
+bool hora__engine_request_matches(const struct hora__response *r, uint32_t i, int rank,
                             const struct hora_request *q, char *msg, size_t size) {
   struct hora__op_meta m;
   const struct hora__op_meta *f = &q->meta;
@@ -123,7 +123,7 @@ static int gather_requests(struct hora__set *set, const struct hora__response *r
       hora__engine_retire_placeholder(set->e, q);
       q = NULL;
     }
-    if (q && !request_matches(r, i, set->e->rt->rank, q, msg, sizeof(msg))) {
+    if (q && !hora__engine_request_matches(r, i, set->e->rt->rank, q, msg, sizeof(msg))) {
       bool stand_in = hora__kind_stands_in(r->kind);
       HORA_WARN("%s%s", msg, stand_in ? "; it fails, and this rank adds zeros to the others'" : "");
       hora__engine_fail_mismatched(set->e, q, msg);
@@ -139,7 +139,7 @@ static int gather_requests(struct hora__set *set, const struct hora__response *r
     set->reqs[i] = q;
     /* (Rank 0 schedules a broadcast for joined ranks only from a root that
      * has not joined: they receive it into stand-ins.) */
-    bool receives = hora__kind_stands_in(r->kind) || r->kind == HORA_KIND_BROADCAST;
+    bool receives = hora__kind_joined_takes_part(r->kind) || r->kind == HORA_KIND_BROADCAST;
     if (!q && !((*joined || retired) && receives)) {
       return missing_tensor(set->e, r, &r->tensors[i]);
     }
@@ -174,7 +174,7 @@ static void account(struct hora__set *set, const struct hora__response *r, uint6
 }
 
 /* The algorithms report their phases: timeline rows, and the copy time. */
-static void on_phase(void *arg, const char *name) {
+void hora__engine_phase(void *arg, const char *name) {
   struct hora__set *set = arg;
   if (name) {
     set->phase_ns = hora__now_ns();
@@ -205,15 +205,9 @@ static int grow_iovs(struct hora__set *set, uint32_t n) {
 }
 
 /* HORA_VERIFY: every rank checks that it holds the same result bits. */
-static int verify(struct hora__set *set, const struct hora__response *r, size_t bytes) {
-  const struct hora__iov *out = set->iov_out;
-  int n = (int)r->ntensors;
-  struct hora__iov gathered;
-  if (r->kind == HORA_KIND_ALLGATHER) {
-    gathered = (struct hora__iov){set->reqs[0]->recvbuf, bytes * (size_t)set->comm->size};
-    out = &gathered;
-    n = 1;
-  }
+static int verify(struct hora__set *set, const struct hora__response *r) {
+  const struct hora__iov *out = set->iov_out; /* (an allgather's: the whole result) */
+  int n = r->kind == HORA_KIND_ALLGATHER ? 1 : (int)r->ntensors;
   if (hora__params.VERIFY_CORRUPT_RANK == set->e->rt->rank) {
     for (int i = 0; i < n; i++) {
       if (out[i].len) {
@@ -230,9 +224,9 @@ static int verify(struct hora__set *set, const struct hora__response *r, size_t 
   } else {
     snprintf(what, sizeof(what), "%s %s", hora__kind_name(r->kind), name);
   }
-  on_phase(set, "VERIFY");
+  hora__engine_phase(set, "VERIFY");
   int rc = hora__verify_result(set->comm, out, n, what);
-  on_phase(set, NULL);
+  hora__engine_phase(set, NULL);
   return rc;
 }
 
@@ -284,9 +278,14 @@ static int run_op(struct hora__set *set, const struct hora__response *r, size_t 
       .device = r->device,
   };
   if (r->kind == HORA_KIND_ALLGATHER) {
+    /* (A joined rank's stand-in: zeros in, and its output as large as the whole.) */
     struct hora_request *q = set->reqs[0];
-    set->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
-    set->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
+    if (q) {
+      set->iov_in[0] = (struct hora__iov){(void *)(uintptr_t)q->sendbuf, bytes};
+      set->iov_out[0] = (struct hora__iov){q->recvbuf, bytes * (size_t)c->size};
+    } else {
+      set->iov_out[0].len = bytes * (size_t)c->size;
+    }
     op.n = 1;
   }
   if (r->kind == HORA_KIND_REDUCESCATTER) {
@@ -307,15 +306,15 @@ static int run_op(struct hora__set *set, const struct hora__response *r, size_t 
   }
   bool marks = r->kind == HORA_KIND_ALLGATHER;
   if (marks) {
-    on_phase(set, "ALLGATHER");
+    hora__engine_phase(set, "ALLGATHER");
   }
   int rc = hora__coll_run(c, &op);
   if (marks) {
-    on_phase(set, NULL);
+    hora__engine_phase(set, NULL);
   }
   /* (A reducescatter's ranks hold different blocks: nothing to compare.) */
   if (rc == HORA_SUCCESS && hora__params.VERIFY && r->kind != HORA_KIND_REDUCESCATTER) {
-    rc = verify(set, r, bytes);
+    rc = verify(set, r);
   }
   return rc;
 }
@@ -338,7 +337,8 @@ static int run_collective(struct hora__set *set, const struct hora__response *r)
   }
   if (missing) {
     HORA_CHECK(ensure_buffer(&set->zeros, &set->zeros_bytes, missing, true));
-    HORA_CHECK(ensure_buffer(&set->junk, &set->junk_bytes, missing, false));
+    size_t out = r->kind == HORA_KIND_ALLGATHER ? missing * (size_t)c->size : missing;
+    HORA_CHECK(ensure_buffer(&set->junk, &set->junk_bytes, out, false));
   }
   size_t total = 0, bytes = 0, stand_in = 0;
   for (uint32_t i = 0; i < r->ntensors; i++) {
@@ -361,7 +361,7 @@ static int run_collective(struct hora__set *set, const struct hora__response *r)
       .prescale = r->prescale,
       .divisor = r->op == HORA_AVERAGE ? c->size : 0,
       .postscale = r->postscale,
-      .phase = on_phase,
+      .phase = hora__engine_phase,
       .phase_arg = set,
   };
   set->current = r;
@@ -409,6 +409,9 @@ int hora__engine_execute(struct hora__set *set, const struct hora__response *r) 
     case HORA_KIND_ALLGATHER:
     case HORA_KIND_REDUCESCATTER:
       return run_collective(set, r);
+    case HORA_KIND_ALLGATHERV:
+    case HORA_KIND_ALLTOALL:
+      return hora__engine_run_exchange(set, r);
     case HORA_KIND_BARRIER:
       q = hora__engine_lookup(set->e, &r->tensors[0]);
       if (!q) {

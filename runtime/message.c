@@ -32,8 +32,9 @@
 #define RESP_TENSOR_MIN_BYTES (2 + 1 + 8 + 8)                  /* 1-byte key */
 #define NO_SHAPE 0xffu /* the ndims byte of a request without a shape */
 
-static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "reducescatter",
-                                         "barrier",   "join",      "shutdown",  "error"};
+static const char *const kind_names[] = {"allreduce", "broadcast",  "allgather", "reducescatter",
+                                         "allgatherv", "alltoall", "barrier",   "join",
+                                         "shutdown",  "error"};
 _Static_assert(HORA_ARRAY_SIZE(kind_names) == HORA_KIND_COUNT_, "a name for every kind");
 
 const char *hora__kind_name(int kind) {
@@ -43,6 +44,7 @@ const char *hora__kind_name(int kind) {
 const char *hora__negotiate_phase(int kind) {
   static const char *const phases[] = {"NEGOTIATE_ALLREDUCE", "NEGOTIATE_BROADCAST",
                                        "NEGOTIATE_ALLGATHER", "NEGOTIATE_REDUCESCATTER",
+                                       "NEGOTIATE_ALLGATHERV", "NEGOTIATE_ALLTOALL",
                                        "NEGOTIATE_BARRIER",
                                        "NEGOTIATE_JOIN",      "NEGOTIATE_SHUTDOWN",
                                        "NEGOTIATE_ERROR"};
@@ -217,7 +219,9 @@ uint64_t hora__shape_fingerprint(uint8_t kind, const struct hora__shape *s) {
     return 0;
   }
   uint64_t h = fnv1a_u64(0xcbf29ce484222325ull, (uint64_t)s->ndims);
-  for (int i = kind == HORA_KIND_ALLGATHER ? 1 : 0; i < s->ndims; i++) {
+  /* (Allgathers and alltoalls: each rank's own rows.) */
+  bool rows_vary = kind == HORA_KIND_ALLGATHER || hora__kind_counts_vary(kind);
+  for (int i = rows_vary ? 1 : 0; i < s->ndims; i++) {
     h = fnv1a_u64(h, (uint64_t)s->dims[i]);
   }
   return h ? h : 1;
@@ -290,7 +294,7 @@ static int check_shape(const struct hora__op_meta *m, const struct hora__shape *
   if (s->ndims < 0) {
     return HORA_SUCCESS;
   }
-  if (m->kind > HORA_KIND_REDUCESCATTER) {
+  if (m->kind > HORA_KIND_LAST_COLLECTIVE) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s request with a shape", hora__kind_name(m->kind));
   }
   return shape_holds("request", s, m->count);
@@ -468,7 +472,7 @@ struct hora__response *hora__response_for(const struct hora__op_meta *m, const c
 }
 
 static bool cacheable(uint8_t kind) {
-  return kind <= HORA_KIND_REDUCESCATTER;
+  return kind <= HORA_KIND_LAST_COLLECTIVE;
 }
 
 int hora__encode_responses(struct hora__wbuf *w, struct hora__response *const *rs, uint32_t n) {

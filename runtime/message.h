@@ -23,7 +23,9 @@ enum hora__kind {
   HORA_KIND_ALLREDUCE,
   HORA_KIND_BROADCAST,
   HORA_KIND_ALLGATHER,
-  HORA_KIND_REDUCESCATTER, /* the last of the collectives: kinds up to it are cached */
+  HORA_KIND_REDUCESCATTER,
+  HORA_KIND_ALLGATHERV, /* counts differ by rank: exchanged when it runs, not negotiated */
+  HORA_KIND_ALLTOALL,   /* the last of the collectives: kinds up to it are cached */
   HORA_KIND_BARRIER,
   HORA_KIND_JOIN,
   HORA_KIND_SHUTDOWN,
@@ -32,9 +34,21 @@ enum hora__kind {
 };
 
 const char *hora__kind_name(int kind);
+#define HORA_KIND_LAST_COLLECTIVE HORA_KIND_ALLTOALL
+
+/* Collectives whose counts each rank gives for itself (meta.count is 0). */
+static inline bool hora__kind_counts_vary(int kind) {
+  return kind == HORA_KIND_ALLGATHERV || kind == HORA_KIND_ALLTOALL;
+}
 /* Collectives a joined rank stands in for, with zeros. */
 static inline bool hora__kind_stands_in(int kind) {
   return kind == HORA_KIND_ALLREDUCE || kind == HORA_KIND_REDUCESCATTER;
+}
+/* Collectives a joined rank takes part in without submitting them: the
+ * reductions (adding zeros), allgathers (zeros, or no elements where counts
+ * vary) and alltoalls (sending nothing). A broadcast is decided by its root. */
+static inline bool hora__kind_joined_takes_part(int kind) {
+  return hora__kind_stands_in(kind) || kind == HORA_KIND_ALLGATHER || hora__kind_counts_vary(kind);
 }
 /* The timeline row of a kind's negotiation: "NEGOTIATE_ALLREDUCE". */
 const char *hora__negotiate_phase(int kind);

@@ -320,11 +320,12 @@ static void describe_mismatch(const struct hora__controller *c, const struct pen
                               size_t size);
 
 /* Whether the joined ranks take part in op without submitting it: with
- * zeros in a reduction, as receivers of a broadcast whose root has not
- * joined (or submitted it before it did). */
+ * zeros in a reduction or an allgather, with no elements in an allgatherv
+ * or an alltoall, as receivers of a broadcast whose root has not joined
+ * (or submitted it before it did). */
 static bool joined_stand_in(const struct hora__controller *c, const struct pending_op *op) {
   int root = op->meta.root;
-  return hora__kind_stands_in(op->meta.kind) ||
+  return hora__kind_joined_takes_part(op->meta.kind) ||
          (op->meta.kind == HORA_KIND_BROADCAST && root >= 0 && root < c->size &&
           (!c->joined[root] || op->have[root]));
 }
@@ -344,9 +345,8 @@ static int update(struct hora__controller *c, struct pending_op *op) {
                kind, name, name_of(c, op->meta.root), ranks);
     } else {
       snprintf(msg, sizeof(msg),
-               "%s %s was submitted while rank(s) %s had called hora_join: only allreduce, "
-               "reducescatter and broadcasts from a rank that has not joined can run until "
-               "every rank has joined",
+               "%s %s was submitted while rank(s) %s had called hora_join, and cannot run "
+               "until every rank has joined",
                kind, name, ranks);
     }
     return respond_error(c, op, HORA_ERR_INVALID_USAGE, msg);

@@ -491,6 +491,7 @@ void hora__process_sets_add_stats(hora_stats *s) {
     s->broadcasts += atomic_load(&rt->stats.broadcasts);
     s->allgathers += atomic_load(&rt->stats.allgathers);
     s->reducescatters += atomic_load(&rt->stats.reducescatters);
+    s->alltoalls += atomic_load(&rt->stats.alltoalls);
     s->bytes += atomic_load(&rt->stats.bytes);
     s->fused_batches += atomic_load(&rt->stats.fused_batches);
     s->fused_tensors += atomic_load(&rt->stats.fused_tensors);
@@ -508,7 +509,7 @@ void hora__process_sets_add_stats(hora_stats *s) {
     }
   }
   pthread_mutex_unlock(&sets_mu);
-  s->operations = s->allreduces + s->broadcasts + s->allgathers + s->reducescatters;
+  s->operations = s->allreduces + s->broadcasts + s->allgathers + s->reducescatters + s->alltoalls;
 }
 
 struct hora__runtime *hora__api_running_in(const hora_process_set *ps, int *rc, const char *call) {

@@ -70,6 +70,8 @@ void hora__request_free(struct hora_request *r) {
     hora__gpu_event_destroy(r->done_event);
     hora__fate_release(r->fate);
     free(r->error);
+    free(r->v_send);
+    free(r->v_recv);
     hora__instance_release(r->inst);
     free(r);
   }
@@ -80,7 +82,7 @@ void hora__request_free(struct hora_request *r) {
  * wait for the work already queued on it. */
 static int classify_memory(struct hora__runtime *rt, struct hora_request *r, const char *call) {
   uint8_t k = r->meta.kind;
-  if (k > HORA_KIND_REDUCESCATTER) {
+  if (k > HORA_KIND_LAST_COLLECTIVE) {
     return HORA_SUCCESS;
   }
   bool send_dev = false, recv_dev = false;
@@ -91,9 +93,9 @@ static int classify_memory(struct hora__runtime *rt, struct hora_request *r, con
                        send_dev ? "sendbuf" : "recvbuf", send_dev ? "recvbuf" : "sendbuf");
   }
   r->meta.device = send_dev || recv_dev;
-  if (r->meta.device && k == HORA_KIND_REDUCESCATTER) {
+  if (r->meta.device && (k == HORA_KIND_REDUCESCATTER || hora__kind_counts_vary(k))) {
     return hora__error(HORA_ERR_NOT_SUPPORTED, "%s: device buffers are not supported by "
-                       "reducescatter yet; copy to host memory", call);
+                       "%s yet; copy to host memory", call, hora__kind_name(k));
   }
   if (r->stream) {
     if (!r->meta.device && r->meta.count > 0) {

@@ -58,6 +58,11 @@ struct hora_request {
    * request under the key is refused until then, as it would be a second
    * submission at rank 0. */
   bool placeholder;
+  /* Allgatherv and alltoall (their counts are not in meta): this rank's. */
+  size_t v_count;   /* elements in sendbuf */
+  size_t *v_send;   /* alltoall: [size] elements for each rank (owned) */
+  size_t *v_recv;   /* [size] the caller's receive counts (owned), or NULL: v_result */
+  struct hora_received *v_result; /* the _alloc forms': filled before `done` */
   /* Results, written by the coordinator before `done`. */
   int status;
   char *error; /* message when status != 0 */
@@ -114,7 +119,7 @@ struct hora__runtime {
 
   /* Counters for hora_get_stats: written by the coordinator, read by anyone. */
   struct {
-    atomic_uint_fast64_t allreduces, broadcasts, allgathers, reducescatters, bytes;
+    atomic_uint_fast64_t allreduces, broadcasts, allgathers, reducescatters, alltoalls, bytes;
     atomic_uint_fast64_t fused_batches, fused_tensors, cache_hits, cache_misses;
     atomic_uint_fast64_t cycles, sent_in_full;
     atomic_uint_fast64_t negotiate_ns, communicate_ns, copy_ns;
@@ -164,6 +169,13 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
                            void *recvbuf, const hora_op_options *opts, void *stream,
                            hora_request **req);
 int hora__wait_stream(hora_request **req, void *stream);
+/* api.c: what every collective's submission checks, for api_exchange.c. */
+int hora__api_check_common(const char *call, const char *name, size_t count, hora_dtype dtype,
+                           hora_request **req, size_t multiplier);
+void hora__api_set_shape(struct hora_request *r, const struct hora__shape *s);
+const hora_process_set *hora__api_options_set(const hora_op_options *opts);
+int hora__api_options_shape(const char *call, const hora_op_options *opts, size_t count,
+                            struct hora__shape *shape);
 
 /* init.c: a runtime over `comm` (the world's, or a process set's with its
  * id and members' global ranks), started; and stopping it (collective over

@@ -98,7 +98,7 @@ int hora__engine_take_submissions(struct hora__set *set, bool *busy) {
     r->sent_slot = -1;
     r->taken = true;
     set->join_pending |= r->meta.kind == HORA_KIND_JOIN;
-    if (r->meta.kind > HORA_KIND_REDUCESCATTER) {
+    if (r->meta.kind > HORA_KIND_LAST_COLLECTIVE) {
       set->reqs[nfull++] = r;
       continue;
     }

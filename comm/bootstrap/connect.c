@@ -313,21 +313,27 @@ static int timed_out(struct plan *p) {
                      hora__params.CONNECT_TIMEOUT_SECONDS, missing, last);
 }
 
-int hora__boot_connect_all(hora__comm *c, const int *ctrl_peers, int nctrl_peers) {
-  struct plan p = {.c = c};
-  int rc = HORA_SUCCESS;
-  hora__conn **setting_up = NULL;
-  int nsetting = 0;
-  p.rng = hora__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)c->rank;
-  p.rng |= 1;
-  p.want_in = hora__calloc((size_t)c->size * HORA_CONN_SLOTS, 1);
-  if (!p.want_in) {
+static int plan_begin(hora__comm *c, struct plan *p) {
+  *p = (struct plan){.c = c};
+  p->rng = hora__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)c->rank;
+  p->rng |= 1;
+  p->want_in = hora__calloc((size_t)c->size * HORA_CONN_SLOTS, 1);
+  if (!p->want_in) {
     return HORA_ERR_NO_MEMORY;
   }
   /* Kept for EMFILE, during the bootstrap and after (hora__accept_shed). */
   if (c->proc->reserve_fd < 0) {
     c->proc->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
+  return HORA_SUCCESS;
+}
+
+static int run_plan(struct plan *p, int rc);
+
+int hora__boot_connect_all(hora__comm *c, const int *ctrl_peers, int nctrl_peers) {
+  struct plan p;
+  int rc = HORA_SUCCESS;
+  HORA_CHECK(plan_begin(c, &p));
   if (c->rank == 0) {
     for (int r = 1; r < c->size; r++) {
       HORA_CHECK_GOTO(plan_connection(&p, r, HORA_CONN_CTRL), rc, out);
@@ -352,13 +358,45 @@ int hora__boot_connect_all(hora__comm *c, const int *ctrl_peers, int nctrl_peers
     HORA_CHECK_GOTO(plan_connection(&p, hora__boot_cross_peer(c, 1), HORA_CONN_CROSS), rc, out);
     HORA_CHECK_GOTO(plan_connection(&p, hora__boot_cross_peer(c, -1), HORA_CONN_CROSS), rc, out);
   }
+out:
+  return run_plan(&p, rc);
+}
+
+int hora__comm_connect_peers(hora__comm *c) {
+  if (c->all_pairs) {
+    return HORA_SUCCESS;
+  }
+  struct plan p;
+  int rc = HORA_SUCCESS;
+  HORA_CHECK(plan_begin(c, &p));
+  for (int r = 0; r < c->size; r++) {
+    if (r != c->rank && !c->proc->data[r]) {
+      HORA_CHECK_GOTO(plan_connection(&p, r, HORA_CONN_DATA), rc, out);
+    }
+  }
+out:
+  rc = run_plan(&p, rc);
+  c->all_pairs = rc == HORA_SUCCESS;
+  return rc;
+}
+
+/* Moves every planned socket until each is handed to its transport, then
+ * frees the plan; with rc set (the planning failed), only frees it. */
+static int run_plan(struct plan *pp, int rc) {
+  struct plan p = *pp;
+  hora__comm *c = p.c;
+  hora__conn **setting_up = NULL;
+  int nsetting = 0;
+  uint64_t deadline = hora__now_ns() + (uint64_t)(hora__params.CONNECT_TIMEOUT_SECONDS * 1e9);
+  if (rc != HORA_SUCCESS) {
+    goto out;
+  }
   p.half_max = HALF_OPEN_MAX + p.expected_in;
   p.half = hora__calloc((size_t)p.half_max, sizeof(*p.half));
   if (!p.half) {
     rc = HORA_ERR_NO_MEMORY;
     goto out;
   }
-  uint64_t deadline = hora__now_ns() + (uint64_t)(hora__params.CONNECT_TIMEOUT_SECONDS * 1e9);
   for (;;) {
     uint64_t now = hora__now_ns();
     bool pending = p.expected_in > 0;

@@ -117,6 +117,16 @@ int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, si
                         size_t unit, hora_dtype dtype, hora_op op, hora_dtype wire,
                         const struct hora__coll_opts *opts);
 
+/* recvbuf = every rank's block in rank order, rank r's of bytes[r] bytes
+ * (every rank passes the same bytes[]); exchange.c. */
+int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes, void *recvbuf);
+/* Rank r's block for rank j (send_bytes[j] bytes, blocks in rank order in
+ * sendbuf) lands in j's recvbuf, blocks in rank order there too. `most`
+ * is the largest block between any two ranks, the same on every rank.
+ * sendbuf and recvbuf must not overlap. */
+int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_bytes,
+                   void *recvbuf, const size_t *recv_bytes, size_t most);
+
 /* ---- rings ---------------------------------------------------------------- */
 
 
