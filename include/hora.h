@@ -151,9 +151,10 @@ HORA_EXTERN int hora_barrier(void);
 /* For a rank that has run out of data: blocks until every rank has joined,
  * taking part in the other ranks' allreduces with zeros meanwhile. Returns
  * the rank that joined last in *last_joined_rank (may be NULL).
- * (Added later: joined ranks also add zeros to reducescatters, and receive
- * the others' broadcasts from a root that has not joined; a broadcast from
- * a joined root, and an allgather, still fail with HORA_ERR_INVALID_USAGE.) */
+ * (Added later: joined ranks also add zeros to reducescatters, zeros as
+ * their blocks of allgathers, no elements to allgathervs and alltoalls, and
+ * receive the others' broadcasts from a root that has not joined; only a
+ * broadcast from a joined root fails, with HORA_ERR_INVALID_USAGE.) */
 HORA_EXTERN int hora_join(int *last_joined_rank);
 
 /* ---- Additions beyond API.md --------------------------------------------- */
@@ -243,7 +244,7 @@ HORA_EXTERN int hora_broadcast_parameters(const hora_tensor *tensors, size_t n, 
 typedef struct hora_stats {
   size_t struct_size;       /* sizeof(hora_stats) */
   uint64_t operations;      /* operations completed: allreduces + broadcasts + allgathers
-                               (+ reducescatters) */
+                               (+ reducescatters + alltoalls) */
   uint64_t allreduces, broadcasts, allgathers;
   uint64_t bytes;           /* bytes of the callers' buffers those collectives covered */
   uint64_t fused_batches;   /* collectives that carried more than one tensor */

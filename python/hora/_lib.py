@@ -77,6 +77,16 @@ class OpOptions(ctypes.Structure):
     ]
 
 
+class Received(ctypes.Structure):
+    """hora_received: what an _alloc operation hands over."""
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("total", ctypes.c_size_t),
+        ("counts", ctypes.POINTER(ctypes.c_size_t)),
+        ("size", ctypes.c_int),
+    ]
+
+
 class Library:
     """The loaded library, its path and which optional calls it has."""
 
@@ -112,6 +122,13 @@ class Library:
                     [ch, P, sz, i, i, ctypes.POINTER(OpOptions), req_p])
         self._proto("hora_allgather_async_ex", i,
                     [ch, P, sz, i, P, ctypes.POINTER(OpOptions), req_p])
+        szp = ctypes.POINTER(ctypes.c_size_t)
+        recv_p = ctypes.POINTER(Received)
+        self._proto("hora_allgatherv_alloc_async", i,
+                    [ch, P, sz, i, recv_p, ctypes.POINTER(OpOptions), req_p])
+        self._proto("hora_alltoall_alloc_async", i,
+                    [ch, P, sz, szp, i, recv_p, ctypes.POINTER(OpOptions), req_p])
+        self._proto("hora_received_free", None, [recv_p])
         self._proto("hora_process_set_create", i, [ctypes.POINTER(i), i, req_p])
         self._proto("hora_process_set_destroy", i, [P])
         self._proto("hora_process_set_world", P, [])

@@ -763,7 +763,8 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=g
 
 
 class _Allgather(_Handle):
-    """An allgather whose ranks may differ in the first dimension. Phase one
+    """An allgather of CUDA tensors whose ranks may differ in the first
+    dimension (libhora's allgatherv takes host buffers). Phase one
     allgathers every rank's first dimension; phase two allgathers the data,
     padded to the largest first dimension where they differ, and the output
     is cut from it. The second phase is submitted as soon as the first is
@@ -854,6 +855,10 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     if tensor.dim() == 0:
         raise ValueError("%s: cannot allgather a 0-dimensional tensor; give it a first "
                          "dimension (tensor.view(1))" % what)
+    if not tensor.is_cuda:
+        # One native operation (hora_allgatherv_alloc_async).
+        from hora.torch.exchange_ops import allgatherv_async
+        return allgatherv_async(tensor, key, ps)
     h = _Allgather(tensor, key, ps)
     rc = h.submit_sizes()
     i = _submitted(rc, h, what)
