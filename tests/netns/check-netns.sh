@@ -14,7 +14,7 @@ for d in "${HORA_SHARED_DIR:-}" "$srcdir/../shared" /work/shared; do
     break
   fi
 done
-progs="test_collectives test_engine test_join"
+progs="test_collectives test_engine test_join test_exchange"
 if [ "$(id -u)" -ne 0 ] || [ -z "$netns" ] || ! command -v ip >/dev/null 2>&1; then
   for p in $progs; do
     echo "SKIP netns/$p: needs root, iproute2 and ../shared/netns (set HORA_SHARED_DIR)"

@@ -43,7 +43,7 @@ else
   fi
   flags="--oversubscribe --bind-to none"
   [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
-  runs="test_collectives|test_engine|test_join|test_shutdown|test_shutdown fatal|test_collectives HORA_TRANSPORT=tcp|test_process_sets"
+  runs="test_collectives|test_engine|test_join|test_shutdown|test_shutdown fatal|test_collectives HORA_TRANSPORT=tcp|test_process_sets|test_exchange|test_exchange HORA_TRANSPORT=tcp"
   if [ -n "${HORA_VALGRIND_ALL:-}" ]; then
     # Every line of the testlist once, at np=2 (minutes: not in CI).
     srcdir=$(cd "$(dirname "$0")/../.." && pwd)
