@@ -64,7 +64,7 @@ scenario() { # label expected-survivor-lines args...
   kill -KILL $mpid 2>/dev/null
   wait $mpid 2>/dev/null
   grep -E '^(PASS|FAIL) ' "$work/out"
-  got=$(grep -c '^PASS peer_loss/[a-z-]*/victim[0-9]*/rank[0-9]* ' "$work/out")
+  got=$(grep -c '^PASS peer_loss/[a-z0-9-]*/victim[0-9]*/rank[0-9]* ' "$work/out")
   if [ "$got" -ne "$want" ]; then
     echo "FAIL faults/$label: $got of $want survivors reported the loss in time"
     tail -n 15 "$work/err"
@@ -87,6 +87,9 @@ scenario "tcp-3-sockets/kill/victim1" $((np - 1)) 1 kill HORA_TRANSPORT=tcp HORA
 # Training in process sets of two: the sets without the victim fail too.
 scenario "sets/kill/victim1" $((np - 1)) 1 sets-kill
 scenario "sets/exit/victim0" $((np - 1)) 0 sets-exit HORA_TRANSPORT=tcp
+# Alltoalls: pairwise over sockets, and through shared memory.
+scenario "a2a/kill/victim1" $((np - 1)) 1 a2a-kill HORA_TRANSPORT=tcp
+scenario "a2a/exit/victim0" $((np - 1)) 0 a2a-exit
 # Alive but silent: the stall shutdown turns it into HORA_ERR_TIMEOUT.
 scenario "stop/victim2" $((np - 1)) 2 stop HORA_STALL_CHECK_TIME_SECONDS=1 HORA_STALL_SHUTDOWN_TIME_SECONDS=3
 # Alive but silent, no stall shutdown: the heartbeats find it lost.

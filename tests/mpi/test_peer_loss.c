@@ -101,6 +101,10 @@ int main(int argc, char **argv) {
   if (in_sets) {
     mode += 5;
   }
+  int a2a = !strncmp(mode, "a2a-", 4); /* training with alltoalls */
+  if (a2a) {
+    mode += 4;
+  }
   if (hora_init() != HORA_SUCCESS) {
     printf("FAIL peer_loss/%s: hora_init: %s\n", mode, hora_last_error());
     return 1;
@@ -123,7 +127,7 @@ int main(int argc, char **argv) {
     }
   }
   enum { N = 300000 }; /* 1.2 MB: big enough for every data path */
-  float *buf = malloc(N * sizeof(float));
+  float *buf = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
   int expect = !strcmp(mode, "stop") ? HORA_ERR_TIMEOUT : HORA_ERR_PEER_LOST;
   double last_ok = now();
   for (int step = 0; step < 100000; step++) {
@@ -134,10 +138,27 @@ int main(int argc, char **argv) {
       buf[i] = (float)(rank + step);
     }
     hora_request *req = NULL;
-    int rc = hora_allreduce_async_ex(step % 2 ? "grad/a" : "grad/b", buf, buf, N, HORA_FLOAT32,
-                                     HORA_SUM, &opts, &req);
+    size_t per = N / (size_t)size;
+    int rc = a2a ? hora_alltoall_async_ex(step % 2 ? "exp/a" : "exp/b", buf, per * (size_t)size,
+                                          NULL, got, NULL, HORA_FLOAT32, NULL, &req)
+                 : hora_allreduce_async_ex(step % 2 ? "grad/a" : "grad/b", buf, buf, N,
+                                           HORA_FLOAT32, HORA_SUM, &opts, &req);
     if (rc == HORA_SUCCESS) {
       rc = hora_wait(&req);
+    }
+    if (rc == HORA_SUCCESS && a2a) {
+      /* Block j came from rank j, which wrote j + step where i % 1000 == 0. */
+      size_t t = (1000 - (size_t)rank * per % 1000) % 1000; /* sender's element a multiple */
+      for (int j = 0; j < size && t < per; j++) {
+        if (got[(size_t)j * per + t] != (float)(j + step)) {
+          printf("FAIL peer_loss/a2a-%s/victim%d/rank%d: wrong block %d at step %d\n", mode,
+                 victim, rank, j, step);
+          fflush(stdout);
+          _exit(1);
+        }
+      }
+      last_ok = now();
+      continue;
     }
     if (rc == HORA_SUCCESS) {
       /* Sum over the ranks r of the set (or the job) of r + step. */
@@ -163,7 +184,7 @@ int main(int argc, char **argv) {
     int ok = rc == expect && dt < 10.0 && (strstr(msg, who) || strstr(msg, who_list)) &&
              (expect == HORA_ERR_TIMEOUT || strstr(msg, host));
     printf("%s peer_loss/%s%s/victim%d/rank%d (%s after %.2f s: %s)\n", ok ? "PASS" : "FAIL",
-           in_sets ? "sets-" : "", mode, victim, rank, hora_strerror(rc), dt, msg);
+           in_sets ? "sets-" : a2a ? "a2a-" : "", mode, victim, rank, hora_strerror(rc), dt, msg);
     fflush(stdout);
     /* Later calls fail the same way, and finalize does not hang. */
     double t0 = now();
