@@ -8,8 +8,11 @@
  *   allgather  busbw = algbw * (n-1)/n     (bytes = the whole gathered buffer)
  *   broadcast  busbw = algbw
  *   reducescatter  busbw = algbw * (n-1)/n  (bytes = each rank's whole input)
+ *   alltoall   busbw = algbw * (n-1)/n     (bytes = each rank's whole input, split equally)
+ *   allgatherv busbw = algbw * (n-1)/n     (bytes = the whole gathered buffer; rank r
+ *                                           sends a share growing with r, 2(r+1)/(n+1))
  * then the same for MPI_Allreduce / MPI_Allgather / MPI_Bcast /
- * MPI_Reduce_scatter_block, and the ratio
+ * MPI_Reduce_scatter_block / MPI_Alltoall / MPI_Allgatherv, and the ratio
  * of the two busbw. Results are checked after every timed repetition.
  *
  *   mpirun -np 2 hora-bench -b 1M -e 256M -f 2 -o allreduce
@@ -24,6 +27,7 @@
  * NCCL columns read "-" and a comment line says why.
  */
 #include <mpi.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,10 +44,26 @@
 #pragma GCC diagnostic pop
 #endif
 
-enum coll { ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, NCOLLS };
-static const char *const coll_names[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
+enum coll { ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, ALLTOALL, ALLGATHERV, NCOLLS };
+static const char *const coll_names[] = {"allreduce",     "broadcast", "allgather",
+                                         "reducescatter", "alltoall",  "allgatherv"};
 
 static int rank, size;
+
+/* allgatherv: each rank's count and its block's offset, for n elements in all. */
+static size_t *v_counts, *v_offsets;
+static int *v_icounts, *v_idispls; /* the same for MPI */
+
+static void allgatherv_split(size_t n) {
+  size_t base = n / (size_t)size, at = 0;
+  for (int r = 0; r < size; r++) {
+    v_counts[r] = base * 2 * (size_t)(r + 1) / (size_t)(size + 1);
+    v_offsets[r] = at;
+    v_icounts[r] = (int)v_counts[r];
+    v_idispls[r] = (int)at;
+    at += v_counts[r];
+  }
+}
 
 /* About 0.2 s of work per repetition at 1 GB/s, between 2 and 1000 ops. */
 #define HORA_CLAMP_ITERS(bytes) \
@@ -96,6 +116,18 @@ static size_t check(enum coll c, const float *buf, size_t n, int salt, int root)
       }
     } else if (c == BROADCAST) {
       want = (float)((root + salt + (int)(i % 61)) % 64);
+    } else if (c == ALLTOALL) {
+      /* Block j came from rank j: its elements for this rank. */
+      size_t per = n / (size_t)size;
+      int j = (int)(i / per);
+      size_t at = (size_t)rank * per + i % per;
+      want = (float)((j + salt + (int)(at % 61)) % 64);
+    } else if (c == ALLGATHERV) {
+      int r = 0;
+      while (r + 1 < size && i >= v_offsets[r + 1]) {
+        r++;
+      }
+      want = (float)((r + salt + (int)((i - v_offsets[r]) % 61)) % 64);
     } else {
       size_t per = n / (size_t)size;
       int r = (int)(i / per);
@@ -236,6 +268,12 @@ static double run_hora(enum coll c, float *buf, float *out, size_t n, int iters)
       rc = hora_broadcast("bench", buf, n, HORA_FLOAT32, 0);
     } else if (c == REDUCESCATTER) {
       rc = hora_reducescatter("bench", buf, out, n, HORA_FLOAT32, HORA_SUM);
+    } else if (c == ALLTOALL) {
+      hora_request *r = NULL;
+      rc = hora_alltoall_async_ex("bench", buf, n, NULL, out, NULL, HORA_FLOAT32, NULL, &r);
+      rc = rc == HORA_SUCCESS ? hora_wait(&r) : rc;
+    } else if (c == ALLGATHERV) {
+      rc = hora_allgatherv("bench", buf, v_counts[rank], HORA_FLOAT32, out, v_counts, NULL);
     } else {
       rc = hora_allgather("bench", buf, n / (size_t)size, HORA_FLOAT32, out);
     }
@@ -258,6 +296,12 @@ static double run_mpi(enum coll c, float *buf, float *out, size_t n, int iters) 
     } else if (c == REDUCESCATTER) {
       MPI_Reduce_scatter_block(buf, out, (int)(n / (size_t)size), MPI_FLOAT, MPI_SUM,
                                MPI_COMM_WORLD);
+    } else if (c == ALLTOALL) {
+      MPI_Alltoall(buf, (int)(n / (size_t)size), MPI_FLOAT, out, (int)(n / (size_t)size),
+                   MPI_FLOAT, MPI_COMM_WORLD);
+    } else if (c == ALLGATHERV) {
+      MPI_Allgatherv(buf, v_icounts[rank], MPI_FLOAT, out, v_icounts, v_idispls, MPI_FLOAT,
+                     MPI_COMM_WORLD);
     } else {
       MPI_Allgather(buf, (int)(n / (size_t)size), MPI_FLOAT, out, (int)(n / (size_t)size),
                     MPI_FLOAT, MPI_COMM_WORLD);
@@ -272,8 +316,8 @@ static void usage(void) {
           "  -b SIZE   smallest message in bytes (default 8); K, M, G suffixes\n"
           "  -e SIZE   largest message in bytes (default 64M)\n"
           "  -f N      size multiplier between steps (default 4)\n"
-          "  -o OP     allreduce | broadcast | allgather | reducescatter | all (default all;\n"
-          "            reducescatter: host buffers only)\n"
+          "  -o OP     allreduce | broadcast | allgather | reducescatter | alltoall |\n"
+          "            allgatherv | all (default all; the last three: host buffers only)\n"
           "  -n N      operations per timed repetition (default: by size)\n"
           "  -r N      repetitions; the median is printed (default 5)\n"
           "  --no-mpi  do not run MPI's collectives beside hora's\n"
@@ -287,7 +331,7 @@ int main(int argc, char **argv) {
   size_t minb = 8, maxb = 64 << 20;
   double factor = 4;
   int reps = 5, fixed_iters = 0, with_mpi = 1, hora_mem = 0;
-  int colls[NCOLLS] = {1, 1, 1, 1};
+  int colls[NCOLLS] = {1, 1, 1, 1, 1, 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-b") && i + 1 < argc) {
@@ -342,6 +386,14 @@ int main(int argc, char **argv) {
   rank = hora_rank();
   size = hora_size();
   size_t maxn = maxb / 4 + (size_t)size;
+  v_counts = calloc(2 * (size_t)size, sizeof(size_t));
+  v_offsets = v_counts ? v_counts + size : NULL;
+  v_icounts = calloc(2 * (size_t)size, sizeof(int));
+  v_idispls = v_icounts ? v_icounts + size : NULL;
+  if (!v_counts || !v_icounts) {
+    fprintf(stderr, "out of memory\n");
+    return 1;
+  }
   float *buf = NULL, *out = NULL;
   int with_peer = with_mpi;
   if (on_device) {
@@ -391,12 +443,12 @@ int main(int argc, char **argv) {
   double *th = calloc((size_t)reps, sizeof(double)), *tm = calloc((size_t)reps, sizeof(double));
   long errors = 0;
   for (int c = 0; c < NCOLLS; c++) {
-    if (!colls[c] || (c == REDUCESCATTER && on_device)) {
-      continue; /* (hora's reducescatter takes host buffers only so far) */
+    bool host_only = c == REDUCESCATTER || c == ALLTOALL || c == ALLGATHERV;
+    if (!colls[c] || (host_only && on_device)) {
+      continue; /* (these take host buffers only so far) */
     }
-    double bus = c == ALLREDUCE                        ? 2.0 * (size - 1) / size
-                 : c == ALLGATHER || c == REDUCESCATTER ? (double)(size - 1) / size
-                                                       : 1.0;
+    double bus = c == ALLREDUCE ? 2.0 * (size - 1) / size : c == BROADCAST ? 1.0
+                                                                          : (double)(size - 1) / size;
     if (rank == 0) {
       char pus[16], ratio[16];
       snprintf(pus, sizeof(pus), "%s us", peer);
@@ -408,8 +460,12 @@ int main(int argc, char **argv) {
     }
     for (double bd = (double)minb; bd <= (double)maxb * 1.0001; bd *= factor) {
       size_t n = (size_t)bd / 4;
-      if (c == ALLGATHER || c == REDUCESCATTER) {
+      if (c != ALLREDUCE && c != BROADCAST) {
         n = n / (size_t)size * (size_t)size;
+      }
+      if (c == ALLGATHERV) {
+        allgatherv_split(n);
+        n = v_offsets[size - 1] + v_counts[size - 1];
       }
       if (n == 0) {
         continue;
@@ -419,7 +475,7 @@ int main(int argc, char **argv) {
                               : (int)HORA_CLAMP_ITERS(bytes);
       size_t bad = 0;
       for (int r = 0; r < reps + 1; r++) { /* the first is a warm-up */
-        size_t mine_n = c == ALLGATHER ? n / (size_t)size : n;
+        size_t mine_n = c == ALLGATHER ? n / (size_t)size : c == ALLGATHERV ? v_counts[rank] : n;
         fill(on_device ? hbuf : buf, mine_n, r);
         to_device(buf, mine_n);
         /* At least 10 operations in the warm-up: HORA_SHM_SINGLE_COPY=auto
