@@ -172,6 +172,15 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
                                     hora_dtype dtype, hora_op op,
                                     const struct hora__coll_opts *opts);
 
+/* One host: every rank reads its blocks out of the peers' sendbufs with
+ * the kernel (block for local rank t at offsets[t] of each sendbuf, or 0
+ * with offsets NULL; recv_bytes[j] from rank j land at at[j]). *done is
+ * false, and nothing moved, where the ranks did not all choose the kernel
+ * for blocks of `most` bytes (the same answer on every rank). */
+int hora__shm_read_blocks(hora__comm *comm, const void *sendbuf, const size_t *offsets,
+                          void *recvbuf, const size_t *recv_bytes, const size_t *at, size_t most,
+                          bool *done);
+
 /* ---- the ring pipeline engine (ring.c) -----------------------------------
  * A sequence of sends to the next rank and receives from the previous one,
  * both indexed 0..n-1, moved in chunks with a window of transfers in

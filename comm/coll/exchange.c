@@ -9,8 +9,11 @@
  *   - alltoall is the pairwise exchange: in step k (1 .. p-1) rank r sends
  *     its block for r + k and receives the block of r - k, both at once,
  *     over a connection to every member, made on first use and kept.
- * Within one host both go through the shared segment's two halves, a
- * barrier per round, like the shared-memory allgather. */
+ * Within one host, each rank reads its blocks straight out of the peers'
+ * sendbufs with the kernel where the host's path table picks the kernel
+ * for blocks this large (shm_coll.c), and otherwise they go through the
+ * shared segment's two halves, a barrier per round, like the shared-memory
+ * allgather. */
 #include <stdlib.h>
 
 #include "comm/coll/collectives.h"
@@ -179,8 +182,19 @@ int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
     return HORA_ERR_NO_MEMORY;
   }
   offsets(bytes, comm->size, at);
-  int rc = on_shm(comm) ? shm_allgatherv(comm, sendbuf, bytes, recvbuf, at)
-                        : ring_allgatherv(comm, sendbuf, bytes, recvbuf, at);
+  size_t most = 0;
+  for (int j = 0; j < comm->size; j++) {
+    most = HORA_MAX(most, bytes[j]);
+  }
+  bool done = false;
+  int rc = HORA_SUCCESS;
+  if (on_shm(comm) && comm->size > 1) {
+    rc = hora__shm_read_blocks(comm, sendbuf, NULL, recvbuf, bytes, at, most, &done);
+  }
+  if (rc == HORA_SUCCESS && !done) {
+    rc = on_shm(comm) ? shm_allgatherv(comm, sendbuf, bytes, recvbuf, at)
+                      : ring_allgatherv(comm, sendbuf, bytes, recvbuf, at);
+  }
   free(at);
   return rc;
 }
@@ -194,9 +208,16 @@ int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_byt
   size_t *rat = sat + comm->size;
   offsets(send_bytes, comm->size, sat);
   offsets(recv_bytes, comm->size, rat);
-  int rc = on_shm(comm)
-               ? shm_alltoall(comm, sendbuf, send_bytes, recvbuf, recv_bytes, most, sat, rat)
-               : pairwise_alltoall(comm, sendbuf, send_bytes, recvbuf, recv_bytes, sat, rat);
+  bool done = false;
+  int rc = HORA_SUCCESS;
+  if (on_shm(comm) && comm->size > 1) {
+    rc = hora__shm_read_blocks(comm, sendbuf, sat, recvbuf, recv_bytes, rat, most, &done);
+  }
+  if (rc == HORA_SUCCESS && !done) {
+    rc = on_shm(comm)
+             ? shm_alltoall(comm, sendbuf, send_bytes, recvbuf, recv_bytes, most, sat, rat)
+             : pairwise_alltoall(comm, sendbuf, send_bytes, recvbuf, recv_bytes, sat, rat);
+  }
   free(sat);
   return rc;
 }

@@ -543,3 +543,64 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   phase(opts, NULL);
   return HORA_SUCCESS;
 }
+
+/* ---- single copy for alltoall and allgatherv ----------------------------------
+ * Each rank publishes where its sendbuf lies (and, for an alltoall, where
+ * its block for each rank begins in it); after a barrier every rank reads
+ * its blocks straight out of the peers' sendbufs with process_vm_readv, and
+ * a second barrier keeps every sendbuf in place until all have read. Only
+ * where every rank chose the kernel for blocks this large: each publishes
+ * its choice, so all see the same answer, and on "no" the caller stages. */
+struct published_blocks {
+  uint64_t kernel; /* 1: this rank reads through the kernel */
+  uint64_t base;   /* its sendbuf */
+  /* then uint64_t offset[L]: where its block for each local rank begins */
+};
+
+int hora__shm_read_blocks(hora__comm *comm, const void *sendbuf, const size_t *offsets,
+                          void *recvbuf, const size_t *recv_bytes, const size_t *at, size_t most,
+                          bool *done) {
+  struct hora__shm *s = comm->proc->shm;
+  int L = comm->local_size, me = comm->local_rank;
+  *done = false;
+  if (sizeof(struct published_blocks) + (size_t)L * sizeof(uint64_t) > hora__shm_half_bytes(s)) {
+    return HORA_SUCCESS;
+  }
+  int h = (int)(comm->shm_seq++ & 1);
+  struct published_blocks *pub = (struct published_blocks *)(void *)hora__shm_half(s, me, h);
+  uint64_t *off = (uint64_t *)(pub + 1);
+  pub->kernel = hora__shm_cma(s) && most >= (size_t)comm->proc->single_copy_min &&
+                hora__shm_path(s, most) == HORA_SHM_PATH_KERNEL;
+  pub->base = (uint64_t)(uintptr_t)sendbuf;
+  for (int j = 0; j < L; j++) {
+    off[j] = offsets ? offsets[j] : 0;
+  }
+  HORA_CHECK(hora__shm_barrier(s, comm->net));
+  for (int j = 0; j < L; j++) {
+    if (!((struct published_blocks *)(void *)hora__shm_half(s, j, h))->kernel) {
+      return HORA_SUCCESS; /* (all ranks see the same: the caller stages) */
+    }
+  }
+  size_t moved = 0;
+  for (int k = 0; k < L; k++) {
+    int j = (me + k) % L; /* each rank starts with a different peer */
+    if (!recv_bytes[j]) {
+      continue;
+    }
+    const struct published_blocks *theirs =
+        (const struct published_blocks *)(const void *)hora__shm_half(s, j, h);
+    uint64_t from = theirs->base + ((const uint64_t *)(theirs + 1))[me];
+    if (j == me) {
+      memcpy((char *)recvbuf + at[j], (const void *)(uintptr_t)from, recv_bytes[j]);
+      continue;
+    }
+    struct iovec local = {(char *)recvbuf + at[j], recv_bytes[j]};
+    struct iovec remote = {(void *)(uintptr_t)from, recv_bytes[j]};
+    HORA_CHECK(cma(comm, j, false, &local, 1, &remote, 1, recv_bytes[j]));
+    moved += recv_bytes[j];
+  }
+  __atomic_fetch_add(&comm->proc->kernel_bytes, moved, __ATOMIC_RELAXED);
+  HORA_CHECK(hora__shm_barrier(s, comm->net));
+  *done = true;
+  return HORA_SUCCESS;
+}
