@@ -481,6 +481,22 @@ HORA_EXTERN int hora_alltoall_alloc_async(const char *name, const void *sendbuf,
                                           hora_received *result, const hora_op_options *opts,
                                           hora_request **req);
 
+/* ---- Grouped operations ----------------------------------------------------------
+ * The collectives this thread submits between hora_group_start and
+ * hora_group_end (like NCCL's group calls; they nest) are one unit: rank 0
+ * runs none of them before all of them are ready on every rank, then sends
+ * them at once, without waiting for the cycle, fused where they are
+ * compatible and fit the fusion buffer. Every rank must group the same
+ * operations (matched by name, in any order); a member that fails (a
+ * mismatch, a rank that calls hora_finalize without it, a different
+ * grouping) fails every member of the group on every rank. The requests
+ * are returned as usual, but complete only after hora_group_end: hora_wait
+ * before it is HORA_ERR_INVALID_USAGE. A group's members run in one process
+ * set; barrier and join cannot be grouped. A group of one is a plain
+ * operation. */
+HORA_EXTERN int hora_group_start(void);
+HORA_EXTERN int hora_group_end(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,10 @@ HORA_EXTERN int hora_wait(hora_request **req) {
   if (!req || !*req) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_wait: %s is NULL", req ? "*req" : "req");
   }
+  if ((*req)->group_held) {
+    return hora__error(HORA_ERR_INVALID_USAGE, "hora_wait on an operation of a group that has "
+                       "not ended: call hora_group_end first");
+  }
   if (atomic_load_explicit(&(*req)->done, memory_order_acquire)) {
     return hora__request_finish(req);
   }
@@ -52,6 +56,10 @@ HORA_EXTERN int hora_test(hora_request **req, int *done) {
   if (!req || !*req || !done) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_test: %s is NULL",
                        !req ? "req" : !*req ? "*req" : "done");
+  }
+  if ((*req)->group_held) {
+    *done = 0;
+    return HORA_SUCCESS; /* (it cannot complete before hora_group_end) */
   }
   bool happened = atomic_load_explicit(&(*req)->done, memory_order_acquire);
   if (happened && (*req)->status == HORA_SUCCESS && (*req)->done_event &&

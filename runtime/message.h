@@ -64,6 +64,10 @@ struct hora__op_meta {
   uint64_t count;
   double prescale, postscale;
   uint64_t shape; /* hora__shape_fingerprint of the caller's shape; 0: none given */
+  /* A group's (hora_group_start/end): a fingerprint of its members' keys,
+   * and how many there are; 0 and 0 outside a group. */
+  uint64_t group;
+  uint32_t group_size;
 };
 
 /* A tensor's shape as the caller gave it (ndims -1: none). Kept in the

@@ -170,6 +170,10 @@ int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const
                      hora__global_rank(rt, rt->rank));
     goto fail;
   }
+  rc = hora__group_admit(rt, r);
+  if (rc != HORA_SUCCESS) {
+    goto fail;
+  }
   rc = hora__table_put(&rt->inflight, r->key, r->key_len, r);
   if (rc != HORA_SUCCESS) {
     goto fail;
@@ -181,6 +185,11 @@ int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const
     rt->unnamed_seq++;
   } else if (r->meta.kind == HORA_KIND_JOIN) {
     rt->joined = true;
+  }
+  if (hora__group_hold(rt, r)) {
+    pthread_mutex_unlock(&rt->mu); /* queued by hora_group_end */
+    *out = r;
+    return HORA_SUCCESS;
   }
   r->next = NULL;
   if (rt->queue_tail) {

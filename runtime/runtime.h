@@ -63,6 +63,7 @@ struct hora_request {
   size_t *v_send;   /* alltoall: [size] elements for each rank (owned) */
   size_t *v_recv;   /* [size] the caller's receive counts (owned), or NULL: v_result */
   struct hora_received *v_result; /* the _alloc forms': filled before `done` */
+  bool group_held; /* submitted in a group that has not ended (group.c) */
   /* Results, written by the coordinator before `done`. */
   int status;
   char *error; /* message when status != 0 */
@@ -169,6 +170,11 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
                            void *recvbuf, const hora_op_options *opts, void *stream,
                            hora_request **req);
 int hora__wait_stream(hora_request **req, void *stream);
+/* group.c: whether r may join the calling thread's open group (an error
+ * where it may not), and holding it there (false: no group is open). */
+int hora__group_admit(struct hora__runtime *rt, const struct hora_request *r);
+bool hora__group_hold(struct hora__runtime *rt, struct hora_request *r);
+
 /* api.c: what every collective's submission checks, for api_exchange.c. */
 int hora__api_check_common(const char *call, const char *name, size_t count, hora_dtype dtype,
                            hora_request **req, size_t multiplier);

@@ -98,7 +98,9 @@ int hora__engine_take_submissions(struct hora__set *set, bool *busy) {
     r->sent_slot = -1;
     r->taken = true;
     set->join_pending |= r->meta.kind == HORA_KIND_JOIN;
-    if (r->meta.kind > HORA_KIND_LAST_COLLECTIVE) {
+    /* (A group's members always go in full: rank 0 holds them until the
+     * whole group is ready, which cache bits cannot tell it.) */
+    if (r->meta.kind > HORA_KIND_LAST_COLLECTIVE || r->meta.group) {
       set->reqs[nfull++] = r;
       continue;
     }
