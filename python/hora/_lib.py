@@ -129,6 +129,8 @@ class Library:
         self._proto("hora_alltoall_alloc_async", i,
                     [ch, P, sz, szp, i, recv_p, ctypes.POINTER(OpOptions), req_p])
         self._proto("hora_received_free", None, [recv_p])
+        self._proto("hora_group_start", i, [])
+        self._proto("hora_group_end", i, [])
         self._proto("hora_process_set_create", i, [ctypes.POINTER(i), i, req_p])
         self._proto("hora_process_set_destroy", i, [P])
         self._proto("hora_process_set_world", P, [])

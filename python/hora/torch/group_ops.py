@@ -1,0 +1,155 @@
+"""Horovod's grouped collectives on libhora's groups (hora_group_start /
+hora_group_end): the tensors of one call are negotiated as one unit, sent
+together and fused where they fit, and if one fails, all fail."""
+import torch
+
+from hora import _lib as L
+from hora.torch import mpi_ops as M
+
+__all__ = ["grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_",
+           "grouped_allreduce_async_", "grouped_allgather", "grouped_allgather_async",
+           "grouped_reducescatter", "grouped_reducescatter_async"]
+
+
+class _GroupHandle:
+    """The handles of a group's members; its result is the list of theirs."""
+
+    __slots__ = ("members", "results", "error")
+
+    def __init__(self, members):
+        self.members = members
+        self.results = None
+        self.error = None
+
+    def test(self):
+        return all(M.poll(h) for h in self.members if h in M._handles)
+
+    def wait(self):
+        if self.results is not None or self.error is not None:
+            return
+        out = []
+        for h in self.members:
+            try:
+                out.append(M.synchronize(h))
+            except M.HoraInternalError as e:
+                # Synchronize the rest too (they fail with the group), then raise.
+                self.error = self.error or e
+        if self.error is None:
+            self.results = out
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.results
+
+
+def _grouped(what, tensors, submit):
+    """Submits submit(i, tensor) for every tensor inside one group."""
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError("%s: expected a non-empty list of tensors" % what)
+    members = []
+    L.check(M._lib.hora_group_start(), what)
+    try:
+        for i, t in enumerate(tensors):
+            members.append(submit(i, t))
+    finally:
+        rc = M._lib.hora_group_end()
+    L.check(rc, what)
+    return M._new_handle(_GroupHandle(members))
+
+
+def _member_name(name, i):
+    return None if name is None else "%s.%d" % (name, i)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=M.global_process_set):
+    """Starts allreducing every tensor of the list as one unit; synchronize()
+    returns the list of results."""
+    return _grouped("grouped_allreduce", tensors, lambda i, t: M.allreduce_async(
+        t, average=average, name=_member_name(name, i), op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, process_set=process_set))
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    """Grouped allreduce with a gradient: the gradients are allreduced the
+    same way, as one group."""
+
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, ps, *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor, ps)
+        return tuple(M.synchronize(grouped_allreduce_async(
+            list(tensors), name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=ps)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post, ps = ctx.args
+        out = M.synchronize(grouped_allreduce_async(
+            [g.contiguous() for g in grads], op=op, prescale_factor=pre, postscale_factor=post,
+            process_set=ps))
+        return (None, None, None, None, None) + tuple(out)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=M.global_process_set):
+    """Allreduces every tensor of the list as one unit; returns new tensors.
+    Has a gradient."""
+    compression = compression or _none()
+    op = M._resolve_op(op, average)
+    packed = [compression.compress(t) for t in tensors]
+    if not packed:
+        raise ValueError("grouped_allreduce: expected a non-empty list of tensors")
+    out = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
+                                          process_set, *[p for p, _ in packed])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(out, packed)]
+
+
+def _none():
+    from hora.torch.compression import Compression
+    return Compression.none
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=M.global_process_set):
+    """In place: each tensor receives its result."""
+    return _grouped("grouped_allreduce_", tensors, lambda i, t: M.allreduce_async_(
+        t, average=average, name=_member_name(name, i), op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, process_set=process_set))
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=M.global_process_set):
+    return M.synchronize(grouped_allreduce_async_(
+        tensors, average=average, name=name, op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, process_set=process_set))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=M.global_process_set):
+    return _grouped("grouped_allgather", tensors, lambda i, t: M.allgather_async(
+        t, name=_member_name(name, i), process_set=process_set))
+
+
+def grouped_allgather(tensors, name=None, process_set=M.global_process_set):
+    """Allgathers every tensor of the list as one unit (first dimensions may
+    differ by rank); returns the list of results."""
+    return M.synchronize(grouped_allgather_async(tensors, name=name, process_set=process_set))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=M.Average,
+                                process_set=M.global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    return _grouped("grouped_reducescatter", tensors, lambda i, t: M.reducescatter_async(
+        t, name=_member_name(name, i), op=op, process_set=process_set,
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor))
+
+
+def grouped_reducescatter(tensors, name=None, op=M.Average, process_set=M.global_process_set,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """Reducescatters every tensor of the list as one unit; returns this
+    rank's shares."""
+    return M.synchronize(grouped_reducescatter_async(
+        tensors, name=name, op=op, process_set=process_set, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor))
+
