@@ -7,11 +7,11 @@ static const char *const dtype_names[] = {"uint8",   "int8",     "int32",   "int
                                           "int16",   "bool"};
 _Static_assert(HORA_ARRAY_SIZE(dtype_sizes) == HORA__DTYPE_COUNT, "a size for every dtype");
 _Static_assert(HORA_ARRAY_SIZE(dtype_names) == HORA__DTYPE_COUNT, "a name for every dtype");
-static const char *const op_names[] = {"sum", "average", "min", "max", "product"};
+static const char *const op_names[] = {"sum", "average", "min", "max", "product", "adasum"};
 
 bool hora__dtype_valid(int dtype) { return dtype >= HORA_UINT8 && dtype < HORA__DTYPE_COUNT; }
 
-bool hora__op_valid(int op) { return op >= HORA_SUM && op <= HORA_PRODUCT; }
+bool hora__op_valid(int op) { return op >= HORA_SUM && op <= HORA_ADASUM; }
 
 /* Not a range: int16 and bool were appended after the floats. */
 bool hora__dtype_is_float(hora_dtype dtype) {
@@ -21,6 +21,11 @@ bool hora__dtype_is_float(hora_dtype dtype) {
 
 int hora__check_allreduce_dtype(const char *call, const char *name, hora_dtype dtype, hora_op op,
                                 double prescale, double postscale) {
+  if (op == HORA_ADASUM && !hora__dtype_is_float(dtype)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: '%s': ADASUM needs a float dtype (float16, "
+                       "bfloat16, float32 or float64), not %s", call, name ? name : "(unnamed)",
+                       hora_dtype_name(dtype));
+  }
   if (dtype != HORA_BOOL) {
     return HORA_SUCCESS;
   }

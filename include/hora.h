@@ -80,7 +80,15 @@ typedef enum hora_dtype {
   HORA_BOOL   /* one byte, 0 or nonzero */
 } hora_dtype;
 
-typedef enum hora_op { HORA_SUM, HORA_AVERAGE, HORA_MIN, HORA_MAX, HORA_PRODUCT } hora_op;
+typedef enum hora_op {
+  HORA_SUM,
+  HORA_AVERAGE,
+  HORA_MIN,
+  HORA_MAX,
+  HORA_PRODUCT,
+  /* Added later: Adasum (float dtypes, allreduce only; see "Adasum" below). */
+  HORA_ADASUM
+} hora_op;
 
 /* A pending operation. Created by an *_async call, owned by the caller, and
  * freed by hora_wait or by the hora_test that reports it done. */

@@ -164,6 +164,9 @@ static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf,
   if (!hora__op_valid((int)op)) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s: unknown op %d", call, (int)op);
   }
+  if (op == HORA_ADASUM && scatter) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s: ADASUM is an allreduce op", call);
+  }
   /* (A reducescatter's recvbuf may be NULL where this rank's block is
    * empty: checked once the set, and so the block, is known.) */
   if (count > 0 && (!sendbuf || (!recvbuf && !scatter))) {

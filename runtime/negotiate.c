@@ -130,7 +130,9 @@ bool hora__controller_has_ready(const struct hora__controller *c) { return c->re
 size_t hora__controller_pending(const struct hora__controller *c) { return c->ops.count; }
 
 static bool fusable(const struct hora__response *r) {
-  return r->kind == HORA_KIND_ALLREDUCE || r->kind == HORA_KIND_BROADCAST;
+  /* (Adasum's coefficients are each tensor's own.) */
+  return (r->kind == HORA_KIND_ALLREDUCE && r->op != HORA_ADASUM) ||
+         r->kind == HORA_KIND_BROADCAST;
 }
 
 static uint64_t payload(const struct hora__response *r) {

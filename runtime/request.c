@@ -93,6 +93,10 @@ static int classify_memory(struct hora__runtime *rt, struct hora_request *r, con
                        send_dev ? "sendbuf" : "recvbuf", send_dev ? "recvbuf" : "sendbuf");
   }
   r->meta.device = send_dev || recv_dev;
+  if (r->meta.device && k == HORA_KIND_ALLREDUCE && r->meta.op == HORA_ADASUM) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED, "%s: ADASUM of device buffers is not supported "
+                       "yet; copy to host memory", call);
+  }
   if (r->meta.device && (k == HORA_KIND_REDUCESCATTER || hora__kind_counts_vary(k))) {
     return hora__error(HORA_ERR_NOT_SUPPORTED, "%s: device buffers are not supported by "
                        "%s yet; copy to host memory", call, hora__kind_name(k));

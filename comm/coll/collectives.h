@@ -127,6 +127,20 @@ int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
 int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_bytes,
                    void *recvbuf, const size_t *recv_bytes, size_t most);
 
+/* Sends send_len bytes to `to` while receiving recv_len bytes from `from`
+ * (the same connection or not), pipelined in chunks; either may be 0. */
+int hora__exchange_step(hora__comm *comm, hora__conn *to, const void *send, size_t send_len,
+                        hora__conn *from, void *recv, size_t recv_len);
+/* hora__comm_connect_peers, first making sure every member has reached
+ * the operation (a collective over comm's existing connections). */
+int hora__comm_connect_peers_agreed(hora__comm *comm);
+
+/* buf (count elements of a float dtype) = the Adasum of every rank's buf
+ * (adasum.c). */
+int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype);
+void hora__adasum_combine(double *a, const double *b, size_t n, double dot, double aa,
+                          double bb);
+
 /* ---- rings ---------------------------------------------------------------- */
 
 

@@ -50,8 +50,8 @@ static void step_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scr
 
 /* Sends send_len bytes to `to` while receiving recv_len bytes from `from`,
  * in pipelined chunks; either length may be 0. */
-static int exchange_step(hora__comm *comm, hora__conn *to, const void *send, size_t send_len,
-                         hora__conn *from, void *recv, size_t recv_len) {
+int hora__exchange_step(hora__comm *comm, hora__conn *to, const void *send, size_t send_len,
+                        hora__conn *from, void *recv, size_t recv_len) {
   struct step s = {send, recv, send_len, recv_len, (size_t)comm->proc->chunk_bytes};
   struct hora__ring ring = {
       .next = to,
@@ -73,6 +73,22 @@ static void offsets(const size_t *bytes, int p, size_t *at) {
   }
 }
 
+int hora__comm_connect_peers_agreed(hora__comm *comm) {
+  if (comm->all_pairs || comm->size == 1) {
+    return HORA_SUCCESS;
+  }
+  /* An idle rank refuses connections: first make sure every member has
+   * reached this operation. */
+  char *all = hora__malloc((size_t)comm->size);
+  if (!all) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  char one = 1;
+  int rc = hora__allgather(comm, &one, 1, all);
+  free(all);
+  return rc == HORA_SUCCESS ? hora__comm_connect_peers(comm) : rc;
+}
+
 /* ---- the rings ------------------------------------------------------------ */
 
 static int ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
@@ -85,7 +101,7 @@ static int ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *
   }
   for (int t = 0; t + 1 < p; t++) {
     int sb = ((me - t) % p + p) % p, rb = ((me - t - 1) % p + p) % p;
-    HORA_CHECK(exchange_step(comm, v->next, out + at[sb], bytes[sb], v->prev, out + at[rb],
+    HORA_CHECK(hora__exchange_step(comm, v->next, out + at[sb], bytes[sb], v->prev, out + at[rb],
                              bytes[rb]));
   }
   return HORA_SUCCESS;
@@ -102,10 +118,10 @@ static int pairwise_alltoall(hora__comm *comm, const void *sendbuf, const size_t
   if (p == 1) {
     return HORA_SUCCESS;
   }
-  HORA_CHECK(hora__comm_connect_peers(comm));
+  HORA_CHECK(hora__comm_connect_peers(comm)); /* (every member is in this alltoall already) */
   for (int k = 1; k < p; k++) {
     int to = (me + k) % p, from = (me - k + p) % p;
-    HORA_CHECK(exchange_step(comm, comm->proc->data[to], in + sat[to], send_bytes[to],
+    HORA_CHECK(hora__exchange_step(comm, comm->proc->data[to], in + sat[to], send_bytes[to],
                              comm->proc->data[from], out + rat[from], recv_bytes[from]));
   }
   return HORA_SUCCESS;

@@ -76,9 +76,39 @@ int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op) {
   return hora__error(HORA_ERR_INVALID_ARG, "collective of unknown kind %d", (int)op->kind);
 }
 
+/* Adasum, on one tensor (it is never fused: its coefficients are the
+ * tensor's own), in place in the output. */
+static int adasum_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                            const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                            const struct hora__coll_opts *opts) {
+  if (nin != 1 || nout != 1) {
+    return hora__error(HORA_ERR_INVALID_ARG, "adasum of %d tensors at once", nin);
+  }
+  if (out[0].base != in[0].base && out[0].len) {
+    memcpy(out[0].base, in[0].base, out[0].len);
+  }
+  if (opts && opts->prescale != 1.0) {
+    hora__scale(dtype, out[0].base, count, opts->prescale);
+  }
+  if (opts && opts->phase) {
+    opts->phase(opts->phase_arg, "ADASUM");
+  }
+  int rc = hora__adasum(comm, out[0].base, count, dtype);
+  if (opts && opts->phase) {
+    opts->phase(opts->phase_arg, NULL);
+  }
+  if (rc == HORA_SUCCESS && opts && opts->postscale != 1.0) {
+    hora__scale(dtype, out[0].base, count, opts->postscale);
+  }
+  return rc;
+}
+
 int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                     const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
                     hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  if (op == HORA_ADASUM) {
+    return adasum_allreduce(comm, in, nin, out, nout, count, dtype, opts);
+  }
   return comm->algo_allreduce->allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
 }
 

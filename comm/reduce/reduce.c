@@ -233,6 +233,7 @@ HALF_TARGET static void decompress_f32_simd(float *dst, hora_dtype wire, const u
 #define REDUCE_WIRE_SIMD_OPS(LOAD8, TO_F)                                                    \
   switch (op) {                                                                              \
     case HORA_SUM:                                                                           \
+    case HORA_ADASUM: /* (never elementwise: comm/coll/adasum.c) */                          \
     case HORA_AVERAGE: REDUCE_WIRE_SIMD(LOAD8, TO_F, V_SUM, OP_SUM); break;                  \
     case HORA_PRODUCT: REDUCE_WIRE_SIMD(LOAD8, TO_F, V_PROD, OP_PROD); break;                \
     case HORA_MIN: REDUCE_WIRE_SIMD(LOAD8, TO_F, V_MIN, OP_FMIN); break;                     \
@@ -393,6 +394,7 @@ static double ref_float_op(hora_op op, double x, double y) {
   }
   switch (op) {
     case HORA_SUM:
+    case HORA_ADASUM: /* (never elementwise: comm/coll/adasum.c) */
     case HORA_AVERAGE: return x + y;
     case HORA_PRODUCT: return x * y;
     case HORA_MIN: return x < y ? x : y;
@@ -410,6 +412,7 @@ static double ref_float_op(hora_op op, double x, double y) {
       T x = pa[i], y = pb[i], r = 0;                                                         \
       switch (op) {                                                                          \
         case HORA_SUM:                                                                       \
+        case HORA_ADASUM: /* (never elementwise: comm/coll/adasum.c) */                      \
         case HORA_AVERAGE: r = (T)((UT)x + (UT)y); break;                                    \
         case HORA_PRODUCT: r = (T)((UT)x * (UT)y); break;                                    \
         case HORA_MIN: r = x < y ? x : y; break;                                             \
@@ -526,6 +529,7 @@ void hora__decompress(hora_dtype dst_dtype, void *dst, hora_dtype wire_dtype, co
 #define REDUCE_WIRE_OPS(T)                                                                   \
   switch (op) {                                                                              \
     case HORA_SUM:                                                                           \
+    case HORA_ADASUM: /* (never elementwise: comm/coll/adasum.c) */                          \
     case HORA_AVERAGE: REDUCE_WIRE_LOOP(T, OP_SUM(x, y)); break;                             \
     case HORA_PRODUCT: REDUCE_WIRE_LOOP(T, OP_PROD(x, y)); break;                            \
     case HORA_MIN: REDUCE_WIRE_LOOP(T, OP_FMIN(x, y)); break;                                \

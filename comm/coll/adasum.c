@@ -1,0 +1,191 @@
+/* Adasum (Maleki et al., "Scaling Distributed Training with Adaptive
+ * Summation", MLSys 2021): two gradients a and b combine as
+ *
+ *   adasum(a, b) = (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b
+ *
+ * (a coefficient is 1 where its vector is zero), and p ranks combine as a
+ * binary tree: ranks r and r ^ 1, then those pairs with each other, and
+ * so on. It runs by recursive vector halving: at level l, rank r and its
+ * partner r ^ 2^l each keep one half of the segment they hold and swap the
+ * other, the ranks of the level's group (2^(l+1) ranks, each holding a
+ * different piece of the same two vectors) sum their pieces' dot product and
+ * norms, and each combines its piece. After the last level each rank holds
+ * 1/p of the result; recursive doubling gathers it back. Ranks beyond the
+ * largest power of two first fold into a partner (their adasum computed
+ * there whole) and get the result at the end.
+ *
+ * The arithmetic is in double whatever the dtype (the vectors travel as
+ * doubles), so half-precision gradients lose nothing in the dot products.
+ * Messages go straight between the partners, over connections to every
+ * member made on first use. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "comm/coll/collectives.h"
+#include "comm/reduce/half.h"
+
+static void to_double(hora_dtype dt, const void *src, double *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    switch (dt) {
+      case HORA_FLOAT16: dst[i] = hora__f16_to_f32(((const uint16_t *)src)[i]); break;
+      case HORA_BFLOAT16: dst[i] = hora__bf16_to_f32(((const uint16_t *)src)[i]); break;
+      case HORA_FLOAT32: dst[i] = ((const float *)src)[i]; break;
+      default: dst[i] = ((const double *)src)[i]; break;
+    }
+  }
+}
+
+static void from_double(hora_dtype dt, const double *src, void *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    switch (dt) {
+      case HORA_FLOAT16: ((uint16_t *)dst)[i] = hora__f32_to_f16((float)src[i]); break;
+      case HORA_BFLOAT16: ((uint16_t *)dst)[i] = hora__f32_to_bf16((float)src[i]); break;
+      case HORA_FLOAT32: ((float *)dst)[i] = (float)src[i]; break;
+      default: ((double *)dst)[i] = src[i]; break;
+    }
+  }
+}
+
+/* Horovod's threshold: a vector this small counts as zero. */
+#define NORM_MIN 1e-8
+
+void hora__adasum_combine(double *a, const double *b, size_t n, double dot, double aa,
+                          double bb) {
+  double ca = aa >= NORM_MIN ? 1.0 - dot / aa * 0.5 : 1.0;
+  double cb = bb >= NORM_MIN ? 1.0 - dot / bb * 0.5 : 1.0;
+  for (size_t i = 0; i < n; i++) {
+    a[i] = ca * a[i] + cb * b[i];
+  }
+}
+
+static void dots(const double *a, const double *b, size_t n, double out[3]) {
+  double d = 0, x = 0, y = 0;
+  for (size_t i = 0; i < n; i++) {
+    d += a[i] * b[i];
+    x += a[i] * a[i];
+    y += b[i] * b[i];
+  }
+  out[0] = d;
+  out[1] = x;
+  out[2] = y;
+}
+
+static int swap(hora__comm *comm, int peer, const void *send, size_t sb, void *recv, size_t rb) {
+  hora__conn *c = comm->proc->data[peer];
+  return hora__exchange_step(comm, c, send, sb, c, recv, rb);
+}
+
+/* Halving: [lo, hi) split at mid = lo + (hi - lo) / 2; the lower rank of a
+ * pair keeps the lower half. */
+struct piece {
+  size_t lo, hi;
+};
+
+static int halve_and_combine(hora__comm *comm, int P, double *v, double *tmp, size_t n,
+                             struct piece *trail) {
+  int r = comm->rank;
+  struct piece seg = {0, n};
+  for (int l = 0; (1 << l) < P; l++) {
+    int partner = r ^ (1 << l);
+    bool lower = r < partner;
+    size_t mid = seg.lo + (seg.hi - seg.lo) / 2;
+    struct piece keep = lower ? (struct piece){seg.lo, mid} : (struct piece){mid, seg.hi};
+    struct piece give = lower ? (struct piece){mid, seg.hi} : (struct piece){seg.lo, mid};
+    trail[l] = seg;
+    size_t k = keep.hi - keep.lo;
+    HORA_CHECK(swap(comm, partner, v + give.lo, (give.hi - give.lo) * sizeof(double),
+                    tmp, k * sizeof(double)));
+    /* "left" is the vector of the half-group with bit l clear. */
+    const double *left = lower ? v + keep.lo : tmp, *right = lower ? tmp : v + keep.lo;
+    double s[3], got[3];
+    dots(left, right, k, s);
+    /* The group's ranks hold the other pieces of the same two vectors. */
+    for (int j = 0; j <= l; j++) {
+      HORA_CHECK(swap(comm, r ^ (1 << j), s, sizeof(s), got, sizeof(got)));
+      /* Added in rank order, so both sides round alike. */
+      bool first = r < (r ^ (1 << j));
+      for (int i = 0; i < 3; i++) {
+        s[i] = first ? s[i] + got[i] : got[i] + s[i];
+      }
+    }
+    if (lower) {
+      hora__adasum_combine(v + keep.lo, tmp, k, s[0], s[1], s[2]);
+    } else {
+      /* The result goes where this rank keeps it: left * ca + right * cb. */
+      double ca = s[1] >= NORM_MIN ? 1.0 - s[0] / s[1] * 0.5 : 1.0;
+      double cb = s[2] >= NORM_MIN ? 1.0 - s[0] / s[2] * 0.5 : 1.0;
+      for (size_t i = 0; i < k; i++) {
+        v[keep.lo + i] = ca * tmp[i] + cb * v[keep.lo + i];
+      }
+    }
+    seg = keep;
+  }
+  /* Gather back: undo the levels, each rank sending the piece it holds. */
+  int levels = 0;
+  while ((1 << levels) < P) {
+    levels++;
+  }
+  for (int l = levels - 1; l >= 0; l--) {
+    int partner = r ^ (1 << l);
+    struct piece whole = trail[l];
+    size_t mid = whole.lo + (whole.hi - whole.lo) / 2;
+    bool lower = r < partner;
+    struct piece mine = lower ? (struct piece){whole.lo, mid} : (struct piece){mid, whole.hi};
+    struct piece theirs = lower ? (struct piece){mid, whole.hi} : (struct piece){whole.lo, mid};
+    HORA_CHECK(swap(comm, partner, v + mine.lo, (mine.hi - mine.lo) * sizeof(double),
+                    v + theirs.lo, (theirs.hi - theirs.lo) * sizeof(double)));
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype) {
+  int p = comm->size, r = comm->rank;
+  if (p == 1 || count == 0) {
+    return HORA_SUCCESS;
+  }
+  HORA_CHECK(hora__comm_connect_peers_agreed(comm));
+  int P = 1, levels = 0;
+  while (P * 2 <= p) {
+    P *= 2;
+    levels++;
+  }
+  double *v = hora__malloc(2 * count * sizeof(double));
+  struct piece *trail = hora__calloc((size_t)levels + 1, sizeof(*trail));
+  if (!v || !trail) {
+    free(v);
+    free(trail);
+    return HORA_ERR_NO_MEMORY;
+  }
+  double *tmp = v + count;
+  to_double(dtype, buf, v, count);
+  int rc = HORA_SUCCESS;
+  size_t bytes = count * sizeof(double);
+  if (r >= P) {
+    /* Folded into r - P, which sends the result back at the end. */
+    rc = swap(comm, r - P, v, bytes, NULL, 0);
+    if (rc == HORA_SUCCESS) {
+      rc = swap(comm, r - P, NULL, 0, v, bytes);
+    }
+  } else {
+    if (r + P < p) {
+      rc = swap(comm, r + P, NULL, 0, tmp, bytes);
+      if (rc == HORA_SUCCESS) {
+        double s[3];
+        dots(v, tmp, count, s);
+        hora__adasum_combine(v, tmp, count, s[0], s[1], s[2]);
+      }
+    }
+    if (rc == HORA_SUCCESS) {
+      rc = halve_and_combine(comm, P, v, tmp, count, trail);
+    }
+    if (rc == HORA_SUCCESS && r + P < p) {
+      rc = swap(comm, r + P, v, bytes, NULL, 0);
+    }
+  }
+  if (rc == HORA_SUCCESS) {
+    from_double(dtype, v, buf, count);
+  }
+  free(v);
+  free(trail);
+  return rc;
+}
