@@ -61,7 +61,8 @@ class ReduceOp(enum.IntEnum):
 Average, Sum, Adasum = ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum
 Min, Max, Product = ReduceOp.Min, ReduceOp.Max, ReduceOp.Product
 
-_HORA_OP = {Average: L.AVERAGE, Sum: L.SUM, Min: L.MIN, Max: L.MAX, Product: L.PRODUCT}
+_HORA_OP = {Average: L.AVERAGE, Sum: L.SUM, Min: L.MIN, Max: L.MAX, Product: L.PRODUCT,
+            Adasum: L.ADASUM}
 
 _lib = L.load()
 
@@ -595,8 +596,6 @@ def _resolve_op(op, average):
         return Average if average else Sum
     if op is None:
         return Average
-    if op == Adasum:
-        raise NotImplementedError("op=Adasum is not supported yet by hora")
     if op not in _HORA_OP:
         raise ValueError("unknown reduction op %r" % (op,))
     return op
@@ -706,6 +705,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     share of the first dimension (the first rows % size ranks one row more,
     as Horovod's); returns a handle whose result is that share."""
     op = _resolve_op(op, None)
+    if op == Adasum:
+        raise NotImplementedError("reducescatter with op=Adasum is not supported: Adasum is an "
+                                  "allreduce op")
     ps = _resolve_set(process_set, "reducescatter_async")
     key = _op_name("reducescatter", name, ps)
     what = "reducescatter '%s'" % key

@@ -209,6 +209,57 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """op=Adasum, as Horovod: each rank steps the wrapped optimizer on its own
+    gradients, and the ranks' model updates (the change each step made to
+    each parameter) are combined with Adasum; every rank then applies the
+    combined update to the parameters it started the step from."""
+
+    def __init__(self, params, named_parameters, compression, process_set):
+        super(self.__class__, self).__init__(params)
+        if named_parameters is not None:
+            named = list(named_parameters)
+        else:
+            named = [("adasum.noname.%s.%s" % (i, j), v)
+                     for i, group in enumerate(self.param_groups)
+                     for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        dups = sorted(k for k, n in Counter(k for k, _ in named).items() if n > 1)
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. "
+                             "Found duplicates: %s" % ", ".join(dups))
+        self._compression = compression
+        self._named = sorted(named, key=lambda kv: kv[0])
+        self.process_set = process_set
+        self._reduces = process_set.included() and process_set.size() > 1
+
+    def synchronize(self):
+        """Nothing to wait for: the updates are combined in step()."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+    def step(self, closure=None):
+        if not self._reduces:
+            return super(self.__class__, self).step(closure)
+        params = [(n, p) for n, p in self._named if p.requires_grad]
+        start = [p.detach().clone() for _, p in params]
+        loss = super(self.__class__, self).step(closure)
+        handles = []
+        for (name, p), s in zip(params, start):
+            delta = p.detach() - s
+            packed, ctx = self._compression.compress(delta)
+            handles.append((allreduce_async_(packed, name="adasum." + name, op=Adasum,
+                                             process_set=self.process_set), ctx))
+        with torch.no_grad():
+            for ((_, p), s), (h, ctx) in zip(zip(params, start), handles):
+                p.copy_(s + self._compression.decompress(synchronize(h), ctx))
+        return loss
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
@@ -221,7 +272,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
-        raise NotImplementedError("op=Adasum is not supported yet by hora")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression, process_set)
     if num_groups or groups:
         raise NotImplementedError("grouped allreduce (num_groups, groups) is not supported yet "
                                   "by hora")
