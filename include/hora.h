@@ -430,8 +430,10 @@ HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size,
  * nothing is written. A caller that does not know uses an _alloc form:
  * hora allocates the result once the counts are known and hands it over,
  * with the counts, in a hora_received when the request completes (the
- * counts-only query is then a free side effect). sendbuf and recvbuf must
- * not overlap.
+ * counts-only query is then a free side effect). In place: an alltoall's
+ * sendbuf may be its recvbuf (with the same counts both ways; it is then
+ * sent from a copy), and an allgatherv's sendbuf may be this rank's block
+ * of its recvbuf.
  *
  * With a shape in opts (dims[0] rows of this rank's sendbuf), every
  * dimension but the first must agree across ranks (HORA_ERR_MISMATCH) and

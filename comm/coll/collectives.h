@@ -123,7 +123,7 @@ int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
 /* Rank r's block for rank j (send_bytes[j] bytes, blocks in rank order in
  * sendbuf) lands in j's recvbuf, blocks in rank order there too. `most`
  * is the largest block between any two ranks, the same on every rank.
- * sendbuf and recvbuf must not overlap. */
+ * sendbuf and recvbuf may overlap (in place: then sent from a copy). */
 int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_bytes,
                    void *recvbuf, const size_t *recv_bytes, size_t most);
 

@@ -224,6 +224,20 @@ int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_byt
   size_t *rat = sat + comm->size;
   offsets(send_bytes, comm->size, sat);
   offsets(recv_bytes, comm->size, rat);
+  /* In place (MPI_IN_PLACE's case), or overlapping: send from a copy. */
+  size_t sent = sat[comm->size - 1] + send_bytes[comm->size - 1];
+  size_t got = rat[comm->size - 1] + recv_bytes[comm->size - 1];
+  char *copy = NULL;
+  const char *s = sendbuf, *d = recvbuf;
+  if (sent && got && s < d + got && d < s + sent) {
+    copy = hora__malloc(sent);
+    if (!copy) {
+      free(sat);
+      return HORA_ERR_NO_MEMORY;
+    }
+    memcpy(copy, sendbuf, sent);
+    sendbuf = copy;
+  }
   bool done = false;
   int rc = HORA_SUCCESS;
   if (on_shm(comm) && comm->size > 1) {
@@ -234,6 +248,7 @@ int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_byt
              ? shm_alltoall(comm, sendbuf, send_bytes, recvbuf, recv_bytes, most, sat, rat)
              : pairwise_alltoall(comm, sendbuf, send_bytes, recvbuf, recv_bytes, sat, rat);
   }
+  free(copy);
   free(sat);
   return rc;
 }

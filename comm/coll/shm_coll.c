@@ -591,7 +591,8 @@ int hora__shm_read_blocks(hora__comm *comm, const void *sendbuf, const size_t *o
         (const struct published_blocks *)(const void *)hora__shm_half(s, j, h);
     uint64_t from = theirs->base + ((const uint64_t *)(theirs + 1))[me];
     if (j == me) {
-      memcpy((char *)recvbuf + at[j], (const void *)(uintptr_t)from, recv_bytes[j]);
+      /* (memmove: an allgatherv in place has it there already) */
+      memmove((char *)recvbuf + at[j], (const void *)(uintptr_t)from, recv_bytes[j]);
       continue;
     }
     struct iovec local = {(char *)recvbuf + at[j], recv_bytes[j]};

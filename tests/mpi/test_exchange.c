@@ -294,6 +294,45 @@ static void alltoall_mismatch_and_errors(void) {
   free(rc);
 }
 
+/* MPI_IN_PLACE's cases: an alltoall from and into one buffer (the same
+ * counts both ways), an allgatherv whose input is this rank's block of
+ * the output; large enough for every path. */
+static void in_place(void) {
+  for (int k = 0; k < 2; k++) {
+    size_t per = k ? 50000 : 3, n = per * (size_t)mt_size;
+    int32_t *buf = malloc(n * 4);
+    size_t *counts = malloc((size_t)mt_size * sizeof(size_t));
+    for (int j = 0; j < mt_size; j++) {
+      counts[j] = per;
+      for (size_t i = 0; i < per; i++) {
+        buf[(size_t)j * per + i] = mt_rank * 1000 + j * 10 + (int32_t)(i % 10);
+      }
+    }
+    MT_OK(hora_alltoall("inplace/a2a", buf, NULL, buf, counts, HORA_INT32));
+    int bad = 0;
+    for (int j = 0; j < mt_size; j++) {
+      for (size_t i = 0; i < per; i++) {
+        bad += buf[(size_t)j * per + i] != j * 1000 + mt_rank * 10 + (int32_t)(i % 10);
+      }
+    }
+    MT_CHECK(bad == 0, "alltoall in place (%zu per rank): %d wrong", per, bad);
+    for (size_t i = 0; i < per; i++) {
+      buf[(size_t)mt_rank * per + i] = mt_rank + (int32_t)i;
+    }
+    MT_OK(hora_allgatherv("inplace/gv", buf + (size_t)mt_rank * per, per, HORA_INT32, buf, counts,
+                          NULL));
+    bad = 0;
+    for (int j = 0; j < mt_size; j++) {
+      for (size_t i = 0; i < per; i++) {
+        bad += buf[(size_t)j * per + i] != j + (int32_t)i;
+      }
+    }
+    MT_CHECK(bad == 0, "allgatherv in place (%zu per rank): %d wrong", per, bad);
+    free(buf);
+    free(counts);
+  }
+}
+
 /* Several of each in flight at once, submitted in a different order on
  * each rank, the same names again and again with new counts each time. */
 static void names_in_any_order_and_cached(void) {
@@ -440,6 +479,7 @@ int main(int argc, char **argv) {
   mt_run("exchange/alltoall_uneven", alltoall_uneven);
   mt_run("exchange/alltoall_equal_and_alloc", alltoall_equal_and_alloc);
   mt_run("exchange/alltoall_mismatch_and_errors", alltoall_mismatch_and_errors);
+  mt_run("exchange/in_place", in_place);
   mt_run("exchange/names_in_any_order_and_cached", names_in_any_order_and_cached);
   if (mt_size >= 3) {
     mt_run("exchange/within_a_process_set", within_a_process_set);

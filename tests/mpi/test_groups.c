@@ -3,6 +3,7 @@
  * a process set and while some ranks have joined; a mismatched member or a
  * different grouping failing the whole group on every rank; and the misuse
  * errors (waiting before the group ends, barriers, two sets in one group). */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "mpitest.h"
@@ -34,6 +35,51 @@ static void allreduces_in_any_order(void) {
   hora_stats st = {.struct_size = sizeof(st)};
   MT_OK(hora_get_stats(&st));
   MT_CHECK(st.fused_batches > 0, "a group's small allreduces travel fused");
+}
+
+/* Each thread its own groups at once: a group is the calling thread's. */
+enum { THREADS = 4 };
+static int thread_errors;
+
+static void *group_thread(void *arg) {
+  int t = (int)(intptr_t)arg;
+  for (int round = 0; round < 15; round++) {
+    int32_t in[3], out[3];
+    hora_request *r[3];
+    if (hora_group_start() != HORA_SUCCESS) {
+      __atomic_fetch_add(&thread_errors, 1, __ATOMIC_RELAXED);
+      return NULL;
+    }
+    for (int k = 0; k < 3; k++) {
+      int m = (k + mt_rank + t) % 3;
+      char name[48];
+      snprintf(name, sizeof(name), "grp/thread%d/%d/%d", t, round % 2, m);
+      in[m] = t * 100 + m;
+      if (hora_allreduce_async(name, &in[m], &out[m], 1, HORA_INT32, HORA_SUM, &r[m]) !=
+          HORA_SUCCESS) {
+        __atomic_fetch_add(&thread_errors, 1, __ATOMIC_RELAXED);
+      }
+    }
+    hora_group_end();
+    for (int m = 0; m < 3; m++) {
+      if (hora_wait(&r[m]) != HORA_SUCCESS || out[m] != (t * 100 + m) * mt_size) {
+        __atomic_fetch_add(&thread_errors, 1, __ATOMIC_RELAXED);
+      }
+    }
+  }
+  return NULL;
+}
+
+static void groups_from_several_threads(void) {
+  pthread_t th[THREADS];
+  thread_errors = 0;
+  for (int t = 0; t < THREADS; t++) {
+    pthread_create(&th[t], NULL, group_thread, (void *)(intptr_t)t);
+  }
+  for (int t = 0; t < THREADS; t++) {
+    pthread_join(th[t], NULL);
+  }
+  MT_CHECK(thread_errors == 0, "%d failures in the threads' groups", thread_errors);
 }
 
 static void mixed_kinds_nested_and_single(void) {
@@ -155,6 +201,7 @@ int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
   mt_run("groups/allreduces_in_any_order", allreduces_in_any_order);
+  mt_run("groups/from_several_threads", groups_from_several_threads);
   mt_run("groups/mixed_kinds_nested_and_single", mixed_kinds_nested_and_single);
   mt_run("groups/a_mismatch_fails_the_whole_group", a_mismatch_fails_the_whole_group);
   mt_run("groups/within_a_set_and_during_join", within_a_set_and_during_join);

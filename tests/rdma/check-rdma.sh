@@ -22,7 +22,8 @@ if ! ibv_devinfo -d "$dev" 2>/dev/null | grep -q PORT_ACTIVE; then
 else
   result "PASS rdma/device ($dev active, GID index $gid)"
   export HORA_TRANSPORT=ib HORA_IB_DEVICE=$dev
-  for spec in "test_collectives 2" "test_collectives 4" "test_join 2" "test_engine 2"; do
+  for spec in "test_collectives 2" "test_collectives 4" "test_join 2" "test_engine 2" \
+      "test_exchange 2" "test_exchange 3" "test_adasum 3" "test_groups 2"; do
     set -- $spec
     out=$(mktemp)
     # Info logging: each process reports how its bytes travelled.
