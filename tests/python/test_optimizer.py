@@ -218,3 +218,42 @@ def test_sparse_gradients():
         for q in range(n):
             ref_grad.index_add_(0, idx[q], torch.ones(3, 4))
         assert torch.allclose(emb.weight, ref.weight - 0.5 * ref_grad / n, atol=1e-6)
+
+
+@pytest.mark.parametrize("grouping", ["num_groups", "groups"])
+def test_explicit_groups_follow_one_process_with_batch_nb(grouping):
+    n, r, B = hvd.size(), hvd.rank(), 4
+    model, ref = make_model(), make_model()
+    params = list(model.parameters())
+    extra = {"num_groups": 2} if grouping == "num_groups" else \
+        {"groups": [params[:3], params[3:]]}
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), **extra)
+    assert len(opt._group_members) == 2
+    submitted = []
+    real = opt._submit_group
+    opt._submit_group = lambda gid: (submitted.append(gid), real(gid))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    loss_fn = nn.MSELoss()
+    for step in range(10):
+        x, y = batch(step, n * B)
+        opt.zero_grad()
+        loss_fn(model(x[r * B:(r + 1) * B]), y[r * B:(r + 1) * B]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss_fn(ref(x), y).backward()
+        ref_opt.step()
+    assert max_param_diff(model, ref) < 1e-5
+    if n > 1:
+        assert sorted(set(submitted)) == [0, 1], submitted
+
+
+def test_groups_errors():
+    model = make_model()
+    with pytest.raises(ValueError, match="list of lists"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters(), groups=[1, 2])
+    with pytest.raises(ValueError, match="not a parameter"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters(),
+                                 groups=[[torch.zeros(2)]])

@@ -25,7 +25,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=Average, gradient_predivide_factor=1.0, sparse_as_dense=False,
-                 process_set=global_process_set):
+                 process_set=global_process_set, groups=None):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         if named_parameters is not None:
@@ -58,6 +58,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Ranks outside the set, and a set of one, step on their own gradients.
         self._reduces = process_set.included() and process_set.size() > 1
         self._handles = {}
+        # Explicit groups (num_groups, groups): a group's gradients go as one
+        # hora group once all of them are ready.
+        self._group_of, self._group_members, self._group_ready = {}, [], []
+        for members in groups or []:
+            members = sorted(members, key=lambda q: self._parameter_names.get(q, ""))
+            for q in members:
+                self._group_of[q] = len(self._group_members)
+            self._group_members.append(members)
+            self._group_ready.append(set())
         self._grad_accs = []
         self._requires_update = set()
         self._synchronized = False
@@ -153,10 +162,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
             self._allreduce_delay[p] -= 1
+            gid = self._group_of.get(p)
+            if self._allreduce_delay[p] == 0 and gid is not None:
+                self._handles[p] = (None, None)
+                ready = self._group_ready[gid]
+                ready.add(p)
+                if len(ready) == len(self._group_members[gid]):
+                    self._submit_group(gid)
+                return
             if self._allreduce_delay[p] == 0:
                 handle, ctx = self._allreduce_grad_async(p)
             self._handles[p] = (handle, ctx)
         return hook
+
+    def _submit_group(self, gid):
+        """A group's gradients, negotiated and run as one unit."""
+        mpi_ops.L.check(mpi_ops._lib.hora_group_start(), "DistributedOptimizer")
+        try:
+            for q in self._group_members[gid]:
+                self._handles[q] = self._allreduce_grad_async(q)
+        finally:
+            rc = mpi_ops._lib.hora_group_end()
+        mpi_ops.L.check(rc, "DistributedOptimizer")
+        self._group_ready[gid].clear()
 
     def synchronize(self):
         """Waits for every gradient's allreduce (submitting those backprop did
@@ -164,6 +192,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._reduces:
             self._synchronized = True
             return
+        for gid, members in enumerate(self._group_members):
+            if any(q in self._requires_update and self._handles.get(q, (None,))[0] is None
+                   for q in members):
+                self._submit_group(gid)
         missing = self._requires_update - set(self._handles)
         for p in sorted(missing, key=lambda q: self._parameter_names.get(q, "")):
             self._handles[p] = self._allreduce_grad_async(p)
@@ -275,13 +307,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                    dict(_DistributedAdasumOptimizer.__dict__))
         return cls(optimizer.param_groups, named_parameters, compression, process_set)
-    if num_groups or groups:
-        raise NotImplementedError("grouped allreduce (num_groups, groups) is not supported yet "
-                                  "by hora")
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if groups is not None:
+        if not isinstance(groups, (list, tuple)) or any(
+                not isinstance(g, (list, tuple)) for g in groups):
+            raise ValueError("groups should be a list of lists of torch.nn.Parameter")
+        known = {id(p) for p in params}
+        seen = set()
+        for g in groups:
+            for p in g:
+                if id(p) not in known:
+                    raise ValueError("groups holds a tensor that is not a parameter of the "
+                                     "optimizer")
+                if id(p) in seen:
+                    raise ValueError("a parameter is in two of the groups")
+                seen.add(id(p))
+        groups = [list(g) for g in groups if g]
+    elif num_groups:
+        if num_groups < 0:
+            raise ValueError("num_groups must not be negative, got %r" % (num_groups,))
+        k = min(num_groups, len(params)) or 1
+        groups = [params[i * len(params) // k:(i + 1) * len(params) // k] for i in range(k)]
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be at least 1, got %r"
                          % (backward_passes_per_step,))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, sparse_as_dense, process_set)
+               op, gradient_predivide_factor, sparse_as_dense, process_set, groups)
