@@ -507,6 +507,16 @@ HORA_EXTERN int hora_alltoall_alloc_async(const char *name, const void *sendbuf,
 HORA_EXTERN int hora_group_start(void);
 HORA_EXTERN int hora_group_end(void);
 
+/* ---- Adasum -------------------------------------------------------------------
+ * HORA_ADASUM, an allreduce op for float16, bfloat16, float32 and float64
+ * host buffers (Maleki et al., MLSys 2021): a and b combine as
+ * (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b (a zero vector's coefficient
+ * is 1), the ranks as a binary tree (ranks r and r ^ 1 first; ranks past the
+ * largest power of two P fold into r - P first). Computed in double; every
+ * rank gets the same bits; each tensor alone (never fused); prescale before,
+ * postscale after. Other dtypes and reducescatter: HORA_ERR_INVALID_ARG;
+ * device buffers: HORA_ERR_NOT_SUPPORTED. */
+
 #ifdef __cplusplus
 }
 #endif
