@@ -411,6 +411,17 @@ HORA_EXTERN int hora_reducescatter_async_ex(const char *name, const void *sendbu
                                             hora_request **req);
 HORA_EXTERN int hora_reducescatter(const char *name, const void *sendbuf, void *recvbuf,
                                    size_t count, hora_dtype dtype, hora_op op);
+/* The v variant: rank j keeps recv_counts[j] elements (one count per rank
+ * of the set; sendbuf holds their sum, and every rank must pass the same
+ * counts: HORA_ERR_MISMATCH otherwise). It runs as an allreduce of which
+ * each rank keeps its block; a joined rank adds zeros and keeps nothing. */
+HORA_EXTERN int hora_reducescatterv_async(const char *name, const void *sendbuf, void *recvbuf,
+                                          const size_t *recv_counts, hora_dtype dtype, hora_op op,
+                                          const hora_allreduce_options *opts,
+                                          hora_request **req);
+HORA_EXTERN int hora_reducescatterv(const char *name, const void *sendbuf, void *recvbuf,
+                                    const size_t *recv_counts, hora_dtype dtype, hora_op op,
+                                    const hora_allreduce_options *opts);
 /* Elements of rank's block of a reducescatter of count elements in `rows`
  * rows (0: count single elements) over size ranks; 0 for arguments that
  * make no split (rank out of range, count not a multiple of rows). */

@@ -153,10 +153,12 @@ HORA_EXTERN int hora_allreduce_async_ex(const char *name, const void *sendbuf, v
 }
 
 /* Allreduce and reducescatter: the reductions, with the same options. */
+/* split: a reducescatter's explicit counts (one per rank of the set,
+ * adding up to count), or NULL for Horovod's split. */
 static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf, void *recvbuf,
                             size_t count, hora_dtype dtype, hora_op op,
                             const hora_allreduce_options *opts, void *stream,
-                            hora_request **req) {
+                            const size_t *split, hora_request **req) {
   hora__error_clear();
   bool scatter = kind == HORA_KIND_REDUCESCATTER;
   const char *call = scatter ? "hora_reducescatter_async" : "hora_allreduce_async";
@@ -224,7 +226,26 @@ static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf,
   /* Only float32 and float64 are narrowed on the wire. */
   r->meta.compression = (uint8_t)(dtype == HORA_FLOAT32 || dtype == HORA_FLOAT64 ? compression : 0);
   hora__api_set_shape(r, &shape);
-  if (scatter) {
+  if (split) {
+    r->v_recv = hora__malloc((size_t)rt->size * sizeof(size_t));
+    if (!r->v_recv) {
+      hora__request_free(r);
+      return hora__api_leave(HORA_ERR_NO_MEMORY);
+    }
+    memcpy(r->v_recv, split, (size_t)rt->size * sizeof(size_t));
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int j = 0; j < rt->size; j++) {
+      for (int b = 0; b < 8; b++) {
+        h = (h ^ (uint8_t)((uint64_t)split[j] >> (8 * b))) * 0x100000001b3ull;
+      }
+    }
+    r->meta.split = h | 1;
+    r->meta.root = -1;
+    if (!recvbuf && split[rt->rank] > 0) {
+      hora__request_free(r);
+      return hora__api_leave(hora__error(HORA_ERR_INVALID_ARG, "%s: recvbuf is NULL", call));
+    }
+  } else if (scatter) {
     /* The split counts rows of the first dimension, where a shape gives one. */
     int64_t rows = shape.ndims > 0 ? shape.dims[0] : 0;
     if (rows > INT32_MAX) {
@@ -249,7 +270,7 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
                            hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
                            void *stream, hora_request **req) {
   return reduction_submit(HORA_KIND_ALLREDUCE, name, sendbuf, recvbuf, count, dtype, op, opts,
-                          stream, req);
+                          stream, NULL, req);
 }
 
 HORA_EXTERN int hora_reducescatter_async_ex(const char *name, const void *sendbuf,
@@ -257,7 +278,47 @@ HORA_EXTERN int hora_reducescatter_async_ex(const char *name, const void *sendbu
                                             hora_op op, const hora_allreduce_options *opts,
                                             hora_request **req) {
   return reduction_submit(HORA_KIND_REDUCESCATTER, name, sendbuf, recvbuf, count, dtype, op,
-                          opts, NULL, req);
+                          opts, NULL, NULL, req);
+}
+
+HORA_EXTERN int hora_reducescatterv_async(const char *name, const void *sendbuf, void *recvbuf,
+                                          const size_t *recv_counts, hora_dtype dtype, hora_op op,
+                                          const hora_allreduce_options *opts,
+                                          hora_request **req) {
+  hora__error_clear();
+  if (req) {
+    *req = NULL;
+  }
+  if (!recv_counts) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_reducescatterv_async: recv_counts is NULL");
+  }
+  /* The set's size, to add the counts up (the submission checks the rest). */
+  const hora_process_set *ps =
+      opts && opts->struct_size >= offsetof(hora_allreduce_options, process_set) +
+                                       sizeof(opts->process_set)
+          ? opts->process_set
+          : NULL;
+  int size = ps ? hora_process_set_size(ps) : hora_size();
+  if (size <= 0) {
+    return hora__error(HORA_ERR_INVALID_USAGE, "hora_reducescatterv_async: hora is not running");
+  }
+  size_t count = 0;
+  for (int j = 0; j < size; j++) {
+    if (recv_counts[j] > (SIZE_MAX >> 4) - count) {
+      return hora__error(HORA_ERR_INVALID_ARG, "hora_reducescatterv_async: recv_counts overflow");
+    }
+    count += recv_counts[j];
+  }
+  return reduction_submit(HORA_KIND_REDUCESCATTER, name, sendbuf, recvbuf, count, dtype, op,
+                          opts, NULL, recv_counts, req);
+}
+
+HORA_EXTERN int hora_reducescatterv(const char *name, const void *sendbuf, void *recvbuf,
+                                    const size_t *recv_counts, hora_dtype dtype, hora_op op,
+                                    const hora_allreduce_options *opts) {
+  hora_request *r = NULL;
+  HORA_CHECK(hora_reducescatterv_async(name, sendbuf, recvbuf, recv_counts, dtype, op, opts, &r));
+  return hora_wait(&r);
 }
 
 HORA_EXTERN int hora_reducescatter_async(const char *name, const void *sendbuf, void *recvbuf,

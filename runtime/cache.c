@@ -7,7 +7,7 @@ bool hora__meta_equal(const struct hora__op_meta *a, const struct hora__op_meta 
   return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->device == b->device &&
          a->compression == b->compression && a->root == b->root && a->count == b->count &&
          a->prescale == b->prescale && a->postscale == b->postscale && a->shape == b->shape &&
-         a->group == b->group && a->group_size == b->group_size;
+         a->group == b->group && a->group_size == b->group_size && a->split == b->split;
 }
 
 int hora__cache_init(struct hora__cache *c, uint32_t capacity) {

@@ -294,6 +294,19 @@ static int run_op(struct hora__set *set, const struct hora__response *r, size_t 
     op.unit = r->root > 0 ? total / (size_t)r->root : 1;
     size_t start, len;
     hora__block_range(total, op.unit, c->size, c->rank, &start, &len);
+    if (r->root < 0) {
+      /* Explicit counts (hora_reducescatterv_async): this rank's from its
+       * request; a joined rank keeps nothing. */
+      struct hora_request *q = set->reqs[0];
+      op.unit = 0;
+      start = len = 0;
+      for (int j = 0; q && q->v_recv && j <= c->rank; j++) {
+        start += j < c->rank ? q->v_recv[j] : 0;
+        len = q->v_recv[j];
+      }
+      op.block_start = start;
+      op.block_len = len;
+    }
     if (set->reqs[0]) {
       set->iov_out[0].len = len * hora_dtype_size((hora_dtype)r->dtype);
     }

@@ -3,7 +3,7 @@
  *   REQUESTS  := u32 n, n x request
  *   request   := u8 kind, u8 dtype, u8 op, u8 device, u8 compression,
  *                i32 root, u64 count, f64 prescale, f64 postscale, u64 group,
- *                u32 group_size, str key, u32 waited_ms,
+ *                u32 group_size, u64 split, str key, u32 waited_ms,
  *                u8 ndims (0xff: no shape), ndims x i64 dim
  *   RESPONSES := u32 n, n x { u8 kind, u8 dtype, u8 op, u8 device,
  *                u8 compression, f64 prescale, f64 postscale, i32 root,
@@ -28,7 +28,7 @@
 #define MAX_TENSORS_PER_RESPONSE (1u << 20)
 #define MAX_CACHE_BITMAP (1u << 20) /* bytes: 8 Mi slots */
 /* Smallest encodings, for rejecting counts a frame cannot hold. */
-#define REQUEST_MIN_BYTES (5 + 4 + 8 + 8 + 8 + 8 + 4 + 2 + 1 + 4 + 1) /* 1-byte key, no shape */
+#define REQUEST_MIN_BYTES (5 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 2 + 1 + 4 + 1) /* 1-byte key, no shape */
 #define RESPONSE_MIN_BYTES (5 + 8 + 8 + 4 + 4 + 2 + 2 + 4)     /* no tensors, no message */
 #define RESP_TENSOR_MIN_BYTES (2 + 1 + 8 + 8)                  /* 1-byte key */
 #define NO_SHAPE 0xffu /* the ndims byte of a request without a shape */
@@ -124,6 +124,10 @@ static int check_meta(const struct hora__op_meta *m) {
   if (m->count > SIZE_MAX / 8) {
     return hora__error(HORA_ERR_INVALID_ARG, "request of %llu elements",
                        (unsigned long long)m->count);
+  }
+  if (m->split && (m->kind != HORA_KIND_REDUCESCATTER || m->root != -1)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s request with explicit split counts",
+                       hora__kind_name(m->kind));
   }
   if ((m->group == 0) != (m->group_size == 0) || (m->group && m->kind > HORA_KIND_LAST_COLLECTIVE)) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s request in group %llx of %u",
@@ -253,6 +257,7 @@ void hora__encode_request_shaped(struct hora__wbuf *w, const struct hora__op_met
   put_f64(w, m->postscale);
   hora__wbuf_u64(w, m->group);
   hora__wbuf_u32(w, m->group_size);
+  hora__wbuf_u64(w, m->split);
   hora__wbuf_str(w, key, key_len);
   hora__wbuf_u32(w, waited_ms);
   int nd = shape ? shape->ndims : -1;
@@ -283,6 +288,7 @@ static void read_meta(struct hora__rbuf *r, struct hora__op_meta *m) {
   m->postscale = get_f64(r);
   m->group = hora__rbuf_u64(r);
   m->group_size = hora__rbuf_u32(r);
+  m->split = hora__rbuf_u64(r);
   m->shape = 0; /* not on the wire: derived from the dims */
 }
 
@@ -459,6 +465,7 @@ void hora__response_meta(const struct hora__response *r, uint32_t i, struct hora
   m->shape = r->tensors[i].shape;
   m->group = 0; /* (responses do not carry it: groups are matched at rank 0) */
   m->group_size = 0;
+  m->split = 0;
 }
 
 struct hora__response *hora__response_for(const struct hora__op_meta *m, const char *key,

@@ -68,6 +68,9 @@ struct hora__op_meta {
    * and how many there are; 0 and 0 outside a group. */
   uint64_t group;
   uint32_t group_size;
+  /* A reducescatter split by explicit counts (hora_reducescatterv_async; its
+   * root is then -1): a fingerprint of them, never 0; else 0. */
+  uint64_t split;
 };
 
 /* A tensor's shape as the caller gave it (ndims -1: none). Kept in the

@@ -639,6 +639,11 @@ static void describe_mismatch(const struct hora__controller *c, const struct pen
   } else if (m->op != f->op) {
     snprintf(msg, size, "%s %s: rank %d asked for %s, rank %d for %s", kind, name, a,
              hora_op_name(f->op), rank, hora_op_name(m->op));
+  } else if (m->split != f->split) {
+    snprintf(msg, size, "%s %s: rank %d split it %s, rank %d %s", kind, name, a,
+             f->split ? "by its recv_counts" : "by rows (Horovod's split)", rank,
+             m->split ? (f->split ? "by other recv_counts" : "by its recv_counts")
+                      : "by rows (Horovod's split)");
   } else if (m->root != f->root) {
     snprintf(msg, size, "%s %s: rank %d named root %d, rank %d root %d", kind, name, a, f->root,
              rank, m->root);

@@ -55,7 +55,9 @@ struct hora__coll_op {
   const struct hora__iov *in, *out;
   int n;        /* tensors (allgather: one) */
   size_t count; /* elements over all tensors (allgather: this rank's) */
-  size_t unit;  /* reducescatter: elements per row of the split (1: elements) */
+  size_t unit;  /* reducescatter: elements per row of the split (1: elements; 0: the
+                   explicit block below) */
+  size_t block_start, block_len; /* reducescatter with unit 0: this rank's block */
   size_t bytes; /* bytes over all tensors (allgather: this rank's) */
   hora_dtype dtype;
   hora_dtype wire; /* on the wire (compression), for host allreduces */
@@ -116,6 +118,11 @@ int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *r
 int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                         size_t unit, hora_dtype dtype, hora_op op, hora_dtype wire,
                         const struct hora__coll_opts *opts);
+/* The same, each rank's block given (start, len elements; split by explicit
+ * counts): the allreduce of which each rank keeps its block. */
+int hora__reducescatter_at(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                           size_t start, size_t len, hora_dtype dtype, hora_op op,
+                           hora_dtype wire, const struct hora__coll_opts *opts);
 
 /* recvbuf = every rank's block in rank order, rank r's of bytes[r] bytes
  * (every rank passes the same bytes[]); exchange.c. */

@@ -70,6 +70,11 @@ int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op) {
     case HORA_COLL_ALLGATHER:
       return hora__allgather(comm, op->in[0].base, op->bytes, op->out[0].base);
     case HORA_COLL_REDUCESCATTER:
+      if (op->unit == 0) {
+        return hora__reducescatter_at(comm, op->in[0].base, op->out[0].base, op->count,
+                                      op->block_start, op->block_len, op->dtype, op->op, op->wire,
+                                      op->opts);
+      }
       return hora__reducescatter(comm, op->in[0].base, op->out[0].base, op->count, op->unit,
                                  op->dtype, op->op, op->wire, op->opts);
   }
@@ -121,16 +126,16 @@ int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *r
   return comm->algo_allgather->allgather(comm, sendbuf, bytes, recvbuf);
 }
 
-/* Over the ring, the reduce-scatter half of its allreduce. Where shared
+/* Over the ring, the reduce-scatter half of its allreduce (blocks of
+ * Horovod's split; explicit ones, unit 0, take the allreduce below). Where shared
  * memory reduces (one host, or hierarchically across hosts), its allreduce
  * into the staging buffer, of which this rank keeps its block: the same
  * bytes cross the host's memory either way, and hierarchical allreduce
  * already sends each host's sum once around the hosts. */
-int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
-                        size_t unit, hora_dtype dtype, hora_op op, hora_dtype wire,
-                        const struct hora__coll_opts *opts) {
-  size_t es = hora_dtype_size(dtype), start, len;
-  hora__block_range(count, unit, comm->size, comm->rank, &start, &len);
+static int reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         size_t unit, size_t start, size_t len, hora_dtype dtype, hora_op op,
+                         hora_dtype wire, const struct hora__coll_opts *opts) {
+  size_t es = hora_dtype_size(dtype);
   size_t had = comm->reduced_bytes;
   HORA_CHECK(hora__comm_grow_registered(comm, &comm->reduced, &comm->reduced_bytes,
                                         &comm->reduced_reg, count * es));
@@ -141,7 +146,7 @@ int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, si
   }
   char *f = comm->reduced;
   int rc;
-  if (comm->algo_allreduce == &hora__coll_ring) {
+  if (comm->algo_allreduce == &hora__coll_ring && unit > 0) {
     const void *src = sendbuf;
     if (opts && opts->prescale != 1.0) {
       memcpy(f, sendbuf, count * es);
@@ -166,4 +171,22 @@ int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, si
     memcpy(recvbuf, f + start * es, len * es);
   }
   return rc;
+}
+
+int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                        size_t unit, hora_dtype dtype, hora_op op, hora_dtype wire,
+                        const struct hora__coll_opts *opts) {
+  size_t start, len;
+  hora__block_range(count, unit, comm->size, comm->rank, &start, &len);
+  return reducescatter(comm, sendbuf, recvbuf, count, unit, start, len, dtype, op, wire, opts);
+}
+
+int hora__reducescatter_at(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                           size_t start, size_t len, hora_dtype dtype, hora_op op,
+                           hora_dtype wire, const struct hora__coll_opts *opts) {
+  if (start > count || len > count - start) {
+    return hora__error(HORA_ERR_INVALID_ARG, "reducescatter block [%zu, +%zu) of %zu elements",
+                       start, len, count);
+  }
+  return reducescatter(comm, sendbuf, recvbuf, count, 0, start, len, dtype, op, wire, opts);
 }

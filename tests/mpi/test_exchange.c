@@ -294,6 +294,64 @@ static void alltoall_mismatch_and_errors(void) {
   free(rc);
 }
 
+/* hora_reducescatterv: explicit counts per rank (some 0), sums and maxima
+ * checked element by element; ranks passing other counts all fail. */
+static void reducescatterv_explicit_counts(void) {
+  size_t *counts = calloc((size_t)mt_size, sizeof(size_t)), total = 0;
+  for (int j = 0; j < mt_size; j++) {
+    counts[j] = (size_t)(j * 3 + 1) % 4 * 1000;
+    total += counts[j];
+  }
+  int32_t *in = malloc(total * 4 + 4), *out = malloc(counts[mt_rank] * 4 + 4);
+  for (size_t i = 0; i < total; i++) {
+    in[i] = (int32_t)((mt_rank * 7 + i * 3) % 11);
+  }
+  size_t start = 0;
+  for (int j = 0; j < mt_rank; j++) {
+    start += counts[j];
+  }
+  for (int op = HORA_SUM; op <= HORA_MAX; op += 3) { /* SUM and MAX */
+    MT_OK(hora_reducescatterv("rsv", in, out, counts, HORA_INT32, (hora_op)op, NULL));
+    int bad = 0;
+    for (size_t i = 0; i < counts[mt_rank]; i++) {
+      int32_t want = op == HORA_SUM ? 0 : -1;
+      for (int q = 0; q < mt_size; q++) {
+        int32_t v = (int32_t)((q * 7 + (start + i) * 3) % 11);
+        want = op == HORA_SUM ? want + v : (v > want ? v : want);
+      }
+      bad += out[i] != want;
+    }
+    MT_CHECK(bad == 0, "reducescatterv %s: %d wrong of %zu", hora_op_name((hora_op)op), bad,
+             counts[mt_rank]);
+  }
+  if (mt_size > 1) {
+    size_t *other = calloc((size_t)mt_size, sizeof(size_t));
+    memcpy(other, counts, (size_t)mt_size * sizeof(size_t));
+    if (mt_rank == 1) {
+      other[0] += 1; /* the same total, split otherwise */
+      other[mt_size - 1] -= other[mt_size - 1] ? 1 : 0;
+      if (other[0] + 0 == counts[0] + 1 && counts[mt_size - 1] == 0) {
+        other[1] -= other[1] ? 1 : 0;
+      }
+    }
+    hora_request *r = NULL;
+    int rc = hora_reducescatterv_async("rsv/other", in, out, other, HORA_INT32, HORA_SUM, NULL, &r);
+    if (rc == HORA_SUCCESS) {
+      rc = hora_wait(&r);
+    }
+    MT_CHECK(rc == HORA_ERR_MISMATCH, "other counts gave %s", hora_strerror(rc));
+    MT_CHECK(rc != HORA_ERR_MISMATCH || mt_contains(hora_last_error(), "recv_counts") ||
+                 mt_contains(hora_last_error(), "elements"),
+             "message: %s", hora_last_error());
+    free(other);
+  }
+  MT_FAILS(hora_reducescatterv_async("rsv/bad", in, out, NULL, HORA_INT32, HORA_SUM, NULL, NULL),
+           HORA_ERR_INVALID_ARG, "recv_counts is NULL");
+  free(in);
+  free(out);
+  free(counts);
+}
+
 /* MPI_IN_PLACE's cases: an alltoall from and into one buffer (the same
  * counts both ways), an allgatherv whose input is this rank's block of
  * the output; large enough for every path. */
@@ -422,6 +480,20 @@ static void during_join(void) {
       }
       hora_received_free(&got);
     }
+    /* A reducescatterv: joined ranks add zeros and keep nothing. */
+    size_t rc_counts[16];
+    int32_t rs_in[32], rs_out[2] = {0, 0};
+    for (int q = 0; q < mt_size && q < 16; q++) {
+      rc_counts[q] = 2;
+    }
+    for (int i = 0; i < 2 * mt_size && i < 32; i++) {
+      rs_in[i] = 1;
+    }
+    if (mt_size <= 16) {
+      MT_OK(hora_reducescatterv("join/rsv", rs_in, rs_out, rc_counts, HORA_INT32, HORA_SUM, NULL));
+      MT_CHECK(rs_out[0] == mt_size - s && rs_out[1] == mt_size - s,
+               "step %d: reducescatterv %d %d, expected %d", s, rs_out[0], rs_out[1], mt_size - s);
+    }
     /* A plain allgather: joined ranks' blocks are zeros. */
     int32_t one = mt_rank + 1, all[16];
     if (mt_size <= 16) {
@@ -479,6 +551,7 @@ int main(int argc, char **argv) {
   mt_run("exchange/alltoall_uneven", alltoall_uneven);
   mt_run("exchange/alltoall_equal_and_alloc", alltoall_equal_and_alloc);
   mt_run("exchange/alltoall_mismatch_and_errors", alltoall_mismatch_and_errors);
+  mt_run("exchange/reducescatterv_explicit_counts", reducescatterv_explicit_counts);
   mt_run("exchange/in_place", in_place);
   mt_run("exchange/names_in_any_order_and_cached", names_in_any_order_and_cached);
   if (mt_size >= 3) {
