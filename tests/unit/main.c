@@ -38,6 +38,7 @@ int test_skipped;
   X(controller_mismatch_messages)                                                            \
   X(controller_join_and_shutdown)                                                            \
   X(controller_fuses_compatible_responses)                                                   \
+  X(controller_holds_groups_and_fails_them_whole)                                            \
   X(controller_cycle_policy)                                                                 \
   X(message_responses_note_the_cache)                                                        \
   X(cache_lru_and_versions)                                                                  \

@@ -43,7 +43,8 @@ static int decode(const uint8_t *p, size_t n, struct collected *c) {
 static void encode_three(struct hora__wbuf *w) {
   struct hora__op_meta m1 = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32, .op = HORA_SUM,
                              .root = -1, .count = 1000, .prescale = 0.5, .postscale = 2,
-                             .compression = HORA_COMPRESSION_FP16};
+                             .compression = HORA_COMPRESSION_FP16, .group = 0x1234567890abcdefull,
+                             .group_size = 3};
   struct hora__op_meta m2 = {.kind = HORA_KIND_BROADCAST, .dtype = HORA_INT64, .root = 3,
                              .count = 7, .prescale = 1, .postscale = 1};
   struct hora__op_meta m3 = {.kind = HORA_KIND_ALLGATHER, .dtype = HORA_INT8, .root = -1,
@@ -68,6 +69,8 @@ TEST(message_requests_roundtrip) {
   ASSERT(c.meta[0].count == 1000 && c.meta[0].dtype == HORA_FLOAT32);
   ASSERT(c.meta[0].prescale == 0.5 && c.meta[0].postscale == 2 && c.meta[0].compression == 1);
   ASSERT(c.meta[1].root == 3 && c.meta[1].kind == HORA_KIND_BROADCAST);
+  ASSERT(c.meta[0].group == 0x1234567890abcdefull && c.meta[0].group_size == 3);
+  ASSERT(c.meta[1].group == 0 && c.meta[1].group_size == 0 && c.meta[1].split == 0);
   ASSERT(c.waited_ms[0] == 0 && c.waited_ms[1] == 2500);
   /* The shapes arrive whole; the fingerprint is derived from them. */
   struct hora__shape s1 = {3, {10, 4, 25}};

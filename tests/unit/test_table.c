@@ -310,6 +310,62 @@ TEST(controller_fuses_compatible_responses) {
   hora__controller_destroy(c);
 }
 
+static int submit_grouped(struct hora__controller *c, int rank, const char *key, uint64_t group,
+                          uint32_t size) {
+  struct hora__wire_request r = {.meta = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32,
+                                          .op = HORA_SUM, .root = -1, .count = 4, .prescale = 1,
+                                          .postscale = 1, .group = group, .group_size = size},
+                                 .key = key,
+                                 .key_len = strlen(key)};
+  return hora__controller_submit(c, rank, &r);
+}
+
+/* A group's members wait at rank 0 until all are ready everywhere, then
+ * leave together; a failed member fails the rest, those still to come too. */
+TEST(controller_holds_groups_and_fails_them_whole) {
+  struct hora__controller *c;
+  ASSERT(hora__controller_create(2, &c) == HORA_SUCCESS);
+  ASSERT(submit_grouped(c, 0, "Na", 77, 2) == 0);
+  ASSERT(submit_grouped(c, 1, "Na", 77, 2) == 0);
+  ASSERT(!hora__controller_has_ready(c)); /* Na ready, but Nb is not */
+  ASSERT(submit_grouped(c, 0, "Nb", 77, 2) == 0);
+  ASSERT(!hora__controller_has_ready(c));
+  ASSERT(submit_grouped(c, 1, "Nb", 77, 2) == 0);
+  ASSERT(hora__controller_has_ready(c));
+  uint64_t wake;
+  ASSERT(hora__controller_should_send(c, hora__now_ns(), 5000000000ull, 1 << 20, &wake));
+  struct hora__response *r = take_fused(c, 1 << 20);
+  ASSERT(r && !r->next && r->ntensors == 2); /* together, fused */
+  free_list(r);
+  /* Nc mismatches (rank 1 sends another count): Nd, pending, fails with it,
+   * and so does Ne, which arrives afterwards. */
+  ASSERT(submit_grouped(c, 0, "Nc", 88, 3) == 0);
+  ASSERT(submit_grouped(c, 0, "Nd", 88, 3) == 0);
+  struct hora__wire_request bad = {.meta = {.kind = HORA_KIND_ALLREDUCE, .dtype = HORA_FLOAT32,
+                                            .op = HORA_SUM, .root = -1, .count = 5,
+                                            .prescale = 1, .postscale = 1, .group = 88,
+                                            .group_size = 3},
+                                   .key = "Nc", .key_len = 2};
+  ASSERT(hora__controller_submit(c, 1, &bad) == 0);
+  r = take_all(c);
+  int errors = 0;
+  for (struct hora__response *x = r; x; x = x->next) {
+    ASSERT(x->kind == HORA_KIND_ERROR && x->error_code == HORA_ERR_MISMATCH);
+    errors++;
+    if (strcmp(x->tensors[0].key, "Nd") == 0) {
+      ASSERT(strstr(x->error_msg, "fails with its group") != NULL);
+    }
+  }
+  ASSERT_EQ_INT(errors, 2);
+  free_list(r);
+  ASSERT(submit_grouped(c, 1, "Ne", 88, 3) == 0);
+  r = take_all(c);
+  ASSERT(r && r->kind == HORA_KIND_ERROR && strcmp(r->tensors[0].key, "Ne") == 0);
+  free_list(r);
+  ASSERT_EQ_INT(hora__controller_pending(c), 0);
+  hora__controller_destroy(c);
+}
+
 TEST(controller_cycle_policy) {
   struct hora__controller *c;
   ASSERT(hora__controller_create(2, &c) == HORA_SUCCESS);
