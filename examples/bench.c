@@ -12,7 +12,8 @@
  *   allgatherv busbw = algbw * (n-1)/n     (bytes = the whole gathered buffer; rank r
  *                                           sends a share growing with r, 2(r+1)/(n+1))
  * then the same for MPI_Allreduce / MPI_Allgather / MPI_Bcast /
- * MPI_Reduce_scatter_block / MPI_Alltoall / MPI_Allgatherv, and the ratio
+ * MPI_Reduce_scatter / MPI_Alltoallv / MPI_Allgatherv (the equal split,
+ * where it has one), and the ratio
  * of the two busbw. Results are checked after every timed repetition.
  *
  *   mpirun -np 2 hora-bench -b 1M -e 256M -f 2 -o allreduce
@@ -294,11 +295,10 @@ static double run_mpi(enum coll c, float *buf, float *out, size_t n, int iters) 
     } else if (c == BROADCAST) {
       MPI_Bcast(buf, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
     } else if (c == REDUCESCATTER) {
-      MPI_Reduce_scatter_block(buf, out, (int)(n / (size_t)size), MPI_FLOAT, MPI_SUM,
-                               MPI_COMM_WORLD);
+      MPI_Reduce_scatter(buf, out, v_icounts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else if (c == ALLTOALL) {
-      MPI_Alltoall(buf, (int)(n / (size_t)size), MPI_FLOAT, out, (int)(n / (size_t)size),
-                   MPI_FLOAT, MPI_COMM_WORLD);
+      MPI_Alltoallv(buf, v_icounts, v_idispls, MPI_FLOAT, out, v_icounts, v_idispls, MPI_FLOAT,
+                    MPI_COMM_WORLD);
     } else if (c == ALLGATHERV) {
       MPI_Allgatherv(buf, v_icounts[rank], MPI_FLOAT, out, v_icounts, v_idispls, MPI_FLOAT,
                      MPI_COMM_WORLD);
@@ -466,6 +466,12 @@ int main(int argc, char **argv) {
       if (c == ALLGATHERV) {
         allgatherv_split(n);
         n = v_offsets[size - 1] + v_counts[size - 1];
+      } else {
+        /* MPI's v-forms take counts: the equal split, per rank. */
+        for (int q = 0; q < size; q++) {
+          v_icounts[q] = (int)(n / (size_t)size);
+          v_idispls[q] = q * v_icounts[q];
+        }
       }
       if (n == 0) {
         continue;

@@ -14,61 +14,8 @@
 #include "runtime/cache.h"
 #include "base/log.h"
 #include "base/table.h"
+#include "runtime/controller.h"
 #include "runtime/timeline.h"
-
-/* Distinct requests for one key, each with the lowest rank that made it:
- * enough to name a disagreement the same way whatever order ranks came in. */
-#define MAX_VARIANTS 4
-
-struct variant {
-  struct hora__op_meta meta;
-  int lowest_rank;
-  struct hora__shape shape; /* for the message: meta.shape is only its fingerprint */
-};
-
-struct pending_op {
-  struct pending_op *prev, *next; /* arrival order: oldest first */
-  char *key;
-  uint16_t key_len;
-  struct hora__op_meta meta; /* what the first submitter asked for */
-  struct variant variants[MAX_VARIANTS];
-  int nvariants;
-  uint8_t *have; /* [size]: 1 when that rank submitted */
-  int nhave;
-  int nhave_joined; /* submitters that have also joined */
-  uint64_t first_ns;
-};
-
-/* A group (hora_group_start/end) some of whose members are decided: the
- * ready ones wait here until all are, then leave together; once one has
- * failed, every other member fails as it comes, until all are answered. */
-struct group {
-  struct group *next;
-  uint64_t fp;
-  uint32_t size, answered;
-  struct hora__response *parked, **parked_tail;
-  char *error; /* the first member's failure, once one failed */
-  int code;
-};
-
-struct hora__controller {
-  int size;
-  struct group *groups;
-  const int *names; /* the job's rank of each rank, for messages (NULL: the same) */
-  const char *label; /* prefixed to messages ("process set 2: ") */
-  struct hora__table ops; /* key -> pending_op */
-  struct pending_op *oldest, *newest;
-  uint8_t *joined; /* [size] */
-  int njoined;
-  int last_joined;
-  uint8_t *shutdown; /* [size] */
-  int nshutdown;
-  struct hora__response *ready, **ready_tail;
-  uint64_t ready_since_ns; /* when the oldest response still in `ready` became ready */
-  uint64_t ready_bytes;    /* payload of the fusable responses in `ready` */
-  bool ready_urgent;       /* `ready` holds something that must not wait */
-  uint64_t next_stall_warn_ns;
-};
 
 int hora__controller_create(int size, struct hora__controller **out) {
   struct hora__controller *c = hora__calloc(1, sizeof(*c));
@@ -109,17 +56,7 @@ void hora__controller_destroy(struct hora__controller *c) {
     hora__response_free(c->ready);
     c->ready = n;
   }
-  while (c->groups) {
-    struct group *g = c->groups;
-    c->groups = g->next;
-    while (g->parked) {
-      struct hora__response *n = g->parked->next;
-      hora__response_free(g->parked);
-      g->parked = n;
-    }
-    free(g->error);
-    free(g);
-  }
+  hora__ctl_groups_free(c);
   free(c->joined);
   free(c->shutdown);
   free(c);
@@ -239,7 +176,7 @@ bool hora__controller_should_send(const struct hora__controller *c, uint64_t now
   return false;
 }
 
-static void push_ready(struct hora__controller *c, struct hora__response *r) {
+void hora__ctl_push_ready(struct hora__controller *c, struct hora__response *r) {
   r->next = NULL;
   if (!c->ready) {
     c->ready_since_ns = hora__now_ns();
@@ -253,7 +190,7 @@ static void push_ready(struct hora__controller *c, struct hora__response *r) {
   c->ready_tail = &r->next;
 }
 
-static void unlink_op(struct hora__controller *c, struct pending_op *op) {
+void hora__ctl_unlink_op(struct hora__controller *c, struct pending_op *op) {
   hora__table_remove(&c->ops, op->key, op->key_len);
   if (op->prev) {
     op->prev->next = op->next;
@@ -307,175 +244,11 @@ static int name_of(const struct hora__controller *c, int r) {
   return c->names && r >= 0 && r < c->size ? c->names[r] : r;
 }
 
-static struct group *group_find(struct hora__controller *c, uint64_t fp) {
-  for (struct group *g = c->groups; g; g = g->next) {
-    if (g->fp == fp) {
-      return g;
-    }
-  }
-  return NULL;
-}
-
-static struct group *group_of(struct hora__controller *c, uint64_t fp, uint32_t size) {
-  struct group *g = group_find(c, fp);
-  if (!g && (g = hora__calloc(1, sizeof(*g)))) {
-    g->fp = fp;
-    g->size = size;
-    g->parked_tail = &g->parked;
-    g->next = c->groups;
-    c->groups = g;
-  }
-  return g;
-}
-
-/* Groups all of whose members are answered are forgotten. */
-static void groups_sweep(struct hora__controller *c) {
-  for (struct group **p = &c->groups; *p;) {
-    struct group *g = *p;
-    if (g->answered >= g->size && !g->parked) {
-      *p = g->next;
-      free(g->error);
-      free(g);
-    } else {
-      p = &g->next;
-    }
-  }
-}
-
-/* The groups among op's variants (a mismatch can name several). */
-static int variant_groups(const struct pending_op *op, uint64_t *fp, uint32_t *size) {
-  int n = 0;
-  for (int i = 0; i < op->nvariants; i++) {
-    const struct hora__op_meta *m = &op->variants[i].meta;
-    bool seen = false;
-    for (int k = 0; k < n; k++) {
-      seen |= fp[k] == m->group;
-    }
-    if (m->group && !seen) {
-      fp[n] = m->group;
-      size[n++] = m->group_size;
-    }
-  }
-  return n;
-}
-
-static int error_response(struct hora__controller *c, const char *key, size_t key_len, int code,
-                          const char *msg) {
-  struct hora__response *r = hora__response_new(HORA_KIND_ERROR, 1);
-  if (!r) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  r->error_code = (uint16_t)code;
-  r->error_msg = hora__strdup(msg);
-  if (!r->error_msg || hora__response_set_tensor(r, 0, key, key_len, 0) != HORA_SUCCESS) {
-    hora__response_free(r);
-    return HORA_ERR_NO_MEMORY;
-  }
-  push_ready(c, r);
-  return HORA_SUCCESS;
-}
-
-/* Answers op with an error and counts it in each of its groups; returns
- * in *fps those groups (at most MAX_VARIANTS). */
-static int answer_error(struct hora__controller *c, struct pending_op *op, int code,
-                        const char *msg, uint64_t *fps, uint32_t *sizes, int *nfp) {
-  *nfp = variant_groups(op, fps, sizes);
-  HORA_CHECK(error_response(c, op->key, op->key_len, code, msg));
-  hora__timeline_end(op->key, op->key_len);
-  unlink_op(c, op);
-  for (int k = 0; k < *nfp; k++) {
-    struct group *g = group_of(c, fps[k], sizes[k]);
-    if (!g) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    g->answered++;
-  }
-  return HORA_SUCCESS;
-}
-
-/* op fails with `full` (the message as sent), and so does every group it
- * belongs to: their parked members, their pending ones (whatever other
- * groups those belong to in turn), and, in update(), those still to come. */
-static int fail_op(struct hora__controller *c, struct pending_op *op, int code, const char *full) {
-  enum { MAXG = 64 };
-  uint64_t work[MAXG];
-  uint32_t wsize[MAXG];
-  int nwork = 0;
-  {
-    uint64_t f[MAX_VARIANTS];
-    uint32_t z[MAX_VARIANTS];
-    int n;
-    HORA_CHECK(answer_error(c, op, code, full, f, z, &n));
-    for (int i = 0; i < n; i++) {
-      work[nwork] = f[i];
-      wsize[nwork++] = z[i];
-    }
-  }
-  for (int k = 0; k < nwork; k++) {
-    struct group *g = group_of(c, work[k], wsize[k]);
-    if (!g) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    if (g->error) {
-      continue;
-    }
-    g->error = hora__strdup(full);
-    g->code = code;
-    if (!g->error) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    char msg[1500], name[300];
-    while (g->parked) {
-      struct hora__response *r = g->parked;
-      g->parked = r->next;
-      snprintf(msg, sizeof(msg), "%s%s %s fails with its group: %s", c->label ? c->label : "",
-               hora__kind_name(r->kind),
-               hora__key_display(r->tensors[0].key, r->tensors[0].key_len, name, sizeof(name)),
-               g->error);
-      int rc = error_response(c, r->tensors[0].key, r->tensors[0].key_len, code, msg);
-      hora__response_free(r);
-      HORA_CHECK(rc);
-      g->answered++;
-    }
-    g->parked_tail = &g->parked;
-    for (struct pending_op *m = c->oldest; m;) {
-      uint64_t f[MAX_VARIANTS];
-      uint32_t z[MAX_VARIANTS];
-      int n = variant_groups(m, f, z);
-      bool member = false;
-      for (int i = 0; i < n; i++) {
-        member |= f[i] == work[k];
-      }
-      if (!member) {
-        m = m->next;
-        continue;
-      }
-      snprintf(msg, sizeof(msg), "%s%s %s fails with its group: %s", c->label ? c->label : "",
-               hora__kind_name(m->meta.kind),
-               hora__key_display(m->key, m->key_len, name, sizeof(name)), g->error);
-      HORA_CHECK(answer_error(c, m, code, msg, f, z, &n));
-      for (int i = 0; i < n; i++) {
-        bool known = false;
-        for (int j = 0; j < nwork; j++) {
-          known |= work[j] == f[i];
-        }
-        if (!known && nwork < MAXG) {
-          work[nwork] = f[i];
-          wsize[nwork++] = z[i];
-        }
-      }
-      m = c->oldest; /* (the list changed: start over) */
-    }
-  }
-  groups_sweep(c);
-  return HORA_SUCCESS;
-}
-
 static int respond_error(struct hora__controller *c, struct pending_op *op, int code,
                          const char *msg) {
   char full[1100];
   snprintf(full, sizeof(full), "%s%s", c->label ? c->label : "", msg);
-  return fail_op(c, op, code, full);
+  return hora__ctl_fail_op(c, op, code, full);
 }
 
 static int respond(struct hora__controller *c, struct pending_op *op) {
@@ -484,43 +257,14 @@ static int respond(struct hora__controller *c, struct pending_op *op) {
     return HORA_ERR_NO_MEMORY;
   }
   if (op->meta.group) {
-    /* Held until the whole group is ready; then all leave at once. */
-    struct group *g = group_of(c, op->meta.group, op->meta.group_size);
-    if (!g) {
-      hora__response_free(r);
-      return HORA_ERR_NO_MEMORY;
-    }
-    r->next = NULL;
-    *g->parked_tail = r;
-    g->parked_tail = &r->next;
-    if (hora__timeline_enabled()) {
-      hora__timeline_end(op->key, op->key_len);
-      hora__timeline_begin(op->key, op->key_len, HORA_PHASE_QUEUE);
-    }
-    unlink_op(c, op);
-    uint32_t parked = 0;
-    for (struct hora__response *x = g->parked; x; x = x->next) {
-      parked++;
-    }
-    if (g->answered + parked >= g->size) {
-      while (g->parked) {
-        struct hora__response *x = g->parked;
-        g->parked = x->next;
-        push_ready(c, x);
-        g->answered++;
-      }
-      g->parked_tail = &g->parked;
-      c->ready_urgent = true;
-      groups_sweep(c);
-    }
-    return HORA_SUCCESS;
+    return hora__ctl_park(c, op, r); /* until the whole group is ready */
   }
-  push_ready(c, r);
+  hora__ctl_push_ready(c, r);
   if (hora__timeline_enabled()) {
     hora__timeline_end(op->key, op->key_len);
     hora__timeline_begin(op->key, op->key_len, HORA_PHASE_QUEUE);
   }
-  unlink_op(c, op);
+  hora__ctl_unlink_op(c, op);
   return HORA_SUCCESS;
 }
 
@@ -546,14 +290,14 @@ static int update(struct hora__controller *c, struct pending_op *op) {
   const char *kind = hora__kind_name(op->meta.kind);
   uint64_t gf[MAX_VARIANTS];
   uint32_t gs[MAX_VARIANTS];
-  for (int i = 0, n = variant_groups(op, gf, gs); i < n; i++) {
-    struct group *g = group_find(c, gf[i]);
+  for (int i = 0, n = hora__ctl_variant_groups(op, gf, gs); i < n; i++) {
+    struct group *g = hora__ctl_group_find(c, gf[i]);
     if (g && g->error) {
       /* A member of a group that has failed. */
       char full[1500];
       snprintf(full, sizeof(full), "%s%s %s fails with its group: %s", c->label ? c->label : "",
                kind, name, g->error);
-      return fail_op(c, op, g->code, full);
+      return hora__ctl_fail_op(c, op, g->code, full);
     }
   }
   bool in = joined_stand_in(c, op);
@@ -747,7 +491,7 @@ static int submit_join(struct hora__controller *c, int rank) {
       return HORA_ERR_NO_MEMORY;
     }
     r->last_joined = c->last_joined;
-    push_ready(c, r);
+    hora__ctl_push_ready(c, r);
     memset(c->joined, 0, (size_t)c->size);
     c->njoined = 0;
     c->last_joined = -1;
@@ -770,7 +514,7 @@ static int submit_shutdown(struct hora__controller *c, int rank) {
     if (!r) {
       return HORA_ERR_NO_MEMORY;
     }
-    push_ready(c, r);
+    hora__ctl_push_ready(c, r);
   }
   return HORA_SUCCESS;
 }
