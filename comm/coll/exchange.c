@@ -3,12 +3,13 @@
  * starts (the runtime exchanges them first), so all take the same steps.
  *
  * Over the connections (sockets or RDMA):
- *   - allgatherv is the ring allgather with each rank's own block size, one
- *     pipelined step at a time: in step t rank r forwards block r - t and
- *     receives block r - t - 1;
- *   - alltoall is the pairwise exchange: in step k (1 .. p-1) rank r sends
- *     its block for r + k and receives the block of r - k, both at once,
- *     over a connection to every member, made on first use and kept.
+ *   - allgatherv is the ring allgather with each rank's own block size:
+ *     rank r forwards block r - t and receives block r - t - 1 in step t,
+ *     the steps one pipeline;
+ *   - alltoall is the pairwise exchange: rank r sends its block for r + k
+ *     and receives the block of r - k for every k (1 .. p-1) over a
+ *     connection to every member, made on first use and kept; all the
+ *     blocks move at once, each pipelined in chunks.
  * Within one host, each rank reads its blocks straight out of the peers'
  * sendbufs with the kernel where the host's path table picks the kernel
  * for blocks this large (shm_coll.c), and otherwise they go through the
@@ -91,6 +92,41 @@ int hora__comm_connect_peers_agreed(hora__comm *comm) {
 
 /* ---- the rings ------------------------------------------------------------ */
 
+/* The ring allgather with a block size per rank, as one pipeline: the
+ * receives are every other rank's block, chunk by chunk, in ring order
+ * (block me-1 first); the sends are this rank's own block, then each
+ * received chunk but those of the last block, forwarded as soon as it has
+ * arrived. Send i >= own (the own block's chunks) is receive i - own, so
+ * the pipeline's one constant lag covers it, and each link stays busy
+ * across the steps even when the blocks differ in size. */
+struct gv_ring {
+  struct hora__iov *recv; /* [nrecv] where each received chunk lands */
+  const char *own;
+  size_t own_len, own_chunks, chunk;
+};
+
+static void gv_send_at(void *arg, size_t i, const void **ptr, size_t *len, bool *scratch) {
+  struct gv_ring *g = arg;
+  *scratch = false;
+  if (i < g->own_chunks) {
+    size_t off = i * g->chunk;
+    *ptr = g->own + off;
+    *len = HORA_MIN(g->chunk, g->own_len - off);
+  } else {
+    *ptr = g->recv[i - g->own_chunks].base;
+    *len = g->recv[i - g->own_chunks].len;
+  }
+}
+
+static void gv_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scratch) {
+  struct gv_ring *g = arg;
+  *scratch = false;
+  *ptr = g->recv[i].base;
+  *len = g->recv[i].len;
+}
+
+static size_t chunks(size_t bytes, size_t chunk) { return (bytes + chunk - 1) / chunk; }
+
 static int ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
                            void *recvbuf, size_t *at) {
   const struct hora__ring_view *v = &comm->world_ring;
@@ -99,12 +135,98 @@ static int ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *
   if (bytes[me] && out + at[me] != sendbuf) {
     memmove(out + at[me], sendbuf, bytes[me]);
   }
-  for (int t = 0; t + 1 < p; t++) {
-    int sb = ((me - t) % p + p) % p, rb = ((me - t - 1) % p + p) % p;
-    HORA_CHECK(hora__exchange_step(comm, v->next, out + at[sb], bytes[sb], v->prev, out + at[rb],
-                             bytes[rb]));
+  if (p == 1) {
+    return HORA_SUCCESS;
   }
-  return HORA_SUCCESS;
+  struct gv_ring g = {.own = out + at[me], .own_len = bytes[me],
+                      .chunk = (size_t)comm->proc->chunk_bytes};
+  g.own_chunks = chunks(bytes[me], g.chunk);
+  size_t nrecv = 0, last = 0;
+  for (int t = 0; t + 1 < p; t++) {
+    int b = ((me - t - 1) % p + p) % p;
+    last = chunks(bytes[b], g.chunk);
+    nrecv += last;
+  }
+  g.recv = hora__malloc(HORA_MAX(nrecv, (size_t)1) * sizeof(*g.recv));
+  if (!g.recv) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  size_t k = 0;
+  for (int t = 0; t + 1 < p; t++) {
+    int b = ((me - t - 1) % p + p) % p;
+    for (size_t off = 0; off < bytes[b]; off += g.chunk) {
+      g.recv[k++] = (struct hora__iov){out + at[b] + off, HORA_MIN(g.chunk, bytes[b] - off)};
+    }
+  }
+  struct hora__ring ring = {
+      .next = v->next,
+      .prev = v->prev,
+      .nsend = g.own_chunks + nrecv - last, /* (the last block goes no further) */
+      .nrecv = nrecv,
+      .send_depends = true,
+      .dep_lag = g.own_chunks,
+      .arg = &g,
+      .send_at = gv_send_at,
+      .recv_at = gv_recv_at,
+  };
+  int rc = hora__ring_run(comm, &ring);
+  free(g.recv);
+  return rc;
+}
+
+/* Every rank's block to and from every peer at once: each direction of
+ * each connection carries one block per alltoall, so the blocks need no
+ * order between them, and sending them all together keeps the links busy
+ * where one step at a time would leave a gap at the end of each. Each
+ * block moves in chunks, WINDOW of them in flight per block. */
+#define WINDOW 4
+
+struct stream {
+  hora__conn *conn;
+  char *base;
+  size_t len, posted, done; /* bytes */
+  hora__xfer x[WINDOW];
+  size_t xlen[WINDOW];
+  unsigned head, n; /* the chunks in flight: x[head .. head + n) mod WINDOW */
+};
+
+static int streams_run(hora__comm *comm, struct stream *s, int n, bool *sending) {
+  size_t chunk = (size_t)comm->proc->chunk_bytes;
+  for (;;) {
+    bool changed = false, all_done = true;
+    HORA_CHECK(hora__service_maybe(comm->net));
+    for (int i = 0; i < n; i++) {
+      struct stream *t = &s[i];
+      while (t->n > 0 && t->x[t->head].done) {
+        t->done += t->xlen[t->head];
+        t->head = (t->head + 1) % WINDOW;
+        t->n--;
+        changed = true;
+      }
+      while (t->n < WINDOW && t->posted < t->len) {
+        unsigned slot = (t->head + t->n) % WINDOW;
+        size_t len = HORA_MIN(chunk, t->len - t->posted);
+        HORA_CHECK(sending[i] ? hora__isend(comm->net, t->conn, t->base + t->posted, len,
+                                            &t->x[slot])
+                              : hora__irecv(comm->net, t->conn, t->base + t->posted, len,
+                                            &t->x[slot]));
+        t->xlen[slot] = len;
+        t->posted += len;
+        t->n++;
+        changed = true;
+      }
+      all_done = all_done && t->done == t->len;
+    }
+    if (all_done) {
+      return HORA_SUCCESS;
+    }
+    if (!changed) {
+      if (!comm->net->active) {
+        return hora__error(HORA_ERR_SYSTEM, "alltoall: transfers stalled with nothing in flight");
+      }
+      HORA_CHECK(hora__progress_wait(comm->net));
+    }
+  }
 }
 
 static int pairwise_alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_bytes,
@@ -119,12 +241,29 @@ static int pairwise_alltoall(hora__comm *comm, const void *sendbuf, const size_t
     return HORA_SUCCESS;
   }
   HORA_CHECK(hora__comm_connect_peers(comm)); /* (every member is in this alltoall already) */
+  struct stream *s = hora__calloc(2 * (size_t)(p - 1), sizeof(*s));
+  bool *sending = hora__calloc(2 * (size_t)(p - 1), sizeof(*sending));
+  if (!s || !sending) {
+    free(s);
+    free(sending);
+    return HORA_ERR_NO_MEMORY;
+  }
+  /* Rank r sends to r + k and receives from r - k in the order of k, so
+   * that the first chunks of different ranks go to different peers. */
+  int n = 0;
   for (int k = 1; k < p; k++) {
     int to = (me + k) % p, from = (me - k + p) % p;
-    HORA_CHECK(hora__exchange_step(comm, comm->proc->data[to], in + sat[to], send_bytes[to],
-                             comm->proc->data[from], out + rat[from], recv_bytes[from]));
+    s[n] = (struct stream){.conn = comm->proc->data[from], .base = out + rat[from],
+                           .len = recv_bytes[from]};
+    sending[n++] = false;
+    s[n] = (struct stream){.conn = comm->proc->data[to], .base = (char *)(uintptr_t)(in + sat[to]),
+                           .len = send_bytes[to]};
+    sending[n++] = true;
   }
-  return HORA_SUCCESS;
+  int rc = streams_run(comm, s, n, sending);
+  free(s);
+  free(sending);
+  return rc;
 }
 
 /* ---- shared memory --------------------------------------------------------- */
