@@ -146,12 +146,9 @@ static int plan_sizes(struct exchange *x) {
 
 static void account(struct exchange *x, uint64_t start_ns) {
   struct hora__runtime *rt = x->set->e->rt;
-  uint64_t bytes = 0;
-  for (int j = 0; j < x->p; j++) {
-    bytes += x->alltoall ? x->send_bytes[j] : 0;
-  }
-  if (!x->alltoall) {
-    bytes = x->send_bytes[x->me];
+  uint64_t bytes = x->alltoall ? 0 : x->send_bytes[x->me];
+  for (int j = 0; x->alltoall && j < x->p; j++) {
+    bytes += x->send_bytes[j];
   }
   atomic_fetch_add(x->alltoall ? &rt->stats.alltoalls : &rt->stats.allgathers, 1);
   atomic_fetch_add(&rt->stats.bytes, bytes);

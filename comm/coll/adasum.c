@@ -49,12 +49,14 @@ static void from_double(hora_dtype dt, const double *src, void *dst, size_t n) {
 /* Horovod's threshold: a vector this small counts as zero. */
 #define NORM_MIN 1e-8
 
-void hora__adasum_combine(double *a, const double *b, size_t n, double dot, double aa,
-                          double bb) {
-  double ca = aa >= NORM_MIN ? 1.0 - dot / aa * 0.5 : 1.0;
-  double cb = bb >= NORM_MIN ? 1.0 - dot / bb * 0.5 : 1.0;
+/* out = adasum(left, right) given s = {left.right, |left|^2, |right|^2};
+ * out may be either input (each element depends on its own two only). */
+static void combine(double *out, const double *left, const double *right, size_t n,
+                    const double s[3]) {
+  double ca = s[1] >= NORM_MIN ? 1.0 - s[0] / s[1] * 0.5 : 1.0;
+  double cb = s[2] >= NORM_MIN ? 1.0 - s[0] / s[2] * 0.5 : 1.0;
   for (size_t i = 0; i < n; i++) {
-    a[i] = ca * a[i] + cb * b[i];
+    out[i] = ca * left[i] + cb * right[i];
   }
 }
 
@@ -81,11 +83,11 @@ struct piece {
   size_t lo, hi;
 };
 
-static int halve_and_combine(hora__comm *comm, int P, double *v, double *tmp, size_t n,
+static int halve_and_combine(hora__comm *comm, int levels, double *v, double *tmp, size_t n,
                              struct piece *trail) {
   int r = comm->rank;
   struct piece seg = {0, n};
-  for (int l = 0; (1 << l) < P; l++) {
+  for (int l = 0; l < levels; l++) {
     int partner = r ^ (1 << l);
     bool lower = r < partner;
     size_t mid = seg.lo + (seg.hi - seg.lo) / 2;
@@ -108,23 +110,10 @@ static int halve_and_combine(hora__comm *comm, int P, double *v, double *tmp, si
         s[i] = first ? s[i] + got[i] : got[i] + s[i];
       }
     }
-    if (lower) {
-      hora__adasum_combine(v + keep.lo, tmp, k, s[0], s[1], s[2]);
-    } else {
-      /* The result goes where this rank keeps it: left * ca + right * cb. */
-      double ca = s[1] >= NORM_MIN ? 1.0 - s[0] / s[1] * 0.5 : 1.0;
-      double cb = s[2] >= NORM_MIN ? 1.0 - s[0] / s[2] * 0.5 : 1.0;
-      for (size_t i = 0; i < k; i++) {
-        v[keep.lo + i] = ca * tmp[i] + cb * v[keep.lo + i];
-      }
-    }
+    combine(v + keep.lo, left, right, k, s);
     seg = keep;
   }
   /* Gather back: undo the levels, each rank sending the piece it holds. */
-  int levels = 0;
-  while ((1 << levels) < P) {
-    levels++;
-  }
   for (int l = levels - 1; l >= 0; l--) {
     int partner = r ^ (1 << l);
     struct piece whole = trail[l];
@@ -172,11 +161,11 @@ int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype) {
       if (rc == HORA_SUCCESS) {
         double s[3];
         dots(v, tmp, count, s);
-        hora__adasum_combine(v, tmp, count, s[0], s[1], s[2]);
+        combine(v, v, tmp, count, s);
       }
     }
     if (rc == HORA_SUCCESS) {
-      rc = halve_and_combine(comm, P, v, tmp, count, trail);
+      rc = halve_and_combine(comm, levels, v, tmp, count, trail);
     }
     if (rc == HORA_SUCCESS && r + P < p) {
       rc = swap(comm, r + P, v, bytes, NULL, 0);

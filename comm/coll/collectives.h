@@ -145,8 +145,6 @@ int hora__comm_connect_peers_agreed(hora__comm *comm);
 /* buf (count elements of a float dtype) = the Adasum of every rank's buf
  * (adasum.c). */
 int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype);
-void hora__adasum_combine(double *a, const double *b, size_t n, double dot, double aa,
-                          double bb);
 
 /* ---- rings ---------------------------------------------------------------- */
 

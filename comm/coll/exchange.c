@@ -28,6 +28,8 @@ struct step {
   size_t send_len, recv_len, chunk;
 };
 
+static size_t chunks(size_t bytes, size_t chunk) { return (bytes + chunk - 1) / chunk; }
+
 static void piece(size_t i, size_t chunk, size_t len, size_t *off, size_t *n) {
   *off = i * chunk;
   *n = HORA_MIN(chunk, len - *off);
@@ -57,8 +59,8 @@ int hora__exchange_step(hora__comm *comm, hora__conn *to, const void *send, size
   struct hora__ring ring = {
       .next = to,
       .prev = from,
-      .nsend = (send_len + s.chunk - 1) / s.chunk,
-      .nrecv = (recv_len + s.chunk - 1) / s.chunk,
+      .nsend = chunks(send_len, s.chunk),
+      .nrecv = chunks(recv_len, s.chunk),
       .arg = &s,
       .send_at = step_send_at,
       .recv_at = step_recv_at,
@@ -124,8 +126,6 @@ static void gv_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scrat
   *ptr = g->recv[i].base;
   *len = g->recv[i].len;
 }
-
-static size_t chunks(size_t bytes, size_t chunk) { return (bytes + chunk - 1) / chunk; }
 
 static int ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
                            void *recvbuf, size_t *at) {

@@ -5,6 +5,7 @@ import torch
 
 from hora import _lib as L
 from hora.torch import mpi_ops as M
+from hora.torch.compression import Compression
 
 __all__ = ["grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_",
            "grouped_allreduce_async_", "grouped_allgather", "grouped_allgather_async",
@@ -96,7 +97,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
                       process_set=M.global_process_set):
     """Allreduces every tensor of the list as one unit; returns new tensors.
     Has a gradient."""
-    compression = compression or _none()
+    compression = compression or Compression.none
     op = M._resolve_op(op, average)
     packed = [compression.compress(t) for t in tensors]
     if not packed:
@@ -104,11 +105,6 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     out = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
                                           process_set, *[p for p, _ in packed])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(out, packed)]
-
-
-def _none():
-    from hora.torch.compression import Compression
-    return Compression.none
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,

@@ -19,6 +19,24 @@ from hora.torch.mpi_ops import (Average, Adasum, allgather_async, allreduce_asyn
 __all__ = ["DistributedOptimizer"]
 
 
+def _checked_names(param_groups, named_parameters, prefix):
+    """named_parameters as a list, checked as Horovod checks it (tuples,
+    unique names); without it, every parameter named by its place."""
+    if named_parameters is not None:
+        named = list(named_parameters)
+    else:
+        named = [("%s.noname.%s.%s" % (prefix, i, j), v)
+                 for i, group in enumerate(param_groups) for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    dups = sorted(k for k, n in Counter(k for k, _ in named).items() if n > 1)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. "
+                         "Found duplicates: %s" % ", ".join(dups))
+    return named
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     # Methods of this class are copied onto a subclass of the wrapped
     # optimizer's class (see DistributedOptimizer), so super() is spelled out.
@@ -28,19 +46,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  process_set=global_process_set, groups=None):
         super(self.__class__, self).__init__(params)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
-                                for i, group in enumerate(self.param_groups)
-                                for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        dups = sorted(k for k, n in Counter(k for k, _ in named_parameters).items() if n > 1)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. "
-                             "Found duplicates: %s" % ", ".join(dups))
+        named_parameters = _checked_names(self.param_groups, named_parameters, "allreduce")
         all_ids = {id(v) for group in self.param_groups for v in group["params"]}
         named_ids = {id(v) for _, v in named_parameters}
         unnamed = all_ids - named_ids
@@ -249,19 +255,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, process_set):
         super(self.__class__, self).__init__(params)
-        if named_parameters is not None:
-            named = list(named_parameters)
-        else:
-            named = [("adasum.noname.%s.%s" % (i, j), v)
-                     for i, group in enumerate(self.param_groups)
-                     for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        dups = sorted(k for k, n in Counter(k for k, _ in named).items() if n > 1)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. "
-                             "Found duplicates: %s" % ", ".join(dups))
+        named = _checked_names(self.param_groups, named_parameters, "adasum")
         self._compression = compression
         self._named = sorted(named, key=lambda kv: kv[0])
         self.process_set = process_set
