@@ -400,8 +400,8 @@ HORA_EXTERN int hora_broadcast_parameters_ex(const hora_tensor *tensors, size_t 
  * recvbuf holds hora_reducescatter_block(count, rows, size, rank)
  * elements (rows 0: elements). Every op, prescale, postscale and
  * compression works as for allreduce; AVERAGE divides by the set's size.
- * A rank that has joined contributes zeros, as to an allreduce. Host
- * buffers only for now (device buffers: HORA_ERR_NOT_SUPPORTED). */
+ * A rank that has joined contributes zeros, as to an allreduce. Host or
+ * device buffers. */
 HORA_EXTERN int hora_reducescatter_async(const char *name, const void *sendbuf, void *recvbuf,
                                          size_t count, hora_dtype dtype, hora_op op,
                                          hora_request **req);
@@ -453,7 +453,8 @@ HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size,
  * Join: while some ranks have joined, the others' allgathervs and alltoalls
  * run; a joined rank sends no elements and receives nothing (its counts in
  * the others' results are 0). Horovod refuses both once a rank has joined.
- * Host buffers only for now (device buffers: HORA_ERR_NOT_SUPPORTED). */
+ * Host or device buffers; the _alloc forms return host memory and take
+ * host buffers only (device: HORA_ERR_NOT_SUPPORTED). */
 typedef struct hora_received {
   void *buf;      /* `total` elements; release with hora_received_free */
   size_t total;
@@ -520,13 +521,13 @@ HORA_EXTERN int hora_group_end(void);
 
 /* ---- Adasum -------------------------------------------------------------------
  * HORA_ADASUM, an allreduce op for float16, bfloat16, float32 and float64
- * host buffers (Maleki et al., MLSys 2021): a and b combine as
+ * buffers (Maleki et al., MLSys 2021): a and b combine as
  * (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b (a zero vector's coefficient
  * is 1), the ranks as a binary tree (ranks r and r ^ 1 first; ranks past the
  * largest power of two P fold into r - P first). Computed in double; every
  * rank gets the same bits; each tensor alone (never fused); prescale before,
- * postscale after. Other dtypes and reducescatter: HORA_ERR_INVALID_ARG;
- * device buffers: HORA_ERR_NOT_SUPPORTED. */
+ * postscale after. Other dtypes and reducescatter: HORA_ERR_INVALID_ARG.
+ * Device buffers are staged through host memory. */
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,11 @@ HORA_EXTERN int hora_broadcast_async_stream(const char *name, void *buf, size_t 
 HORA_EXTERN int hora_allgather_async_stream(const char *name, const void *sendbuf, size_t count,
                                             hora_dtype dtype, void *recvbuf, cudaStream_t stream,
                                             hora_request **req);
+/* The reducescatter of hora_reducescatter_async_ex (hora.h), stream-ordered. */
+HORA_EXTERN int hora_reducescatter_async_stream(const char *name, const void *sendbuf,
+                                                void *recvbuf, size_t count, hora_dtype dtype,
+                                                hora_op op, const hora_allreduce_options *opts,
+                                                cudaStream_t stream, hora_request **req);
 /* Makes `stream` wait for *req's results, frees it and sets *req to NULL.
  * Returns the operation's result as far as the host knows it: failures on
  * the GPU after that surface in later calls. */

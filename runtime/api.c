@@ -273,12 +273,19 @@ int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf,
                           stream, NULL, req);
 }
 
+int hora__reducescatter_submit(const char *name, const void *sendbuf, void *recvbuf,
+                               size_t count, hora_dtype dtype, hora_op op,
+                               const hora_allreduce_options *opts, void *stream,
+                               hora_request **req) {
+  return reduction_submit(HORA_KIND_REDUCESCATTER, name, sendbuf, recvbuf, count, dtype, op,
+                          opts, stream, NULL, req);
+}
+
 HORA_EXTERN int hora_reducescatter_async_ex(const char *name, const void *sendbuf,
                                             void *recvbuf, size_t count, hora_dtype dtype,
                                             hora_op op, const hora_allreduce_options *opts,
                                             hora_request **req) {
-  return reduction_submit(HORA_KIND_REDUCESCATTER, name, sendbuf, recvbuf, count, dtype, op,
-                          opts, NULL, NULL, req);
+  return hora__reducescatter_submit(name, sendbuf, recvbuf, count, dtype, op, opts, NULL, req);
 }
 
 HORA_EXTERN int hora_reducescatterv_async(const char *name, const void *sendbuf, void *recvbuf,

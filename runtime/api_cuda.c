@@ -15,6 +15,14 @@ HORA_EXTERN int hora_allreduce_async_stream(const char *name, const void *sendbu
                                 caller_stream(stream), req);
 }
 
+HORA_EXTERN int hora_reducescatter_async_stream(const char *name, const void *sendbuf,
+                                                void *recvbuf, size_t count, hora_dtype dtype,
+                                                hora_op op, const hora_allreduce_options *opts,
+                                                cudaStream_t stream, hora_request **req) {
+  return hora__reducescatter_submit(name, sendbuf, recvbuf, count, dtype, op, opts,
+                                    caller_stream(stream), req);
+}
+
 HORA_EXTERN int hora_broadcast_async_stream(const char *name, void *buf, size_t count,
                                             hora_dtype dtype, int root, cudaStream_t stream,
                                             hora_request **req) {

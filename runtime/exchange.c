@@ -144,12 +144,18 @@ static int plan_sizes(struct exchange *x) {
   return HORA_SUCCESS;
 }
 
-static void account(struct exchange *x, uint64_t start_ns) {
-  struct hora__runtime *rt = x->set->e->rt;
-  uint64_t bytes = x->alltoall ? 0 : x->send_bytes[x->me];
+/* What this rank sends: its block, or its blocks for every rank. */
+static size_t bytes_sent(const struct exchange *x) {
+  size_t bytes = x->alltoall ? 0 : x->send_bytes[x->me];
   for (int j = 0; x->alltoall && j < x->p; j++) {
     bytes += x->send_bytes[j];
   }
+  return bytes;
+}
+
+static void account(struct exchange *x, uint64_t start_ns) {
+  struct hora__runtime *rt = x->set->e->rt;
+  uint64_t bytes = bytes_sent(x);
   atomic_fetch_add(x->alltoall ? &rt->stats.alltoalls : &rt->stats.allgathers, 1);
   atomic_fetch_add(&rt->stats.bytes, bytes);
   if (x->q && start_ns > x->q->submit_ns) {
@@ -182,6 +188,10 @@ static int destination(struct exchange *x, void **out, hora_received *got) {
     return HORA_SUCCESS;
   }
   struct hora__set *set = x->set;
+  if (x->r->device) {
+    *out = NULL;
+    return HORA_SUCCESS;
+  }
   if (set->junk_bytes < bytes) {
     void *j = hora__aligned_alloc(64, bytes);
     if (!j) {
@@ -197,11 +207,38 @@ static int destination(struct exchange *x, void **out, hora_received *got) {
 
 static int move_data(struct exchange *x, void *out) {
   hora__comm *c = x->set->comm;
-  const void *in = x->q ? x->q->sendbuf : NULL;
+  struct hora_request *q = x->q;
+  struct hora__iov in = {q ? (void *)(uintptr_t)q->sendbuf : NULL, bytes_sent(x)};
+  struct hora__iov to = {out, x->total * x->es};
+  void *ready = q ? q->ready_event : NULL, *done = q ? q->done_event : NULL;
+  struct hora__coll_opts opts = {.prescale = 1.0, .postscale = 1.0};
+  struct hora__coll_op op = {
+      .kind = x->alltoall ? HORA_COLL_ALLTOALL : HORA_COLL_ALLGATHERV,
+      .in = &in,
+      .out = &to,
+      .n = 1,
+      .count = x->total,
+      .bytes = to.len,
+      .dtype = (hora_dtype)x->r->dtype,
+      .wire = (hora_dtype)x->r->dtype,
+      .send_bytes = x->send_bytes,
+      .recv_bytes = x->recv_bytes,
+      .most = x->most,
+      .opts = &opts,
+      /* (A joined rank's stand-in on the device path has out NULL: the
+       * device data plane receives into its own scratch.) */
+      .device = x->r->device,
+      .ready = &ready,
+      .done = &done,
+      .wait = !done,
+  };
   hora__engine_phase(x->set, x->alltoall ? "ALLTOALL" : "ALLGATHERV");
-  int rc = x->alltoall ? hora__alltoall(c, in, x->send_bytes, out, x->recv_bytes, x->most)
-                       : hora__allgatherv(c, in, x->recv_bytes, out);
+  int rc = hora__coll_run(c, &op);
   hora__engine_phase(x->set, NULL);
+  /* (Device results stay on the device: HORA_VERIFY compares host ones.) */
+  if (x->r->device) {
+    return rc;
+  }
   if (rc == HORA_SUCCESS && hora__params.VERIFY && !x->alltoall) {
     /* (An alltoall's ranks hold different data: nothing to compare.) */
     char name[160], what[200];

@@ -88,18 +88,17 @@ static int classify_memory(struct hora__runtime *rt, struct hora_request *r, con
   bool send_dev = false, recv_dev = false;
   HORA_CHECK(hora__gpu_is_device(r->sendbuf, &send_dev));
   HORA_CHECK(hora__gpu_is_device(r->recvbuf, &recv_dev));
-  if (r->meta.count > 0 && send_dev != recv_dev) {
+  /* (An allgatherv's or alltoall's counts are not in meta: both buffers
+   * given must agree.) */
+  bool both = hora__kind_counts_vary(k) ? r->sendbuf && r->recvbuf : r->meta.count > 0;
+  if (both && send_dev != recv_dev) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s: %s is device memory but %s is host memory", call,
                        send_dev ? "sendbuf" : "recvbuf", send_dev ? "recvbuf" : "sendbuf");
   }
   r->meta.device = send_dev || recv_dev;
-  if (r->meta.device && k == HORA_KIND_ALLREDUCE && r->meta.op == HORA_ADASUM) {
-    return hora__error(HORA_ERR_NOT_SUPPORTED, "%s: ADASUM of device buffers is not supported "
-                       "yet; copy to host memory", call);
-  }
-  if (r->meta.device && (k == HORA_KIND_REDUCESCATTER || hora__kind_counts_vary(k))) {
-    return hora__error(HORA_ERR_NOT_SUPPORTED, "%s: device buffers are not supported by "
-                       "%s yet; copy to host memory", call, hora__kind_name(k));
+  if (r->meta.device && r->v_result) {
+    return hora__error(HORA_ERR_NOT_SUPPORTED, "%s: an _alloc form returns host memory, but "
+                       "sendbuf is device memory; pass recvbuf and recv_counts", call);
   }
   if (r->stream) {
     if (!r->meta.device && r->meta.count > 0) {

@@ -164,6 +164,10 @@ void hora__fate_release(struct hora__fate *f);
 int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
                            hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
                            void *stream, hora_request **req);
+int hora__reducescatter_submit(const char *name, const void *sendbuf, void *recvbuf,
+                               size_t count, hora_dtype dtype, hora_op op,
+                               const hora_allreduce_options *opts, void *stream,
+                               hora_request **req);
 int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype dtype, int root,
                            const hora_op_options *opts, void *stream, hora_request **req);
 int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, hora_dtype dtype,

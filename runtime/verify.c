@@ -13,7 +13,9 @@
 _Static_assert((int)HORA_KIND_ALLREDUCE == (int)HORA_COLL_ALLREDUCE &&
                    (int)HORA_KIND_BROADCAST == (int)HORA_COLL_BROADCAST &&
                    (int)HORA_KIND_ALLGATHER == (int)HORA_COLL_ALLGATHER &&
-                   (int)HORA_KIND_REDUCESCATTER == (int)HORA_COLL_REDUCESCATTER,
+                   (int)HORA_KIND_REDUCESCATTER == (int)HORA_COLL_REDUCESCATTER &&
+                   (int)HORA_KIND_ALLGATHERV == (int)HORA_COLL_ALLGATHERV &&
+                   (int)HORA_KIND_ALLTOALL == (int)HORA_COLL_ALLTOALL,
                "operation kinds of runtime/message.h and comm/coll/collectives.h differ");
 
 /* Fletcher-style sums over four interleaved lanes of 64-bit words: s1 sums

@@ -21,7 +21,9 @@ enum hora__coll_kind {
   HORA_COLL_ALLREDUCE,
   HORA_COLL_BROADCAST,
   HORA_COLL_ALLGATHER,
-  HORA_COLL_REDUCESCATTER
+  HORA_COLL_REDUCESCATTER,
+  HORA_COLL_ALLGATHERV,
+  HORA_COLL_ALLTOALL
 };
 
 struct hora__iov {
@@ -63,6 +65,12 @@ struct hora__coll_op {
   hora_dtype wire; /* on the wire (compression), for host allreduces */
   hora_op op;
   int root;
+  /* allgatherv and alltoall (one tensor each, in[0] and out[0]): the bytes
+   * this rank sends to and receives from each rank (allgatherv: every
+   * rank's block; it sends send_bytes[rank]), and the largest block
+   * between any two ranks. */
+  const size_t *send_bytes, *recv_bytes;
+  size_t most;
   const struct hora__coll_opts *opts;
   /* The buffers are GPU memory; in[i].base == NULL marks a joined rank's
    * stand-in there: zeros in, nothing out. */

@@ -445,8 +445,9 @@ static int gpu_run_device(hora__comm *c, const struct hora__coll_op *op) {
     HORA_CHECK(gpu_open(c, gpu));
   }
   struct hora__gpu *g = *gpu;
-  if (op->kind == HORA_COLL_ALLREDUCE && hora__gpu_elem_type(op->dtype) < 0) {
-    return hora__error(HORA_ERR_INVALID_ARG, "device allreduce of unknown dtype %d", op->dtype);
+  bool reduces = op->kind == HORA_COLL_ALLREDUCE || op->kind == HORA_COLL_REDUCESCATTER;
+  if (reduces && hora__gpu_elem_type(op->dtype) < 0) {
+    return hora__error(HORA_ERR_INVALID_ARG, "device reduction of unknown dtype %d", op->dtype);
   }
   for (int i = 0; op->ready && i < op->n; i++) {
     if (op->ready[i]) {
@@ -455,11 +456,12 @@ static int gpu_run_device(hora__comm *c, const struct hora__coll_op *op) {
   }
   int rc;
 #if HORA_HAVE_NCCL
-  /* A reduction NCCL has no type for runs staged: the host data plane
-   * stays connected beside NCCL, the staging is allocated on first use,
+  /* A reduction NCCL has no type or operation for (int16, Adasum) runs
+   * staged: the host data plane stays connected beside NCCL, the staging is allocated on first use,
    * and the runtime stream orders it with the NCCL work. Every rank has
    * the same dtype and path, so all decide alike. */
-  bool nccl = g->use_nccl && (op->kind != HORA_COLL_ALLREDUCE || hora__gpu_nccl_reduces(op->dtype));
+  bool nccl = g->use_nccl && (!reduces || (hora__gpu_nccl_reduces(op->dtype) &&
+                                           op->op != HORA_ADASUM));
   if (nccl && !g->nccl) {
     return hora__error(HORA_ERR_SYSTEM, "the NCCL communicator was aborted after an earlier error");
   }

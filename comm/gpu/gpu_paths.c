@@ -30,7 +30,7 @@ int hora__gpu_elem_type(hora_dtype dt) {
 /* Copies list[i] to/from consecutive places of flat (device or mapped
  * memory) in one launch. Stand-ins (base NULL) are zeroed on the way in
  * and skipped on the way out. */
-static int pack(hora__comm *c, struct hora__gpu *g, const struct hora__iov *list, int n,
+int hora__gpu_pack(hora__comm *c, struct hora__gpu *g, const struct hora__iov *list, int n,
                 char *flat, bool in) {
   HORA_CHECK(hora__gpu_take_descs(c, g, n));
   struct hora__copy_desc *d = g->descs + g->descs_used;
@@ -55,7 +55,7 @@ static int pack(hora__comm *c, struct hora__gpu *g, const struct hora__iov *list
   return HORA_SUCCESS;
 }
 
-static int scale(struct hora__gpu *g, void *p, size_t count, hora_dtype dt, double mul, int div) {
+int hora__gpu_scale(struct hora__gpu *g, void *p, size_t count, hora_dtype dt, double mul, int div) {
   if (mul == 1.0 && div <= 1) {
     return HORA_SUCCESS;
   }
@@ -71,7 +71,7 @@ static size_t total_len(const struct hora__iov *v, int n) {
   return t;
 }
 
-static void phase(const struct hora__coll_op *op, const char *name) {
+void hora__gpu_phase(const struct hora__coll_op *op, const char *name) {
   if (op->opts && op->opts->phase) {
     op->opts->phase(op->opts->phase_arg, name);
   }
@@ -80,7 +80,7 @@ static void phase(const struct hora__coll_op *op, const char *name) {
 /* ---- NCCL path ------------------------------------------------------------------- */
 
 #if HORA_HAVE_NCCL
-static ncclDataType_t nccl_type(hora_dtype dt) {
+ncclDataType_t hora__gpu_nccl_type(hora_dtype dt) {
   switch (dt) {
     case HORA_UINT8: return ncclUint8;
     case HORA_INT8: return ncclInt8;
@@ -99,7 +99,7 @@ static ncclDataType_t nccl_type(hora_dtype dt) {
 /* Whether NCCL can reduce dtype; broadcast and allgather move bytes. */
 bool hora__gpu_nccl_reduces(hora_dtype dt) { return dt != HORA_INT16; }
 
-static ncclRedOp_t nccl_op(hora_dtype dt, hora_op op) {
+ncclRedOp_t hora__gpu_nccl_op(hora_dtype dt, hora_op op) {
   if (dt == HORA_BOOL) {
     /* On bytes, or is max and and is min; the results are made 0/1 after. */
     return op == HORA_MIN || op == HORA_PRODUCT ? ncclMin : ncclMax;
@@ -112,22 +112,19 @@ static ncclRedOp_t nccl_op(hora_dtype dt, hora_op op) {
   }
 }
 
-#define NCCL_CHECK(call)                                                                     \
-  do {                                                                                       \
-    ncclResult_t r_ = (call);                                                                \
-    if (r_ != ncclSuccess) {                                                                 \
-      return hora__error(HORA_ERR_SYSTEM, "%s: %s: %s", #call, ncclGetErrorString(r_),       \
-                         ncclGetLastError(g->nccl));                                         \
-    }                                                                                        \
-  } while (0)
-
 int hora__gpu_nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op) {
   const struct hora__coll_opts *o = op->opts;
+  if (op->kind == HORA_COLL_REDUCESCATTER) {
+    return hora__gpu_nccl_reducescatter(c, g, op);
+  }
+  if (op->kind == HORA_COLL_ALLGATHERV || op->kind == HORA_COLL_ALLTOALL) {
+    return hora__gpu_nccl_exchange(c, g, op);
+  }
   if (op->kind == HORA_COLL_ALLGATHER) {
-    phase(op, "NCCL_ALLGATHER");
+    hora__gpu_phase(op, "NCCL_ALLGATHER");
     NCCL_CHECK(ncclAllGather(op->in[0].base, op->out[0].base, op->in[0].len, ncclUint8, g->nccl,
                              g->stream));
-    phase(op, NULL);
+    hora__gpu_phase(op, NULL);
     return HORA_SUCCESS;
   }
   size_t bytes = total_len(op->out, op->n);
@@ -146,33 +143,33 @@ int hora__gpu_nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__co
     HORA_CHECK(hora__gpu_grow_fusion(c, g, bytes));
     buf = g->fusion;
     if (op->kind == HORA_COLL_ALLREDUCE || c->rank == op->root) {
-      phase(op, "MEMCPY_IN_FUSION_BUFFER");
-      HORA_CHECK(pack(c, g, op->kind == HORA_COLL_ALLREDUCE ? op->in : op->out, op->n, buf, true));
-      phase(op, NULL);
+      hora__gpu_phase(op, "MEMCPY_IN_FUSION_BUFFER");
+      HORA_CHECK(hora__gpu_pack(c, g, op->kind == HORA_COLL_ALLREDUCE ? op->in : op->out, op->n, buf, true));
+      hora__gpu_phase(op, NULL);
     }
   }
   if (op->kind == HORA_COLL_ALLREDUCE) {
     const void *src = direct && o->prescale == 1.0 ? op->in[0].base : buf;
     if (src == buf) {
-      HORA_CHECK(scale(g, buf, op->count, op->dtype, o->prescale, 0));
+      HORA_CHECK(hora__gpu_scale(g, buf, op->count, op->dtype, o->prescale, 0));
     }
-    phase(op, "NCCL_ALLREDUCE");
-    NCCL_CHECK(ncclAllReduce(src, buf, op->count, nccl_type(op->dtype),
-                             nccl_op(op->dtype, op->op), g->nccl, g->stream));
-    phase(op, NULL);
+    hora__gpu_phase(op, "NCCL_ALLREDUCE");
+    NCCL_CHECK(ncclAllReduce(src, buf, op->count, hora__gpu_nccl_type(op->dtype),
+                             hora__gpu_nccl_op(op->dtype, op->op), g->nccl, g->stream));
+    hora__gpu_phase(op, NULL);
     if (op->dtype == HORA_BOOL) {
       CUDA_CHECK(hora__launch_scale(buf, op->count, HORA__GPU_BOOL, 1.0, 1.0, g->stream));
     }
-    HORA_CHECK(scale(g, buf, op->count, op->dtype, o->postscale, o->divisor));
+    HORA_CHECK(hora__gpu_scale(g, buf, op->count, op->dtype, o->postscale, o->divisor));
   } else {
-    phase(op, "NCCL_BROADCAST");
+    hora__gpu_phase(op, "NCCL_BROADCAST");
     NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, op->root, g->nccl, g->stream));
-    phase(op, NULL);
+    hora__gpu_phase(op, NULL);
   }
   if (!direct && !(op->kind == HORA_COLL_BROADCAST && c->rank == op->root)) {
-    phase(op, "MEMCPY_OUT_FUSION_BUFFER");
-    HORA_CHECK(pack(c, g, op->out, op->n, buf, false));
-    phase(op, NULL);
+    hora__gpu_phase(op, "MEMCPY_OUT_FUSION_BUFFER");
+    HORA_CHECK(hora__gpu_pack(c, g, op->out, op->n, buf, false));
+    hora__gpu_phase(op, NULL);
   }
   return HORA_SUCCESS;
 }
@@ -239,40 +236,46 @@ static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hor
                             size_t bytes) {
   bool root = c->rank == op->root;
   if (root) {
-    phase(op, "MEMCPY_IN_FUSION_BUFFER");
-    HORA_CHECK(pack(c, g, op->out, op->n, g->fusion, true));
+    hora__gpu_phase(op, "MEMCPY_IN_FUSION_BUFFER");
+    HORA_CHECK(hora__gpu_pack(c, g, op->out, op->n, g->fusion, true));
     HORA_CHECK(hora__gpu_wait_stream(c, g)); /* the NIC reads what the kernel wrote */
-    phase(op, NULL);
+    hora__gpu_phase(op, NULL);
   } else {
     HORA_CHECK(hora__gpu_wait_event(c, g, g->unpacked)); /* the NIC writes the fusion buffer */
   }
-  phase(op, "BROADCAST");
+  hora__gpu_phase(op, "BROADCAST");
   HORA_CHECK(hora__ring_broadcast(c, &c->world_ring, g->fusion, bytes, op->root));
-  phase(op, NULL);
+  hora__gpu_phase(op, NULL);
   if (!root) {
-    phase(op, "MEMCPY_OUT_FUSION_BUFFER");
-    HORA_CHECK(pack(c, g, op->out, op->n, g->fusion, false));
+    hora__gpu_phase(op, "MEMCPY_OUT_FUSION_BUFFER");
+    HORA_CHECK(hora__gpu_pack(c, g, op->out, op->n, g->fusion, false));
     HORA_CHECK(hora__gpu_copied_out(g));
-    phase(op, NULL);
+    hora__gpu_phase(op, NULL);
   }
   return HORA_SUCCESS;
 }
 
 int hora__gpu_staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op) {
+  if (op->kind == HORA_COLL_REDUCESCATTER) {
+    return hora__gpu_staged_reducescatter(c, g, op);
+  }
+  if (op->kind == HORA_COLL_ALLGATHERV || op->kind == HORA_COLL_ALLTOALL) {
+    return hora__gpu_staged_exchange(c, g, op);
+  }
   if (op->kind == HORA_COLL_ALLGATHER) {
     size_t bytes = op->in[0].len;
     HORA_CHECK(hora__gpu_grow_stage(c, g, bytes * (size_t)(c->size + 1)));
     char *mine = (char *)g->stage + bytes * (size_t)c->size;
-    phase(op, "MEMCPY_DEVICE_TO_HOST");
+    hora__gpu_phase(op, "MEMCPY_DEVICE_TO_HOST");
     CUDA_CHECK(cudaMemcpyAsync(mine, op->in[0].base, bytes, cudaMemcpyDeviceToHost, g->stream));
     HORA_CHECK(hora__gpu_wait_stream(c, g));
-    phase(op, NULL);
+    hora__gpu_phase(op, NULL);
     HORA_CHECK(hora__allgather(c, mine, bytes, g->stage));
-    phase(op, "MEMCPY_HOST_TO_DEVICE");
+    hora__gpu_phase(op, "MEMCPY_HOST_TO_DEVICE");
     CUDA_CHECK(cudaMemcpyAsync(op->out[0].base, g->stage, bytes * (size_t)c->size,
                                cudaMemcpyHostToDevice, g->stream));
     HORA_CHECK(hora__gpu_copied_out(g));
-    phase(op, NULL);
+    hora__gpu_phase(op, NULL);
     return HORA_SUCCESS;
   }
   size_t bytes = total_len(op->out, op->n);
@@ -282,11 +285,11 @@ int hora__gpu_staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__
   HORA_CHECK(hora__gpu_grow_stage(c, g, bytes));
   bool fill = op->kind == HORA_COLL_ALLREDUCE || c->rank == op->root;
   if (fill) {
-    phase(op, "MEMCPY_DEVICE_TO_HOST");
-    HORA_CHECK(pack(c, g, op->kind == HORA_COLL_ALLREDUCE ? op->in : op->out, op->n,
+    hora__gpu_phase(op, "MEMCPY_DEVICE_TO_HOST");
+    HORA_CHECK(hora__gpu_pack(c, g, op->kind == HORA_COLL_ALLREDUCE ? op->in : op->out, op->n,
                     (char *)g->stage_dev, true));
     HORA_CHECK(hora__gpu_wait_stream(c, g)); /* the host reduces what the GPU wrote */
-    phase(op, NULL);
+    hora__gpu_phase(op, NULL);
   } else {
     /* The host writes the staging next: after the last copy out of it,
      * which may wait for a caller's stream (a stream-ordered request
@@ -300,10 +303,10 @@ int hora__gpu_staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__
   } else {
     HORA_CHECK(hora__broadcast(c, &host, 1, bytes, op->root, op->opts));
   }
-  phase(op, "MEMCPY_HOST_TO_DEVICE");
-  HORA_CHECK(pack(c, g, op->out, op->n, (char *)g->stage_dev, false));
+  hora__gpu_phase(op, "MEMCPY_HOST_TO_DEVICE");
+  HORA_CHECK(hora__gpu_pack(c, g, op->out, op->n, (char *)g->stage_dev, false));
   HORA_CHECK(hora__gpu_copied_out(g));
-  phase(op, NULL);
+  hora__gpu_phase(op, NULL);
   return HORA_SUCCESS;
 }
 

@@ -64,10 +64,37 @@ int hora__gpu_copied_out(struct hora__gpu *g);
 
 /* gpu_paths.c: the collective paths (NCCL; staged through host memory). */
 int hora__gpu_elem_type(hora_dtype dt);
+/* Copies list[i] to/from consecutive places of flat in one launch;
+ * stand-ins (base NULL) are zeroed on the way in, skipped on the way out. */
+int hora__gpu_pack(hora__comm *c, struct hora__gpu *g, const struct hora__iov *list, int n,
+                   char *flat, bool in);
+/* p[0..count) *= mul, then /= div (where div > 1), on the runtime stream. */
+int hora__gpu_scale(struct hora__gpu *g, void *p, size_t count, hora_dtype dt, double mul, int div);
+void hora__gpu_phase(const struct hora__coll_op *op, const char *name);
 #if HORA_HAVE_NCCL
+#define NCCL_CHECK(call)                                                                     \
+  do {                                                                                       \
+    ncclResult_t r_ = (call);                                                                \
+    if (r_ != ncclSuccess) {                                                                 \
+      return hora__error(HORA_ERR_SYSTEM, "%s: %s: %s", #call, ncclGetErrorString(r_),       \
+                         ncclGetLastError(g->nccl));                                         \
+    }                                                                                        \
+  } while (0)
 bool hora__gpu_nccl_reduces(hora_dtype dt);
+ncclDataType_t hora__gpu_nccl_type(hora_dtype dt);
+ncclRedOp_t hora__gpu_nccl_op(hora_dtype dt, hora_op op);
 int hora__gpu_nccl_run(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op);
 #endif
 int hora__gpu_staged_run(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op);
+
+/* gpu_exchange.c: reducescatter, allgatherv and alltoall, by NCCL or staged. */
+#if HORA_HAVE_NCCL
+int hora__gpu_nccl_reducescatter(hora__comm *c, struct hora__gpu *g,
+                                 const struct hora__coll_op *op);
+int hora__gpu_nccl_exchange(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op);
+#endif
+int hora__gpu_staged_reducescatter(hora__comm *c, struct hora__gpu *g,
+                                   const struct hora__coll_op *op);
+int hora__gpu_staged_exchange(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op);
 
 #endif

@@ -156,6 +156,9 @@ class Library:
                     [ch, P, sz, i, i, ctypes.POINTER(OpOptions), P, req_p], optional=True)
         self._proto("hora_allgather_async_stream_ex", i,
                     [ch, P, sz, i, P, ctypes.POINTER(OpOptions), P, req_p], optional=True)
+        self._proto("hora_reducescatter_async_stream", i,
+                    [ch, P, P, sz, i, i, ctypes.POINTER(AllreduceOptions), P, req_p],
+                    optional=True)
         self._proto("hora_wait_stream", i, [req_p, P], optional=True)
 
     def _proto(self, name, restype, argtypes, optional=False):

@@ -1,7 +1,8 @@
 /* Device buffers end to end (CUDA builds). Every dtype x op, several
  * tensors at once so they fuse on the GPU, compared with the same
  * allreduce on host buffers; broadcast and allgather; prescale/postscale;
- * a joined rank; the stream-ordered calls of hora_cuda.h, back to back
+ * a joined rank; reducescatter(v), allgatherv, alltoall and Adasum, also
+ * with a joined rank; the stream-ordered calls of hora_cuda.h, back to back
  * behind slow work on the caller's stream; the errors (host on one rank,
  * device on another; host sendbuf with device recvbuf); HORA_GPU_INIT=eager;
  * and last, a job that fails with stream-ordered work in flight.
@@ -221,6 +222,175 @@ static void joined_rank_stands_in_on_the_gpu(void) {
     MT_OK(hora_join(NULL));
   }
   cudaFree(d);
+}
+
+/* ---- reducescatter, allgatherv, alltoall and Adasum on device buffers ---- */
+
+static int back_equals(const void *dev, const void *want, size_t bytes, const char *what) {
+  void *back = malloc(bytes ? bytes : 1);
+  cudaMemcpy(back, dev, bytes, cudaMemcpyDeviceToHost);
+  int same = memcmp(back, want, bytes) == 0;
+  MT_CHECK(same, "%s: the device result differs from the host path's", what);
+  free(back);
+  return same;
+}
+
+/* Each result equals the same operation's on host buffers (the host paths
+ * are checked element by element in tests/mpi): uneven counts with a rank
+ * that sends nothing, every dtype for reducescatter, in place. */
+static void new_collectives_on_the_gpu(void) {
+  int p = mt_size, me = mt_rank;
+  for (int dt = HORA_UINT8; dt <= HORA_BOOL; dt++) {
+    size_t es = hora_dtype_size((hora_dtype)dt), count = (size_t)(3 * p + 2) * 97;
+    void *h = malloc(count * es), *hout = malloc(count * es);
+    pattern((hora_dtype)dt, h, count, me);
+    void *d = dev_copy(h, count * es), *dout = NULL;
+    cudaMalloc(&dout, count * es);
+    char hn[64], dn[64];
+    snprintf(hn, sizeof(hn), "rs/h/%d", dt);
+    snprintf(dn, sizeof(dn), "rs/d/%d", dt);
+    MT_OK(hora_reducescatter(hn, h, hout, count, (hora_dtype)dt, HORA_MAX));
+    MT_OK(hora_reducescatter(dn, d, dout, count, (hora_dtype)dt, HORA_MAX));
+    back_equals(dout, hout, hora_reducescatter_block(count, 0, p, me) * es, dn);
+    cudaFree(d);
+    cudaFree(dout);
+    free(h);
+    free(hout);
+  }
+  /* Uneven explicit blocks, averaged and scaled (float32). */
+  size_t *rc = malloc((size_t)p * sizeof(size_t)), total = 0;
+  for (int j = 0; j < p; j++) {
+    rc[j] = j == 1 ? 0 : (size_t)(1000 + 333 * j);
+    total += rc[j];
+  }
+  float *h = malloc(total * sizeof(float)), *hout = malloc(total * sizeof(float));
+  pattern(HORA_FLOAT32, h, total, me);
+  float *d = dev_copy(h, total * sizeof(float)), *dout = NULL;
+  cudaMalloc((void **)&dout, total * sizeof(float));
+  hora_allreduce_options o = {.struct_size = sizeof(o), .prescale = 0.5, .postscale = 3.0};
+  MT_OK(hora_reducescatterv("rsv/h", h, hout, rc, HORA_FLOAT32, HORA_AVERAGE, &o));
+  MT_OK(hora_reducescatterv("rsv/d", d, dout, rc, HORA_FLOAT32, HORA_AVERAGE, &o));
+  back_equals(dout, hout, rc[me] * sizeof(float), "reducescatterv");
+  /* Allgatherv: rank j sends rc[j] elements. */
+  float *g = malloc(total * sizeof(float)), *dg = NULL;
+  cudaMalloc((void **)&dg, total * sizeof(float));
+  MT_OK(hora_allgatherv("agv/h", h, rc[me], HORA_FLOAT32, g, rc, NULL));
+  MT_OK(hora_allgatherv("agv/d", d, rc[me], HORA_FLOAT32, dg, rc, NULL));
+  back_equals(dg, g, total * sizeof(float), "allgatherv");
+  /* Equal blocks take NCCL's allgather. */
+  size_t *eq = malloc((size_t)p * sizeof(size_t));
+  for (int j = 0; j < p; j++) {
+    eq[j] = 4099;
+  }
+  MT_OK(hora_allgatherv("agv/h/eq", h, eq[me], HORA_FLOAT32, g, eq, NULL));
+  MT_OK(hora_allgatherv("agv/d/eq", d, eq[me], HORA_FLOAT32, dg, eq, NULL));
+  back_equals(dg, g, 4099 * (size_t)p * sizeof(float), "allgatherv, equal blocks");
+  /* Alltoall: rank me sends (me + j) % 3 * 500 elements to rank j. */
+  size_t *sc = malloc((size_t)p * sizeof(size_t)), *rcv = malloc((size_t)p * sizeof(size_t));
+  size_t sent = 0, got = 0;
+  for (int j = 0; j < p; j++) {
+    sc[j] = (size_t)((me + j) % 3) * 500;
+    rcv[j] = (size_t)((j + me) % 3) * 500;
+    sent += sc[j];
+    got += rcv[j];
+  }
+  float *a = malloc((sent + got + 1) * sizeof(float)), *ha = malloc((got + 1) * sizeof(float));
+  pattern(HORA_FLOAT32, a, sent, me + 11);
+  float *da = dev_copy(a, (sent + 1) * sizeof(float)), *dar = NULL;
+  cudaMalloc((void **)&dar, (got + 1) * sizeof(float));
+  MT_OK(hora_alltoall("a2a/h", a, sc, ha, rcv, HORA_FLOAT32));
+  MT_OK(hora_alltoall("a2a/d", da, sc, dar, rcv, HORA_FLOAT32));
+  back_equals(dar, ha, got * sizeof(float), "alltoall");
+  /* In place, equal split. */
+  size_t n = (size_t)p * 777;
+  pattern(HORA_FLOAT32, a, n, me + 5);
+  float *dip = dev_copy(a, n * sizeof(float));
+  hora_request *r;
+  MT_OK(hora_alltoall_async_ex("a2a/h/ip", a, n, NULL, a, NULL, HORA_FLOAT32, NULL, &r));
+  MT_OK(hora_wait(&r));
+  MT_OK(hora_alltoall_async_ex("a2a/d/ip", dip, n, NULL, dip, NULL, HORA_FLOAT32, NULL, &r));
+  MT_OK(hora_wait(&r));
+  back_equals(dip, a, n * sizeof(float), "alltoall in place");
+  /* The _alloc forms return host memory: refused for device buffers. */
+  hora_received res;
+  MT_FAILS(hora_alltoall_alloc_async("a2a/d/alloc", da, sent, sc, HORA_FLOAT32, &res, NULL, &r),
+           HORA_ERR_NOT_SUPPORTED, "_alloc");
+  /* Adasum (staged through the host): as on host buffers. */
+  const hora_dtype floats[] = {HORA_FLOAT16, HORA_BFLOAT16, HORA_FLOAT32, HORA_FLOAT64};
+  for (int f = 0; f < 4; f++) {
+    int dt = floats[f];
+    size_t es = hora_dtype_size((hora_dtype)dt), m = 3001;
+    void *x = malloc(m * es);
+    pattern((hora_dtype)dt, x, m, me * 3 + 1);
+    void *dx = dev_copy(x, m * es);
+    char hn[64], dn[64];
+    snprintf(hn, sizeof(hn), "adasum/h/%d", dt);
+    snprintf(dn, sizeof(dn), "adasum/d/%d", dt);
+    MT_OK(hora_allreduce(hn, x, x, m, (hora_dtype)dt, HORA_ADASUM));
+    MT_OK(hora_allreduce(dn, dx, dx, m, (hora_dtype)dt, HORA_ADASUM));
+    back_equals(dx, x, m * es, dn);
+    cudaFree(dx);
+    free(x);
+  }
+  cudaFree(d);
+  cudaFree(dout);
+  cudaFree(dg);
+  cudaFree(da);
+  cudaFree(dar);
+  cudaFree(dip);
+  free(rc);
+  free(h);
+  free(hout);
+  free(g);
+  free(eq);
+  free(sc);
+  free(rcv);
+  free(a);
+  free(ha);
+}
+
+/* While the last rank has joined, the others' device reducescatter,
+ * allgatherv and alltoall complete (it adds zeros, sends nothing and
+ * receives nothing). */
+static void joined_rank_and_the_new_collectives(void) {
+  int p = mt_size, me = mt_rank, live = p > 1 ? p - 1 : 1;
+  if (p > 1 && me == p - 1) {
+    MT_OK(hora_join(NULL));
+    return;
+  }
+  size_t count = (size_t)p * 1000;
+  float *h = malloc(count * sizeof(float)), *back = malloc(count * sizeof(float));
+  for (size_t i = 0; i < count; i++) {
+    h[i] = 1.0f;
+  }
+  float *d = dev_copy(h, count * sizeof(float)), *dout = NULL;
+  cudaMalloc((void **)&dout, count * sizeof(float));
+  MT_OK(hora_reducescatter("j/rs", d, dout, count, HORA_FLOAT32, HORA_SUM));
+  cudaMemcpy(back, dout, 1000 * sizeof(float), cudaMemcpyDeviceToHost);
+  MT_CHECK(back[0] == (float)live && back[999] == (float)live, "reducescatter after a join: %g, "
+           "expected %g", (double)back[0], (double)live);
+  size_t *rc = calloc((size_t)p, sizeof(size_t));
+  for (int j = 0; j < live; j++) {
+    rc[j] = (size_t)(j + 1) * 10;
+  }
+  MT_OK(hora_allgatherv("j/agv", d, rc[me], HORA_FLOAT32, dout, rc, NULL));
+  size_t tot = (size_t)live * (size_t)(live + 1) * 5;
+  cudaMemcpy(back, dout, tot * sizeof(float), cudaMemcpyDeviceToHost);
+  MT_CHECK(back[0] == 1.0f && back[tot - 1] == 1.0f, "allgatherv after a join");
+  size_t *sc = calloc((size_t)p, sizeof(size_t));
+  for (int j = 0; j < live; j++) {
+    sc[j] = 100;
+  }
+  MT_OK(hora_alltoall("j/a2a", d, sc, dout, sc, HORA_FLOAT32));
+  cudaMemcpy(back, dout, (size_t)live * 100 * sizeof(float), cudaMemcpyDeviceToHost);
+  MT_CHECK(back[(size_t)live * 100 - 1] == 1.0f, "alltoall after a join");
+  MT_OK(hora_join(NULL));
+  cudaFree(d);
+  cudaFree(dout);
+  free(h);
+  free(back);
+  free(rc);
+  free(sc);
 }
 
 static void stream_ordered(void) {
@@ -604,7 +774,9 @@ int main(int argc, char **argv) {
                          "gpu/joined_rank_stands_in_on_the_gpu", "gpu/stream_ordered",
                          "gpu/stream_ordered_back_to_back", "gpu/host_and_device_never_mix",
                          "gpu/failed_job_with_stream_work_in_flight",
-                         "gpu/eager_init_failure_on_every_rank", "gpu/process_sets"};
+                         "gpu/eager_init_failure_on_every_rank", "gpu/process_sets",
+                         "gpu/reducescatter_allgatherv_alltoall_adasum",
+                         "gpu/joined_rank_and_the_new_collectives"};
   if (!have_gpu) {
     char why[200];
     snprintf(why, sizeof(why), "no GPU visible (cudaGetDeviceCount: %s)",
@@ -627,6 +799,8 @@ int main(int argc, char **argv) {
   mt_run(tests[6], stream_ordered_back_to_back);
   mt_run(tests[7], host_and_device_never_mix);
   mt_run(tests[10], process_sets_on_the_gpu);
+  mt_run(tests[11], new_collectives_on_the_gpu);
+  mt_run(tests[12], joined_rank_and_the_new_collectives);
   /* These two end the runtime. */
   mt_run(tests[8], failed_job_with_stream_work_in_flight);
   mt_run(tests[9], eager_init_failure_on_every_rank);

@@ -78,6 +78,23 @@ def broadcast_and_allgather():
     assert g.is_cuda and torch.equal(g.cpu(), want)
 
 
+def reducescatter_alltoall_adasum():
+    r, n = hvd.rank(), hvd.size()
+    x = torch.arange(2 * n + 1, dtype=torch.float32).repeat(3, 1).t().contiguous() + r
+    got = hvd.reducescatter(x.to(dev()), name="rs", op=hvd.Sum)
+    want = hvd.reducescatter(x, name="rs.cpu", op=hvd.Sum)
+    assert got.is_cuda and torch.equal(got.cpu(), want), (got[:2], want[:2])
+    splits = torch.tensor([(r + j) % 3 for j in range(n)], dtype=torch.int32)
+    t = torch.arange(int(splits.sum()), dtype=torch.float32) + 100 * r
+    a, rs = hvd.alltoall(t.to(dev()), splits=splits, name="a2a")
+    b, rs_cpu = hvd.alltoall(t, splits=splits, name="a2a.cpu")
+    assert a.is_cuda and torch.equal(a.cpu(), b) and torch.equal(rs.cpu(), rs_cpu)
+    v = torch.randn(1000, generator=torch.Generator().manual_seed(r), dtype=torch.float64)
+    ad = hvd.allreduce(v.to(dev()), name="adasum", op=hvd.Adasum)
+    ac = hvd.allreduce(v, name="adasum.cpu", op=hvd.Adasum)
+    assert ad.is_cuda and torch.equal(ad.cpu(), ac)
+
+
 def optimizer_follows_cpu_reference():
     torch.manual_seed(0)
     cpu = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).double()
@@ -115,6 +132,7 @@ def main():
     check("allreduce_every_dtype", allreduce_dtypes)
     check("in_place_on_a_busy_stream", in_place_on_a_busy_stream)
     check("broadcast_and_allgather", broadcast_and_allgather)
+    check("reducescatter_alltoall_adasum", reducescatter_alltoall_adasum)
     check("optimizer_follows_cpu_reference", optimizer_follows_cpu_reference)
     hvd.shutdown()
     return 1 if failures else 0

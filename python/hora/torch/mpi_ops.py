@@ -715,19 +715,25 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     if tensor.dim() == 0:
         raise ValueError("%s: cannot reducescatter a 0-dimensional tensor; give it a first "
                          "dimension (tensor.view(1))" % what)
-    if tensor.is_cuda:
-        raise NotImplementedError("%s: reducescatter of CUDA tensors is not supported yet; "
-                                  "use a CPU tensor" % what)
     src = tensor if tensor.is_contiguous() else tensor.contiguous()
     n, me = ps.size(), ps.rank()
     rows = tensor.shape[0]
     share = _lib.hora_reducescatter_block(rows, rows, n, me) if rows else 0
-    output = torch.empty((share,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+    output = torch.empty((share,) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
+                         device=tensor.device)
     h = _Handle("reducescatter", key, output, (src, output))
     opts = _allreduce_options(tensor.shape, prescale_factor, postscale_factor, ps._handle)
-    rc = _lib.hora_reducescatter_async_ex(key.encode(), src.data_ptr(), output.data_ptr(),
-                                          tensor.numel(), dt, _HORA_OP[op], ctypes.byref(opts),
-                                          ctypes.byref(h.req))
+    if tensor.is_cuda:
+        h.stream_of = tensor
+        with torch.cuda.device(tensor.device):
+            rc = _lib.hora_reducescatter_async_stream(key.encode(), src.data_ptr(),
+                                                      output.data_ptr(), tensor.numel(), dt,
+                                                      _HORA_OP[op], ctypes.byref(opts),
+                                                      _stream_of(tensor), ctypes.byref(h.req))
+    else:
+        rc = _lib.hora_reducescatter_async_ex(key.encode(), src.data_ptr(), output.data_ptr(),
+                                              tensor.numel(), dt, _HORA_OP[op],
+                                              ctypes.byref(opts), ctypes.byref(h.req))
     return _submitted(rc, h, what)
 
 
