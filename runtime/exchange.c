@@ -211,7 +211,10 @@ static int move_data(struct exchange *x, void *out) {
   struct hora__iov in = {q ? (void *)(uintptr_t)q->sendbuf : NULL, bytes_sent(x)};
   struct hora__iov to = {out, x->total * x->es};
   void *ready = q ? q->ready_event : NULL, *done = q ? q->done_event : NULL;
-  struct hora__coll_opts opts = {.prescale = 1.0, .postscale = 1.0};
+  /* (The device paths mark their own phases: copies, NCCL.) */
+  struct hora__coll_opts opts = {.prescale = 1.0, .postscale = 1.0,
+                                 .phase = x->r->device ? hora__engine_phase : NULL,
+                                 .phase_arg = x->set};
   struct hora__coll_op op = {
       .kind = x->alltoall ? HORA_COLL_ALLTOALL : HORA_COLL_ALLGATHERV,
       .in = &in,
@@ -232,9 +235,13 @@ static int move_data(struct exchange *x, void *out) {
       .done = &done,
       .wait = !done,
   };
-  hora__engine_phase(x->set, x->alltoall ? "ALLTOALL" : "ALLGATHERV");
+  if (!x->r->device) {
+    hora__engine_phase(x->set, x->alltoall ? "ALLTOALL" : "ALLGATHERV");
+  }
   int rc = hora__coll_run(c, &op);
-  hora__engine_phase(x->set, NULL);
+  if (!x->r->device) {
+    hora__engine_phase(x->set, NULL);
+  }
   /* (Device results stay on the device: HORA_VERIFY compares host ones.) */
   if (x->r->device) {
     return rc;

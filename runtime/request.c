@@ -88,10 +88,9 @@ static int classify_memory(struct hora__runtime *rt, struct hora_request *r, con
   bool send_dev = false, recv_dev = false;
   HORA_CHECK(hora__gpu_is_device(r->sendbuf, &send_dev));
   HORA_CHECK(hora__gpu_is_device(r->recvbuf, &recv_dev));
-  /* (An allgatherv's or alltoall's counts are not in meta: both buffers
-   * given must agree.) */
-  bool both = hora__kind_counts_vary(k) ? r->sendbuf && r->recvbuf : r->meta.count > 0;
-  if (both && send_dev != recv_dev) {
+  /* Both buffers given must agree (one may be NULL where this rank sends
+   * or receives nothing: an empty reducescatter block, say). */
+  if (r->sendbuf && r->recvbuf && send_dev != recv_dev) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s: %s is device memory but %s is host memory", call,
                        send_dev ? "sendbuf" : "recvbuf", send_dev ? "recvbuf" : "sendbuf");
   }

@@ -17,10 +17,20 @@
  * The arithmetic is in double whatever the dtype (the vectors travel as
  * doubles), so half-precision gradients lose nothing in the dot products.
  * Messages go straight between the partners, over connections to every
- * member made on first use. */
+ * member made on first use.
+ *
+ * Hierarchical (HORA_HIERARCHICAL_ADASUM, where shared memory reduces):
+ * the ranks of each host sum their vectors in shared memory, each local
+ * rank takes one slice of its host's sum, and the tree runs over the hosts,
+ * local rank j of every host combining slice j with local rank j of the
+ * others; each level's dot products add over the host's slices first, so
+ * the coefficients are the whole vectors'. The slices are gathered back in
+ * shared memory. */
 #include <math.h>
 #include <stdlib.h>
 
+#include "base/log.h"
+#include "base/params.h"
 #include "comm/coll/collectives.h"
 #include "comm/reduce/half.h"
 
@@ -77,15 +87,30 @@ static int swap(hora__comm *comm, int peer, const void *send, size_t sb, void *r
   return hora__exchange_step(comm, c, send, sb, c, recv, rb);
 }
 
+/* The tree's leaves: every rank (member NULL), or one rank per host. */
+struct tree {
+  const int *member; /* comm rank at each position */
+  int pos, size;
+  bool per_host; /* dot products add over the host's slices first */
+};
+
+static int at(const struct tree *t, int pos) { return t->member ? t->member[pos] : pos; }
+
+/* s summed over the host's slices (every rank of the host calls it). */
+static int host_sums(hora__comm *comm, const struct tree *t, double s[3]) {
+  return t->per_host ? hora__shm_allreduce_local(comm, s, 3, HORA_FLOAT64, HORA_SUM)
+                     : HORA_SUCCESS;
+}
+
 /* Halving: [lo, hi) split at mid = lo + (hi - lo) / 2; the lower rank of a
  * pair keeps the lower half. */
 struct piece {
   size_t lo, hi;
 };
 
-static int halve_and_combine(hora__comm *comm, int levels, double *v, double *tmp, size_t n,
-                             struct piece *trail) {
-  int r = comm->rank;
+static int halve_and_combine(hora__comm *comm, const struct tree *t, int levels, double *v,
+                             double *tmp, size_t n, struct piece *trail) {
+  int r = t->pos;
   struct piece seg = {0, n};
   for (int l = 0; l < levels; l++) {
     int partner = r ^ (1 << l);
@@ -95,15 +120,16 @@ static int halve_and_combine(hora__comm *comm, int levels, double *v, double *tm
     struct piece give = lower ? (struct piece){mid, seg.hi} : (struct piece){seg.lo, mid};
     trail[l] = seg;
     size_t k = keep.hi - keep.lo;
-    HORA_CHECK(swap(comm, partner, v + give.lo, (give.hi - give.lo) * sizeof(double),
+    HORA_CHECK(swap(comm, at(t, partner), v + give.lo, (give.hi - give.lo) * sizeof(double),
                     tmp, k * sizeof(double)));
     /* "left" is the vector of the half-group with bit l clear. */
     const double *left = lower ? v + keep.lo : tmp, *right = lower ? tmp : v + keep.lo;
     double s[3], got[3];
     dots(left, right, k, s);
+    HORA_CHECK(host_sums(comm, t, s));
     /* The group's ranks hold the other pieces of the same two vectors. */
     for (int j = 0; j <= l; j++) {
-      HORA_CHECK(swap(comm, r ^ (1 << j), s, sizeof(s), got, sizeof(got)));
+      HORA_CHECK(swap(comm, at(t, r ^ (1 << j)), s, sizeof(s), got, sizeof(got)));
       /* Added in rank order, so both sides round alike. */
       bool first = r < (r ^ (1 << j));
       for (int i = 0; i < 3; i++) {
@@ -121,60 +147,130 @@ static int halve_and_combine(hora__comm *comm, int levels, double *v, double *tm
     bool lower = r < partner;
     struct piece mine = lower ? (struct piece){whole.lo, mid} : (struct piece){mid, whole.hi};
     struct piece theirs = lower ? (struct piece){mid, whole.hi} : (struct piece){whole.lo, mid};
-    HORA_CHECK(swap(comm, partner, v + mine.lo, (mine.hi - mine.lo) * sizeof(double),
+    HORA_CHECK(swap(comm, at(t, partner), v + mine.lo, (mine.hi - mine.lo) * sizeof(double),
                     v + theirs.lo, (theirs.hi - theirs.lo) * sizeof(double)));
   }
   return HORA_SUCCESS;
 }
 
-int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype) {
-  int p = comm->size, r = comm->rank;
-  if (p == 1 || count == 0) {
-    return HORA_SUCCESS;
-  }
-  HORA_CHECK(hora__comm_connect_peers_agreed(comm));
+/* v (n doubles) = the Adasum over the tree's leaves; tmp holds n more. */
+static int adasum_tree(hora__comm *comm, const struct tree *t, double *v, double *tmp,
+                       size_t n) {
+  int p = t->size, r = t->pos;
   int P = 1, levels = 0;
   while (P * 2 <= p) {
     P *= 2;
     levels++;
   }
-  double *v = hora__malloc(2 * count * sizeof(double));
   struct piece *trail = hora__calloc((size_t)levels + 1, sizeof(*trail));
-  if (!v || !trail) {
-    free(v);
-    free(trail);
+  if (!trail) {
     return HORA_ERR_NO_MEMORY;
   }
-  double *tmp = v + count;
-  to_double(dtype, buf, v, count);
   int rc = HORA_SUCCESS;
-  size_t bytes = count * sizeof(double);
+  size_t bytes = n * sizeof(double);
   if (r >= P) {
     /* Folded into r - P, which sends the result back at the end. */
-    rc = swap(comm, r - P, v, bytes, NULL, 0);
+    rc = swap(comm, at(t, r - P), v, bytes, NULL, 0);
     if (rc == HORA_SUCCESS) {
-      rc = swap(comm, r - P, NULL, 0, v, bytes);
+      rc = swap(comm, at(t, r - P), NULL, 0, v, bytes);
     }
   } else {
     if (r + P < p) {
-      rc = swap(comm, r + P, NULL, 0, tmp, bytes);
+      rc = swap(comm, at(t, r + P), NULL, 0, tmp, bytes);
+      double s[3];
       if (rc == HORA_SUCCESS) {
-        double s[3];
-        dots(v, tmp, count, s);
-        combine(v, v, tmp, count, s);
+        dots(v, tmp, n, s);
+        rc = host_sums(comm, t, s);
+      }
+      if (rc == HORA_SUCCESS) {
+        combine(v, v, tmp, n, s);
       }
     }
     if (rc == HORA_SUCCESS) {
-      rc = halve_and_combine(comm, levels, v, tmp, count, trail);
+      rc = halve_and_combine(comm, t, levels, v, tmp, n, trail);
     }
     if (rc == HORA_SUCCESS && r + P < p) {
-      rc = swap(comm, r + P, v, bytes, NULL, 0);
+      rc = swap(comm, at(t, r + P), v, bytes, NULL, 0);
     }
+  }
+  free(trail);
+  return rc;
+}
+
+/* Whether this Adasum runs per host: asked for, and where shared memory
+ * reduces across hosts of equal rank counts (or on one host). */
+static bool per_host(const hora__comm *comm) {
+  if (!hora__params.HIERARCHICAL_ADASUM || comm->local_size == 1) {
+    return false;
+  }
+  if (comm->algo_allreduce == &hora__coll_shm) {
+    return true;
+  }
+  static bool warned;
+  if (!warned && comm->rank == 0) {
+    warned = true;
+    HORA_WARN("HORA_HIERARCHICAL_ADASUM=1 ignored: it needs shared memory and the same number "
+              "of ranks on every host; Adasum runs over every rank");
+  }
+  return false;
+}
+
+static int adasum_per_host(hora__comm *comm, void *buf, size_t count, hora_dtype dtype) {
+  int L = comm->local_size, H = comm->cross_size;
+  size_t S = (count + (size_t)L - 1) / (size_t)L; /* every slice as long (zeros past the end) */
+  double *v = hora__calloc((size_t)L * S + S, sizeof(double));
+  int *member = hora__malloc((size_t)H * sizeof(int));
+  if (!v || !member) {
+    free(v);
+    free(member);
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (int h = 0; h < H; h++) {
+    member[h] = -1;
+    for (int q = 0; q < comm->size; q++) {
+      if (comm->net->peers[q].host_index == h &&
+          comm->net->peers[q].local_rank == comm->local_rank) {
+        member[h] = q;
+      }
+    }
+  }
+  to_double(dtype, buf, v, count);
+  double *slice = v + (size_t)comm->local_rank * S, *tmp = v + (size_t)L * S;
+  struct tree t = {member, comm->cross_rank, H, true};
+  int rc = hora__shm_allreduce_local(comm, v, count, HORA_FLOAT64, HORA_SUM);
+  if (rc == HORA_SUCCESS && H > 1) {
+    rc = adasum_tree(comm, &t, slice, tmp, S);
+  }
+  if (rc == HORA_SUCCESS) {
+    /* (In place: each rank's own slice is already where the gather puts it.) */
+    rc = hora__shm_allgather(comm, slice, S * sizeof(double), v);
   }
   if (rc == HORA_SUCCESS) {
     from_double(dtype, v, buf, count);
   }
   free(v);
-  free(trail);
+  free(member);
+  return rc;
+}
+
+int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype) {
+  if (comm->size == 1 || count == 0) {
+    return HORA_SUCCESS;
+  }
+  HORA_CHECK(hora__comm_connect_peers_agreed(comm));
+  if (per_host(comm)) {
+    return adasum_per_host(comm, buf, count, dtype);
+  }
+  double *v = hora__malloc(2 * count * sizeof(double));
+  if (!v) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  to_double(dtype, buf, v, count);
+  struct tree t = {NULL, comm->rank, comm->size, false};
+  int rc = adasum_tree(comm, &t, v, v + count, count);
+  if (rc == HORA_SUCCESS) {
+    from_double(dtype, v, buf, count);
+  }
+  free(v);
   return rc;
 }

@@ -151,7 +151,8 @@ int hora__exchange_step(hora__comm *comm, hora__conn *to, const void *send, size
 int hora__comm_connect_peers_agreed(hora__comm *comm);
 
 /* buf (count elements of a float dtype) = the Adasum of every rank's buf
- * (adasum.c). */
+ * (adasum.c); with HORA_HIERARCHICAL_ADASUM, where the allreduce is
+ * hierarchical, the Adasum of each host's sum. */
 int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype);
 
 /* ---- rings ---------------------------------------------------------------- */
@@ -188,6 +189,10 @@ int hora__ring_broadcast_iov(hora__comm *comm, const struct hora__iov *buf, int 
 int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                         const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
                         hora_op op, hora_dtype wire, const struct hora__coll_opts *opts);
+/* buf (in place) = op over the ranks of this host only, whatever the
+ * communicator spans. */
+int hora__shm_allreduce_local(hora__comm *comm, void *buf, size_t count, hora_dtype dtype,
+                              hora_op op);
 int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
                         int root_local);
 int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);

@@ -122,14 +122,15 @@ static void reduce_own_block(hora__comm *comm, struct iov_cursor *in, struct iov
   }
 }
 
-int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
-                        const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
-                        hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+/* hierarchical: across hosts too (step 3's bracket), else this host only. */
+static int shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                         const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                         hora_op op, hora_dtype wire, const struct hora__coll_opts *opts,
+                         bool hierarchical) {
   struct hora__shm *s = comm->proc->shm;
   int L = comm->local_size, me = comm->local_rank;
   size_t es = hora_dtype_size(dtype);
   size_t piece_elems = hora__shm_half_bytes(s) / es;
-  bool hierarchical = comm->cross_size > 1;
   double prescale = opts ? opts->prescale : 1.0;
   struct iov_cursor in_cur = {in, nin, 0, 0}, out_cur = {out, nout, 0, 0};
   __atomic_fetch_add(&comm->proc->staged_bytes, (uint64_t)(count * es), __ATOMIC_RELAXED);
@@ -178,6 +179,19 @@ int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
     done += n;
   }
   return HORA_SUCCESS;
+}
+
+int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                        const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                        hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  return shm_allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts,
+                       comm->cross_size > 1);
+}
+
+int hora__shm_allreduce_local(hora__comm *comm, void *buf, size_t count, hora_dtype dtype,
+                              hora_op op) {
+  struct hora__iov v = {buf, count * hora_dtype_size(dtype)};
+  return shm_allreduce(comm, &v, 1, &v, 1, count, dtype, op, dtype, NULL, false);
 }
 
 int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,

@@ -60,8 +60,12 @@ int hora__gpu_nccl_reducescatter(hora__comm *c, struct hora__gpu *g,
   size_t scratch = bytes + (op->out[0].base ? 0 : len * es);
   HORA_CHECK(hora__gpu_grow_fusion(c, g, scratch ? scratch : 1));
   char *buf = g->fusion;
-  const void *src = op->in[0].base;
-  if (!src || o->prescale != 1.0 || !equal) {
+  const char *src = op->in[0].base, *out = op->out[0].base;
+  /* NCCL's reduce-scatter runs in place only with recvbuf at this rank's
+   * block of sendbuf; any other overlap goes through the fusion buffer. */
+  bool overlap = src && out && len && src < out + len * es && out < src + bytes &&
+                 out != src + start * es;
+  if (!src || o->prescale != 1.0 || !equal || overlap) {
     hora__gpu_phase(op, "MEMCPY_IN_FUSION_BUFFER");
     HORA_CHECK(hora__gpu_pack(c, g, op->in, 1, buf, true)); /* a stand-in's zeros */
     HORA_CHECK(hora__gpu_scale(g, buf, op->count, op->dtype, o->prescale, 0));

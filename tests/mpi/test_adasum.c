@@ -4,7 +4,9 @@
  * rank r - P first), in double, on every float dtype, sizes from 1 to many
  * chunks, zero vectors among the inputs, scales, several in flight at once,
  * identical bits on every rank, a joined rank (a zero input), and the
- * refusals (integer dtypes, reducescatter). */
+ * refusals (integer dtypes, reducescatter). With HORA_HIERARCHICAL_ADASUM=1
+ * (and hosts of equal rank counts) the reference is the tree over the
+ * hosts' sums, hosts in the order of their lowest rank. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -77,6 +79,67 @@ static void ref_tree(double **v, int p, size_t n) {
   }
 }
 
+/* Each rank's host, numbered by lowest rank; 0 hosts: the flat tree. */
+static int host_of[1024], hosts;
+
+static void learn_hosts(void) {
+  const char *h = getenv("HORA_HIERARCHICAL_ADASUM");
+  if (!h || strcmp(h, "1") != 0 || mt_size > 1024) {
+    return;
+  }
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mt_rank, MPI_INFO_NULL, &local);
+  int lowest = mt_rank, local_size;
+  MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, local);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  int *low = malloc((size_t)mt_size * sizeof(int)), *count = calloc((size_t)mt_size, sizeof(int));
+  MPI_Allgather(&lowest, 1, MPI_INT, low, 1, MPI_INT, MPI_COMM_WORLD);
+  for (int r = 0; r < mt_size; r++) {
+    if (low[r] == r) {
+      hosts++;
+    }
+    int k = 0; /* hosts whose lowest rank comes before this one's */
+    for (int q = 0; q < mt_size; q++) {
+      k += low[q] == q && q < low[r];
+    }
+    host_of[r] = k;
+    count[k]++;
+  }
+  for (int k = 0; k < hosts; k++) {
+    if (count[k] != count[0]) {
+      hosts = 0; /* unequal hosts: hora runs it flat */
+    }
+  }
+  if (local_size == 1) {
+    hosts = 0; /* one rank per host: the same as flat */
+  }
+  free(low);
+  free(count);
+}
+
+/* The reference's leaves: the ranks, or the hosts' sums (into v[0..hosts)). */
+static int leaves(double **v, size_t n) {
+  if (!hosts) {
+    return mt_size;
+  }
+  double **sum = malloc((size_t)hosts * sizeof(*sum));
+  for (int k = 0; k < hosts; k++) {
+    sum[k] = calloc(n + 1, sizeof(double));
+  }
+  for (int r = 0; r < mt_size; r++) {
+    for (size_t i = 0; i < n; i++) {
+      sum[host_of[r]][i] += v[r][i];
+    }
+  }
+  for (int k = 0; k < hosts; k++) {
+    memcpy(v[k], sum[k], n * sizeof(double));
+    free(sum[k]);
+  }
+  free(sum);
+  return hosts;
+}
+
 static double tolerance(hora_dtype dt) {
   return dt == HORA_FLOAT64 ? 1e-9 : dt == HORA_FLOAT32 ? 1e-4 : dt == HORA_FLOAT16 ? 2e-2 : 6e-2;
 }
@@ -91,7 +154,7 @@ static void check_against_reference(hora_dtype dt, size_t n, int salt, double pr
       v[r][i] = rounded(dt, rounded(dt, input(r, i, salt)) * pre);
     }
   }
-  ref_tree(v, mt_size, n);
+  ref_tree(v, leaves(v, n), n);
   char *buf = malloc(n * es + 1);
   for (size_t i = 0; i < n; i++) {
     put(dt, buf, i, input(mt_rank, i, salt));
@@ -172,7 +235,7 @@ static void several_in_flight(void) {
         v[q][i] = (float)input(q, (size_t)i, t);
       }
     }
-    ref_tree(v, mt_size, 100);
+    ref_tree(v, leaves(v, 100), 100);
     double worst = 0;
     for (int i = 0; i < 100; i++) {
       worst = fmax(worst, fabs(b[t][i] - v[0][i]));
@@ -209,6 +272,7 @@ static void refusals_and_join(void) {
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
+  learn_hosts();
   mt_run("adasum/matches_the_reference", matches_the_reference);
   mt_run("adasum/several_in_flight", several_in_flight);
   mt_run("adasum/refusals_and_join", refusals_and_join);

@@ -2,7 +2,8 @@
 # Multi-host correctness on fake hosts made of network namespaces
 # (../shared/netns): 4 hosts x 1 rank (rings over TCP) and 2 hosts x 2 ranks
 # (hierarchical allreduce: shared memory within a host, TCP across), also
-# with the flat ring forced; process sets on 4 x 1 and 2 x 3. Prints PASS/FAIL/SKIP lines.
+# with the flat ring forced; process sets on 4 x 1 and 2 x 3; hierarchical
+# Adasum on 2 x 2 and 2 x 3. Prints PASS/FAIL/SKIP lines.
 # usage: check-netns.sh BUILDDIR
 set -u
 builddir=$(cd "$1" && pwd)
@@ -14,7 +15,7 @@ for d in "${HORA_SHARED_DIR:-}" "$srcdir/../shared" /work/shared; do
     break
   fi
 done
-progs="test_collectives test_engine test_join test_exchange"
+progs="test_collectives test_engine test_join test_exchange test_adasum"
 if [ "$(id -u)" -ne 0 ] || [ -z "$netns" ] || ! command -v ip >/dev/null 2>&1; then
   for p in $progs; do
     echo "SKIP netns/$p: needs root, iproute2 and ../shared/netns (set HORA_SHARED_DIR)"
@@ -65,6 +66,9 @@ run 4x1-3-sockets "$work/hosts41" test_collectives HORA_SOCKETS_PER_PEER=3
 # the set of the first two ranks of each host is hierarchical in itself.
 run 4x1 "$work/hosts41" test_process_sets
 NP=6 run 2x3 "$work/hosts23" test_process_sets
+# Hierarchical Adasum: each host's sum, then the tree over the hosts.
+run 2x2-hierarchical "$work/hosts22" test_adasum HORA_HIERARCHICAL_ADASUM=1
+NP=6 run 2x3-hierarchical "$work/hosts23" test_adasum HORA_HIERARCHICAL_ADASUM=1
 
 # The trainer across two hosts of two ranks reaches the accuracy of the same
 # job on one host. Same seed, but the order of floating-point sums differs
