@@ -23,7 +23,8 @@
  *
  * With --device cuda (CUDA builds) the buffers are device memory and the
  * peer printed beside hora is a plain loop of ncclAllReduce / ncclBroadcast
- * / ncclAllGather on the same buffers (NCCL builds; MPI is not CUDA-aware
+ * / ncclAllGather / ncclReduceScatter (alltoall: grouped ncclSend/ncclRecv;
+ * allgatherv: grouped ncclBroadcast) on the same buffers (NCCL builds; MPI is not CUDA-aware
  * here). NCCL refuses two ranks on one GPU, so where ranks share a GPU the
  * NCCL columns read "-" and a comment line says why.
  */
@@ -245,6 +246,27 @@ static double run_nccl(enum coll c, float *buf, float *out, size_t n, int iters)
       nccl_ok(ncclAllReduce(buf, out, n, ncclFloat, ncclSum, nccl_comm, nccl_stream), "ncclAllReduce");
     } else if (c == BROADCAST) {
       nccl_ok(ncclBroadcast(buf, buf, n, ncclFloat, 0, nccl_comm, nccl_stream), "ncclBroadcast");
+    } else if (c == REDUCESCATTER) {
+      nccl_ok(ncclReduceScatter(buf, out, n / (size_t)size, ncclFloat, ncclSum, nccl_comm,
+                                nccl_stream), "ncclReduceScatter");
+    } else if (c == ALLTOALL || c == ALLGATHERV) {
+      /* What a plain NCCL program writes: one group of sends and receives,
+       * or of broadcasts from every rank. */
+      size_t per = n / (size_t)size;
+      nccl_ok(ncclGroupStart(), "ncclGroupStart");
+      for (int q = 0; q < size; q++) {
+        if (c == ALLTOALL) {
+          nccl_ok(ncclSend(buf + (size_t)q * per, per, ncclFloat, q, nccl_comm, nccl_stream),
+                  "ncclSend");
+          nccl_ok(ncclRecv(out + (size_t)q * per, per, ncclFloat, q, nccl_comm, nccl_stream),
+                  "ncclRecv");
+        } else if (v_counts[q]) {
+          nccl_ok(ncclBroadcast(q == rank ? buf : out + v_offsets[q], out + v_offsets[q],
+                                v_counts[q], ncclFloat, q, nccl_comm, nccl_stream),
+                  "ncclBroadcast");
+        }
+      }
+      nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
     } else {
       nccl_ok(ncclAllGather(buf, out, n / (size_t)size, ncclFloat, nccl_comm, nccl_stream),
               "ncclAllGather");
@@ -317,7 +339,7 @@ static void usage(void) {
           "  -e SIZE   largest message in bytes (default 64M)\n"
           "  -f N      size multiplier between steps (default 4)\n"
           "  -o OP     allreduce | broadcast | allgather | reducescatter | alltoall |\n"
-          "            allgatherv | all (default all; the last three: host buffers only)\n"
+          "            allgatherv | all (default all)\n"
           "  -n N      operations per timed repetition (default: by size)\n"
           "  -r N      repetitions; the median is printed (default 5)\n"
           "  --no-mpi  do not run MPI's collectives beside hora's\n"
@@ -443,9 +465,8 @@ int main(int argc, char **argv) {
   double *th = calloc((size_t)reps, sizeof(double)), *tm = calloc((size_t)reps, sizeof(double));
   long errors = 0;
   for (int c = 0; c < NCOLLS; c++) {
-    bool host_only = c == REDUCESCATTER || c == ALLTOALL || c == ALLGATHERV;
-    if (!colls[c] || (host_only && on_device)) {
-      continue; /* (these take host buffers only so far) */
+    if (!colls[c]) {
+      continue;
     }
     double bus = c == ALLREDUCE ? 2.0 * (size - 1) / size : c == BROADCAST ? 1.0
                                                                           : (double)(size - 1) / size;

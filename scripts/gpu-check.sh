@@ -308,6 +308,19 @@ for np in 1 2 3 4; do
   grep -v '^#' "$logdir/bench-np$np.out" | grep -q . || tail -n 10 "$logdir/bench-np$np.out"
   grep -E '^(#|  +[0-9])' "$logdir/bench-np$np.out" | sed "s/^/   np=$np /"
 done
+# The collectives whose counts differ by rank, and reducescatter, at np=1 (NCCL
+# beside it) and np=2 (ranks sharing the GPU: staged, no NCCL peer).
+for np in 1 2; do
+  for op in reducescatter alltoall allgatherv; do
+    if mpi "bench-$op-np$np" 15 "$np" "$bench" --device cuda -o $op -b 1M -e 64M -f 8 -r 3; then
+      pass "hora-bench/$op-np$np: on device buffers, results checked"
+    else
+      fail "hora-bench/$op-np$np: exit status $rc"
+      tail -n 10 "$logdir/bench-$op-np$np.out"
+    fi
+    grep -E '^  +[0-9]' "$logdir/bench-$op-np$np.out" | sed "s/^/   $op np=$np /"
+  done
+done
 
 # ---- 4. the example trainer on the GPU ------------------------------------------
 for np in 1 2; do
