@@ -332,6 +332,26 @@ static double run_mpi(enum coll c, float *buf, float *out, size_t n, int iters) 
   return (MPI_Wtime() - t0) / iters;
 }
 
+/* Rank 0's mean per stage of the operations between two snapshots
+ * (hora_stats: submit, hand-off to the coordinator, negotiation, the
+ * collective, completion, the caller's wake-up). */
+static void print_stages(const hora_stats *a, const hora_stats *b) {
+  double n = (double)(b->staged_operations - a->staged_operations);
+  if (n <= 0) {
+    return;
+  }
+  double us = 1e6 / n;
+  printf("# stages, us per operation: submit %.2f, handoff %.2f, negotiate %.2f, run %.2f, "
+         "complete %.2f, wake %.2f; %.2f cycles per operation\n",
+         (b->stage_submit_seconds - a->stage_submit_seconds) * us,
+         (b->stage_handoff_seconds - a->stage_handoff_seconds) * us,
+         (b->stage_negotiate_seconds - a->stage_negotiate_seconds) * us,
+         (b->stage_run_seconds - a->stage_run_seconds) * us,
+         (b->stage_complete_seconds - a->stage_complete_seconds) * us,
+         (b->stage_wake_seconds - a->stage_wake_seconds) * us,
+         (double)(b->cycles - a->cycles) / (double)(b->operations - a->operations));
+}
+
 static void usage(void) {
   fprintf(stderr,
           "usage: hora-bench [options]\n"
@@ -343,6 +363,7 @@ static void usage(void) {
           "  -n N      operations per timed repetition (default: by size)\n"
           "  -r N      repetitions; the median is printed (default 5)\n"
           "  --no-mpi  do not run MPI's collectives beside hora's\n"
+          "  --stages  after each size, where hora's time went (rank 0's mean per stage)\n"
           "  --hora-mem  buffers from hora_mem_alloc (host-shared; MPI uses them too)\n"
           "  --device cpu|cuda  where the buffers live (default cpu); cuda: device memory,\n"
           "            with a plain NCCL loop on the same buffers beside hora (CUDA builds)\n"
@@ -352,7 +373,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
   size_t minb = 8, maxb = 64 << 20;
   double factor = 4;
-  int reps = 5, fixed_iters = 0, with_mpi = 1, hora_mem = 0;
+  int reps = 5, fixed_iters = 0, with_mpi = 1, hora_mem = 0, stages = 0;
   int colls[NCOLLS] = {1, 1, 1, 1, 1, 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -374,6 +395,8 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(a, "--no-mpi")) {
       with_mpi = 0;
+    } else if (!strcmp(a, "--stages")) {
+      stages = 1;
     } else if (!strcmp(a, "--hora-mem")) {
       hora_mem = 1;
     } else if (!strcmp(a, "--device") && i + 1 < argc) {
@@ -501,6 +524,7 @@ int main(int argc, char **argv) {
       int iters = fixed_iters ? fixed_iters
                               : (int)HORA_CLAMP_ITERS(bytes);
       size_t bad = 0;
+      hora_stats s0 = {.struct_size = sizeof(s0)}, s1 = {.struct_size = sizeof(s1)};
       for (int r = 0; r < reps + 1; r++) { /* the first is a warm-up */
         size_t mine_n = c == ALLGATHER ? n / (size_t)size : c == ALLGATHERV ? v_counts[rank] : n;
         fill(on_device ? hbuf : buf, mine_n, r);
@@ -508,6 +532,9 @@ int main(int argc, char **argv) {
         /* At least 10 operations in the warm-up: HORA_SHM_SINGLE_COPY=auto
          * times its two intra-host paths on the first 8 or 9 of each size. */
         int warm = r == 0 && iters < 10 ? 10 : iters;
+        if (r == 1) {
+          hora_get_stats(&s0);
+        }
         double t = run_hora((enum coll)c, buf, c == BROADCAST ? buf : out, n, warm);
         /* A single op with fresh data checks the result. */
         fill(on_device ? hbuf : buf, mine_n, r);
@@ -522,6 +549,10 @@ int main(int argc, char **argv) {
           th[r - 1] = t;
           tm[r - 1] = tmpi;
         }
+      }
+      hora_get_stats(&s1);
+      if (stages && rank == 0) {
+        print_stages(&s0, &s1);
       }
       long all_bad = 0, mine = (long)bad;
       MPI_Allreduce(&mine, &all_bad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);

@@ -273,6 +273,15 @@ typedef struct hora_stats {
   uint64_t reducescatters;  /* reducescatters completed (added later; also in operations) */
   uint64_t alltoalls;       /* alltoalls completed (added later; also in operations;
                                allgathervs count among the allgathers) */
+  /* Where an operation's time goes, stage by stage, summed over the
+   * operations a caller waited for with hora_wait (staged_operations of
+   * them; divide for the mean): in the submitting call; on the queue until
+   * the coordinator takes it (waking it); negotiation (the cycle, or rank
+   * 0's answer); the collective; until it is marked complete; and until
+   * the waiting caller returns (waking it). */
+  uint64_t staged_operations;
+  double stage_submit_seconds, stage_handoff_seconds, stage_negotiate_seconds;
+  double stage_run_seconds, stage_complete_seconds, stage_wake_seconds;
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */

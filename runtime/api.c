@@ -604,6 +604,37 @@ HORA_EXTERN int hora_broadcast_parameters_ex(const hora_tensor *tensors, size_t 
   return HORA_SUCCESS;
 }
 
+void hora__stats_add(hora_stats *s, struct hora__runtime *rt) {
+  s->allreduces += atomic_load(&rt->stats.allreduces);
+  s->broadcasts += atomic_load(&rt->stats.broadcasts);
+  s->allgathers += atomic_load(&rt->stats.allgathers);
+  s->reducescatters += atomic_load(&rt->stats.reducescatters);
+  s->alltoalls += atomic_load(&rt->stats.alltoalls);
+  s->operations = s->allreduces + s->broadcasts + s->allgathers + s->reducescatters + s->alltoalls;
+  s->bytes += atomic_load(&rt->stats.bytes);
+  s->fused_batches += atomic_load(&rt->stats.fused_batches);
+  s->fused_tensors += atomic_load(&rt->stats.fused_tensors);
+  s->cache_hits += atomic_load(&rt->stats.cache_hits);
+  s->cache_misses += atomic_load(&rt->stats.cache_misses);
+  s->cycles += atomic_load(&rt->stats.cycles);
+  s->sent_in_full += atomic_load(&rt->stats.sent_in_full);
+  s->negotiate_seconds += (double)atomic_load(&rt->stats.negotiate_ns) * 1e-9;
+  s->communicate_seconds += (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
+  s->copy_seconds += (double)atomic_load(&rt->stats.copy_ns) * 1e-9;
+  if (rt->comm) {
+    s->direct_bytes += __atomic_load_n(&rt->comm->proc->direct_bytes, __ATOMIC_RELAXED);
+    s->kernel_bytes += __atomic_load_n(&rt->comm->proc->kernel_bytes, __ATOMIC_RELAXED);
+    s->staged_bytes += __atomic_load_n(&rt->comm->proc->staged_bytes, __ATOMIC_RELAXED);
+  }
+  s->staged_operations += atomic_load(&rt->stats.staged_ops);
+  s->stage_submit_seconds += (double)atomic_load(&rt->stats.submit_ns) * 1e-9;
+  s->stage_handoff_seconds += (double)atomic_load(&rt->stats.handoff_ns) * 1e-9;
+  s->stage_negotiate_seconds += (double)atomic_load(&rt->stats.cycle_ns) * 1e-9;
+  s->stage_run_seconds += (double)atomic_load(&rt->stats.run_ns) * 1e-9;
+  s->stage_complete_seconds += (double)atomic_load(&rt->stats.complete_ns) * 1e-9;
+  s->stage_wake_seconds += (double)atomic_load(&rt->stats.wake_ns) * 1e-9;
+}
+
 HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   hora__error_clear();
   if (!stats) {
@@ -623,25 +654,7 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   hora_stats s;
   memset(&s, 0, sizeof(s));
   s.struct_size = sizeof(s);
-  s.allreduces = atomic_load(&rt->stats.allreduces);
-  s.broadcasts = atomic_load(&rt->stats.broadcasts);
-  s.allgathers = atomic_load(&rt->stats.allgathers);
-  s.reducescatters = atomic_load(&rt->stats.reducescatters);
-  s.alltoalls = atomic_load(&rt->stats.alltoalls);
-  s.operations = s.allreduces + s.broadcasts + s.allgathers + s.reducescatters + s.alltoalls;
-  s.bytes = atomic_load(&rt->stats.bytes);
-  s.fused_batches = atomic_load(&rt->stats.fused_batches);
-  s.fused_tensors = atomic_load(&rt->stats.fused_tensors);
-  s.cache_hits = atomic_load(&rt->stats.cache_hits);
-  s.cache_misses = atomic_load(&rt->stats.cache_misses);
-  s.negotiate_seconds = (double)atomic_load(&rt->stats.negotiate_ns) * 1e-9;
-  s.communicate_seconds = (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
-  s.copy_seconds = (double)atomic_load(&rt->stats.copy_ns) * 1e-9;
-  s.direct_bytes = rt->comm ? __atomic_load_n(&rt->comm->proc->direct_bytes, __ATOMIC_RELAXED) : 0;
-  s.kernel_bytes = rt->comm ? __atomic_load_n(&rt->comm->proc->kernel_bytes, __ATOMIC_RELAXED) : 0;
-  s.staged_bytes = rt->comm ? __atomic_load_n(&rt->comm->proc->staged_bytes, __ATOMIC_RELAXED) : 0;
-  s.cycles = atomic_load(&rt->stats.cycles);
-  s.sent_in_full = atomic_load(&rt->stats.sent_in_full);
+  hora__stats_add(&s, rt);
   hora__process_sets_add_stats(&s);
   size_t keep = stats->struct_size;
   memcpy(stats, &s, HORA_MIN(keep, sizeof(s)));

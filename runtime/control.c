@@ -13,6 +13,7 @@
 #include "comm/transport/socket.h"
 #include "base/log.h"
 #include "base/params.h"
+#include "comm/shm/shm.h"
 #include "runtime/engine.h"
 
 /* ---- control input ---------------------------------------------------------- */
@@ -235,6 +236,12 @@ static int heartbeat(struct hora__engine *e, hora__ctrl *c) {
   return HORA_SUCCESS;
 }
 
+/* A cycle step from a local partner's mailbox: as if it came on the socket. */
+static int on_mail(void *arg, int from_local, const uint8_t *p, size_t n) {
+  struct hora__engine *e = arg;
+  return on_ctrl_frame(e, hora__shm_rank_of(e->proc->shm, from_local), HORA_MSG_CYCLE, p, n);
+}
+
 int hora__engine_service(void *arg) {
   struct hora__engine *e = arg;
   hora__comm *c = e->world->comm;
@@ -246,6 +253,10 @@ int hora__engine_service(void *arg) {
   /* Stream-ordered device requests complete once queued: NCCL's errors
    * are watched here, idle or not, so their waits end. */
   HORA_CHECK(hora__gpu_check(e->world->comm->gpu));
+  struct hora__shm *shm = e->proc->shm;
+  for (int lr = 0; shm && lr < hora__shm_local_size(shm); lr++) {
+    HORA_CHECK(hora__shm_mail_read(shm, lr, on_mail, e));
+  }
   for (int r = 0; r < c->size; r++) {
     if (c->proc->ctrl[r]) {
       HORA_CHECK(hora__engine_read_ctrl(e, c->proc->ctrl[r]));

@@ -7,6 +7,7 @@
 
 #include "base/log.h"
 #include "base/params.h"
+#include "comm/shm/shm.h"
 #include "runtime/engine.h"
 #include "runtime/timeline.h"
 
@@ -70,6 +71,14 @@ static int send_step(struct hora__set *set, int peer, int step) {
   hora__encode_cycle(&set->e->wbuf, &m);
   if (set->e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding a cycle message");
+  }
+  /* A partner on this host: through its mailbox (no system call at either
+   * end), unless it sleeps in poll(), which only a socket wakes. */
+  struct hora__shm *shm = set->comm->proc->shm;
+  bool nudge = false;
+  if (shm && hora__shm_mail_send(shm, hora__shm_local_of(shm, peer), set->e->wbuf.data,
+                                 set->e->wbuf.len, &nudge)) {
+    return nudge ? hora__engine_ctrl_send(set->e, c, HORA_MSG_HEARTBEAT, NULL, 0) : HORA_SUCCESS;
   }
   return hora__engine_ctrl_send(set->e, c, HORA_MSG_CYCLE, set->e->wbuf.data, set->e->wbuf.len);
 }

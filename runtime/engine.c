@@ -51,6 +51,7 @@
 
 #include "comm/coll/collectives.h"
 #include "comm/gpu/gpu.h"
+#include "comm/shm/shm.h"
 #include "base/log.h"
 #include "base/params.h"
 #include "runtime/engine.h"
@@ -151,6 +152,9 @@ static void engine_free(struct hora__engine *e) {
 static int run_todo(struct hora__set *set, bool *busy) {
   while (set->todo && !set->e->stop) {
     struct hora__response *r = set->todo;
+    if (set->e->on_caller && r->device) {
+      return HORA_SUCCESS; /* the GPU is the coordinator's (its device is current there) */
+    }
     set->todo = r->next;
     if (!set->todo) {
       set->todo_tail = &set->todo;
@@ -186,7 +190,9 @@ static int spin_for_work(struct hora__engine *e, bool *found) {
   uint64_t until = hora__now_ns() + (uint64_t)c->net->spin_us * 1000;
   uint64_t frames = e->frames_in;
   do {
-    if (atomic_load_explicit(&e->rt->submit_seq, memory_order_acquire) != e->seen_seq) {
+    if (atomic_load_explicit(&e->rt->submit_seq, memory_order_acquire) !=
+            atomic_load_explicit(&e->seen_seq, memory_order_relaxed) ||
+        atomic_load_explicit(&e->rt->engine_drivers, memory_order_acquire) > 0) {
       *found = true;
       return HORA_SUCCESS;
     }
@@ -195,14 +201,36 @@ static int spin_for_work(struct hora__engine *e, bool *found) {
       *found = true;
       return HORA_SUCCESS;
     }
+    /* (A caller may take the engine meanwhile.) */
+    pthread_mutex_unlock(&e->rt->progress_mu);
     sched_yield();
+    pthread_mutex_lock(&e->rt->progress_mu);
   } while (hora__now_ns() < until && hora__now_ns() < e->world->send_at_ns);
   return HORA_SUCCESS;
+}
+
+/* While callers drive the engine, the coordinator sleeps on its eventfd
+ * alone (peers' messages are theirs to read), a millisecond at most: a
+ * caller that leaves with work undone, or gives up waiting, wakes it. */
+static void sleep_while_driven(struct hora__engine *e) {
+  struct hora__runtime *rt = e->rt;
+  pthread_mutex_unlock(&rt->progress_mu);
+  struct pollfd p = {.fd = rt->wake_fd, .events = POLLIN};
+  if (poll(&p, 1, 1) > 0) {
+    uint64_t v;
+    ssize_t r = read(rt->wake_fd, &v, sizeof(v));
+    (void)r;
+  }
+  pthread_mutex_lock(&rt->progress_mu);
 }
 
 static int sleep_until_work(struct hora__engine *e) {
   struct hora__runtime *rt = e->rt;
   hora__comm *c = e->world->comm;
+  if (atomic_load_explicit(&e->rt->engine_drivers, memory_order_acquire) > 0) {
+    sleep_while_driven(e);
+    return HORA_SUCCESS;
+  }
   bool found;
   HORA_CHECK(spin_for_work(e, &found));
   if (found) {
@@ -223,6 +251,14 @@ static int sleep_until_work(struct hora__engine *e) {
   int nfixed = n;
   n += hora__engine_service_pollfds(e, fds + n, e->npollfds - n);
   hora__timeline_flush();
+  struct hora__shm *shm = c->proc->shm;
+  if (shm && hora__shm_mail_sleep(shm, true)) {
+    pthread_mutex_lock(&rt->mu);
+    rt->coord_sleeping = false;
+    pthread_mutex_unlock(&rt->mu);
+    return HORA_SUCCESS; /* a partner's step came in meanwhile */
+  }
+  pthread_mutex_unlock(&rt->progress_mu);
   int timeout = 1000;
   uint64_t due = HORA_MIN(HORA_MIN(e->world->next_stall_ns, e->world->send_at_ns), e->world->next_wait_scan_ns);
   due = HORA_MIN(due, e->world->next_stuck_ns);
@@ -239,16 +275,23 @@ static int sleep_until_work(struct hora__engine *e) {
      * ppoll's finer timeout. */
     struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
     if (us < 1000000) {
-      if (ppoll(fds, (nfds_t)n, &ts, NULL) < 0 && errno != EINTR) {
+      int pr = ppoll(fds, (nfds_t)n, &ts, NULL);
+      pthread_mutex_lock(&rt->progress_mu);
+      if (pr < 0 && errno != EINTR) {
         return hora__error_errno(HORA_ERR_SYSTEM, "ppoll");
       }
       goto woke;
     }
   }
-  if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR) {
+  int pr = poll(fds, (nfds_t)n, timeout);
+  pthread_mutex_lock(&rt->progress_mu);
+  if (pr < 0 && errno != EINTR) {
     return hora__error_errno(HORA_ERR_SYSTEM, "poll");
   }
 woke:
+  if (shm) {
+    hora__shm_mail_sleep(shm, false);
+  }
   pthread_mutex_lock(&rt->mu);
   rt->coord_sleeping = false;
   pthread_mutex_unlock(&rt->mu);
@@ -298,11 +341,20 @@ static int set_step(struct hora__set *set, bool *busy) {
   return HORA_SUCCESS;
 }
 
+/* One turn of the loop's work, on whichever thread holds progress_mu. */
+static int engine_step(struct hora__engine *e, bool *busy) {
+  HORA_CHECK(hora__engine_take_submissions(e->world, busy));
+  HORA_CHECK(hora__service_run(&e->proc->net));
+  return set_step(e->world, busy);
+}
+
 static int cycle(struct hora__engine *e) {
   bool busy = false;
-  HORA_CHECK(hora__engine_take_submissions(e->world, &busy));
-  HORA_CHECK(hora__service_run(&e->proc->net));
-  HORA_CHECK(set_step(e->world, &busy));
+  if (e->deferred_rc != HORA_SUCCESS) {
+    /* A caller's step failed: the error is the coordinator's to handle. */
+    return hora__error(e->deferred_rc, "%s", e->deferred_msg);
+  }
+  HORA_CHECK(engine_step(e, &busy));
   if (e->stop) {
     return HORA_SUCCESS;
   }
@@ -310,6 +362,74 @@ static int cycle(struct hora__engine *e) {
     HORA_CHECK(sleep_until_work(e));
   }
   return HORA_SUCCESS;
+}
+
+/* ---- callers driving the engine ------------------------------------------------
+ * A caller waiting for a request with a core to spare (spin_us > 0) runs
+ * the engine's steps itself, as MPI's progress does, instead of waiting
+ * for the coordinator thread to notice its submission and then being woken
+ * by it: each of those hand-offs costs a context switch. The coordinator
+ * keeps everything else (sleeping, the fatal path, device work). */
+static void wake_coordinator(struct hora__runtime *rt) {
+  uint64_t one = 1;
+  ssize_t w = write(rt->wake_fd, &one, sizeof(one));
+  (void)w;
+}
+
+bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64_t until_ns) {
+  /* The engine is only touched under progress_mu: hora__engine_join frees
+   * it under the lock, and the counters live in rt, which outlives it. */
+  bool counted = false;
+  uint64_t seen = 0;
+  while (!atomic_load_explicit(done, memory_order_acquire) && hora__now_ns() < until_ns) {
+    bool busy = false;
+    if (pthread_mutex_trylock(&rt->progress_mu) == 0) {
+      struct hora__engine *e = rt->engine;
+      if (!counted && (!e || e->world->comm->gpu)) {
+        /* (Device work: the coordinator's thread has the GPU current.) */
+        pthread_mutex_unlock(&rt->progress_mu);
+        return false;
+      }
+      if (!counted) {
+        atomic_fetch_add_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
+        counted = true;
+      }
+      bool give_up = !e || e->exited || e->deferred_rc != HORA_SUCCESS || e->stop;
+      if (!give_up) {
+        int set_id = hora__timeline_thread_get();
+        hora__timeline_thread_set(rt->set_id);
+        e->on_caller = true;
+        int rc = engine_step(e, &busy);
+        e->on_caller = false;
+        hora__timeline_thread_set(set_id);
+        if (rc != HORA_SUCCESS) {
+          e->deferred_rc = rc;
+          hora__strlcpy(e->deferred_msg, hora__error_message(), sizeof(e->deferred_msg));
+        }
+        seen = atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
+        give_up = e->deferred_rc != HORA_SUCCESS || e->stop ||
+                  (e->world->todo && e->world->todo->device);
+      }
+      pthread_mutex_unlock(&rt->progress_mu);
+      if (give_up) {
+        break;
+      }
+    }
+    if (!busy) {
+      sched_yield();
+    }
+  }
+  if (!counted) {
+    return true; /* (spun; the coordinator had the engine all along) */
+  }
+  atomic_fetch_sub_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
+  /* The coordinator takes over what is left: a request still running, a
+   * submission no step took, an error. */
+  if (!atomic_load_explicit(done, memory_order_acquire) ||
+      atomic_load_explicit(&rt->submit_seq, memory_order_acquire) != seen) {
+    wake_coordinator(rt);
+  }
+  return true;
 }
 
 /* After a data-plane failure, a neighbour's closed socket is usually the
@@ -465,15 +585,6 @@ static void *coordinator_main(void *arg) {
   struct hora__engine *e = rt->engine;
   pthread_setname_np(pthread_self(), "hora-coord");
   hora__timeline_thread_set(rt->set_id);
-  hora__net *net = &e->proc->net;
-  net->service = hora__engine_service;
-  net->service_pollfds = hora__engine_service_pollfds;
-  net->service_arg = e;
-  /* Often enough for heartbeats at a quarter of the peer timeout, and for
-   * an abort to stop a collective well within a second. */
-  uint64_t peer_ns = (uint64_t)(hora__params.PEER_TIMEOUT_SECONDS * 1e9);
-  net->service_interval_ns = peer_ns > 0 ? HORA_MIN(peer_ns / 8, 100000000ull) : 100000000ull;
-  net->service_due_ns = hora__now_ns() + net->service_interval_ns;
   int rc = HORA_SUCCESS;
   if (gpu_eager()) {
     /* hora_init waits for this; on failure the fatal path below ends the
@@ -487,9 +598,11 @@ static void *coordinator_main(void *arg) {
     pthread_cond_broadcast(&rt->done_cv);
     pthread_mutex_unlock(&rt->mu);
   }
+  pthread_mutex_lock(&rt->progress_mu);
   while (!e->stop && rc == HORA_SUCCESS) {
     rc = cycle(e);
   }
+  e->exited = true;
   if (rc != HORA_SUCCESS) {
     /* A broken data connection, or a peer's buffer gone from under a kernel
      * copy (the peer left the collective), is usually explained by what
@@ -519,6 +632,7 @@ static void *coordinator_main(void *arg) {
     flush_control(e, 5.0);
   }
   hora__comm_disconnect(e->world->comm);
+  pthread_mutex_unlock(&rt->progress_mu);
   return NULL;
 }
 
@@ -540,6 +654,16 @@ int hora__engine_start(struct hora__runtime *rt) {
     engine_free(e);
     return rc;
   }
+  /* Before the thread starts: a caller may drive the engine at once. */
+  hora__net *net = &e->proc->net;
+  net->service = hora__engine_service;
+  net->service_pollfds = hora__engine_service_pollfds;
+  net->service_arg = e;
+  /* Often enough for heartbeats at a quarter of the peer timeout, and for
+   * an abort to stop a collective well within a second. */
+  uint64_t peer_ns = (uint64_t)(hora__params.PEER_TIMEOUT_SECONDS * 1e9);
+  net->service_interval_ns = peer_ns > 0 ? HORA_MIN(peer_ns / 8, 100000000ull) : 100000000ull;
+  net->service_due_ns = hora__now_ns() + net->service_interval_ns;
   rt->engine = e;
   int err = pthread_create(&rt->thread, NULL, coordinator_main, rt);
   if (err != 0) {
@@ -568,6 +692,8 @@ void hora__engine_join(struct hora__runtime *rt) {
     pthread_join(rt->thread, NULL);
     rt->thread_started = false;
   }
+  pthread_mutex_lock(&rt->progress_mu); /* no caller is inside a step */
   engine_free(rt->engine);
   rt->engine = NULL;
+  pthread_mutex_unlock(&rt->progress_mu);
 }

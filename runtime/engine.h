@@ -103,7 +103,12 @@ struct hora__engine {
   bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
   struct pollfd *pollfds; /* room for every control connection and a few more */
   int npollfds;
-  uint64_t seen_seq;   /* rt->submit_seq when the queue was last taken */
+  atomic_uint_fast64_t seen_seq; /* rt->submit_seq when the queue was last taken */
+  bool on_caller; /* a caller runs this step: device work is left to the coordinator */
+  bool exited;    /* the coordinator has left its loop: nobody may drive */
+  /* A caller's step failed: the coordinator takes the error as its own. */
+  int deferred_rc;
+  char deferred_msg[1024];
   bool setup_done;       /* HORA_GPU_INIT=eager: hora_init may go on (under rt->mu) */
 };
 

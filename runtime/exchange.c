@@ -161,7 +161,12 @@ static void account(struct exchange *x, uint64_t start_ns) {
   if (x->q && start_ns > x->q->submit_ns) {
     atomic_fetch_add(&rt->stats.negotiate_ns, start_ns - x->q->submit_ns);
   }
-  atomic_fetch_add(&rt->stats.communicate_ns, hora__now_ns() - start_ns);
+  uint64_t now = hora__now_ns();
+  atomic_fetch_add(&rt->stats.communicate_ns, now - start_ns);
+  if (x->q) {
+    x->q->start_ns = start_ns;
+    x->q->ran_ns = now;
+  }
 }
 
 /* Where the result goes: the caller's recvbuf, a new buffer for an _alloc

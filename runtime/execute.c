@@ -154,8 +154,13 @@ static void account(struct hora__set *set, const struct hora__response *r, uint6
   uint64_t bytes = 0, negotiate = 0;
   for (uint32_t i = 0; i < r->ntensors; i++) {
     bytes += r->tensors[i].count * esize;
-    if (set->reqs[i] && start_ns > set->reqs[i]->submit_ns) {
-      negotiate += start_ns - set->reqs[i]->submit_ns;
+    struct hora_request *q = set->reqs[i];
+    if (q && start_ns > q->submit_ns) {
+      negotiate += start_ns - q->submit_ns;
+    }
+    if (q) {
+      q->start_ns = start_ns;
+      q->ran_ns = start_ns + comm_ns;
     }
   }
   atomic_uint_fast64_t *kind = r->kind == HORA_KIND_ALLREDUCE       ? &rt->stats.allreduces

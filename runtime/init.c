@@ -66,6 +66,7 @@ static void runtime_free(struct hora__runtime *rt) {
     close(rt->wake_fd);
   }
   pthread_mutex_destroy(&rt->mu);
+  pthread_mutex_destroy(&rt->progress_mu);
   pthread_cond_destroy(&rt->done_cv);
   hora__fate_release(rt->fate);
   free(rt);
@@ -165,6 +166,7 @@ int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
     snprintf(rt->label, sizeof(rt->label), "process set %d: ", set_id);
   }
   pthread_mutex_init(&rt->mu, NULL);
+  pthread_mutex_init(&rt->progress_mu, NULL);
   pthread_cond_init(&rt->done_cv, NULL);
   rt->accepting = true;
   rt->fate = hora__calloc(1, sizeof(*rt->fate));

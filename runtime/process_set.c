@@ -487,29 +487,9 @@ void hora__process_sets_add_stats(hora_stats *s) {
     if (!rt) {
       continue;
     }
-    s->allreduces += atomic_load(&rt->stats.allreduces);
-    s->broadcasts += atomic_load(&rt->stats.broadcasts);
-    s->allgathers += atomic_load(&rt->stats.allgathers);
-    s->reducescatters += atomic_load(&rt->stats.reducescatters);
-    s->alltoalls += atomic_load(&rt->stats.alltoalls);
-    s->bytes += atomic_load(&rt->stats.bytes);
-    s->fused_batches += atomic_load(&rt->stats.fused_batches);
-    s->fused_tensors += atomic_load(&rt->stats.fused_tensors);
-    s->cache_hits += atomic_load(&rt->stats.cache_hits);
-    s->cache_misses += atomic_load(&rt->stats.cache_misses);
-    s->cycles += atomic_load(&rt->stats.cycles);
-    s->sent_in_full += atomic_load(&rt->stats.sent_in_full);
-    s->negotiate_seconds += (double)atomic_load(&rt->stats.negotiate_ns) * 1e-9;
-    s->communicate_seconds += (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
-    s->copy_seconds += (double)atomic_load(&rt->stats.copy_ns) * 1e-9;
-    if (rt->comm) {
-      s->direct_bytes += __atomic_load_n(&rt->comm->proc->direct_bytes, __ATOMIC_RELAXED);
-      s->kernel_bytes += __atomic_load_n(&rt->comm->proc->kernel_bytes, __ATOMIC_RELAXED);
-      s->staged_bytes += __atomic_load_n(&rt->comm->proc->staged_bytes, __ATOMIC_RELAXED);
-    }
+    hora__stats_add(s, rt);
   }
   pthread_mutex_unlock(&sets_mu);
-  s->operations = s->allreduces + s->broadcasts + s->allgathers + s->reducescatters + s->alltoalls;
 }
 
 struct hora__runtime *hora__api_running_in(const hora_process_set *ps, int *rc, const char *call) {

@@ -46,6 +46,7 @@ void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request
   if (status != HORA_SUCCESS) {
     req->error = strdup(msg && msg[0] ? msg : hora_strerror(status));
   }
+  req->done_ns = hora__now_ns();
   atomic_store_explicit(&req->done, 1, memory_order_release);
 }
 
@@ -200,6 +201,7 @@ int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const
     rt->queue_head = r;
   }
   rt->queue_tail = r;
+  r->queued_ns = hora__now_ns();
   atomic_fetch_add_explicit(&rt->submit_seq, 1, memory_order_release);
   hora__engine_wake_locked(rt);
   pthread_mutex_unlock(&rt->mu);
@@ -270,8 +272,10 @@ void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r) {
   int spin_us = rt ? rt->spin_us : 0;
   if (spin_us > 0 && !atomic_load_explicit(&r->done, memory_order_acquire)) {
     uint64_t until = hora__now_ns() + (uint64_t)spin_us * 1000;
-    while (!atomic_load_explicit(&r->done, memory_order_acquire) && hora__now_ns() < until) {
-      sched_yield();
+    if (!hora__engine_drive(rt, &r->done, until)) {
+      while (!atomic_load_explicit(&r->done, memory_order_acquire) && hora__now_ns() < until) {
+        sched_yield();
+      }
     }
   }
   if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
@@ -283,7 +287,30 @@ void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r) {
   }
 }
 
+/* Adds a waited-for request's stages to the counters: only one that ran
+ * (every stamp set, in order). */
+static void account_stages(struct hora__runtime *rt, const struct hora_request *r) {
+  uint64_t now = hora__now_ns();
+  const uint64_t t[] = {r->submit_ns, r->queued_ns, r->taken_ns, r->start_ns, r->ran_ns,
+                        r->done_ns, now};
+  for (size_t i = 1; i < sizeof(t) / sizeof(t[0]); i++) {
+    if (!t[i - 1] || t[i] < t[i - 1]) {
+      return;
+    }
+  }
+  atomic_fetch_add(&rt->stats.staged_ops, 1);
+  atomic_fetch_add(&rt->stats.submit_ns, t[1] - t[0]);
+  atomic_fetch_add(&rt->stats.handoff_ns, t[2] - t[1]);
+  atomic_fetch_add(&rt->stats.cycle_ns, t[3] - t[2]);
+  atomic_fetch_add(&rt->stats.run_ns, t[4] - t[3]);
+  atomic_fetch_add(&rt->stats.complete_ns, t[5] - t[4]);
+  atomic_fetch_add(&rt->stats.wake_ns, t[6] - t[5]);
+}
+
 int hora__request_wait(struct hora__runtime *rt, hora_request **req) {
   hora__request_wait_done(rt, *req);
+  if (rt && (*req)->status == HORA_SUCCESS) {
+    account_stages(rt, *req);
+  }
   return hora__request_finish(req);
 }

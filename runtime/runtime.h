@@ -37,6 +37,9 @@ struct hora_request {
   const void *sendbuf;
   void *recvbuf;
   uint64_t submit_ns;
+  /* Where its time goes (hora_stats' stages): queued for the coordinator,
+   * taken by it, its collective started and ended, completed. */
+  uint64_t queued_ns, taken_ns, start_ns, ran_ns, done_ns;
   /* Device buffers given with a caller's stream (hora_cuda.h): the runtime
    * stream waits for `ready`; the request completes once the operation is
    * queued on the GPU, and `done` marks when its results are written. */
@@ -90,6 +93,12 @@ struct hora__runtime {
   pthread_t thread;
   bool thread_started;
   int wake_fd; /* eventfd: callers wake a sleeping coordinator */
+  /* The engine runs on one thread at a time: the coordinator, or a caller
+   * that drives it while it waits (hora__engine_drive). Outlives the engine. */
+  pthread_mutex_t progress_mu;
+  /* Callers driving it now: while any does, the coordinator leaves the
+   * work to them. */
+  atomic_int engine_drivers;
 
   pthread_mutex_t mu;
   pthread_cond_t done_cv;
@@ -124,6 +133,9 @@ struct hora__runtime {
     atomic_uint_fast64_t fused_batches, fused_tensors, cache_hits, cache_misses;
     atomic_uint_fast64_t cycles, sent_in_full;
     atomic_uint_fast64_t negotiate_ns, communicate_ns, copy_ns;
+    /* The stages of the operations a caller waited for (hora_stats). */
+    atomic_uint_fast64_t staged_ops, submit_ns, handoff_ns, cycle_ns, run_ns, complete_ns,
+        wake_ns;
   } stats;
 };
 
@@ -203,6 +215,8 @@ struct hora__runtime *hora__api_running_in(const struct hora_process_set *ps, in
                                            const char *call);
 void hora__process_sets_fatal(struct hora__runtime *from, int code, const char *msg);
 void hora__process_sets_add_stats(hora_stats *s);
+/* Adds rt's counters to *s (api.c). */
+void hora__stats_add(hora_stats *s, struct hora__runtime *rt);
 void hora__process_sets_finalize(void);
 /* A global rank for messages: rank r of rt's set. */
 static inline int hora__global_rank(const struct hora__runtime *rt, int r) {
@@ -214,5 +228,8 @@ int hora__engine_start(struct hora__runtime *rt);
 void hora__engine_join(struct hora__runtime *rt);
 /* Wakes the coordinator if it sleeps; call with rt->mu held. */
 void hora__engine_wake_locked(struct hora__runtime *rt);
+/* A waiting caller runs the engine's steps itself until *done or until_ns
+ * (engine.c); false where it may not (device work), and nothing ran. */
+bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64_t until_ns);
 
 #endif

@@ -73,7 +73,9 @@ void hora__engine_wish_evicted(struct hora__set *set, int32_t slot) {
  * the join cannot wait in the cache for one the others sent in full. */
 int hora__engine_take_submissions(struct hora__set *set, bool *busy) {
   struct hora__runtime *rt = set->e->rt;
-  set->e->seen_seq = atomic_load_explicit(&rt->submit_seq, memory_order_acquire);
+  atomic_store_explicit(&set->e->seen_seq,
+                        atomic_load_explicit(&rt->submit_seq, memory_order_acquire),
+                        memory_order_relaxed);
   pthread_mutex_lock(&rt->mu);
   struct hora_request *head = rt->queue_head;
   rt->queue_head = rt->queue_tail = NULL;
@@ -94,9 +96,11 @@ int hora__engine_take_submissions(struct hora__set *set, bool *busy) {
   }
   HORA_CHECK(hora__engine_grow_reqs(set, n));
   size_t nfull = 0;
+  uint64_t now = hora__now_ns();
   for (struct hora_request *r = head; r; r = r->next) {
     r->sent_slot = -1;
     r->taken = true;
+    r->taken_ns = now;
     set->join_pending |= r->meta.kind == HORA_KIND_JOIN;
     /* (A group's members always go in full: rank 0 holds them until the
      * whole group is ready, which cache bits cannot tell it.) */

@@ -175,6 +175,7 @@ static void event_start(struct timeline *tl) {
 static _Thread_local int thread_set;
 
 void hora__timeline_thread_set(int set_id) { thread_set = set_id; }
+int hora__timeline_thread_get(void) { return thread_set; }
 
 /* The row of a tensor (NULL when out of memory); the first use names it
  * with a metadata event. Rows are by set and key: the same name in two

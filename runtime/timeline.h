@@ -32,6 +32,7 @@ void hora__timeline_cycle(uint64_t cycle);
 /* The calling thread works for process set `set_id` (0: the world): its
  * events go on rows of that set's own, labelled with it. */
 void hora__timeline_thread_set(int set_id);
+int hora__timeline_thread_get(void);
 /* Writes buffered events out (called when idle, and when the buffer fills). */
 void hora__timeline_flush(void);
 

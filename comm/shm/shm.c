@@ -59,7 +59,118 @@ struct hora__shm {
     size_t bytes;
   } pending; /* local rank 0: the last tuned operation (if tuned_ops > 0), not yet recorded */
   struct segment_header *bar;
+  struct mail_ring *mail; /* [from * local_size + to], or NULL (too many local ranks) */
+  struct mail_flag *asleep; /* [local_size] */
 };
+
+/* ---- mailboxes ---------------------------------------------------------------
+ * One ring of small messages from each local rank to each other: a single
+ * writer and a single reader (each process's engine runs on one thread at
+ * a time), slots published by the head and freed by the tail. A reader
+ * about to sleep in poll() raises its flag first and looks once more; a
+ * writer that sees the flag sends over the socket instead, or (raised
+ * after it wrote) nudges the reader over the socket: one of the two always
+ * sees the other (both fence between their store and their load). */
+#define MAIL_SLOTS 4
+#define MAIL_SLOT 512
+#define MAIL_MAX_RANKS 64 /* L * L rings of about 2 KiB */
+
+struct mail_ring {
+  _Alignas(64) atomic_uint head;
+  _Alignas(64) atomic_uint tail;
+  _Alignas(64) struct {
+    uint32_t len;
+    uint8_t data[MAIL_SLOT - sizeof(uint32_t)];
+  } slot[MAIL_SLOTS];
+};
+
+struct mail_flag {
+  _Alignas(64) atomic_uint asleep;
+};
+
+static size_t mail_bytes(int local_size) {
+  if (local_size > MAIL_MAX_RANKS) {
+    return 0;
+  }
+  return (size_t)local_size * (size_t)local_size * sizeof(struct mail_ring) +
+         (size_t)local_size * sizeof(struct mail_flag);
+}
+
+static struct mail_ring *ring_of(const struct hora__shm *s, int from, int to) {
+  return &s->mail[(size_t)from * (size_t)s->local_size + (size_t)to];
+}
+
+int hora__shm_local_of(const struct hora__shm *s, int rank) {
+  for (int lr = 0; lr < s->local_size; lr++) {
+    if (s->global[lr] == rank) {
+      return lr;
+    }
+  }
+  return -1;
+}
+
+int hora__shm_rank_of(const struct hora__shm *s, int lr) { return s->global[lr]; }
+int hora__shm_local_size(const struct hora__shm *s) { return s->local_size; }
+
+bool hora__shm_mail_send(struct hora__shm *s, int to, const void *p, size_t len, bool *nudge) {
+  *nudge = false;
+  if (!s->mail || to < 0 || to == s->local_rank || len > MAIL_SLOT - sizeof(uint32_t)) {
+    return false;
+  }
+  struct mail_ring *r = ring_of(s, s->local_rank, to);
+  unsigned h = atomic_load_explicit(&r->head, memory_order_relaxed);
+  if (h - atomic_load_explicit(&r->tail, memory_order_acquire) >= MAIL_SLOTS ||
+      atomic_load_explicit(&s->asleep[to].asleep, memory_order_acquire)) {
+    return false;
+  }
+  r->slot[h % MAIL_SLOTS].len = (uint32_t)len;
+  memcpy(r->slot[h % MAIL_SLOTS].data, p, len);
+  atomic_store_explicit(&r->head, h + 1, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  *nudge = atomic_load_explicit(&s->asleep[to].asleep, memory_order_relaxed) != 0;
+  return true;
+}
+
+int hora__shm_mail_read(struct hora__shm *s, int from,
+                        int (*fn)(void *arg, int from, const uint8_t *p, size_t len), void *arg) {
+  if (!s->mail || from == s->local_rank) {
+    return HORA_SUCCESS;
+  }
+  struct mail_ring *r = ring_of(s, from, s->local_rank);
+  unsigned t = atomic_load_explicit(&r->tail, memory_order_relaxed);
+  while (t != atomic_load_explicit(&r->head, memory_order_acquire)) {
+    uint32_t len = r->slot[t % MAIL_SLOTS].len;
+    if (len > MAIL_SLOT - sizeof(uint32_t)) {
+      return hora__error(HORA_ERR_PROTOCOL, "local rank %d wrote a mailbox message of %u bytes",
+                         from, len);
+    }
+    /* Freed once handled: the handler reads the slot in place. */
+    int rc = fn(arg, from, r->slot[t % MAIL_SLOTS].data, len);
+    atomic_store_explicit(&r->tail, ++t, memory_order_release);
+    HORA_CHECK(rc);
+  }
+  return HORA_SUCCESS;
+}
+
+bool hora__shm_mail_sleep(struct hora__shm *s, bool sleeping) {
+  if (!s->mail) {
+    return false;
+  }
+  atomic_store_explicit(&s->asleep[s->local_rank].asleep, sleeping, memory_order_relaxed);
+  if (!sleeping) {
+    return false;
+  }
+  atomic_thread_fence(memory_order_seq_cst);
+  for (int j = 0; j < s->local_size; j++) {
+    struct mail_ring *r = ring_of(s, j, s->local_rank);
+    if (j != s->local_rank && atomic_load_explicit(&r->head, memory_order_acquire) !=
+                                  atomic_load_explicit(&r->tail, memory_order_relaxed)) {
+      atomic_store_explicit(&s->asleep[s->local_rank].asleep, 0, memory_order_relaxed);
+      return true;
+    }
+  }
+  return false;
+}
 
 pid_t hora__shm_pid(const struct hora__shm *shm, int lr) { return shm->pids[lr]; }
 bool hora__shm_cma(const struct hora__shm *shm) { return shm->cma; }
@@ -218,6 +329,10 @@ static int map_segment(struct hora__shm *s, pid_t leader_pid, int leader_fd, int
   }
   s->base = p;
   s->bar = p;
+  if (mail_bytes(s->local_size)) {
+    s->mail = (struct mail_ring *)(void *)(s->base + PAGE + (size_t)s->local_size * s->slot);
+    s->asleep = (struct mail_flag *)(void *)(s->mail + (size_t)s->local_size * (size_t)s->local_size);
+  }
   return HORA_SUCCESS;
 }
 
@@ -234,7 +349,7 @@ int hora__shm_create(hora__net *net, MPI_Comm local, struct hora__shm **out) {
   half = (half + PAGE - 1) / PAGE * PAGE;
   s->half = half;
   s->slot = SLOT_HEADER + 2 * half;
-  s->bytes = PAGE + (size_t)s->local_size * s->slot;
+  s->bytes = PAGE + (size_t)s->local_size * s->slot + mail_bytes(s->local_size);
   s->pids = hora__calloc((size_t)s->local_size, sizeof(*s->pids));
   s->global = hora__calloc((size_t)s->local_size, sizeof(*s->global));
   if (!s->pids || !s->global) {

@@ -60,6 +60,23 @@ void hora__shm_path_end(struct hora__shm *shm, uint64_t ns);
  * traffic and fails with HORA_ERR_PEER_LOST if a local peer process is gone. */
 int hora__shm_barrier(struct hora__shm *shm, hora__net *net);
 
+/* The local rank of the communicator's rank `rank` (-1: another host), and back. */
+int hora__shm_local_of(const struct hora__shm *shm, int rank);
+int hora__shm_rank_of(const struct hora__shm *shm, int lr);
+int hora__shm_local_size(const struct hora__shm *shm);
+/* Mailboxes: small control messages between the host's ranks, without a
+ * system call. Sends p to local rank `to`; false (nothing written) where
+ * it does not fit, the ring is full, or the reader sleeps in poll(): send
+ * over the socket then. *nudge: the reader fell asleep as it was written;
+ * wake it (any frame on the socket). */
+bool hora__shm_mail_send(struct hora__shm *shm, int to, const void *p, size_t len, bool *nudge);
+/* Hands each message waiting from local rank `from` to fn, in order. */
+int hora__shm_mail_read(struct hora__shm *shm, int from,
+                        int (*fn)(void *arg, int from, const uint8_t *p, size_t len), void *arg);
+/* Before sleeping in poll() (true) and after (false). True: mail came in
+ * meanwhile; do not sleep (the flag is down again). */
+bool hora__shm_mail_sleep(struct hora__shm *shm, bool sleeping);
+
 /* ---- hora_mem_alloc blocks (shm_mem.c) ---- */
 
 /* Where a buffer lies in a block: what a peer needs to map the block. id 0:
