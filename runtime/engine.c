@@ -258,7 +258,6 @@ static int sleep_until_work(struct hora__engine *e) {
     pthread_mutex_unlock(&rt->mu);
     return HORA_SUCCESS; /* a partner's step came in meanwhile */
   }
-  pthread_mutex_unlock(&rt->progress_mu);
   int timeout = 1000;
   uint64_t due = HORA_MIN(HORA_MIN(e->world->next_stall_ns, e->world->send_at_ns), e->world->next_wait_scan_ns);
   due = HORA_MIN(due, e->world->next_stuck_ns);
@@ -275,6 +274,7 @@ static int sleep_until_work(struct hora__engine *e) {
      * ppoll's finer timeout. */
     struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
     if (us < 1000000) {
+      pthread_mutex_unlock(&rt->progress_mu); /* callers may drive meanwhile */
       int pr = ppoll(fds, (nfds_t)n, &ts, NULL);
       pthread_mutex_lock(&rt->progress_mu);
       if (pr < 0 && errno != EINTR) {
@@ -283,6 +283,7 @@ static int sleep_until_work(struct hora__engine *e) {
       goto woke;
     }
   }
+  pthread_mutex_unlock(&rt->progress_mu);
   int pr = poll(fds, (nfds_t)n, timeout);
   pthread_mutex_lock(&rt->progress_mu);
   if (pr < 0 && errno != EINTR) {
