@@ -118,6 +118,30 @@ static int take_step(struct hora__set *set, int peer, int step, bool *got) {
   return HORA_SUCCESS;
 }
 
+/* Where waits sleep (more ranks than cores), a partner's cycle that reaches
+ * a rank between two operations (its caller just woke, and submits next)
+ * would end with nothing ready and need a second one: such a rank, with
+ * nothing in flight, waits a little for its own submission first. */
+#define JOIN_DEFER_NS (300 * 1000ull)
+
+static bool defer_join(struct hora__set *set) {
+  if (set->comm->net->spin_us > 0 || set->nwaiting > 0 || set->join_pending) {
+    return false;
+  }
+  struct hora__runtime *rt = set->e->rt;
+  pthread_mutex_lock(&rt->mu);
+  bool idle = rt->inflight.count == 0 && !rt->queue_head;
+  pthread_mutex_unlock(&rt->mu);
+  if (!idle) {
+    return false;
+  }
+  uint64_t now = hora__now_ns();
+  if (set->join_defer_ns == UINT64_MAX) {
+    set->join_defer_ns = now + JOIN_DEFER_NS;
+  }
+  return now < set->join_defer_ns;
+}
+
 /* Starts the next cycle when there is a reason to, and moves the one in
  * progress on as far as the partners' steps that have arrived allow. */
 int hora__engine_cycle_advance(struct hora__set *set, bool *progressed) {
@@ -127,10 +151,15 @@ int hora__engine_cycle_advance(struct hora__set *set, bool *progressed) {
     for (int i = 0; i < INBOX_STEPS && !asked; i++) {
       asked = inbox_of(set, set->cycles + 1, i)->has;
     }
-    if (!asked && !set->new_hits && !set->evict_wanted && joined == set->our_joined_flag &&
-        !(set->ctl && set->frames_got > set->frames_told)) {
+    bool ours = set->new_hits || set->evict_wanted || joined != set->our_joined_flag ||
+                (set->ctl && set->frames_got > set->frames_told);
+    if (!asked && !ours) {
       return HORA_SUCCESS;
     }
+    if (!ours && defer_join(set)) {
+      return HORA_SUCCESS;
+    }
+    set->join_defer_ns = UINT64_MAX;
     HORA_TRACE("cycle %llu: starting (%s; %llu new cached requests)",
                (unsigned long long)(set->cycles + 1), asked ? "asked" : "our own",
                (unsigned long long)set->new_hits);

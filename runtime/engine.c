@@ -103,6 +103,7 @@ int hora__engine_set_create(struct hora__engine *e, hora__comm *comm, struct hor
   s->todo_tail = &s->todo;
   s->next_stall_ns = UINT64_MAX;
   s->send_at_ns = UINT64_MAX;
+  s->join_defer_ns = UINT64_MAX;
   int rc = hora__cache_init(&s->cache, (uint32_t)hora__params.CACHE_CAPACITY);
   if (rc != HORA_SUCCESS) {
     hora__engine_set_free(s, false);
@@ -261,6 +262,7 @@ static int sleep_until_work(struct hora__engine *e) {
   int timeout = 1000;
   uint64_t due = HORA_MIN(HORA_MIN(e->world->next_stall_ns, e->world->send_at_ns), e->world->next_wait_scan_ns);
   due = HORA_MIN(due, e->world->next_stuck_ns);
+  due = HORA_MIN(due, e->world->join_defer_ns);
   /* An idle rank still owes its peers heartbeats. */
   due = HORA_MIN(due, c->net->service_due_ns);
   uint64_t half = hora__engine_stall_half_ns();

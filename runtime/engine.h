@@ -58,6 +58,10 @@ struct hora__set {
   bool evict_wanted;
   uint64_t next_wait_scan_ns; /* when to look for requests waiting too long */
   uint64_t cycle_started_ns;
+  /* Asked to a cycle with nothing in flight, on a host with more ranks than
+   * cores: until when this rank waits for its own submission before taking
+   * part (UINT64_MAX: not waiting). */
+  uint64_t join_defer_ns;
   bool stuck_reported;   /* told rank 0 that the cycle in progress waits too long */
   /* rank 0: who reported which cycle stuck, since when, and one of its keys */
   uint64_t *stuck_cycle, *stuck_since_ns;
