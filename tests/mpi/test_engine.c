@@ -222,6 +222,37 @@ static void statistics(void) {
   MT_FAILS(hora_get_stats(&s), HORA_ERR_INVALID_ARG, "struct_size");
 }
 
+/* Each waited-for operation's time, split into stages: the stages of
+ * sequential operations add up to no more than the time they took, and
+ * the collective and negotiation are in there. */
+static void stages_of_waited_operations(void) {
+  enum { N = 200 };
+  float x[64];
+  hora_stats a = stats_now();
+  double t0 = MPI_Wtime();
+  for (int i = 0; i < N; i++) {
+    for (int k = 0; k < 64; k++) {
+      x[k] = 1;
+    }
+    MT_OK(hora_allreduce("stages", x, x, 64, HORA_FLOAT32, HORA_SUM));
+  }
+  double wall = MPI_Wtime() - t0;
+  hora_stats b = stats_now();
+  uint64_t n = b.staged_operations - a.staged_operations;
+  double sum = (b.stage_submit_seconds - a.stage_submit_seconds) +
+               (b.stage_handoff_seconds - a.stage_handoff_seconds) +
+               (b.stage_negotiate_seconds - a.stage_negotiate_seconds) +
+               (b.stage_run_seconds - a.stage_run_seconds) +
+               (b.stage_complete_seconds - a.stage_complete_seconds) +
+               (b.stage_wake_seconds - a.stage_wake_seconds);
+  MT_CHECK(n == N, "%llu operations staged, expected %d", (unsigned long long)n, N);
+  MT_CHECK(sum > 0 && sum <= wall * 1.001 + 1e-4, "stages add up to %g s of %g s", sum, wall);
+  MT_CHECK(b.stage_run_seconds > a.stage_run_seconds && b.stage_wake_seconds >= a.stage_wake_seconds &&
+               b.stage_negotiate_seconds >= a.stage_negotiate_seconds,
+           "run %g s, negotiate %g s", b.stage_run_seconds - a.stage_run_seconds,
+           b.stage_negotiate_seconds - a.stage_negotiate_seconds);
+}
+
 /* With HORA_CYCLE_TIME at 1.5 s, a lone allreduce must still complete at
  * once: the coordinator only holds tensors back to fuse them with others
  * already half-submitted. */
@@ -289,6 +320,7 @@ int main(int argc, char **argv) {
   RUN(options_scale_and_compress);
   RUN(parameter_broadcast);
   RUN(statistics);
+  RUN(stages_of_waited_operations);
   if (cap && atoi(cap) < STEADY_TENSORS) {
     /* No room in the cache for the steady state: everything goes through
      * rank 0, so there is nothing to check (and a PASS would claim it). */
