@@ -147,6 +147,7 @@ static void engine_free(struct hora__engine *e) {
   hora__engine_set_free(e->world, atomic_load(&e->rt->fatal_code) != HORA_SUCCESS);
   hora__wbuf_free(&e->wbuf);
   free(e->pollfds);
+  free(e->caller_pollfds);
   free(e);
 }
 
@@ -211,18 +212,33 @@ static int spin_for_work(struct hora__engine *e, bool *found) {
 }
 
 /* While callers drive the engine, the coordinator sleeps on its eventfd
- * alone (peers' messages are theirs to read), a millisecond at most: a
- * caller that leaves with work undone, or gives up waiting, wakes it. */
+ * alone (peers' messages are theirs to read): a spinning caller that
+ * leaves with work undone, or gives up waiting, wakes it, and so does
+ * every caller that drove sleeping (drive.c); a millisecond at most where
+ * callers spin, 100 ms where they sleep. */
 static void sleep_while_driven(struct hora__engine *e) {
   struct hora__runtime *rt = e->rt;
   pthread_mutex_unlock(&rt->progress_mu);
   struct pollfd p = {.fd = rt->wake_fd, .events = POLLIN};
-  if (poll(&p, 1, 1) > 0) {
+  if (poll(&p, 1, rt->spin_us > 0 ? 1 : 100) > 0) {
     uint64_t v;
     ssize_t r = read(rt->wake_fd, &v, sizeof(v));
     (void)r;
   }
   pthread_mutex_lock(&rt->progress_mu);
+}
+
+uint64_t hora__engine_next_due_ns(struct hora__engine *e) {
+  uint64_t due = HORA_MIN(HORA_MIN(e->world->next_stall_ns, e->world->send_at_ns), e->world->next_wait_scan_ns);
+  due = HORA_MIN(due, e->world->next_stuck_ns);
+  due = HORA_MIN(due, e->world->join_defer_ns);
+  /* An idle rank still owes its peers heartbeats. */
+  due = HORA_MIN(due, e->world->comm->net->service_due_ns);
+  uint64_t half = hora__engine_stall_half_ns();
+  if (half && !e->world->stuck_reported && e->world->cycle_phase != CYCLE_IDLE && e->world->cycle_phase != CYCLE_DONE) {
+    due = HORA_MIN(due, e->world->cycle_started_ns + half);
+  }
+  return due;
 }
 
 static int sleep_until_work(struct hora__engine *e) {
@@ -260,15 +276,7 @@ static int sleep_until_work(struct hora__engine *e) {
     return HORA_SUCCESS; /* a partner's step came in meanwhile */
   }
   int timeout = 1000;
-  uint64_t due = HORA_MIN(HORA_MIN(e->world->next_stall_ns, e->world->send_at_ns), e->world->next_wait_scan_ns);
-  due = HORA_MIN(due, e->world->next_stuck_ns);
-  due = HORA_MIN(due, e->world->join_defer_ns);
-  /* An idle rank still owes its peers heartbeats. */
-  due = HORA_MIN(due, c->net->service_due_ns);
-  uint64_t half = hora__engine_stall_half_ns();
-  if (half && !e->world->stuck_reported && e->world->cycle_phase != CYCLE_IDLE && e->world->cycle_phase != CYCLE_DONE) {
-    due = HORA_MIN(due, e->world->cycle_started_ns + half);
-  }
+  uint64_t due = hora__engine_next_due_ns(e);
   if (due != UINT64_MAX) {
     uint64_t now = hora__now_ns();
     uint64_t us = due > now ? (due - now + 999) / 1000 : 0;
@@ -345,7 +353,7 @@ static int set_step(struct hora__set *set, bool *busy) {
 }
 
 /* One turn of the loop's work, on whichever thread holds progress_mu. */
-static int engine_step(struct hora__engine *e, bool *busy) {
+int hora__engine_step(struct hora__engine *e, bool *busy) {
   HORA_CHECK(hora__engine_take_submissions(e->world, busy));
   HORA_CHECK(hora__service_run(&e->proc->net));
   return set_step(e->world, busy);
@@ -357,7 +365,7 @@ static int cycle(struct hora__engine *e) {
     /* A caller's step failed: the error is the coordinator's to handle. */
     return hora__error(e->deferred_rc, "%s", e->deferred_msg);
   }
-  HORA_CHECK(engine_step(e, &busy));
+  HORA_CHECK(hora__engine_step(e, &busy));
   if (e->stop) {
     return HORA_SUCCESS;
   }
@@ -367,73 +375,6 @@ static int cycle(struct hora__engine *e) {
   return HORA_SUCCESS;
 }
 
-/* ---- callers driving the engine ------------------------------------------------
- * A caller waiting for a request with a core to spare (spin_us > 0) runs
- * the engine's steps itself, as MPI's progress does, instead of waiting
- * for the coordinator thread to notice its submission and then being woken
- * by it: each of those hand-offs costs a context switch. The coordinator
- * keeps everything else (sleeping, the fatal path, device work). */
-static void wake_coordinator(struct hora__runtime *rt) {
-  uint64_t one = 1;
-  ssize_t w = write(rt->wake_fd, &one, sizeof(one));
-  (void)w;
-}
-
-bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64_t until_ns) {
-  /* The engine is only touched under progress_mu: hora__engine_join frees
-   * it under the lock, and the counters live in rt, which outlives it. */
-  bool counted = false;
-  uint64_t seen = 0;
-  while (!atomic_load_explicit(done, memory_order_acquire) && hora__now_ns() < until_ns) {
-    bool busy = false;
-    if (pthread_mutex_trylock(&rt->progress_mu) == 0) {
-      struct hora__engine *e = rt->engine;
-      if (!counted && (!e || e->world->comm->gpu)) {
-        /* (Device work: the coordinator's thread has the GPU current.) */
-        pthread_mutex_unlock(&rt->progress_mu);
-        return false;
-      }
-      if (!counted) {
-        atomic_fetch_add_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
-        counted = true;
-      }
-      bool give_up = !e || e->exited || e->deferred_rc != HORA_SUCCESS || e->stop;
-      if (!give_up) {
-        int set_id = hora__timeline_thread_get();
-        hora__timeline_thread_set(rt->set_id);
-        e->on_caller = true;
-        int rc = engine_step(e, &busy);
-        e->on_caller = false;
-        hora__timeline_thread_set(set_id);
-        if (rc != HORA_SUCCESS) {
-          e->deferred_rc = rc;
-          hora__strlcpy(e->deferred_msg, hora__error_message(), sizeof(e->deferred_msg));
-        }
-        seen = atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
-        give_up = e->deferred_rc != HORA_SUCCESS || e->stop ||
-                  (e->world->todo && e->world->todo->device);
-      }
-      pthread_mutex_unlock(&rt->progress_mu);
-      if (give_up) {
-        break;
-      }
-    }
-    if (!busy) {
-      sched_yield();
-    }
-  }
-  if (!counted) {
-    return true; /* (spun; the coordinator had the engine all along) */
-  }
-  atomic_fetch_sub_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
-  /* The coordinator takes over what is left: a request still running, a
-   * submission no step took, an error. */
-  if (!atomic_load_explicit(done, memory_order_acquire) ||
-      atomic_load_explicit(&rt->submit_seq, memory_order_acquire) != seen) {
-    wake_coordinator(rt);
-  }
-  return true;
-}
 
 /* After a data-plane failure, a neighbour's closed socket is usually the
  * echo of an error elsewhere; give the explanation (an abort from rank 0,
@@ -648,7 +589,8 @@ int hora__engine_start(struct hora__runtime *rt) {
   e->proc = rt->comm->proc;
   e->npollfds = rt->size + 8;
   e->pollfds = hora__calloc((size_t)e->npollfds, sizeof(*e->pollfds));
-  if (!e->pollfds) {
+  e->caller_pollfds = hora__calloc((size_t)e->npollfds, sizeof(*e->caller_pollfds));
+  if (!e->pollfds || !e->caller_pollfds) {
     engine_free(e);
     return HORA_ERR_NO_MEMORY;
   }

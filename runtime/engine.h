@@ -106,6 +106,8 @@ struct hora__engine {
   uint64_t frames_in;  /* control frames handled so far */
   bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
   struct pollfd *pollfds; /* room for every control connection and a few more */
+  struct pollfd *caller_pollfds; /* the same for a caller driving it (drive.c): the
+                                    coordinator may be in poll() on its own meanwhile */
   int npollfds;
   atomic_uint_fast64_t seen_seq; /* rt->submit_seq when the queue was last taken */
   bool on_caller; /* a caller runs this step: device work is left to the coordinator */
@@ -115,6 +117,12 @@ struct hora__engine {
   char deferred_msg[1024];
   bool setup_done;       /* HORA_GPU_INIT=eager: hora_init may go on (under rt->mu) */
 };
+
+/* engine.c: one turn of the loop's work (taking submissions, control
+ * traffic, the world's cycle and its responses), on whichever thread holds
+ * rt->progress_mu; and when the loop must next wake for its timers. */
+int hora__engine_step(struct hora__engine *e, bool *busy);
+uint64_t hora__engine_next_due_ns(struct hora__engine *e);
 
 /* engine.c: a communicator's negotiation state (its cache, cycles with
  * partners by its own ranks, stall inspector and, at its first rank, the

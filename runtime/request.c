@@ -278,6 +278,9 @@ void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r) {
       }
     }
   }
+  if (spin_us == 0 && rt && !atomic_load_explicit(&r->done, memory_order_acquire)) {
+    (void)hora__engine_drive_sleeping(rt, &r->done);
+  }
   if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
     pthread_mutex_lock(&rt->mu);
     while (!atomic_load_explicit(&r->done, memory_order_acquire)) {

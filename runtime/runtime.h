@@ -231,5 +231,9 @@ void hora__engine_wake_locked(struct hora__runtime *rt);
 /* A waiting caller runs the engine's steps itself until *done or until_ns
  * (engine.c); false where it may not (device work), and nothing ran. */
 bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64_t until_ns);
+/* Where waits never spin: the caller runs the engine, sleeping in poll()
+ * itself, until *done (drive.c); false where it may not (the engine is
+ * busy on another thread, device work), and nothing ran. */
+bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *done);
 
 #endif

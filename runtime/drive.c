@@ -1,0 +1,159 @@
+/* Callers driving the engine while they wait (see hora__engine_drive in
+ * runtime.h). As MPI's progress does, the waiting caller runs the engine's
+ * steps itself instead of waiting for the coordinator thread to notice its
+ * submission and then being woken by it: each of those hand-offs costs a
+ * context switch. One thread at a time holds the engine (rt->progress_mu);
+ * the coordinator keeps everything else: its sleep between operations,
+ * the fatal path, device work (its thread has the GPU current).
+ *
+ * With a core to spare (spin_us > 0) the caller polls, yielding, for at
+ * most spin_us. Where the host has more ranks than cores nothing spins: the
+ * caller sleeps in poll() on the control connections itself, as the
+ * coordinator would, for as long as its request takes. */
+#include <poll.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include "comm/shm/shm.h"
+#include "runtime/engine.h"
+#include "runtime/timeline.h"
+
+static void wake_coordinator(struct hora__runtime *rt) {
+  uint64_t one = 1;
+  ssize_t w = write(rt->wake_fd, &one, sizeof(one));
+  (void)w;
+}
+
+/* One step on the caller's thread; false once it must stop driving (an
+ * error, now the coordinator's; the end of the job; device work next). */
+static bool caller_step(struct hora__runtime *rt, struct hora__engine *e, bool *busy) {
+  int set_id = hora__timeline_thread_get();
+  hora__timeline_thread_set(rt->set_id);
+  e->on_caller = true;
+  int rc = hora__engine_step(e, busy);
+  e->on_caller = false;
+  hora__timeline_thread_set(set_id);
+  if (rc != HORA_SUCCESS) {
+    e->deferred_rc = rc;
+    hora__strlcpy(e->deferred_msg, hora__error_message(), sizeof(e->deferred_msg));
+  }
+  return e->deferred_rc == HORA_SUCCESS && !e->stop && !(e->world->todo && e->world->todo->device);
+}
+
+bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64_t until_ns) {
+  /* The engine is only touched under progress_mu: hora__engine_join frees
+   * it under the lock, and the counters live in rt, which outlives it. */
+  bool counted = false;
+  uint64_t seen = 0;
+  while (!atomic_load_explicit(done, memory_order_acquire) && hora__now_ns() < until_ns) {
+    bool busy = false;
+    if (pthread_mutex_trylock(&rt->progress_mu) == 0) {
+      struct hora__engine *e = rt->engine;
+      if (!counted && (!e || e->world->comm->gpu)) {
+        /* (Device work: the coordinator's thread has the GPU current.) */
+        pthread_mutex_unlock(&rt->progress_mu);
+        return false;
+      }
+      if (!counted) {
+        atomic_fetch_add_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
+        counted = true;
+      }
+      bool give_up = !e || e->exited || e->deferred_rc != HORA_SUCCESS || e->stop;
+      if (!give_up) {
+        give_up = !caller_step(rt, e, &busy);
+        seen = atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
+      }
+      pthread_mutex_unlock(&rt->progress_mu);
+      if (give_up) {
+        break;
+      }
+    }
+    if (!busy) {
+      sched_yield();
+    }
+  }
+  if (!counted) {
+    return true; /* (spun; the coordinator had the engine all along) */
+  }
+  atomic_fetch_sub_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
+  /* The coordinator takes over what is left: a request still running, a
+   * submission no step took, an error. */
+  if (!atomic_load_explicit(done, memory_order_acquire) ||
+      atomic_load_explicit(&rt->submit_seq, memory_order_acquire) != seen) {
+    wake_coordinator(rt);
+  }
+  return true;
+}
+
+/* The caller's sleep while it drives: poll() on the control connections
+ * and the eventfd (submissions from other threads write it: it is marked
+ * as the one sleeping), until input or the engine's next timer. */
+static int caller_sleep(struct hora__runtime *rt, struct hora__engine *e) {
+  hora__comm *c = e->world->comm;
+  pthread_mutex_lock(&rt->mu);
+  bool idle = !rt->queue_head && !rt->abort_asked;
+  rt->coord_sleeping = idle;
+  pthread_mutex_unlock(&rt->mu);
+  if (!idle) {
+    return HORA_SUCCESS;
+  }
+  struct pollfd *fds = e->caller_pollfds;
+  int n = 0;
+  fds[n++] = (struct pollfd){.fd = rt->wake_fd, .events = POLLIN};
+  n += hora__engine_service_pollfds(e, fds + n, e->npollfds - n);
+  struct hora__shm *shm = c->proc->shm;
+  int pr = 0;
+  if (!shm || !hora__shm_mail_sleep(shm, true)) {
+    uint64_t due = hora__engine_next_due_ns(e), now = hora__now_ns();
+    int ms = due == UINT64_MAX ? 1000 : due <= now ? 0 : (int)HORA_MIN((due - now + 999999) / 1000000, 1000);
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    if (due != UINT64_MAX && due > now && due - now < 1000000) {
+      ts = (struct timespec){0, (long)(due - now)}; /* finer than poll()'s milliseconds */
+    }
+    pr = ppoll(fds, (nfds_t)n, &ts, NULL);
+    if (shm) {
+      hora__shm_mail_sleep(shm, false);
+    }
+  }
+  pthread_mutex_lock(&rt->mu);
+  rt->coord_sleeping = false;
+  pthread_mutex_unlock(&rt->mu);
+  if (pr > 0 && fds[0].revents) {
+    uint64_t v;
+    ssize_t r = read(rt->wake_fd, &v, sizeof(v));
+    (void)r;
+  }
+  return pr < 0 && errno != EINTR ? hora__error_errno(HORA_ERR_SYSTEM, "ppoll") : HORA_SUCCESS;
+}
+
+bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *done) {
+  if (pthread_mutex_trylock(&rt->progress_mu) != 0) {
+    return false; /* the coordinator (or another caller) is at work */
+  }
+  struct hora__engine *e = rt->engine;
+  if (!e || e->world->comm->gpu || e->exited || e->stop || e->deferred_rc != HORA_SUCCESS) {
+    pthread_mutex_unlock(&rt->progress_mu);
+    return false;
+  }
+  atomic_fetch_add_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
+  while (!atomic_load_explicit(done, memory_order_acquire)) {
+    bool busy = false;
+    if (!caller_step(rt, e, &busy) || atomic_load_explicit(done, memory_order_acquire)) {
+      break;
+    }
+    if (!busy) {
+      int rc = caller_sleep(rt, e);
+      if (rc != HORA_SUCCESS) {
+        e->deferred_rc = rc;
+        hora__strlcpy(e->deferred_msg, hora__error_message(), sizeof(e->deferred_msg));
+        break;
+      }
+    }
+  }
+  atomic_fetch_sub_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
+  pthread_mutex_unlock(&rt->progress_mu);
+  /* The coordinator takes over whatever comes next (it slept on the
+   * eventfd alone). */
+  wake_coordinator(rt);
+  return true;
+}
