@@ -30,6 +30,18 @@ HORA_EXTERN int hora_wait(hora_request **req) {
                        "not ended: call hora_group_end first");
   }
   if (atomic_load_explicit(&(*req)->done, memory_order_acquire)) {
+    /* (Done before the wait: its stages count all the same.) */
+    if ((*req)->status == HORA_SUCCESS && (*req)->inst) {
+      hora__request_account_stages((*req)->inst, *req);
+    } else if ((*req)->status == HORA_SUCCESS) {
+      int rc = HORA_SUCCESS;
+      struct hora__runtime *rt = hora__api_running(&rc, "hora_wait");
+      if (rt) {
+        hora__request_account_stages(rt, *req);
+        hora__api_leave(HORA_SUCCESS);
+      }
+      hora__error_clear();
+    }
     return hora__request_finish(req);
   }
   if ((*req)->inst) {

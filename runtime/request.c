@@ -292,7 +292,7 @@ void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r) {
 
 /* Adds a waited-for request's stages to the counters: only one that ran
  * (every stamp set, in order). */
-static void account_stages(struct hora__runtime *rt, const struct hora_request *r) {
+void hora__request_account_stages(struct hora__runtime *rt, const struct hora_request *r) {
   uint64_t now = hora__now_ns();
   const uint64_t t[] = {r->submit_ns, r->queued_ns, r->taken_ns, r->start_ns, r->ran_ns,
                         r->done_ns, now};
@@ -313,7 +313,7 @@ static void account_stages(struct hora__runtime *rt, const struct hora_request *
 int hora__request_wait(struct hora__runtime *rt, hora_request **req) {
   hora__request_wait_done(rt, *req);
   if (rt && (*req)->status == HORA_SUCCESS) {
-    account_stages(rt, *req);
+    hora__request_account_stages(rt, *req);
   }
   return hora__request_finish(req);
 }

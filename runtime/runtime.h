@@ -166,6 +166,9 @@ int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const
 void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r);
 /* The result of a completed request, which it frees (*req becomes NULL). */
 int hora__request_finish(hora_request **req);
+/* Adds a request's stages (hora_stats) once it is done and waited for:
+ * only one that ran, with every stamp in order. */
+void hora__request_account_stages(struct hora__runtime *rt, const struct hora_request *r);
 int hora__request_wait(struct hora__runtime *rt, hora_request **req);
 int hora__request_job_failed(const struct hora_request *r);
 /* Drops a reference to the fate, freeing it with the last. */
