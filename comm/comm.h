@@ -113,6 +113,9 @@ void hora__comm_disconnect(hora__comm *comm);
  * (alltoall's pairwise exchange). Collective over comm: every member calls
  * it at the same point of its collectives, while none sleeps idle. */
 int hora__comm_connect_peers(hora__comm *comm);
+/* The member on host `host` (0..cross_size-1) with this rank's local rank,
+ * or -1. */
+int hora__comm_rank_on_host(const hora__comm *c, int host);
 
 /* Long-lived data-plane buffers (fusion, ring staging) registered with the
  * RDMA device, so large transfers move straight into and out of them. A

@@ -37,6 +37,7 @@
 #include <dirent.h>
 #include <malloc.h>
 #include <mpi.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,10 +208,9 @@ static double kernel_copy_floor(int iter) {
 
 /* The floor of a small allreduce that never spins: 8 bytes summed by
  * recursive doubling (ranks past the largest power of two fold in first)
- * over Unix socket pairs, every wait a blocking read, as a runtime that
- * sleeps whenever it waits must do at the least, once. Socket pairs are
- * made by rank 0's process tree: here each pair is made through abstract
- * Unix sockets named by the job. */
+ * over Unix sockets, every wait a blocking read, as a runtime that sleeps
+ * whenever it waits must do at the least, once. Each pair of partners
+ * connects through an abstract Unix socket named by the job and the pair. */
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -284,14 +284,15 @@ static double sleeping_latency_floor(int iters, int reps) {
   for (int q = 0; q < 64; q++) {
     floor_fd[q] = -1;
   }
-  /* Every pair in the same order everywhere: by the lower rank's steps. */
+  /* Pairs in the same order everywhere, so no two ranks wait on each other. */
   for (int a = 0; a < size; a++) {
     for (int b = a + 1; b < size; b++) {
-      int mine = -1;
-      for (int k = 0; k < np; k++) {
-        mine = partners[k] == (rank == a ? b : a) && (rank == a || rank == b) ? partners[k] : mine;
+      int other = rank == a ? b : rank == b ? a : -1;
+      bool partner = false;
+      for (int k = 0; other >= 0 && k < np; k++) {
+        partner = partner || partners[k] == other;
       }
-      if (mine >= 0 && (floor_fd[mine] = floor_connect(mine, job)) < 0) {
+      if (partner && (floor_fd[other] = floor_connect(other, job)) < 0) {
         return 0;
       }
     }

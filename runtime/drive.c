@@ -24,6 +24,17 @@ static void wake_coordinator(struct hora__runtime *rt) {
   (void)w;
 }
 
+/* A caller's failure is the coordinator's to handle (its fatal path). */
+static void defer_error(struct hora__engine *e, int rc) {
+  e->deferred_rc = rc;
+  hora__strlcpy(e->deferred_msg, hora__error_message(), sizeof(e->deferred_msg));
+}
+
+/* Whether a caller may take the engine (under progress_mu). */
+static bool drivable(const struct hora__engine *e) {
+  return e && !e->world->comm->gpu && !e->exited && !e->stop && e->deferred_rc == HORA_SUCCESS;
+}
+
 /* One step on the caller's thread; false once it must stop driving (an
  * error, now the coordinator's; the end of the job; device work next). */
 static bool caller_step(struct hora__runtime *rt, struct hora__engine *e, bool *busy) {
@@ -34,8 +45,7 @@ static bool caller_step(struct hora__runtime *rt, struct hora__engine *e, bool *
   e->on_caller = false;
   hora__timeline_thread_set(set_id);
   if (rc != HORA_SUCCESS) {
-    e->deferred_rc = rc;
-    hora__strlcpy(e->deferred_msg, hora__error_message(), sizeof(e->deferred_msg));
+    defer_error(e, rc);
   }
   return e->deferred_rc == HORA_SUCCESS && !e->stop && !(e->world->todo && e->world->todo->device);
 }
@@ -58,7 +68,7 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
         atomic_fetch_add_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
         counted = true;
       }
-      bool give_up = !e || e->exited || e->deferred_rc != HORA_SUCCESS || e->stop;
+      bool give_up = !drivable(e);
       if (!give_up) {
         give_up = !caller_step(rt, e, &busy);
         seen = atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
@@ -89,41 +99,14 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
  * and the eventfd (submissions from other threads write it: it is marked
  * as the one sleeping), until input or the engine's next timer. */
 static int caller_sleep(struct hora__runtime *rt, struct hora__engine *e) {
-  hora__comm *c = e->world->comm;
-  pthread_mutex_lock(&rt->mu);
-  bool idle = !rt->queue_head && !rt->abort_asked;
-  rt->coord_sleeping = idle;
-  pthread_mutex_unlock(&rt->mu);
-  if (!idle) {
+  if (!hora__engine_sleep_begin(rt)) {
     return HORA_SUCCESS;
   }
   struct pollfd *fds = e->caller_pollfds;
   int n = 0;
   fds[n++] = (struct pollfd){.fd = rt->wake_fd, .events = POLLIN};
   n += hora__engine_service_pollfds(e, fds + n, e->npollfds - n);
-  struct hora__shm *shm = c->proc->shm;
-  int pr = 0;
-  if (!shm || !hora__shm_mail_sleep(shm, true)) {
-    uint64_t due = hora__engine_next_due_ns(e), now = hora__now_ns();
-    int ms = due == UINT64_MAX ? 1000 : due <= now ? 0 : (int)HORA_MIN((due - now + 999999) / 1000000, 1000);
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-    if (due != UINT64_MAX && due > now && due - now < 1000000) {
-      ts = (struct timespec){0, (long)(due - now)}; /* finer than poll()'s milliseconds */
-    }
-    pr = ppoll(fds, (nfds_t)n, &ts, NULL);
-    if (shm) {
-      hora__shm_mail_sleep(shm, false);
-    }
-  }
-  pthread_mutex_lock(&rt->mu);
-  rt->coord_sleeping = false;
-  pthread_mutex_unlock(&rt->mu);
-  if (pr > 0 && fds[0].revents) {
-    uint64_t v;
-    ssize_t r = read(rt->wake_fd, &v, sizeof(v));
-    (void)r;
-  }
-  return pr < 0 && errno != EINTR ? hora__error_errno(HORA_ERR_SYSTEM, "ppoll") : HORA_SUCCESS;
+  return hora__engine_poll(e, fds, n, false);
 }
 
 bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *done) {
@@ -131,7 +114,7 @@ bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *don
     return false; /* the coordinator (or another caller) is at work */
   }
   struct hora__engine *e = rt->engine;
-  if (!e || e->world->comm->gpu || e->exited || e->stop || e->deferred_rc != HORA_SUCCESS) {
+  if (!drivable(e)) {
     pthread_mutex_unlock(&rt->progress_mu);
     return false;
   }
@@ -144,8 +127,7 @@ bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *don
     if (!busy) {
       int rc = caller_sleep(rt, e);
       if (rc != HORA_SUCCESS) {
-        e->deferred_rc = rc;
-        hora__strlcpy(e->deferred_msg, hora__error_message(), sizeof(e->deferred_msg));
+        defer_error(e, rc);
         break;
       }
     }

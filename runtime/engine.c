@@ -211,6 +211,12 @@ static int spin_for_work(struct hora__engine *e, bool *found) {
   return HORA_SUCCESS;
 }
 
+static void drain_wake(struct hora__runtime *rt) {
+  uint64_t v;
+  ssize_t r = read(rt->wake_fd, &v, sizeof(v));
+  (void)r;
+}
+
 /* While callers drive the engine, the coordinator sleeps on its eventfd
  * alone (peers' messages are theirs to read): a spinning caller that
  * leaves with work undone, or gives up waiting, wakes it, and so does
@@ -221,9 +227,7 @@ static void sleep_while_driven(struct hora__engine *e) {
   pthread_mutex_unlock(&rt->progress_mu);
   struct pollfd p = {.fd = rt->wake_fd, .events = POLLIN};
   if (poll(&p, 1, rt->spin_us > 0 ? 1 : 100) > 0) {
-    uint64_t v;
-    ssize_t r = read(rt->wake_fd, &v, sizeof(v));
-    (void)r;
+    drain_wake(rt);
   }
   pthread_mutex_lock(&rt->progress_mu);
 }
@@ -241,8 +245,48 @@ uint64_t hora__engine_next_due_ns(struct hora__engine *e) {
   return due;
 }
 
-static int sleep_until_work(struct hora__engine *e) {
+bool hora__engine_sleep_begin(struct hora__runtime *rt) {
+  pthread_mutex_lock(&rt->mu);
+  bool idle = !rt->queue_head && !rt->abort_asked;
+  rt->coord_sleeping = idle;
+  pthread_mutex_unlock(&rt->mu);
+  return idle;
+}
+
+int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool release) {
   struct hora__runtime *rt = e->rt;
+  struct hora__shm *shm = e->world->comm->proc->shm;
+  int pr = 0, err = 0;
+  if (!shm || !hora__shm_mail_sleep(shm, true)) { /* (else a partner's step came in meanwhile) */
+    uint64_t due = hora__engine_next_due_ns(e), now = hora__now_ns();
+    uint64_t ns = due <= now ? 0 : HORA_MIN(due - now, 1000000000ull);
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+    if (release) {
+      pthread_mutex_unlock(&rt->progress_mu); /* callers may drive meanwhile */
+    }
+    pr = ppoll(fds, (nfds_t)n, &ts, NULL);
+    err = errno;
+    if (release) {
+      pthread_mutex_lock(&rt->progress_mu);
+    }
+    if (shm) {
+      hora__shm_mail_sleep(shm, false);
+    }
+  }
+  pthread_mutex_lock(&rt->mu);
+  rt->coord_sleeping = false;
+  pthread_mutex_unlock(&rt->mu);
+  if (pr > 0 && fds[0].revents) {
+    drain_wake(rt);
+  }
+  if (pr < 0 && err != EINTR) {
+    errno = err;
+    return hora__error_errno(HORA_ERR_SYSTEM, "ppoll");
+  }
+  return HORA_SUCCESS;
+}
+
+static int sleep_until_work(struct hora__engine *e) {
   hora__comm *c = e->world->comm;
   if (atomic_load_explicit(&e->rt->engine_drivers, memory_order_acquire) > 0) {
     sleep_while_driven(e);
@@ -250,74 +294,23 @@ static int sleep_until_work(struct hora__engine *e) {
   }
   bool found;
   HORA_CHECK(spin_for_work(e, &found));
-  if (found) {
-    return HORA_SUCCESS;
-  }
-  pthread_mutex_lock(&rt->mu);
-  bool idle = !rt->queue_head && !rt->abort_asked;
-  rt->coord_sleeping = idle;
-  pthread_mutex_unlock(&rt->mu);
-  if (!idle) {
+  if (found || !hora__engine_sleep_begin(e->rt)) {
     return HORA_SUCCESS;
   }
   struct pollfd *fds = e->pollfds;
   int n = 0;
-  fds[n++] = (struct pollfd){.fd = rt->wake_fd, .events = POLLIN};
+  fds[n++] = (struct pollfd){.fd = e->rt->wake_fd, .events = POLLIN};
   fds[n++] = (struct pollfd){.fd = c->proc->tcp_listen_fd, .events = POLLIN};
   fds[n++] = (struct pollfd){.fd = c->proc->unix_listen_fd, .events = POLLIN};
-  int nfixed = n;
   n += hora__engine_service_pollfds(e, fds + n, e->npollfds - n);
   hora__timeline_flush();
-  struct hora__shm *shm = c->proc->shm;
-  if (shm && hora__shm_mail_sleep(shm, true)) {
-    pthread_mutex_lock(&rt->mu);
-    rt->coord_sleeping = false;
-    pthread_mutex_unlock(&rt->mu);
-    return HORA_SUCCESS; /* a partner's step came in meanwhile */
-  }
-  int timeout = 1000;
-  uint64_t due = hora__engine_next_due_ns(e);
-  if (due != UINT64_MAX) {
-    uint64_t now = hora__now_ns();
-    uint64_t us = due > now ? (due - now + 999) / 1000 : 0;
-    /* poll() counts milliseconds; a shorter cycle than that is served by
-     * ppoll's finer timeout. */
-    struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
-    if (us < 1000000) {
-      pthread_mutex_unlock(&rt->progress_mu); /* callers may drive meanwhile */
-      int pr = ppoll(fds, (nfds_t)n, &ts, NULL);
-      pthread_mutex_lock(&rt->progress_mu);
-      if (pr < 0 && errno != EINTR) {
-        return hora__error_errno(HORA_ERR_SYSTEM, "ppoll");
-      }
-      goto woke;
-    }
-  }
-  pthread_mutex_unlock(&rt->progress_mu);
-  int pr = poll(fds, (nfds_t)n, timeout);
-  pthread_mutex_lock(&rt->progress_mu);
-  if (pr < 0 && errno != EINTR) {
-    return hora__error_errno(HORA_ERR_SYSTEM, "poll");
-  }
-woke:
-  if (shm) {
-    hora__shm_mail_sleep(shm, false);
-  }
-  pthread_mutex_lock(&rt->mu);
-  rt->coord_sleeping = false;
-  pthread_mutex_unlock(&rt->mu);
-  if (fds[0].revents) {
-    uint64_t v;
-    ssize_t r = read(rt->wake_fd, &v, sizeof(v));
-    (void)r;
-  }
+  HORA_CHECK(hora__engine_poll(e, fds, n, true));
   if (fds[1].revents) {
     hora__engine_refuse_connections(e, c->proc->tcp_listen_fd);
   }
   if (fds[2].revents) {
     hora__engine_refuse_connections(e, c->proc->unix_listen_fd);
   }
-  (void)nfixed;
   return HORA_SUCCESS;
 }
 
@@ -374,7 +367,6 @@ static int cycle(struct hora__engine *e) {
   }
   return HORA_SUCCESS;
 }
-
 
 /* After a data-plane failure, a neighbour's closed socket is usually the
  * echo of an error elsewhere; give the explanation (an abort from rank 0,

@@ -123,6 +123,14 @@ struct hora__engine {
  * rt->progress_mu; and when the loop must next wake for its timers. */
 int hora__engine_step(struct hora__engine *e, bool *busy);
 uint64_t hora__engine_next_due_ns(struct hora__engine *e);
+/* The engine's sleep, for the coordinator and a caller driving it: begin
+ * marks the sleeper for submitters to wake (false, and nothing marked,
+ * when work is queued); poll sleeps in ppoll() on fds (fds[0] the eventfd)
+ * until input or the next timer, with this rank's mailbox flag raised (not
+ * at all if a partner's step came in first), letting go of progress_mu
+ * meanwhile if `release`, then clears the mark and drains the eventfd. */
+bool hora__engine_sleep_begin(struct hora__runtime *rt);
+int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool release);
 
 /* engine.c: a communicator's negotiation state (its cache, cycles with
  * partners by its own ranks, stall inspector and, at its first rank, the

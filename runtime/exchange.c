@@ -240,17 +240,13 @@ static int move_data(struct exchange *x, void *out) {
       .done = &done,
       .wait = !done,
   };
-  if (!x->r->device) {
-    hora__engine_phase(x->set, x->alltoall ? "ALLTOALL" : "ALLGATHERV");
-  }
-  int rc = hora__coll_run(c, &op);
-  if (!x->r->device) {
-    hora__engine_phase(x->set, NULL);
-  }
-  /* (Device results stay on the device: HORA_VERIFY compares host ones.) */
   if (x->r->device) {
-    return rc;
+    /* (Results stay on the device: HORA_VERIFY compares host ones.) */
+    return hora__coll_run(c, &op);
   }
+  hora__engine_phase(x->set, x->alltoall ? "ALLTOALL" : "ALLGATHERV");
+  int rc = hora__coll_run(c, &op);
+  hora__engine_phase(x->set, NULL);
   if (rc == HORA_SUCCESS && hora__params.VERIFY && !x->alltoall) {
     /* (An alltoall's ranks hold different data: nothing to compare.) */
     char name[160], what[200];

@@ -123,14 +123,17 @@ static int make_secret(hora__comm *c) {
 
 /* The rank on the host `dir` steps along the cross ring with this rank's
  * local rank (hosts are homogeneous when this is used). */
-int hora__boot_cross_peer(const hora__comm *c, int dir) {
-  int h = (c->cross_rank + dir + c->cross_size) % c->cross_size;
+int hora__comm_rank_on_host(const hora__comm *c, int host) {
   for (int r = 0; r < c->size; r++) {
-    if (c->net->peers[r].host_index == h && c->net->peers[r].local_rank == c->local_rank) {
+    if (c->net->peers[r].host_index == host && c->net->peers[r].local_rank == c->local_rank) {
       return r;
     }
   }
   return -1;
+}
+
+int hora__boot_cross_peer(const hora__comm *c, int dir) {
+  return hora__comm_rank_on_host(c, (c->cross_rank + dir + c->cross_size) % c->cross_size);
 }
 
 static bool hosts_homogeneous(const hora__comm *c) {

@@ -226,13 +226,7 @@ static int adasum_per_host(hora__comm *comm, void *buf, size_t count, hora_dtype
     return HORA_ERR_NO_MEMORY;
   }
   for (int h = 0; h < H; h++) {
-    member[h] = -1;
-    for (int q = 0; q < comm->size; q++) {
-      if (comm->net->peers[q].host_index == h &&
-          comm->net->peers[q].local_rank == comm->local_rank) {
-        member[h] = q;
-      }
-    }
+    member[h] = hora__comm_rank_on_host(comm, h);
   }
   to_double(dtype, buf, v, count);
   double *slice = v + (size_t)comm->local_rank * S, *tmp = v + (size_t)L * S;

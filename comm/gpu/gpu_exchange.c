@@ -21,28 +21,27 @@ static void my_block(const hora__comm *c, const struct hora__coll_op *op, size_t
   }
 }
 
-/* Byte offsets of each rank's block in a buffer of blocks in rank order;
- * *total their sum. NULL on no memory. */
-static size_t *block_offsets(const size_t *bytes, int p, size_t *total) {
+/* Byte offsets of each rank's block in a buffer of blocks in rank order
+ * (p of them); NULL on no memory. */
+static size_t *block_offsets(const size_t *bytes, int p) {
   size_t *at = hora__malloc((size_t)(p > 0 ? p : 1) * sizeof(size_t));
-  *total = 0;
-  for (int j = 0; at && j < p; j++) {
-    at[j] = *total;
-    *total += bytes[j];
+  for (size_t j = 0, total = 0; at && j < (size_t)p; total += bytes[j], j++) {
+    at[j] = total;
   }
   return at;
 }
 
-/* What this rank sends: its block (allgatherv), or all its blocks. */
-static size_t bytes_sent(const hora__comm *c, const struct hora__coll_op *op) {
-  if (op->kind == HORA_COLL_ALLGATHERV) {
-    return op->send_bytes[c->rank];
-  }
+static size_t sum(const size_t *v, int p) {
   size_t t = 0;
-  for (int j = 0; j < c->size; j++) {
-    t += op->send_bytes[j];
+  for (int j = 0; j < p; j++) {
+    t += v[j];
   }
   return t;
+}
+
+/* What this rank sends: its block (allgatherv), or all its blocks. */
+static size_t bytes_sent(const hora__comm *c, const struct hora__coll_op *op) {
+  return op->kind == HORA_COLL_ALLGATHERV ? op->send_bytes[c->rank] : sum(op->send_bytes, c->size);
 }
 
 /* ---- NCCL ---------------------------------------------------------------------------- */
@@ -132,18 +131,23 @@ static int nccl_group(hora__comm *c, struct hora__gpu *g, const struct hora__col
   return HORA_SUCCESS;
 }
 
+/* A device-to-device copy on the runtime stream. */
+static int d2d(struct hora__gpu *g, void *dst, const void *src, size_t n) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, g->stream));
+  return HORA_SUCCESS;
+}
+
 int hora__gpu_nccl_exchange(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op) {
   int me = c->rank, p = c->size;
   bool alltoall = op->kind == HORA_COLL_ALLTOALL;
-  size_t sent, got;
-  size_t *sat = block_offsets(op->send_bytes, alltoall ? p : 0, &sent);
-  size_t *rat = block_offsets(op->recv_bytes, p, &got);
+  size_t sent = bytes_sent(c, op), got = sum(op->recv_bytes, p);
+  size_t *sat = block_offsets(op->send_bytes, alltoall ? p : 0);
+  size_t *rat = block_offsets(op->recv_bytes, p);
   if (!sat || !rat) {
     free(sat);
     free(rat);
     return HORA_ERR_NO_MEMORY;
   }
-  sent = bytes_sent(c, op);
   const char *src = op->in[0].base;
   char *dst = op->out[0].base;
   /* A stand-in receives into the fusion buffer; an alltoall whose buffers
@@ -155,20 +159,14 @@ int hora__gpu_nccl_exchange(hora__comm *c, struct hora__gpu *g, const struct hor
     rc = hora__gpu_grow_fusion(c, g, scratch);
   }
   if (rc == HORA_SUCCESS && overlap) {
-    cudaError_t e = cudaMemcpyAsync(g->fusion, src, sent, cudaMemcpyDeviceToDevice, g->stream);
-    rc = e == cudaSuccess ? HORA_SUCCESS
-                          : hora__error(HORA_ERR_SYSTEM, "cudaMemcpyAsync: %s", cudaGetErrorString(e));
+    rc = d2d(g, g->fusion, src, sent);
     src = g->fusion;
   }
   if (rc == HORA_SUCCESS && !dst) {
     dst = (char *)g->fusion + (overlap ? sent : 0);
   }
   if (rc == HORA_SUCCESS && alltoall && op->recv_bytes[me]) {
-    /* Its own block: a device copy, beside the group. */
-    cudaError_t e = cudaMemcpyAsync(dst + rat[me], src + sat[me], op->recv_bytes[me],
-                                    cudaMemcpyDeviceToDevice, g->stream);
-    rc = e == cudaSuccess ? HORA_SUCCESS
-                          : hora__error(HORA_ERR_SYSTEM, "cudaMemcpyAsync: %s", cudaGetErrorString(e));
+    rc = d2d(g, dst + rat[me], src + sat[me], op->recv_bytes[me]); /* its own block */
   }
   if (rc == HORA_SUCCESS) {
     bool equal = !alltoall;
@@ -185,11 +183,7 @@ int hora__gpu_nccl_exchange(hora__comm *c, struct hora__gpu *g, const struct hor
     } else if (!equal && p > 1) {
       rc = nccl_group(c, g, op, src, dst, sat, rat);
     } else if (!alltoall && op->recv_bytes[me]) {
-      cudaError_t e = cudaMemcpyAsync(dst + rat[me], src, op->recv_bytes[me],
-                                      cudaMemcpyDeviceToDevice, g->stream);
-      rc = e == cudaSuccess ? HORA_SUCCESS
-                            : hora__error(HORA_ERR_SYSTEM, "cudaMemcpyAsync: %s",
-                                          cudaGetErrorString(e));
+      rc = d2d(g, dst + rat[me], src, op->recv_bytes[me]);
     }
     hora__gpu_phase(op, NULL);
   }
@@ -229,10 +223,7 @@ int hora__gpu_staged_reducescatter(hora__comm *c, struct hora__gpu *g,
 }
 
 int hora__gpu_staged_exchange(hora__comm *c, struct hora__gpu *g, const struct hora__coll_op *op) {
-  size_t sent = bytes_sent(c, op), got = 0;
-  for (int j = 0; j < c->size; j++) {
-    got += op->recv_bytes[j];
-  }
+  size_t sent = bytes_sent(c, op), got = sum(op->recv_bytes, c->size);
   HORA_CHECK(hora__gpu_grow_stage(c, g, sent + got + 1));
   char *in = g->stage, *out = (char *)g->stage + sent;
   hora__gpu_phase(op, "MEMCPY_DEVICE_TO_HOST");
