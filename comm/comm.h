@@ -86,6 +86,7 @@ struct hora__comm {
   struct hora__ring_view world_ring; /* every member, in rank order */
   struct hora__ring_view cross_ring; /* the members with this local rank, one per host */
   uint64_t shm_seq;                  /* pieces done over shm: picks the half */
+  uint64_t published_seq;            /* shm_seq of the last hora__shm_publish_blocks */
   /* Each kind's algorithm, from the one table (comm/coll/select.c). */
   const struct hora__coll_backend *algo_allreduce, *algo_bcast, *algo_allgather, *algo_device;
   struct hora__gpu *gpu; /* its device data plane, set up by the first device op */

@@ -1,7 +1,9 @@
 /* Running an allgatherv or an alltoall. Their counts are each rank's own,
  * so the members first allgather one record each: what they send (one
  * count, or one per rank) and a fingerprint of what they expect to receive
- * (0: anything, for the allocating forms and joined ranks). From the
+ * (0: anything, for the allocating forms and joined ranks); on one host
+ * also where its send blocks lie, so the single-copy read that follows
+ * needs one barrier, not two. From the
  * records every member sees the same thing: what each rank receives, the
  * largest block, and whether anyone expects something else; then either
  * all move the data or all fail with the same message, and nothing is
@@ -51,6 +53,9 @@ struct exchange {
   uint64_t *all;    /* [p * width] every member's record */
   size_t *send_bytes, *recv_bytes, *counts; /* [p] each */
   size_t most, total;
+  const void *sendbuf; /* what is sent: the request's, or a copy (in place) */
+  void *send_copy;
+  bool published; /* the records went out with where the blocks lie */
 };
 
 /* The rank whose expectation differs from what it is sent, or -1; *msg
@@ -73,36 +78,69 @@ static int first_disagreeing(const struct exchange *x, char *msg, size_t size) {
   return -1;
 }
 
+/* An alltoall in place (or overlapping) sends from a copy, made before
+ * its blocks are published. */
+static int choose_sendbuf(struct exchange *x) {
+  struct hora_request *q = x->q;
+  x->sendbuf = q ? q->sendbuf : NULL;
+  if (!q || !x->alltoall || !q->v_recv || x->r->device) {
+    return HORA_SUCCESS; /* (an _alloc form's result is new memory) */
+  }
+  size_t sent = 0, got = 0;
+  for (int j = 0; j < x->p; j++) {
+    sent += q->v_send[j] * x->es;
+    got += q->v_recv[j] * x->es;
+  }
+  const char *s = q->sendbuf, *d = q->recvbuf;
+  if (sent && got && s < d + got && d < s + sent) {
+    if (!(x->send_copy = hora__malloc(sent))) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    memcpy(x->send_copy, q->sendbuf, sent);
+    x->sendbuf = x->send_copy;
+  }
+  return HORA_SUCCESS;
+}
+
 static int exchange_counts(struct exchange *x) {
   struct hora_request *q = x->q;
   size_t w = x->width;
   uint64_t *mine = hora__calloc(w, sizeof(uint64_t));
+  uint64_t *want = hora__malloc((size_t)x->p * sizeof(uint64_t));
+  size_t *at = hora__calloc((size_t)x->p, sizeof(size_t)); /* where its block for each begins */
   x->all = hora__calloc((size_t)x->p * w, sizeof(uint64_t));
-  if (!mine || !x->all) {
+  if (!mine || !want || !at || !x->all) {
     free(mine);
+    free(want);
+    free(at);
     return HORA_ERR_NO_MEMORY;
   }
   if (q) {
     for (size_t j = 0; j + 1 < w; j++) {
       mine[j] = x->alltoall ? q->v_send[j] : q->v_count;
     }
+    for (int j = 0; q->v_recv && j < x->p; j++) {
+      want[j] = q->v_recv[j];
+    }
     if (q->v_recv) {
-      uint64_t *want = hora__malloc((size_t)x->p * sizeof(uint64_t));
-      if (!want) {
-        free(mine);
-        return HORA_ERR_NO_MEMORY;
-      }
-      for (int j = 0; j < x->p; j++) {
-        want[j] = q->v_recv[j];
-      }
       mine[w - 1] = counts_fingerprint(want, 1, x->p);
-      free(want);
+    }
+    for (int j = 1; x->alltoall && j < x->p; j++) {
+      at[j] = at[j - 1] + q->v_send[j - 1] * x->es;
     }
   }
+  int rc = choose_sendbuf(x);
   hora__engine_phase(x->set, "EXCHANGE_COUNTS");
-  int rc = hora__allgather(x->set->comm, mine, w * sizeof(uint64_t), x->all);
+  if (rc == HORA_SUCCESS && x->r->device) {
+    rc = hora__allgather(x->set->comm, mine, w * sizeof(uint64_t), x->all);
+  } else if (rc == HORA_SUCCESS) {
+    rc = hora__exchange_records(x->set->comm, mine, w, x->all, x->sendbuf,
+                                x->alltoall ? at : NULL, &x->published);
+  }
   hora__engine_phase(x->set, NULL);
   free(mine);
+  free(want);
+  free(at);
   return rc;
 }
 
@@ -213,7 +251,7 @@ static int destination(struct exchange *x, void **out, hora_received *got) {
 static int move_data(struct exchange *x, void *out) {
   hora__comm *c = x->set->comm;
   struct hora_request *q = x->q;
-  struct hora__iov in = {q ? (void *)(uintptr_t)q->sendbuf : NULL, bytes_sent(x)};
+  struct hora__iov in = {(void *)(uintptr_t)x->sendbuf, bytes_sent(x)};
   struct hora__iov to = {out, x->total * x->es};
   void *ready = q ? q->ready_event : NULL, *done = q ? q->done_event : NULL;
   /* (The device paths mark their own phases: copies, NCCL.) */
@@ -232,6 +270,7 @@ static int move_data(struct exchange *x, void *out) {
       .send_bytes = x->send_bytes,
       .recv_bytes = x->recv_bytes,
       .most = x->most,
+      .published = x->published,
       .opts = &opts,
       /* (A joined rank's stand-in on the device path has out NULL: the
        * device data plane receives into its own scratch.) */
@@ -342,5 +381,6 @@ out:
   set->current = NULL;
   free(x.all);
   free(x.send_bytes);
+  free(x.send_copy);
   return rc;
 }

@@ -71,6 +71,7 @@ struct hora__coll_op {
    * between any two ranks. */
   const size_t *send_bytes, *recv_bytes;
   size_t most;
+  bool published; /* hora__exchange_records published in[0]'s blocks */
   const struct hora__coll_opts *opts;
   /* The buffers are GPU memory; in[i].base == NULL marks a joined rank's
    * stand-in there: zeros in, nothing out. */
@@ -134,13 +135,23 @@ int hora__reducescatter_at(hora__comm *comm, const void *sendbuf, void *recvbuf,
 
 /* recvbuf = every rank's block in rank order, rank r's of bytes[r] bytes
  * (every rank passes the same bytes[]); exchange.c. */
-int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes, void *recvbuf);
+int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes, void *recvbuf,
+                     bool published);
 /* Rank r's block for rank j (send_bytes[j] bytes, blocks in rank order in
  * sendbuf) lands in j's recvbuf, blocks in rank order there too. `most`
  * is the largest block between any two ranks, the same on every rank.
- * sendbuf and recvbuf may overlap (in place: then sent from a copy). */
+ * sendbuf and recvbuf may overlap (in place: then sent from a copy).
+ * `published`: hora__exchange_records published sendbuf and its blocks
+ * (they must not overlap recvbuf then). */
 int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_bytes,
-                   void *recvbuf, const size_t *recv_bytes, size_t most);
+                   void *recvbuf, const size_t *recv_bytes, size_t most, bool published);
+/* Every member's record of an exchange (width words each) into all
+ * ([size * width]). On one host with the kernel's copies, it also
+ * publishes where this rank's blocks lie in sendbuf (offsets[j]: its block
+ * for rank j, or NULL: one block at 0), *published true, and the exchange
+ * that follows at once with `published` saves a barrier. */
+int hora__exchange_records(hora__comm *comm, const uint64_t *record, size_t width, uint64_t *all,
+                           const void *sendbuf, const size_t *offsets, bool *published);
 
 /* Sends send_len bytes to `to` while receiving recv_len bytes from `from`
  * (the same connection or not), pipelined in chunks; either may be 0. */
@@ -208,10 +219,19 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
  * the kernel (block for local rank t at offsets[t] of each sendbuf, or 0
  * with offsets NULL; recv_bytes[j] from rank j land at at[j]). *done is
  * false, and nothing moved, where the ranks did not all choose the kernel
- * for blocks of `most` bytes (the same answer on every rank). */
+ * for blocks of `most` bytes (the same answer on every rank). `published`:
+ * hora__shm_publish_blocks has just published sendbuf and offsets (nothing
+ * used the segment since), so the read needs one barrier instead of two. */
 int hora__shm_read_blocks(hora__comm *comm, const void *sendbuf, const size_t *offsets,
                           void *recvbuf, const size_t *recv_bytes, const size_t *at, size_t most,
-                          bool *done);
+                          bool published, bool *done);
+/* One host: every rank's record (width words) into all ([size * width]),
+ * and where its sendbuf and blocks lie (as for hora__shm_read_blocks), in
+ * one barrier. *published false (nothing done) where the kernel cannot
+ * read the peers or the records do not fit the segment. */
+int hora__shm_publish_blocks(hora__comm *comm, const void *sendbuf, const size_t *offsets,
+                             const uint64_t *record, size_t width, uint64_t *all,
+                             bool *published);
 
 /* ---- the ring pipeline engine (ring.c) -----------------------------------
  * A sequence of sends to the next rank and receives from the previous one,

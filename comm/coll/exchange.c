@@ -331,7 +331,20 @@ static bool on_shm(const hora__comm *comm) {
   return comm->algo_allgather == &hora__coll_shm && comm->local_size == comm->size;
 }
 
-int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes, void *recvbuf) {
+int hora__exchange_records(hora__comm *comm, const uint64_t *record, size_t width, uint64_t *all,
+                           const void *sendbuf, const size_t *offsets, bool *published) {
+  *published = false;
+  if (on_shm(comm) && comm->size > 1) {
+    HORA_CHECK(hora__shm_publish_blocks(comm, sendbuf, offsets, record, width, all, published));
+    if (*published) {
+      return HORA_SUCCESS;
+    }
+  }
+  return hora__allgather(comm, record, width * sizeof(uint64_t), all);
+}
+
+int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes, void *recvbuf,
+                     bool published) {
   size_t *at = hora__malloc((size_t)comm->size * sizeof(*at));
   if (!at) {
     return HORA_ERR_NO_MEMORY;
@@ -344,7 +357,7 @@ int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
   bool done = false;
   int rc = HORA_SUCCESS;
   if (on_shm(comm) && comm->size > 1) {
-    rc = hora__shm_read_blocks(comm, sendbuf, NULL, recvbuf, bytes, at, most, &done);
+    rc = hora__shm_read_blocks(comm, sendbuf, NULL, recvbuf, bytes, at, most, published, &done);
   }
   if (rc == HORA_SUCCESS && !done) {
     rc = on_shm(comm) ? shm_allgatherv(comm, sendbuf, bytes, recvbuf, at)
@@ -355,7 +368,7 @@ int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
 }
 
 int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_bytes,
-                   void *recvbuf, const size_t *recv_bytes, size_t most) {
+                   void *recvbuf, const size_t *recv_bytes, size_t most, bool published) {
   size_t *sat = hora__malloc(2 * (size_t)comm->size * sizeof(*sat));
   if (!sat) {
     return HORA_ERR_NO_MEMORY;
@@ -369,6 +382,10 @@ int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_byt
   char *copy = NULL;
   const char *s = sendbuf, *d = recvbuf;
   if (sent && got && s < d + got && d < s + sent) {
+    if (published) {
+      free(sat);
+      return hora__error(HORA_ERR_SYSTEM, "alltoall: published blocks overlap the recvbuf");
+    }
     copy = hora__malloc(sent);
     if (!copy) {
       free(sat);
@@ -380,7 +397,8 @@ int hora__alltoall(hora__comm *comm, const void *sendbuf, const size_t *send_byt
   bool done = false;
   int rc = HORA_SUCCESS;
   if (on_shm(comm) && comm->size > 1) {
-    rc = hora__shm_read_blocks(comm, sendbuf, sat, recvbuf, recv_bytes, rat, most, &done);
+    rc = hora__shm_read_blocks(comm, sendbuf, sat, recvbuf, recv_bytes, rat, most, published,
+                               &done);
   }
   if (rc == HORA_SUCCESS && !done) {
     rc = on_shm(comm)

@@ -78,10 +78,11 @@ int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op) {
       return hora__reducescatter(comm, op->in[0].base, op->out[0].base, op->count, op->unit,
                                  op->dtype, op->op, op->wire, op->opts);
     case HORA_COLL_ALLGATHERV:
-      return hora__allgatherv(comm, op->in[0].base, op->recv_bytes, op->out[0].base);
+      return hora__allgatherv(comm, op->in[0].base, op->recv_bytes, op->out[0].base,
+                              op->published);
     case HORA_COLL_ALLTOALL:
       return hora__alltoall(comm, op->in[0].base, op->send_bytes, op->out[0].base,
-                            op->recv_bytes, op->most);
+                            op->recv_bytes, op->most, op->published);
   }
   return hora__error(HORA_ERR_INVALID_ARG, "collective of unknown kind %d", (int)op->kind);
 }

@@ -564,35 +564,91 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
  * its blocks straight out of the peers' sendbufs with process_vm_readv, and
  * a second barrier keeps every sendbuf in place until all have read. Only
  * where every rank chose the kernel for blocks this large: each publishes
- * its choice, so all see the same answer, and on "no" the caller stages. */
+ * its choice, so all see the same answer, and on "no" the caller stages.
+ * The publishing can go out with the counts records (one barrier less):
+ * the choice is then made after it, from the largest block in the records,
+ * the same on every rank (the settings it depends on are agreed, and the
+ * path table only changes in an allreduce's first step). */
 struct published_blocks {
   uint64_t kernel; /* 1: this rank reads through the kernel */
   uint64_t base;   /* its sendbuf */
-  /* then uint64_t offset[L]: where its block for each local rank begins */
+  /* then uint64_t offset[L]: where its block for each local rank begins;
+   * with the records, then its record (width words) */
 };
+
+static bool kernel_for(const hora__comm *comm, size_t most) {
+  struct hora__shm *s = comm->proc->shm;
+  return hora__shm_cma(s) && most >= (size_t)comm->proc->single_copy_min &&
+         hora__shm_path(s, most) == HORA_SHM_PATH_KERNEL;
+}
+
+static void publish_blocks(hora__comm *comm, int h, const void *sendbuf, const size_t *offsets,
+                           bool kernel) {
+  struct published_blocks *pub =
+      (struct published_blocks *)(void *)hora__shm_half(comm->proc->shm, comm->local_rank, h);
+  uint64_t *off = (uint64_t *)(pub + 1);
+  pub->kernel = kernel;
+  pub->base = (uint64_t)(uintptr_t)sendbuf;
+  for (int j = 0; j < comm->local_size; j++) {
+    off[j] = offsets ? offsets[j] : 0;
+  }
+}
+
+int hora__shm_publish_blocks(hora__comm *comm, const void *sendbuf, const size_t *offsets,
+                             const uint64_t *record, size_t width, uint64_t *all,
+                             bool *published) {
+  struct hora__shm *s = comm->proc->shm;
+  int L = comm->local_size;
+  *published = false;
+  if (!hora__shm_cma(s) ||
+      sizeof(struct published_blocks) + ((size_t)L + width) * sizeof(uint64_t) >
+          hora__shm_half_bytes(s)) {
+    return HORA_SUCCESS;
+  }
+  comm->published_seq = comm->shm_seq;
+  int h = (int)(comm->shm_seq++ & 1);
+  publish_blocks(comm, h, sendbuf, offsets, false);
+  memcpy((uint64_t *)(void *)(hora__shm_half(s, comm->local_rank, h) +
+                              sizeof(struct published_blocks)) + L,
+         record, width * sizeof(uint64_t));
+  HORA_CHECK(hora__shm_barrier(s, comm->net));
+  for (int j = 0; j < L; j++) {
+    const uint64_t *theirs =
+        (const uint64_t *)(const void *)(hora__shm_half(s, j, h) + sizeof(struct published_blocks));
+    memcpy(all + (size_t)j * width, theirs + L, width * sizeof(uint64_t));
+  }
+  *published = true;
+  return HORA_SUCCESS;
+}
 
 int hora__shm_read_blocks(hora__comm *comm, const void *sendbuf, const size_t *offsets,
                           void *recvbuf, const size_t *recv_bytes, const size_t *at, size_t most,
-                          bool *done) {
+                          bool published, bool *done) {
   struct hora__shm *s = comm->proc->shm;
   int L = comm->local_size, me = comm->local_rank;
   *done = false;
-  if (sizeof(struct published_blocks) + (size_t)L * sizeof(uint64_t) > hora__shm_half_bytes(s)) {
-    return HORA_SUCCESS;
-  }
-  int h = (int)(comm->shm_seq++ & 1);
-  struct published_blocks *pub = (struct published_blocks *)(void *)hora__shm_half(s, me, h);
-  uint64_t *off = (uint64_t *)(pub + 1);
-  pub->kernel = hora__shm_cma(s) && most >= (size_t)comm->proc->single_copy_min &&
-                hora__shm_path(s, most) == HORA_SHM_PATH_KERNEL;
-  pub->base = (uint64_t)(uintptr_t)sendbuf;
-  for (int j = 0; j < L; j++) {
-    off[j] = offsets ? offsets[j] : 0;
-  }
-  HORA_CHECK(hora__shm_barrier(s, comm->net));
-  for (int j = 0; j < L; j++) {
-    if (!((struct published_blocks *)(void *)hora__shm_half(s, j, h))->kernel) {
-      return HORA_SUCCESS; /* (all ranks see the same: the caller stages) */
+  int h;
+  if (published) {
+    if (comm->shm_seq != comm->published_seq + 1) {
+      /* (A use of the segment between the two: a bug, not a peer's doing.) */
+      return hora__error(HORA_ERR_SYSTEM, "single-copy exchange: its published blocks were "
+                         "overwritten before the read");
+    }
+    h = (int)(comm->published_seq & 1);
+    if (!kernel_for(comm, most)) {
+      return HORA_SUCCESS; /* (the same on every rank: the caller stages) */
+    }
+  } else {
+    if (sizeof(struct published_blocks) + (size_t)L * sizeof(uint64_t) > hora__shm_half_bytes(s)) {
+      return HORA_SUCCESS;
+    }
+    h = (int)(comm->shm_seq++ & 1);
+    publish_blocks(comm, h, sendbuf, offsets, kernel_for(comm, most));
+    HORA_CHECK(hora__shm_barrier(s, comm->net));
+    for (int j = 0; j < L; j++) {
+      if (!((struct published_blocks *)(void *)hora__shm_half(s, j, h))->kernel) {
+        return HORA_SUCCESS; /* (all ranks see the same: the caller stages) */
+      }
     }
   }
   size_t moved = 0;

@@ -234,9 +234,9 @@ int hora__gpu_staged_exchange(hora__comm *c, struct hora__gpu *g, const struct h
   HORA_CHECK(hora__gpu_wait_stream(c, g));
   hora__gpu_phase(op, NULL);
   if (op->kind == HORA_COLL_ALLTOALL) {
-    HORA_CHECK(hora__alltoall(c, in, op->send_bytes, out, op->recv_bytes, op->most));
+    HORA_CHECK(hora__alltoall(c, in, op->send_bytes, out, op->recv_bytes, op->most, false));
   } else {
-    HORA_CHECK(hora__allgatherv(c, in, op->recv_bytes, out));
+    HORA_CHECK(hora__allgatherv(c, in, op->recv_bytes, out, false));
   }
   if (op->out[0].base && got) {
     hora__gpu_phase(op, "MEMCPY_HOST_TO_DEVICE");
