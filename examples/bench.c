@@ -27,12 +27,19 @@
  * allgatherv: grouped ncclBroadcast) on the same buffers (NCCL builds; MPI is not CUDA-aware
  * here). NCCL refuses two ranks on one GPU, so where ranks share a GPU the
  * NCCL columns read "-" and a comment line says why.
+ *
+ * With --floor (alltoall, host buffers, every rank on one host) each size
+ * also times what no runtime can undercut there: each rank copies its own
+ * block and reads its block from every peer's sendbuf with
+ * process_vm_readv, between two MPI barriers.
  */
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "hora.h"
@@ -308,6 +315,53 @@ static double run_hora(enum coll c, float *buf, float *out, size_t n, int iters)
   return (MPI_Wtime() - t0) / iters;
 }
 
+/* The kernel-copy floor of an equal-split alltoall on one host. */
+static pid_t *floor_pids;
+static uint64_t *floor_bases;
+
+static int floor_setup(const float *buf) {
+  MPI_Comm local;
+  int n = 0;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &n);
+  MPI_Comm_free(&local);
+  floor_pids = calloc((size_t)size, sizeof(pid_t));
+  floor_bases = calloc((size_t)size, sizeof(uint64_t));
+  if (n != size || !floor_pids || !floor_bases) {
+    return 0;
+  }
+  pid_t me = getpid();
+  uint64_t base = (uint64_t)(uintptr_t)buf;
+  MPI_Allgather(&me, (int)sizeof(me), MPI_BYTE, floor_pids, (int)sizeof(me), MPI_BYTE,
+                MPI_COMM_WORLD);
+  MPI_Allgather(&base, 1, MPI_UINT64_T, floor_bases, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  return 1;
+}
+
+static double run_floor(const float *buf, float *out, size_t n, int iters) {
+  size_t per = n / (size_t)size * sizeof(float);
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  for (int i = 0; i < iters; i++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (int k = 0; k < size; k++) {
+      int j = (rank + k) % size;
+      char *to = (char *)out + (size_t)j * per;
+      if (j == rank) {
+        memmove(to, (const char *)buf + (size_t)j * per, per);
+        continue;
+      }
+      struct iovec l = {to, per};
+      struct iovec r = {(void *)(uintptr_t)(floor_bases[j] + (uint64_t)rank * per), per};
+      if (process_vm_readv(floor_pids[j], &l, 1, &r, 1, 0) != (ssize_t)per) {
+        fail("process_vm_readv (the floor)");
+      }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  return (MPI_Wtime() - t0) / iters;
+}
+
 static double run_mpi(enum coll c, float *buf, float *out, size_t n, int iters) {
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = MPI_Wtime();
@@ -364,6 +418,7 @@ static void usage(void) {
           "  -r N      repetitions; the median is printed (default 5)\n"
           "  --no-mpi  do not run MPI's collectives beside hora's\n"
           "  --stages  after each size, where hora's time went (rank 0's mean per stage)\n"
+          "  --floor   alltoall on one host: also the kernel-copy floor (no runtime)\n"
           "  --hora-mem  buffers from hora_mem_alloc (host-shared; MPI uses them too)\n"
           "  --device cpu|cuda  where the buffers live (default cpu); cuda: device memory,\n"
           "            with a plain NCCL loop on the same buffers beside hora (CUDA builds)\n"
@@ -373,7 +428,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
   size_t minb = 8, maxb = 64 << 20;
   double factor = 4;
-  int reps = 5, fixed_iters = 0, with_mpi = 1, hora_mem = 0, stages = 0;
+  int reps = 5, fixed_iters = 0, with_mpi = 1, hora_mem = 0, stages = 0, floor = 0;
   int colls[NCOLLS] = {1, 1, 1, 1, 1, 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -397,6 +452,8 @@ int main(int argc, char **argv) {
       with_mpi = 0;
     } else if (!strcmp(a, "--stages")) {
       stages = 1;
+    } else if (!strcmp(a, "--floor")) {
+      floor = 1;
     } else if (!strcmp(a, "--hora-mem")) {
       hora_mem = 1;
     } else if (!strcmp(a, "--device") && i + 1 < argc) {
@@ -485,7 +542,14 @@ int main(int argc, char **argv) {
     memset(out, 0, maxn * 4);
   }
   const char *peer = on_device ? "NCCL" : "MPI";
+  if (floor && (on_device || hora_mem || !colls[ALLTOALL] || !floor_setup(buf))) {
+    if (rank == 0) {
+      printf("# no floor: it needs -o alltoall, malloc'd host buffers and every rank on one host\n");
+    }
+    floor = 0;
+  }
   double *th = calloc((size_t)reps, sizeof(double)), *tm = calloc((size_t)reps, sizeof(double));
+  double *tf = calloc((size_t)reps, sizeof(double));
   long errors = 0;
   for (int c = 0; c < NCOLLS; c++) {
     if (!colls[c]) {
@@ -545,9 +609,11 @@ int main(int argc, char **argv) {
         double tmpi = !with_peer ? 0
                       : on_device ? run_nccl((enum coll)c, buf, out, n, iters)
                                   : run_mpi((enum coll)c, buf, out, n, iters);
+        double tfl = floor && c == ALLTOALL ? run_floor(buf, out, n, iters) : 0;
         if (r > 0) {
           th[r - 1] = t;
           tm[r - 1] = tmpi;
+          tf[r - 1] = tfl;
         }
       }
       hora_get_stats(&s1);
@@ -566,6 +632,14 @@ int main(int argc, char **argv) {
         } else {
           printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10s %8s %8s | %8s %6ld\n", bytes, n,
                  mh * 1e6, ah, ah * bus, "-", "-", "-", "-", all_bad);
+        }
+        if (floor && c == ALLTOALL) {
+          double mf = median(tf, reps);
+          printf("#   floor: %.2f us (each block copied or read once, two MPI barriers); "
+                 "hora/floor %.2fx%s", mf * 1e6, mf / mh, with_peer ? "" : "\n");
+          if (with_peer) {
+            printf(", MPI/floor %.2fx\n", mf / mm);
+          }
         }
         fflush(stdout);
       }
