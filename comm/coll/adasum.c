@@ -28,6 +28,7 @@
  * shared memory. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/log.h"
 #include "base/params.h"
@@ -56,30 +57,72 @@ static void from_double(hora_dtype dt, const double *src, void *dst, size_t n) {
   }
 }
 
-/* Horovod's threshold: a vector this small counts as zero. */
-#define NORM_MIN 1e-8
+/* The dot products of two vectors: s = {a.b, |a|^2, |b|^2, ea, eb}, the
+ * first three scaled by 2^-(ea+eb), 2^-2ea, 2^-2eb. Each vector is scaled
+ * (exactly, by powers of two) so that its largest element is near 1: no
+ * square underflows or overflows at any scale, so only a vector that is
+ * exactly zero has a zero norm (Horovod's threshold, |a|^2 < sqrt(DBL_MIN),
+ * made every vector below 1e-77 count as zero) and adasum(s a, s b) is
+ * s adasum(a, b). */
+enum { NS = 5 };
 
-/* out = adasum(left, right) given s = {left.right, |left|^2, |right|^2};
- * out may be either input (each element depends on its own two only). */
+static int exponent_of(const double *a, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; i++) {
+    m = fmax(m, fabs(a[i]));
+  }
+  int e = 0;
+  if (m > 0 && isfinite(m)) {
+    frexp(m, &e);
+  }
+  return e;
+}
+
+static void dots(const double *a, const double *b, size_t n, double s[NS]) {
+  int ea = exponent_of(a, n), eb = exponent_of(b, n);
+  /* Two factors: 2^-ea alone overflows for subnormal elements. */
+  double a1 = ldexp(1, -ea / 2), a2 = ldexp(1, ea / 2 - ea);
+  double b1 = ldexp(1, -eb / 2), b2 = ldexp(1, eb / 2 - eb);
+  double d = 0, x = 0, y = 0;
+  for (size_t i = 0; i < n; i++) {
+    double p = a[i] * a1 * a2, q = b[i] * b1 * b2;
+    d += p * q;
+    x += p * p;
+    y += q * q;
+  }
+  s[0] = d;
+  s[1] = x;
+  s[2] = y;
+  s[3] = ea;
+  s[4] = eb;
+}
+
+/* out = x + y (out may be either), at the larger exponent of each vector
+ * where it is nonzero. */
+static void add_dots(double out[NS], const double x[NS], const double y[NS]) {
+  double ea = x[1] == 0 ? y[3] : y[1] == 0 ? x[3] : fmax(x[3], y[3]);
+  double eb = x[2] == 0 ? y[4] : y[2] == 0 ? x[4] : fmax(x[4], y[4]);
+  double d = ldexp(x[0], (int)(x[3] + x[4] - ea - eb)) + ldexp(y[0], (int)(y[3] + y[4] - ea - eb));
+  double aa = ldexp(x[1], (int)(2 * (x[3] - ea))) + ldexp(y[1], (int)(2 * (y[3] - ea)));
+  double bb = ldexp(x[2], (int)(2 * (x[4] - eb))) + ldexp(y[2], (int)(2 * (y[4] - eb)));
+  out[0] = d;
+  out[1] = aa;
+  out[2] = bb;
+  out[3] = ea;
+  out[4] = eb;
+}
+
+/* out = adasum(left, right) given their dots s; out may be either input
+ * (each element depends on its own two only). A coefficient is 1 where its
+ * vector is zero. */
 static void combine(double *out, const double *left, const double *right, size_t n,
-                    const double s[3]) {
-  double ca = s[1] >= NORM_MIN ? 1.0 - s[0] / s[1] * 0.5 : 1.0;
-  double cb = s[2] >= NORM_MIN ? 1.0 - s[0] / s[2] * 0.5 : 1.0;
+                    const double s[NS]) {
+  /* a.b / |a|^2 = s0 / s1 * 2^(eb - ea) */
+  double ca = s[1] > 0 ? 1.0 - ldexp(s[0] / s[1], (int)(s[4] - s[3])) * 0.5 : 1.0;
+  double cb = s[2] > 0 ? 1.0 - ldexp(s[0] / s[2], (int)(s[3] - s[4])) * 0.5 : 1.0;
   for (size_t i = 0; i < n; i++) {
     out[i] = ca * left[i] + cb * right[i];
   }
-}
-
-static void dots(const double *a, const double *b, size_t n, double out[3]) {
-  double d = 0, x = 0, y = 0;
-  for (size_t i = 0; i < n; i++) {
-    d += a[i] * b[i];
-    x += a[i] * a[i];
-    y += b[i] * b[i];
-  }
-  out[0] = d;
-  out[1] = x;
-  out[2] = y;
 }
 
 static int swap(hora__comm *comm, int peer, const void *send, size_t sb, void *recv, size_t rb) {
@@ -96,10 +139,26 @@ struct tree {
 
 static int at(const struct tree *t, int pos) { return t->member ? t->member[pos] : pos; }
 
-/* s summed over the host's slices (every rank of the host calls it). */
-static int host_sums(hora__comm *comm, const struct tree *t, double s[3]) {
-  return t->per_host ? hora__shm_allreduce_local(comm, s, 3, HORA_FLOAT64, HORA_SUM)
-                     : HORA_SUCCESS;
+/* s summed over the host's slices (every rank of the host calls it), in
+ * local rank order so that all add alike. */
+static int host_sums(hora__comm *comm, const struct tree *t, double s[NS]) {
+  if (!t->per_host) {
+    return HORA_SUCCESS;
+  }
+  int L = comm->local_size;
+  double *all = hora__malloc((size_t)L * NS * sizeof(double));
+  if (!all) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  int rc = hora__shm_allgather(comm, s, NS * sizeof(double), all);
+  if (rc == HORA_SUCCESS) {
+    memcpy(s, all, NS * sizeof(double));
+    for (int j = 1; j < L; j++) {
+      add_dots(s, s, all + (size_t)j * NS);
+    }
+  }
+  free(all);
+  return rc;
 }
 
 /* Halving: [lo, hi) split at mid = lo + (hi - lo) / 2; the lower rank of a
@@ -124,16 +183,17 @@ static int halve_and_combine(hora__comm *comm, const struct tree *t, int levels,
                     tmp, k * sizeof(double)));
     /* "left" is the vector of the half-group with bit l clear. */
     const double *left = lower ? v + keep.lo : tmp, *right = lower ? tmp : v + keep.lo;
-    double s[3], got[3];
+    double s[NS], got[NS];
     dots(left, right, k, s);
     HORA_CHECK(host_sums(comm, t, s));
     /* The group's ranks hold the other pieces of the same two vectors. */
     for (int j = 0; j <= l; j++) {
       HORA_CHECK(swap(comm, at(t, r ^ (1 << j)), s, sizeof(s), got, sizeof(got)));
       /* Added in rank order, so both sides round alike. */
-      bool first = r < (r ^ (1 << j));
-      for (int i = 0; i < 3; i++) {
-        s[i] = first ? s[i] + got[i] : got[i] + s[i];
+      if (r < (r ^ (1 << j))) {
+        add_dots(s, s, got);
+      } else {
+        add_dots(s, got, s);
       }
     }
     combine(v + keep.lo, left, right, k, s);
@@ -177,7 +237,7 @@ static int adasum_tree(hora__comm *comm, const struct tree *t, double *v, double
   } else {
     if (r + P < p) {
       rc = swap(comm, at(t, r + P), NULL, 0, tmp, bytes);
-      double s[3];
+      double s[NS];
       if (rc == HORA_SUCCESS) {
         dots(v, tmp, n, s);
         rc = host_sums(comm, t, s);

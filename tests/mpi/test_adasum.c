@@ -4,7 +4,9 @@
  * rank r - P first), in double, on every float dtype, sizes from 1 to many
  * chunks, zero vectors among the inputs, scales, several in flight at once,
  * identical bits on every rank, a joined rank (a zero input), and the
- * refusals (integer dtypes, reducescatter). With HORA_HIERARCHICAL_ADASUM=1
+ * refusals (integer dtypes, reducescatter). Only a zero vector is added
+ * as it is: tiny vectors combine like any other, and scaling every input
+ * by s scales the result by s, from 1e-300 to 1e300. With HORA_HIERARCHICAL_ADASUM=1
  * (and hosts of equal rank counts) the reference is the tree over the
  * hosts' sums, hosts in the order of their lowest rank. */
 #include <math.h>
@@ -57,7 +59,7 @@ static void ref_pair(double *a, const double *b, size_t n) {
     aa += a[i] * a[i];
     bb += b[i] * b[i];
   }
-  double ca = aa >= 1e-8 ? 1 - dot / (2 * aa) : 1, cb = bb >= 1e-8 ? 1 - dot / (2 * bb) : 1;
+  double ca = aa > 0 ? 1 - dot / (2 * aa) : 1, cb = bb > 0 ? 1 - dot / (2 * bb) : 1;
   for (size_t i = 0; i < n; i++) {
     a[i] = ca * a[i] + cb * b[i];
   }
@@ -249,6 +251,86 @@ static void several_in_flight(void) {
   }
 }
 
+/* The Adasum of the ranks' buffers (n of dt each, scaled by s) against s
+ * times the reference taken at scale 1. */
+static void check_scaled(hora_dtype dt, size_t n, int salt, double s, double tol) {
+  double **v = malloc((size_t)mt_size * sizeof(*v));
+  for (int r = 0; r < mt_size; r++) {
+    v[r] = calloc(n + 1, sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+      v[r][i] = input(r, i, salt);
+    }
+  }
+  ref_tree(v, leaves(v, n), n);
+  char *buf = malloc(n * hora_dtype_size(dt) + 1);
+  for (size_t i = 0; i < n; i++) {
+    put(dt, buf, i, input(mt_rank, i, salt) * s);
+  }
+  char name[64];
+  snprintf(name, sizeof(name), "adasum/scaled/%s/%g", hora_dtype_name(dt), s);
+  hora_request *r = NULL;
+  MT_OK(hora_allreduce_async(name, buf, buf, n, dt, HORA_ADASUM, &r));
+  MT_OK(hora_wait(&r));
+  double top = 0, worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    top = fmax(top, fabs(v[0][i]));
+  }
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs(get(dt, buf, i) / s - v[0][i]);
+    if (!(d <= worst)) { /* (a NaN counts as the worst) */
+      worst = d;
+      at = i;
+    }
+  }
+  MT_CHECK(worst <= tol * top, "%s: element %zu is %.9g, expected %.9g", name, at,
+           get(dt, buf, at), v[0][at] * s);
+  for (int q = 0; q < mt_size; q++) {
+    free(v[q]);
+  }
+  free(v);
+  free(buf);
+}
+
+/* Every rank holds [x] * 4: the Adasum of identical vectors is the vector
+ * (hierarchical: the hosts' sums, identical too). */
+static void tiny_vectors(void) {
+  static const double xs64[] = {1e-5, 1e-10, 1e-30, 1e-80, 1e-150, 1e-200, 1e-300, 1e-310};
+  static const double xs32[] = {1e-5, 1e-10, 1e-20, 1e-30, 1e-37};
+  double per_leaf = hosts ? (double)mt_size / hosts : 1;
+  for (int d = 0; d < 2; d++) {
+    hora_dtype dt = d ? HORA_FLOAT32 : HORA_FLOAT64;
+    const double *xs = d ? xs32 : xs64;
+    size_t k = d ? sizeof(xs32) / sizeof(*xs32) : sizeof(xs64) / sizeof(*xs64);
+    for (size_t j = 0; j < k; j++) {
+      char buf[4 * sizeof(double)], name[64];
+      for (size_t i = 0; i < 4; i++) {
+        put(dt, buf, i, xs[j]);
+      }
+      snprintf(name, sizeof(name), "adasum/tiny/%s/%g", hora_dtype_name(dt), xs[j]);
+      hora_request *r = NULL;
+      MT_OK(hora_allreduce_async(name, buf, buf, 4, dt, HORA_ADASUM, &r));
+      MT_OK(hora_wait(&r));
+      double want = rounded(dt, xs[j]) * per_leaf;
+      for (size_t i = 0; i < 4; i++) {
+        double got = get(dt, buf, i);
+        MT_CHECK(fabs(got - want) <= (d ? 1e-6 : 1e-12) * want,
+                 "%s: element %zu is %.9g, expected %.9g", name, i, got, want);
+      }
+    }
+  }
+}
+
+/* adasum(s a, s b) = s adasum(a, b): no jump at any scale. */
+static void scale_invariant(void) {
+  for (int k = -300; k <= 300; k += 15) {
+    check_scaled(HORA_FLOAT64, 37, 11, pow(10, k), 1e-9);
+  }
+  for (int k = -36; k <= 36; k += 3) {
+    check_scaled(HORA_FLOAT32, 37, 12, pow(10, k), 1e-4);
+  }
+}
+
 static void refusals_and_join(void) {
   int32_t i32[4] = {0};
   hora_request *r = NULL;
@@ -275,6 +357,8 @@ int main(int argc, char **argv) {
   learn_hosts();
   mt_run("adasum/matches_the_reference", matches_the_reference);
   mt_run("adasum/several_in_flight", several_in_flight);
+  mt_run("adasum/tiny_vectors", tiny_vectors);
+  mt_run("adasum/scale_invariant", scale_invariant);
   mt_run("adasum/refusals_and_join", refusals_and_join);
   int failures = mt_total_failures();
   int rc = hora_finalize();

@@ -8,8 +8,8 @@ import hora.torch as hvd
 
 def pair(a, b):
     dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
-    ca = 1 - dot / (2 * aa) if aa >= 1e-8 else 1.0
-    cb = 1 - dot / (2 * bb) if bb >= 1e-8 else 1.0
+    ca = 1 - dot / (2 * aa) if aa > 0 else 1.0
+    cb = 1 - dot / (2 * bb) if bb > 0 else 1.0
     return ca * a + cb * b
 
 
