@@ -215,6 +215,16 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
                                     hora_dtype dtype, hora_op op,
                                     const struct hora__coll_opts *opts);
 
+/* Tests only (tests/mpi/test_shm_forge.c): when set, runs on this rank's
+ * record in the host segment just before the barrier that publishes it:
+ * the single-copy allreduce's block references (refs: inputs, then
+ * outputs) or an exchange's block offsets (one per local rank), so that a
+ * test can play a peer that publishes bad ones. */
+struct hora__mem_ref;
+typedef void hora__shm_forge_fn(struct hora__mem_ref *refs, int nrefs, uint64_t *offsets,
+                                int noffsets);
+extern hora__shm_forge_fn *_Atomic hora__shm_forge;
+
 /* One host: every rank reads its blocks out of the peers' sendbufs with
  * the kernel (block for local rank t at offsets[t] of each sendbuf, or 0
  * with offsets NULL; recv_bytes[j] from rank j land at at[j]). *done is

@@ -257,8 +257,12 @@ int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, voi
  * buffer outside the blocks is staged instead, after the addresses are
  * exchanged: only then can every rank see whether any such buffer exists. */
 
+#include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+
+hora__shm_forge_fn *_Atomic hora__shm_forge;
 
 #define BOUNCE (512 * 1024)
 #define IOV_BATCH 512
@@ -312,6 +316,17 @@ static void reduce_segments(const struct hora__iov *in, const struct hora__iov *
   }
 }
 
+/* The name of local rank lr, for messages ("rank R (host H, pid P)"). */
+static const char *local_peer_name(const hora__comm *comm, int lr, char *name, size_t n) {
+  int peer_rank = lr;
+  for (int r = 0; r < comm->size; r++) {
+    if (comm->net->peers[r].host_index == comm->cross_rank && comm->net->peers[r].local_rank == lr) {
+      peer_rank = r;
+    }
+  }
+  return hora__peer_name(comm->net, peer_rank, name, n);
+}
+
 static int cma(hora__comm *comm, int lr, bool write, struct iovec *local, int nl,
                struct iovec *remote, int nr, size_t bytes) {
   struct hora__shm *s = comm->proc->shm;
@@ -322,13 +337,7 @@ static int cma(hora__comm *comm, int lr, bool write, struct iovec *local, int nl
     return HORA_SUCCESS;
   }
   char name[160];
-  int peer_rank = lr;
-  for (int r = 0; r < comm->size; r++) {
-    if (comm->net->peers[r].host_index == comm->cross_rank && comm->net->peers[r].local_rank == lr) {
-      peer_rank = r;
-    }
-  }
-  hora__peer_name(comm->net, peer_rank, name, sizeof(name));
+  local_peer_name(comm, lr, name, sizeof(name));
   if (got < 0 && errno == ESRCH) {
     return hora__error(HORA_ERR_PEER_LOST, "lost %s: the process is gone", name);
   }
@@ -380,23 +389,39 @@ static bool all_published(struct hora__shm *s, int L, int h, int n) {
 }
 
 /* Fills ptrs[0..2n) with this process's addresses of local rank j's inputs
- * and outputs. A side that cannot be mapped whole gets ptrs[0] (inputs) or
- * ptrs[n] (outputs) NULL: it goes through the kernel. */
-static void map_peer(hora__comm *comm, int j, char *half, int n, uint64_t op, char **ptrs) {
+ * and outputs (as long as ours: in and out). A side that cannot be mapped
+ * whole gets ptrs[0] (inputs) or ptrs[n] (outputs) NULL: it goes through
+ * the kernel. A reference outside its block fails the operation. */
+static int map_peer(hora__comm *comm, int j, char *half, const struct hora__iov *in,
+                    const struct hora__iov *out, int n, uint64_t op, char **ptrs) {
   const struct published *pub = (const struct published *)(const void *)half;
   const struct hora__mem_ref *refs = published_refs(half, n);
   pid_t pid = hora__shm_pid(comm->proc->shm, j);
   for (int side = 0; side < 2; side++) {
     char **p = ptrs + (size_t)side * (size_t)n;
     const struct hora__mem_ref *r = refs + (size_t)side * (size_t)n;
+    const struct hora__iov *ours = side ? out : in;
     for (int i = 0; i < n; i++) {
-      p[i] = r[i].id ? hora__peer_mem(comm->proc->peer_maps, j, pid, pub->frees, op, &r[i]) : NULL;
+      bool bad = false;
+      p[i] = r[i].id ? hora__peer_mem(comm->proc->peer_maps, j, pid, pub->frees, op, &r[i],
+                                      ours[i].len, &bad)
+                     : NULL;
+      if (bad) {
+        char name[160];
+        return hora__error(HORA_ERR_PROTOCOL,
+                           "%s published a hora_mem_alloc block reference out of bounds: "
+                           "offset %" PRIu64 " + %zu bytes of its %s %d in a block of %" PRIu64
+                           " bytes",
+                           local_peer_name(comm, j, name, sizeof(name)), r[i].offset, ours[i].len,
+                           side ? "output" : "input", i, r[i].len);
+      }
       if (!p[i]) {
         p[0] = NULL;
         break;
       }
     }
   }
+  return HORA_SUCCESS;
 }
 
 /* Copies the bytes [x, x + m) of our outputs into the peer's, whose
@@ -458,6 +483,10 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
     hora__mem_find(in[i].base, in[i].len, &my_refs[i]);
     hora__mem_find(out[i].base, out[i].len, &my_refs[n + i]);
   }
+  hora__shm_forge_fn *forge = atomic_load(&hora__shm_forge);
+  if (forge) {
+    forge(my_refs, 2 * n, NULL, 0);
+  }
   phase(opts, "ALLREDUCE");
   HORA_CHECK(hora__shm_barrier(comm->proc->shm, comm->net));
   /* Timed from here, where every rank starts together, to each rank's last
@@ -481,7 +510,7 @@ int hora__shm_allreduce_single_copy(hora__comm *comm, const struct hora__iov *in
   for (int j = 0; j < L; j++) {
     if (j != me) {
       char **p = comm->proc->peer_ptrs + (size_t)j * 2 * (size_t)n;
-      map_peer(comm, j, hora__shm_half(s, j, h), n, comm->shm_seq, p);
+      HORA_CHECK(map_peer(comm, j, hora__shm_half(s, j, h), in, out, n, comm->shm_seq, p));
       all_direct = all_direct && p[0] && p[n];
     }
   }
@@ -592,6 +621,10 @@ static void publish_blocks(hora__comm *comm, int h, const void *sendbuf, const s
   for (int j = 0; j < comm->local_size; j++) {
     off[j] = offsets ? offsets[j] : 0;
   }
+  hora__shm_forge_fn *forge = atomic_load(&hora__shm_forge);
+  if (forge) {
+    forge(NULL, 0, off, comm->local_size);
+  }
 }
 
 int hora__shm_publish_blocks(hora__comm *comm, const void *sendbuf, const size_t *offsets,
@@ -657,14 +690,24 @@ int hora__shm_read_blocks(hora__comm *comm, const void *sendbuf, const size_t *o
     if (!recv_bytes[j]) {
       continue;
     }
-    const struct published_blocks *theirs =
-        (const struct published_blocks *)(const void *)hora__shm_half(s, j, h);
-    uint64_t from = theirs->base + ((const uint64_t *)(theirs + 1))[me];
     if (j == me) {
-      /* (memmove: an allgatherv in place has it there already) */
-      memmove((char *)recvbuf + at[j], (const void *)(uintptr_t)from, recv_bytes[j]);
+      /* Our own block from our own sendbuf, not from what the segment says
+       * (memmove: an allgatherv in place has it there already). */
+      memmove((char *)recvbuf + at[j], (const char *)sendbuf + (offsets ? offsets[me] : 0),
+              recv_bytes[j]);
       continue;
     }
+    const struct published_blocks *theirs =
+        (const struct published_blocks *)(const void *)hora__shm_half(s, j, h);
+    uint64_t base = theirs->base, off = ((const uint64_t *)(theirs + 1))[me];
+    if (off > UINT64_MAX - base || recv_bytes[j] > UINT64_MAX - (base + off)) {
+      char name[160];
+      return hora__error(HORA_ERR_PROTOCOL,
+                         "%s published a block offset %" PRIu64 " (+ %zu bytes) past the end of "
+                         "the address space from its sendbuf at 0x%" PRIx64,
+                         local_peer_name(comm, j, name, sizeof(name)), off, recv_bytes[j], base);
+    }
+    uint64_t from = base + off;
     struct iovec local = {(char *)recvbuf + at[j], recv_bytes[j]};
     struct iovec remote = {(void *)(uintptr_t)from, recv_bytes[j]};
     HORA_CHECK(cma(comm, j, false, &local, 1, &remote, 1, recv_bytes[j]));

@@ -105,8 +105,10 @@ void hora__peer_maps_free(struct hora__peer_maps *maps, int local_size);
  * through the kernel instead). peer_frees is the peer's hora__mem_frees():
  * when it moved, every old mapping of that peer's blocks is dropped first.
  * op numbers the operation, increasing: a mapping handed out for the current
- * operation is never dropped to make room. */
+ * operation is never dropped to make room. The peer publishes *ref: where
+ * ref->offset + need bytes do not lie inside the mapping, NULL with *bad
+ * set (the caller fails the operation). */
 char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t peer_frees,
-                     uint64_t op, const struct hora__mem_ref *ref);
+                     uint64_t op, const struct hora__mem_ref *ref, size_t need, bool *bad);
 
 #endif

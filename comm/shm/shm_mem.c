@@ -193,9 +193,25 @@ void hora__peer_maps_free(struct hora__peer_maps *maps, int local_size) {
   free(maps);
 }
 
+/* Whether [offset, offset + need) lies in len bytes (overflow-safe). */
+static bool fits(uint64_t len, const struct hora__mem_ref *ref, size_t need) {
+  return ref->offset <= len && need <= len - ref->offset;
+}
+
+/* base + offset where it fits a mapping of len bytes, else NULL, *bad set. */
+static char *inside(char *base, size_t len, const struct hora__mem_ref *ref, size_t need,
+                    bool *bad) {
+  if (!fits(len, ref, need)) {
+    *bad = true;
+    return NULL;
+  }
+  return base + ref->offset;
+}
+
 char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t peer_frees,
-                     uint64_t op, const struct hora__mem_ref *ref) {
+                     uint64_t op, const struct hora__mem_ref *ref, size_t need, bool *bad) {
   struct hora__peer_maps *pm = &maps[lr];
+  *bad = false;
   if (ref->id == 0) {
     return NULL;
   }
@@ -208,14 +224,19 @@ char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t p
   }
   if (pm->last < pm->n && pm->m[pm->last].id == ref->id) {
     pm->m[pm->last].used = op;
-    return pm->m[pm->last].base + ref->offset;
+    return inside(pm->m[pm->last].base, pm->m[pm->last].len, ref, need, bad);
   }
   for (int i = 0; i < pm->n; i++) {
     if (pm->m[i].id == ref->id) {
       pm->m[i].used = op;
       pm->last = i;
-      return pm->m[i].base + ref->offset;
+      return inside(pm->m[i].base, pm->m[i].len, ref, need, bad);
     }
+  }
+  /* (Checked before mapping too: the block's length is the peer's word.) */
+  if (!fits(ref->len, ref, need)) {
+    *bad = true;
+    return NULL;
   }
   /* A free slot, or else the least recently used mapping that this
    * operation has not handed out. */
@@ -263,5 +284,5 @@ char *hora__peer_mem(struct hora__peer_maps *maps, int lr, pid_t pid, uint64_t p
   }
   pm->m[slot] = (struct peer_map){ref->id, op, p, ref->len};
   pm->last = slot;
-  return (char *)p + ref->offset;
+  return inside(p, ref->len, ref, need, bad);
 }
