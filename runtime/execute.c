@@ -379,6 +379,7 @@ static int run_collective(struct hora__set *set, const struct hora__response *r)
       .prescale = r->prescale,
       .divisor = r->op == HORA_AVERAGE ? c->size : 0,
       .postscale = r->postscale,
+      .device = r->device,
       .phase = hora__engine_phase,
       .phase_arg = set,
   };

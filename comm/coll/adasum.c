@@ -19,13 +19,15 @@
  * Messages go straight between the partners, over connections to every
  * member made on first use.
  *
- * Hierarchical (HORA_HIERARCHICAL_ADASUM, where shared memory reduces):
- * the ranks of each host sum their vectors in shared memory, each local
- * rank takes one slice of its host's sum, and the tree runs over the hosts,
- * local rank j of every host combining slice j with local rank j of the
- * others; each level's dot products add over the host's slices first, so
- * the coefficients are the whole vectors'. The slices are gathered back in
- * shared memory. */
+ * Hierarchical (HORA_HIERARCHICAL_ADASUM=1, or auto on device buffers as
+ * Horovod's GPU Adasum; where shared memory reduces): the ranks of each
+ * host sum their vectors in shared memory, each local rank takes one slice
+ * of its host's sum, and the tree runs over the hosts, local rank j of
+ * every host combining slice j with local rank j of the others; each
+ * level's dot products add over the host's slices first, so the
+ * coefficients are the whole vectors'. The slices are gathered back in
+ * shared memory and divided by the ranks per host (Horovod's postscale
+ * factor /= local size). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,10 +259,18 @@ static int adasum_tree(hora__comm *comm, const struct tree *t, double *v, double
   return rc;
 }
 
-/* Whether this Adasum runs per host: asked for, and where shared memory
- * reduces across hosts of equal rank counts (or on one host). */
-static bool per_host(const hora__comm *comm) {
-  if (!hora__params.HIERARCHICAL_ADASUM || comm->local_size == 1) {
+/* Whether this Adasum runs per host: asked for (1; auto: device buffers,
+ * as Horovod, whose GPU Adasum is hierarchical and CPU Adasum flat), and
+ * where shared memory reduces across hosts of equal rank counts (or on one
+ * host). Every rank decides alike: the setting is the job's, and device is
+ * the agreed response's. */
+bool hora__adasum_wants_hosts(const char *setting, bool device) {
+  return !strcmp(setting, "1") || (device && !strcmp(setting, "auto"));
+}
+
+static bool per_host(const hora__comm *comm, bool device) {
+  const char *h = hora__params.HIERARCHICAL_ADASUM;
+  if (!hora__adasum_wants_hosts(h, device) || comm->local_size == 1) {
     return false;
   }
   if (comm->algo_allreduce == &hora__coll_shm) {
@@ -269,8 +279,9 @@ static bool per_host(const hora__comm *comm) {
   static bool warned;
   if (!warned && comm->rank == 0) {
     warned = true;
-    HORA_WARN("HORA_HIERARCHICAL_ADASUM=1 ignored: it needs shared memory and the same number "
-              "of ranks on every host; Adasum runs over every rank");
+    HORA_WARN("hierarchical Adasum (HORA_HIERARCHICAL_ADASUM=%s%s) not possible: it needs shared "
+              "memory and the same number of ranks on every host; Adasum runs over every rank",
+              h, device ? ", device buffers" : "");
   }
   return false;
 }
@@ -300,6 +311,9 @@ static int adasum_per_host(hora__comm *comm, void *buf, size_t count, hora_dtype
     rc = hora__shm_allgather(comm, slice, S * sizeof(double), v);
   }
   if (rc == HORA_SUCCESS) {
+    for (size_t i = 0; i < count; i++) {
+      v[i] /= L;
+    }
     from_double(dtype, v, buf, count);
   }
   free(v);
@@ -307,12 +321,12 @@ static int adasum_per_host(hora__comm *comm, void *buf, size_t count, hora_dtype
   return rc;
 }
 
-int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype) {
+int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype, bool device) {
   if (comm->size == 1 || count == 0) {
     return HORA_SUCCESS;
   }
   HORA_CHECK(hora__comm_connect_peers_agreed(comm));
-  if (per_host(comm)) {
+  if (per_host(comm, device)) {
     return adasum_per_host(comm, buf, count, dtype);
   }
   double *v = hora__malloc(2 * count * sizeof(double));

@@ -36,6 +36,7 @@ struct hora__coll_opts {
   double prescale;  /* applied to each rank's input (1: none) */
   int divisor;      /* AVERAGE: the result is divided by this (0 or 1: none) */
   double postscale; /* applied to the result last (1: none) */
+  bool device;      /* the tensors are device buffers (Adasum's default differs) */
   /* Marks phases for the timeline: name = begin, NULL = end. May be NULL. */
   void (*phase)(void *arg, const char *name);
   void *phase_arg;
@@ -162,9 +163,13 @@ int hora__exchange_step(hora__comm *comm, hora__conn *to, const void *send, size
 int hora__comm_connect_peers_agreed(hora__comm *comm);
 
 /* buf (count elements of a float dtype) = the Adasum of every rank's buf
- * (adasum.c); with HORA_HIERARCHICAL_ADASUM, where the allreduce is
- * hierarchical, the Adasum of each host's sum. */
-int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype);
+ * (adasum.c); hierarchical (HORA_HIERARCHICAL_ADASUM=1, or auto and device
+ * buffers), where the allreduce is hierarchical, the Adasum of each host's
+ * sum divided by the ranks per host, as Horovod's GPU Adasum. */
+int hora__adasum(hora__comm *comm, void *buf, size_t count, hora_dtype dtype, bool device);
+/* Whether HORA_HIERARCHICAL_ADASUM (setting) asks for the hierarchical
+ * Adasum on these buffers: 1, or auto on device buffers. */
+bool hora__adasum_wants_hosts(const char *setting, bool device);
 
 /* ---- rings ---------------------------------------------------------------- */
 

@@ -104,7 +104,7 @@ static int adasum_allreduce(hora__comm *comm, const struct hora__iov *in, int ni
   if (opts && opts->phase) {
     opts->phase(opts->phase_arg, "ADASUM");
   }
-  int rc = hora__adasum(comm, out[0].base, count, dtype);
+  int rc = hora__adasum(comm, out[0].base, count, dtype, opts && opts->device);
   if (opts && opts->phase) {
     opts->phase(opts->phase_arg, NULL);
   }

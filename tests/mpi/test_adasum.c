@@ -8,7 +8,9 @@
  * as it is: tiny vectors combine like any other, and scaling every input
  * by s scales the result by s, from 1e-300 to 1e300. With HORA_HIERARCHICAL_ADASUM=1
  * (and hosts of equal rank counts) the reference is the tree over the
- * hosts' sums, hosts in the order of their lowest rank. */
+ * hosts' sums, hosts in the order of their lowest rank, divided by the
+ * ranks per host (Horovod's GPU Adasum): the tree over the hosts' averages.
+ * (Host buffers under the default, auto, take the flat tree.) */
 #include <math.h>
 #include <stdlib.h>
 
@@ -120,7 +122,9 @@ static void learn_hosts(void) {
   free(count);
 }
 
-/* The reference's leaves: the ranks, or the hosts' sums (into v[0..hosts)). */
+/* The reference's leaves: the ranks, or the hosts' averages (into
+ * v[0..hosts)): Adasum scales, so its tree over them is the tree over the
+ * sums divided by the ranks per host. */
 static int leaves(double **v, size_t n) {
   if (!hosts) {
     return mt_size;
@@ -135,7 +139,9 @@ static int leaves(double **v, size_t n) {
     }
   }
   for (int k = 0; k < hosts; k++) {
-    memcpy(v[k], sum[k], n * sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+      v[k][i] = sum[k][i] / (mt_size / hosts);
+    }
     free(sum[k]);
   }
   free(sum);
@@ -293,11 +299,10 @@ static void check_scaled(hora_dtype dt, size_t n, int salt, double s, double tol
 }
 
 /* Every rank holds [x] * 4: the Adasum of identical vectors is the vector
- * (hierarchical: the hosts' sums, identical too). */
+ * (hierarchical: of the hosts' averages, x too). */
 static void tiny_vectors(void) {
   static const double xs64[] = {1e-5, 1e-10, 1e-30, 1e-80, 1e-150, 1e-200, 1e-300, 1e-310};
   static const double xs32[] = {1e-5, 1e-10, 1e-20, 1e-30, 1e-37};
-  double per_leaf = hosts ? (double)mt_size / hosts : 1;
   for (int d = 0; d < 2; d++) {
     hora_dtype dt = d ? HORA_FLOAT32 : HORA_FLOAT64;
     const double *xs = d ? xs32 : xs64;
@@ -311,7 +316,7 @@ static void tiny_vectors(void) {
       hora_request *r = NULL;
       MT_OK(hora_allreduce_async(name, buf, buf, 4, dt, HORA_ADASUM, &r));
       MT_OK(hora_wait(&r));
-      double want = rounded(dt, xs[j]) * per_leaf;
+      double want = rounded(dt, xs[j]);
       for (size_t i = 0; i < 4; i++) {
         double got = get(dt, buf, i);
         MT_CHECK(fabs(got - want) <= (d ? 1e-6 : 1e-12) * want,

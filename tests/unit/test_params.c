@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "base/params.h"
+#include "comm/coll/collectives.h"
 #include "../runner.h"
 
 TEST(params_parse_values) {
@@ -151,5 +152,28 @@ TEST(params_job_encoding_and_difference) {
   free(c);
   unsetenv("HORA_FUSION_THRESHOLD");
   unsetenv("HORA_CHUNK_SIZE");
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+}
+
+/* HORA_HIERARCHICAL_ADASUM: auto (the default) is hierarchical for device
+ * buffers only, as Horovod's GPU and CPU Adasum; 0 and 1 force either. */
+TEST(params_hierarchical_adasum_follows_horovod) {
+  unsetenv("HORA_HIERARCHICAL_ADASUM");
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+  ASSERT(strcmp(hora__params.HIERARCHICAL_ADASUM, "auto") == 0);
+  ASSERT(hora__adasum_wants_hosts(hora__params.HIERARCHICAL_ADASUM, true));
+  ASSERT(!hora__adasum_wants_hosts(hora__params.HIERARCHICAL_ADASUM, false));
+  setenv("HORA_HIERARCHICAL_ADASUM", "0", 1);
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+  ASSERT(!hora__adasum_wants_hosts(hora__params.HIERARCHICAL_ADASUM, true));
+  ASSERT(!hora__adasum_wants_hosts(hora__params.HIERARCHICAL_ADASUM, false));
+  setenv("HORA_HIERARCHICAL_ADASUM", "1", 1);
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+  ASSERT(hora__adasum_wants_hosts(hora__params.HIERARCHICAL_ADASUM, true));
+  ASSERT(hora__adasum_wants_hosts(hora__params.HIERARCHICAL_ADASUM, false));
+  setenv("HORA_HIERARCHICAL_ADASUM", "sometimes", 1);
+  ASSERT_EQ_INT(hora__params_load(), HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "HORA_HIERARCHICAL_ADASUM");
+  unsetenv("HORA_HIERARCHICAL_ADASUM");
   ASSERT(hora__params_load() == HORA_SUCCESS);
 }
