@@ -151,11 +151,19 @@ static void engine_free(struct hora__engine *e) {
   free(e);
 }
 
+/* The responses in the order every rank runs them. A waiting caller stops
+ * once its own request is complete (drive.c wakes the coordinator for the
+ * rest): a small operation's waiter does not run a large collective
+ * scheduled after it. */
 static int run_todo(struct hora__set *set, bool *busy) {
+  const atomic_int *mine = set->e->caller_done;
   while (set->todo && !set->e->stop) {
     struct hora__response *r = set->todo;
     if (set->e->on_caller && r->device) {
       return HORA_SUCCESS; /* the GPU is the coordinator's (its device is current there) */
+    }
+    if (mine && atomic_load_explicit(mine, memory_order_acquire)) {
+      return HORA_SUCCESS;
     }
     set->todo = r->next;
     if (!set->todo) {

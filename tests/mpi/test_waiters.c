@@ -1,9 +1,10 @@
-/* Progress when no caller waits.
+/* Progress when no caller waits, and waiters that run only their own work.
  *
  * A trainer waits for one step's gradients at once (its hora_wait drives
  * the engine), then submits the next step's and computes without calling
  * hora: those must complete meanwhile, as they must for a thread that only
- * polls with hora_test.
+ * polls with hora_test. And a thread waiting on a small operation must not
+ * run another thread's large collective scheduled after its own.
  *
  * Timing-based (a completion within tens of milliseconds), so the testlist
  * runs it at small rank counts only. */
@@ -131,11 +132,68 @@ static void polling_thread_progresses(void) {
   MT_CHECK(poll_worst_ms < 40, "a polled operation took %.1f ms", poll_worst_ms);
 }
 
+/* One group (rank 0 sends its members together, in the order it decided
+ * them: the small one first): a small allreduce, then a large one of
+ * another dtype (not fused with it). The thread that
+ * waits on the small one must return without having run the large one,
+ * which takes milliseconds: the completed-allreduce count it reads at once
+ * must not include it. */
+enum { BIG = 4 << 20, ROUNDS = 4 };
+static double *big;
+static hora_request *small_req;
+static uint64_t small_seen;
+
+static hora_stats stats_now(void) {
+  hora_stats s = {.struct_size = sizeof(s)};
+  MT_OK(hora_get_stats(&s));
+  return s;
+}
+
+static void *small_waiter(void *arg) {
+  (void)arg;
+  MT_OK(hora_wait(&small_req));
+  small_seen = stats_now().allreduces;
+  return NULL;
+}
+
+static void small_wait_leaves_big_op(void) {
+  big = malloc(BIG * sizeof(double));
+  float v[16];
+  int ran_big = 0;
+  for (int round = 0; round < ROUNDS && big; round++) {
+    for (size_t i = 0; i < BIG; i++) {
+      big[i] = (double)(mt_rank + round);
+    }
+    for (int i = 0; i < 16; i++) {
+      v[i] = (float)(mt_rank + round);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    uint64_t before = stats_now().allreduces;
+    hora_request *big_req;
+    MT_OK(hora_group_start());
+    MT_OK(hora_allreduce_async("w/small", v, v, 16, HORA_FLOAT32, HORA_SUM, &small_req));
+    MT_OK(hora_allreduce_async("w/big", big, big, BIG, HORA_FLOAT64, HORA_SUM, &big_req));
+    MT_OK(hora_group_end());
+    pthread_t th;
+    pthread_create(&th, NULL, small_waiter, NULL);
+    pthread_join(th, NULL);
+    ran_big += small_seen - before > 1;
+    MT_OK(hora_wait(&big_req));
+    double want = (double)(mt_size * round + mt_size * (mt_size - 1) / 2);
+    MT_CHECK(v[0] == (float)want && big[0] == want && big[BIG - 1] == want, "round %d: %g %g", round,
+             (double)v[0], big[0]);
+  }
+  MT_CHECK(ran_big == 0, "in %d of %d rounds the small op's waiter ran the big op too", ran_big,
+           ROUNDS);
+  free(big);
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
   mt_run("waiters/next_step_done_while_computing", next_step_done_while_computing);
   mt_run("waiters/polling_thread_progresses", polling_thread_progresses);
+  mt_run("waiters/small_wait_leaves_big_op", small_wait_leaves_big_op);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;
