@@ -37,12 +37,15 @@ static bool drivable(const struct hora__engine *e) {
 
 /* One step on the caller's thread; false once it must stop driving (an
  * error, now the coordinator's; the end of the job; device work next). */
-static bool caller_step(struct hora__runtime *rt, struct hora__engine *e, bool *busy) {
+static bool caller_step(struct hora__runtime *rt, struct hora__engine *e, const atomic_int *done,
+                        bool *busy) {
   int set_id = hora__timeline_thread_get();
   hora__timeline_thread_set(rt->set_id);
   e->on_caller = true;
+  e->caller_done = done;
   int rc = hora__engine_step(e, busy);
   e->on_caller = false;
+  e->caller_done = NULL;
   hora__timeline_thread_set(set_id);
   if (rc != HORA_SUCCESS) {
     defer_error(e, rc);
@@ -53,7 +56,7 @@ static bool caller_step(struct hora__runtime *rt, struct hora__engine *e, bool *
 bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64_t until_ns) {
   /* The engine is only touched under progress_mu: hora__engine_join frees
    * it under the lock, and the counters live in rt, which outlives it. */
-  bool counted = false;
+  bool counted = false, left_todo = false;
   uint64_t seen = 0;
   while (!atomic_load_explicit(done, memory_order_acquire) && hora__now_ns() < until_ns) {
     bool busy = false;
@@ -70,8 +73,9 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
       }
       bool give_up = !drivable(e);
       if (!give_up) {
-        give_up = !caller_step(rt, e, &busy);
+        give_up = !caller_step(rt, e, done, &busy);
         seen = atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
+        left_todo = e->world->todo != NULL;
       }
       pthread_mutex_unlock(&rt->progress_mu);
       if (give_up) {
@@ -87,8 +91,8 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
   }
   atomic_fetch_sub_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
   /* The coordinator takes over what is left: a request still running, a
-   * submission no step took, an error. */
-  if (!atomic_load_explicit(done, memory_order_acquire) ||
+   * submission no step took, responses after this caller's, an error. */
+  if (!atomic_load_explicit(done, memory_order_acquire) || left_todo ||
       atomic_load_explicit(&rt->submit_seq, memory_order_acquire) != seen) {
     wake_coordinator(rt);
   }
@@ -121,7 +125,7 @@ bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *don
   atomic_fetch_add_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
   while (!atomic_load_explicit(done, memory_order_acquire)) {
     bool busy = false;
-    if (!caller_step(rt, e, &busy) || atomic_load_explicit(done, memory_order_acquire)) {
+    if (!caller_step(rt, e, done, &busy) || atomic_load_explicit(done, memory_order_acquire)) {
       break;
     }
     if (!busy) {

@@ -151,11 +151,19 @@ static void engine_free(struct hora__engine *e) {
   free(e);
 }
 
+/* The responses in the order every rank runs them. A waiting caller stops
+ * once its own request is complete (drive.c wakes the coordinator for the
+ * rest): a small operation's waiter does not run a large collective
+ * scheduled after it. */
 static int run_todo(struct hora__set *set, bool *busy) {
+  const atomic_int *mine = set->e->caller_done;
   while (set->todo && !set->e->stop) {
     struct hora__response *r = set->todo;
     if (set->e->on_caller && r->device) {
       return HORA_SUCCESS; /* the GPU is the coordinator's (its device is current there) */
+    }
+    if (mine && atomic_load_explicit(mine, memory_order_acquire)) {
+      return HORA_SUCCESS;
     }
     set->todo = r->next;
     if (!set->todo) {
@@ -218,18 +226,26 @@ static void drain_wake(struct hora__runtime *rt) {
 }
 
 /* While callers drive the engine, the coordinator sleeps on its eventfd
- * alone (peers' messages are theirs to read): a spinning caller that
- * leaves with work undone, or gives up waiting, wakes it, and so does
- * every caller that drove sleeping (drive.c). The 100 ms are a safety net
- * only: a shorter one (it was 1 ms where callers spin) makes the
- * coordinator preempt the copying caller and contend for the engine, which
- * cost a 1 MiB alltoall at np=2 some 8%. */
+ * alone (peers' messages are theirs to read), looking every millisecond
+ * whether one still does: once none does, it goes back to its usual sleep
+ * (control connections, mailboxes, timers; marked asleep for submitters),
+ * so that work that comes after the last caller left (the next step's
+ * operations, a hora_test loop's) waits at most that long. A caller that
+ * leaves work undone wakes it at once (drive.c); one that leaves nothing
+ * does not, which would cost every small operation a wake-up. The look
+ * takes no lock: a coordinator that ran a step every millisecond while
+ * callers drove contended with the copying caller, which cost a 1 MiB
+ * alltoall at np=2 some 8%. The 100 ms are a safety net. */
 static void sleep_while_driven(struct hora__engine *e) {
   struct hora__runtime *rt = e->rt;
   pthread_mutex_unlock(&rt->progress_mu);
   struct pollfd p = {.fd = rt->wake_fd, .events = POLLIN};
-  if (poll(&p, 1, 100) > 0) {
-    drain_wake(rt);
+  for (int ms = 0; ms < 100 && atomic_load_explicit(&rt->engine_drivers, memory_order_acquire) > 0;
+       ms++) {
+    if (poll(&p, 1, 1) > 0) {
+      drain_wake(rt);
+      break;
+    }
   }
   pthread_mutex_lock(&rt->progress_mu);
 }

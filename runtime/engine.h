@@ -111,6 +111,9 @@ struct hora__engine {
   int npollfds;
   atomic_uint_fast64_t seen_seq; /* rt->submit_seq when the queue was last taken */
   bool on_caller; /* a caller runs this step: device work is left to the coordinator */
+  /* That caller's request: it runs the responses up to the one that
+   * completes it, and leaves the rest (another thread's) to others. */
+  const atomic_int *caller_done;
   bool exited;    /* the coordinator has left its loop: nobody may drive */
   /* A caller's step failed: the coordinator takes the error as its own. */
   int deferred_rc;
