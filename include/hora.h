@@ -372,8 +372,11 @@ typedef struct hora_process_set hora_process_set;
 HORA_EXTERN int hora_process_set_create(const int *ranks, int n, hora_process_set **ps);
 
 /* Frees a set: collective over every rank of the job, all passing the same
- * set. Its members first complete what is in flight on it. Not while other
- * threads submit to it; the world cannot be destroyed. Sets still alive at
+ * set. Its members first complete what is in flight on it. Other threads
+ * should not submit to it meanwhile: an operation submitted then completes,
+ * fails with HORA_ERR_ABORTED (its peers had stopped), or is refused with
+ * HORA_ERR_INVALID_USAGE, as is every later use of the handle in a
+ * collective. The world cannot be destroyed. Sets still alive at
  * hora_finalize are destroyed there. */
 HORA_EXTERN int hora_process_set_destroy(hora_process_set *ps);
 

@@ -227,7 +227,7 @@ static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf,
   }
   struct hora_request *r = hora__request_new(kind);
   if (!r) {
-    return hora__api_leave(HORA_ERR_NO_MEMORY);
+    return hora__api_leave_in(rt, HORA_ERR_NO_MEMORY);
   }
   int compression = o.compression == HORA_COMPRESSION_DEFAULT ? compression_setting() : o.compression;
   r->meta.dtype = (uint8_t)dtype;
@@ -242,7 +242,7 @@ static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf,
     r->v_recv = hora__malloc((size_t)rt->size * sizeof(size_t));
     if (!r->v_recv) {
       hora__request_free(r);
-      return hora__api_leave(HORA_ERR_NO_MEMORY);
+      return hora__api_leave_in(rt, HORA_ERR_NO_MEMORY);
     }
     memcpy(r->v_recv, split, (size_t)rt->size * sizeof(size_t));
     uint64_t h = 0xcbf29ce484222325ull;
@@ -255,27 +255,27 @@ static int reduction_submit(uint8_t kind, const char *name, const void *sendbuf,
     r->meta.root = -1;
     if (!recvbuf && split[rt->rank] > 0) {
       hora__request_free(r);
-      return hora__api_leave(hora__error(HORA_ERR_INVALID_ARG, "%s: recvbuf is NULL", call));
+      return hora__api_leave_in(rt, hora__error(HORA_ERR_INVALID_ARG, "%s: recvbuf is NULL", call));
     }
   } else if (scatter) {
     /* The split counts rows of the first dimension, where a shape gives one. */
     int64_t rows = shape.ndims > 0 ? shape.dims[0] : 0;
     if (rows > INT32_MAX) {
       hora__request_free(r);
-      return hora__api_leave(hora__error(HORA_ERR_INVALID_ARG,
+      return hora__api_leave_in(rt, hora__error(HORA_ERR_INVALID_ARG,
                                          "%s: the first dimension "
                                          "(%lld) is too large to split", call, (long long)rows));
     }
     r->meta.root = (int32_t)rows;
     if (!recvbuf && hora_reducescatter_block(count, (size_t)rows, rt->size, rt->rank) > 0) {
       hora__request_free(r);
-      return hora__api_leave(hora__error(HORA_ERR_INVALID_ARG, "%s: recvbuf is NULL", call));
+      return hora__api_leave_in(rt, hora__error(HORA_ERR_INVALID_ARG, "%s: recvbuf is NULL", call));
     }
   }
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   r->stream = stream;
-  return hora__api_leave(hora__request_submit(rt, r, name, req));
+  return hora__api_leave_in(rt, hora__request_submit(rt, r, name, req));
 }
 
 int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
@@ -394,13 +394,13 @@ int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype
     return rc;
   }
   if (root < 0 || root >= rt->size) {
-    return hora__api_leave(hora__error(
+    return hora__api_leave_in(rt, hora__error(
         HORA_ERR_INVALID_ARG, "hora_broadcast_async: root %d is out of range (the %s has %d ranks)",
         root, rt->set_id ? "process set" : "job", rt->size));
   }
   struct hora_request *r = hora__request_new(HORA_KIND_BROADCAST);
   if (!r) {
-    return hora__api_leave(HORA_ERR_NO_MEMORY);
+    return hora__api_leave_in(rt, HORA_ERR_NO_MEMORY);
   }
   r->meta.dtype = (uint8_t)dtype;
   r->meta.count = count;
@@ -409,7 +409,7 @@ int hora__broadcast_submit(const char *name, void *buf, size_t count, hora_dtype
   r->sendbuf = buf;
   r->recvbuf = buf;
   r->stream = stream;
-  return hora__api_leave(hora__request_submit(rt, r, name, req));
+  return hora__api_leave_in(rt, hora__request_submit(rt, r, name, req));
 }
 
 HORA_EXTERN int hora_allgather_async(const char *name, const void *sendbuf, size_t count,
@@ -441,20 +441,20 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
   }
   rc = hora__api_check_common("hora_allgather_async", name, count, dtype, req, (size_t)rt->size);
   if (rc != HORA_SUCCESS) {
-    return hora__api_leave(rc);
+    return hora__api_leave_in(rt, rc);
   }
   if (count > 0 && (!sendbuf || !recvbuf)) {
-    return hora__api_leave(hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: %s is NULL",
+    return hora__api_leave_in(rt, hora__error(HORA_ERR_INVALID_ARG, "hora_allgather_async: %s is NULL",
                                        sendbuf ? "recvbuf" : "sendbuf"));
   }
   struct hora__shape shape;
   rc = hora__api_options_shape("hora_allgather_async_ex", opts, count, &shape);
   if (rc != HORA_SUCCESS) {
-    return hora__api_leave(rc);
+    return hora__api_leave_in(rt, rc);
   }
   struct hora_request *r = hora__request_new(HORA_KIND_ALLGATHER);
   if (!r) {
-    return hora__api_leave(HORA_ERR_NO_MEMORY);
+    return hora__api_leave_in(rt, HORA_ERR_NO_MEMORY);
   }
   r->meta.dtype = (uint8_t)dtype;
   r->meta.count = count;
@@ -462,7 +462,7 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
   r->sendbuf = sendbuf;
   r->recvbuf = recvbuf;
   r->stream = stream;
-  return hora__api_leave(hora__request_submit(rt, r, name, req));
+  return hora__api_leave_in(rt, hora__request_submit(rt, r, name, req));
 }
 
 /* hora_wait_stream (hora_cuda.h): the caller's stream waits for the
@@ -535,12 +535,12 @@ static int run_internal(uint8_t kind, const char *call, const hora_op_options *o
   }
   struct hora_request *r = hora__request_new(kind);
   if (!r) {
-    return hora__api_leave(HORA_ERR_NO_MEMORY);
+    return hora__api_leave_in(rt, HORA_ERR_NO_MEMORY);
   }
   hora_request *q = NULL;
   rc = hora__request_submit(rt, r, NULL, &q);
   if (rc != HORA_SUCCESS) {
-    return hora__api_leave(rc);
+    return hora__api_leave_in(rt, rc);
   }
   /* Read before hora__request_wait frees it. */
   while (!atomic_load_explicit(&q->done, memory_order_acquire)) {
@@ -553,7 +553,7 @@ static int run_internal(uint8_t kind, const char *call, const hora_op_options *o
   if (last_joined) {
     *last_joined = q->last_joined;
   }
-  return hora__api_leave(hora__request_finish(&q));
+  return hora__api_leave_in(rt, hora__request_finish(&q));
 }
 
 HORA_EXTERN int hora_barrier(void) {

@@ -168,11 +168,11 @@ static int v_submit(const struct v_args *a, hora_request **req) {
   r->v_send = send;
   r->v_recv = recv;
   r->v_result = a->result;
-  return hora__api_leave(hora__request_submit(rt, r, a->name, req));
+  return hora__api_leave_in(rt, hora__request_submit(rt, r, a->name, req));
 fail:
   free(send);
   free(recv);
-  return hora__api_leave(rc);
+  return hora__api_leave_in(rt, rc);
 }
 
 HORA_EXTERN int hora_allgatherv_async(const char *name, const void *sendbuf, size_t count,

@@ -286,6 +286,8 @@ int hora__engine_service_pollfds(void *arg, struct pollfd *fds, int max) {
   return n;
 }
 
+#define REFUSALS_LOG_NS (10 * 1000000000ull)
+
 void hora__engine_refuse_connections(struct hora__engine *e, int lfd) {
   for (;;) {
     struct sockaddr_storage ss;
@@ -310,14 +312,38 @@ void hora__engine_refuse_connections(struct hora__engine *e, int lfd) {
       inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
       snprintf(who, sizeof(who), "%s:%d", ip, ntohs(sin->sin_port));
     }
-    if (fd < 0) {
-      HORA_WARN("refused a connection from %s: out of file descriptors (EMFILE/ENFILE)", who);
-      continue;
+    snprintf(e->refusals.last, sizeof(e->refusals.last), "%s: %s", who,
+             fd < 0 ? "out of file descriptors (EMFILE/ENFILE)"
+                    : "every connection of this job is already made");
+    e->refusals.total++;
+    e->refusals.unlogged++;
+    if (fd >= 0) {
+      close(fd);
     }
-    HORA_WARN("refused a connection from %s: every connection of this job is already made",
-              who);
-    close(fd);
   }
+}
+
+void hora__engine_log_refusals(struct hora__engine *e, bool flush) {
+  uint64_t now = hora__now_ns();
+  if (!e->refusals.unlogged || (!flush && now < e->refusals.next_log_ns)) {
+    return;
+  }
+  char line[300];
+  if (e->refusals.total == e->refusals.unlogged) { /* the first line */
+    snprintf(line, sizeof(line), "refused %llu connection%s from strangers (the last from %s); "
+             "more are counted, in a line at most every %llu s",
+             (unsigned long long)e->refusals.unlogged, e->refusals.unlogged == 1 ? "" : "s",
+             e->refusals.last, REFUSALS_LOG_NS / 1000000000ull);
+  } else {
+    snprintf(line, sizeof(line), "refused %llu more connection%s (%llu in all; the last from %s)",
+             (unsigned long long)e->refusals.unlogged, e->refusals.unlogged == 1 ? "" : "s",
+             (unsigned long long)e->refusals.total, e->refusals.last);
+  }
+  e->refusals.unlogged = 0;
+  e->refusals.next_log_ns = now + REFUSALS_LOG_NS;
+  pthread_mutex_unlock(&e->rt->progress_mu);
+  HORA_WARN("%s", line);
+  pthread_mutex_lock(&e->rt->progress_mu);
 }
 
 /* Rank 0: sends the ready responses, as one frame, when the fusion policy

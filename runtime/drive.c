@@ -18,10 +18,16 @@
 #include "runtime/engine.h"
 #include "runtime/timeline.h"
 
+/* Under mu: once the caller has let go of the engine, hora__instance_stop
+ * may close the eventfd (the descriptor number is then another file's). */
 static void wake_coordinator(struct hora__runtime *rt) {
-  uint64_t one = 1;
-  ssize_t w = write(rt->wake_fd, &one, sizeof(one));
-  (void)w;
+  pthread_mutex_lock(&rt->mu);
+  if (rt->wake_fd >= 0) {
+    uint64_t one = 1;
+    ssize_t w = write(rt->wake_fd, &one, sizeof(one));
+    (void)w;
+  }
+  pthread_mutex_unlock(&rt->mu);
 }
 
 /* A caller's failure is the coordinator's to handle (its fatal path). */

@@ -329,6 +329,7 @@ static int sleep_until_work(struct hora__engine *e) {
   if (fds[2].revents) {
     hora__engine_refuse_connections(e, c->proc->unix_listen_fd);
   }
+  hora__engine_log_refusals(e, false);
   return HORA_SUCCESS;
 }
 
@@ -585,6 +586,7 @@ static void *coordinator_main(void *arg) {
   if (rc == HORA_SUCCESS) {
     flush_control(e, 5.0);
   }
+  hora__engine_log_refusals(e, true);
   hora__comm_disconnect(e->world->comm);
   pthread_mutex_unlock(&rt->progress_mu);
   return NULL;

@@ -105,6 +105,12 @@ struct hora__engine {
   bool abort_from_root; /* the fatal error came in an abort from rank 0 */
   uint64_t frames_in;  /* control frames handled so far */
   bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
+  /* Strangers refused while idle (control.c), coordinator only: the first
+   * is logged, then at most one line per REFUSALS_LOG_NS with the count. */
+  struct {
+    uint64_t total, unlogged, next_log_ns;
+    char last[160];
+  } refusals;
   struct pollfd *pollfds; /* room for every control connection and a few more */
   struct pollfd *caller_pollfds; /* the same for a caller driving it (drive.c): the
                                     coordinator may be in poll() on its own meanwhile */
@@ -151,6 +157,9 @@ int hora__engine_ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type,
 int hora__engine_service(void *arg);
 int hora__engine_service_pollfds(void *arg, struct pollfd *fds, int max);
 void hora__engine_refuse_connections(struct hora__engine *e, int lfd);
+/* Logs the refusals due (all with `flush`); progress_mu is released around
+ * the write, so callers spinning for the engine are not held up by it. */
+void hora__engine_log_refusals(struct hora__engine *e, bool flush);
 int hora__engine_distribute(struct hora__set *set);
 
 /* submit.c: submissions, and our requests by key */

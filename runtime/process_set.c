@@ -30,12 +30,16 @@ struct hora_process_set {
   int *ranks;     /* the members' global ranks, ascending */
   uint64_t made_by; /* the making call's number: destroy compares these */
   struct hora__runtime *rt; /* members only */
+  bool destroying; /* under sets_mu: no new user; still told of fatal errors */
   struct hora_process_set *next;
 };
 
-/* The sets alive, in the order they were made; serialises making and
- * destroying (their agreements are numbered). A leaf: only the sets'
- * fields, and their eventfds, are touched under it. */
+/* The sets alive, in the order they were made (a set being destroyed
+ * stays listed until its runtime has stopped, so that fatal errors still
+ * reach it); making_mu serialises making and destroying (their agreements
+ * are numbered). Under sets_mu only the sets' fields and their runtimes'
+ * counts are touched, and a runtime's mu taken (pass_fatal): nothing takes
+ * sets_mu under an rt->mu. */
 static pthread_mutex_t sets_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct hora_process_set *sets;
 static pthread_mutex_t making_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -139,6 +143,21 @@ static void handle_free(struct hora_process_set *ps) {
     free(ps->ranks);
     free(ps);
   }
+}
+
+/* The end of a stopped set: off the list, then its runtime dropped (users
+ * counted by hora__api_running_in may still hold it) and its handle freed. */
+static void unlist_and_free(struct hora_process_set *ps) {
+  pthread_mutex_lock(&sets_mu);
+  for (struct hora_process_set **p = &sets; *p; p = &(*p)->next) {
+    if (*p == ps) {
+      *p = ps->next;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&sets_mu);
+  hora__instance_release(ps->rt);
+  handle_free(ps);
 }
 
 /* Makes this rank's set over its members (sorted, n of them) from the
@@ -406,12 +425,7 @@ HORA_EXTERN int hora_process_set_destroy(hora_process_set *ps) {
     goto out;
   }
   pthread_mutex_lock(&sets_mu);
-  for (struct hora_process_set **p = &sets; *p; p = &(*p)->next) {
-    if (*p == ps) {
-      *p = ps->next;
-      break;
-    }
-  }
+  ps->destroying = true;
   pthread_mutex_unlock(&sets_mu);
   if (ps->rt) {
     /* Collective over the members: each completes what is in flight. */
@@ -420,9 +434,8 @@ HORA_EXTERN int hora_process_set_destroy(hora_process_set *ps) {
     if (fatal != HORA_SUCCESS) {
       rc = hora__error(fatal, "%s", ps->rt->fatal_msg);
     }
-    hora__instance_release(ps->rt);
   }
-  handle_free(ps);
+  unlist_and_free(ps);
 out:
   free(all);
   return end_call(rc);
@@ -431,17 +444,19 @@ out:
 void hora__process_sets_finalize(void) {
   pthread_mutex_lock(&making_mu);
   pthread_mutex_lock(&sets_mu);
-  struct hora_process_set *list = sets;
-  sets = NULL;
+  for (struct hora_process_set *ps = sets; ps; ps = ps->next) {
+    ps->destroying = true;
+  }
+  struct hora_process_set *ps = sets;
   pthread_mutex_unlock(&sets_mu);
-  while (list) {
-    struct hora_process_set *ps = list;
-    list = ps->next;
+  /* (Only making and destroying, under making_mu, change the list.) */
+  while (ps) {
+    struct hora_process_set *next = ps->next;
     if (ps->rt) {
       hora__instance_stop(ps->rt);
-      hora__instance_release(ps->rt);
     }
-    handle_free(ps);
+    unlist_and_free(ps);
+    ps = next;
   }
   next_id = 1;
   pthread_mutex_unlock(&making_mu);
@@ -449,14 +464,17 @@ void hora__process_sets_finalize(void) {
 
 /* ---- what the sets share ---------------------------------------------------------- */
 
+/* Under rt->mu: hora__instance_stop closes the eventfd under it. */
 static void pass_fatal(struct hora__runtime *rt, int code, const char *msg) {
   hora__runtime_set_fatal(rt, code, msg);
+  pthread_mutex_lock(&rt->mu);
   atomic_fetch_add_explicit(&rt->submit_seq, 1, memory_order_release);
   if (rt->wake_fd >= 0) {
     uint64_t one = 1;
     ssize_t w = write(rt->wake_fd, &one, sizeof(one));
     (void)w;
   }
+  pthread_mutex_unlock(&rt->mu);
 }
 
 /* The job is over when any of its sets fails: the others fail too (and
@@ -492,18 +510,44 @@ void hora__process_sets_add_stats(hora_stats *s) {
   pthread_mutex_unlock(&sets_mu);
 }
 
+/* The handle is looked up among the live sets before it is read: one
+ * destroyed meanwhile (by another thread, or hora_finalize) is refused, and
+ * the runtime returned is counted, so it outlives a destroy that begins
+ * now. (A destroyed handle's address reused by a set made later is not
+ * told apart from it.) */
 struct hora__runtime *hora__api_running_in(const hora_process_set *ps, int *rc, const char *call) {
   struct hora__runtime *world = hora__api_running(rc, call);
   if (!world || !ps || ps == &world_set) {
     return world;
   }
-  if (!ps->rt) {
+  struct hora__runtime *rt = NULL;
+  pthread_mutex_lock(&sets_mu);
+  const struct hora_process_set *live = sets;
+  while (live && live != ps) {
+    live = live->next;
+  }
+  if (!live || ps->destroying) {
+    *rc = hora__error(HORA_ERR_INVALID_USAGE, "%s: the process set has been destroyed%s", call,
+                      live ? " (by another thread, meanwhile)" : " (or was never made)");
+  } else if (!ps->rt) {
     *rc = hora__error(HORA_ERR_INVALID_USAGE, "%s: rank %d is not a member of process set %d",
                       call, world->rank, ps->id);
-    hora__api_leave(*rc);
-    return NULL;
+  } else {
+    rt = ps->rt;
+    atomic_fetch_add(&rt->refs, 1);
   }
-  return ps->rt;
+  pthread_mutex_unlock(&sets_mu);
+  if (!rt) {
+    hora__api_leave(*rc);
+  }
+  return rt;
+}
+
+int hora__api_leave_in(struct hora__runtime *rt, int rc) {
+  if (rt && rt->set_id != 0) {
+    hora__instance_release(rt);
+  }
+  return hora__api_leave(rc);
 }
 
 /* ---- the handles' getters --------------------------------------------------------------- */

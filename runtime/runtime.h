@@ -211,11 +211,14 @@ void hora__instance_stop(struct hora__runtime *rt);
 void hora__instance_release(struct hora__runtime *rt);
 
 /* process_set.c: the runtime that runs a collective of opts' set (NULL: the
- * world), counted as in use like hora__api_running; fatal errors passed on
+ * world), counted as in use like hora__api_running (and a set's runtime
+ * referenced) until hora__api_leave_in; fatal errors passed on
  * to every set of the process; the sets' counters for hora_get_stats; and
  * the sets still alive, destroyed by hora_finalize. */
 struct hora__runtime *hora__api_running_in(const struct hora_process_set *ps, int *rc,
                                            const char *call);
+/* The end of a call that hora__api_running_in let in (returns rc). */
+int hora__api_leave_in(struct hora__runtime *rt, int rc);
 void hora__process_sets_fatal(struct hora__runtime *from, int code, const char *msg);
 void hora__process_sets_add_stats(hora_stats *s);
 /* Adds rt's counters to *s (api.c). */

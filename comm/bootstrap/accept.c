@@ -30,11 +30,25 @@ static void describe_peer(int fd, const struct sockaddr_storage *ss, char *who, 
   }
 }
 
+/* Only the first few are logged one by one (a flood must not fill the
+ * log); the bootstrap's closing line counts them all. */
+#define REFUSALS_LOGGED 8
+
 static void note_refusal(struct plan *p, const char *who, const char *why) {
-  HORA_INFO("bootstrap: closed the connection from %s: %s", who, why);
+  if (p->refused < REFUSALS_LOGGED) {
+    HORA_INFO("bootstrap: closed the connection from %s: %s%s", who, why,
+              p->refused == REFUSALS_LOGGED - 1 ? " (further ones are only counted)" : "");
+  }
   if (p->refused++ == 0) {
     snprintf(p->first_refused, sizeof(p->first_refused), "%s: %s", who, why);
   }
+}
+
+/* Whether a stranger's hello claims a connection this rank still expects:
+ * a rank's handshake under way (or a forgery, which its proof unmasks
+ * within a round trip or the deadline). */
+static bool claims_wanted(const struct plan *p, const struct stranger *t) {
+  return t->hs.claimed && p->want_in[hora__boot_slot_of(t->hs.peer, t->hs.kind)];
 }
 
 void hora__boot_refuse(struct plan *p, int i, const char *why) {
@@ -44,17 +58,19 @@ void hora__boot_refuse(struct plan *p, int i, const char *why) {
   p->half[i] = p->half[--p->nhalf];
 }
 
-void hora__boot_drop_oldest(struct plan *p, const char *why) {
-  if (p->nhalf == 0) {
-    return;
-  }
-  int oldest = 0;
-  for (int i = 1; i < p->nhalf; i++) {
-    if (p->half[i].since < p->half[oldest].since) {
+bool hora__boot_drop_oldest(struct plan *p, const char *why) {
+  int oldest = -1;
+  for (int i = 0; i < p->nhalf; i++) {
+    if (!claims_wanted(p, &p->half[i]) &&
+        (oldest < 0 || p->half[i].since < p->half[oldest].since)) {
       oldest = i;
     }
   }
+  if (oldest < 0) {
+    return false;
+  }
   hora__boot_refuse(p, oldest, why);
+  return true;
 }
 
 /* Moves bytes of a handshake until the socket would block or a message is
@@ -116,6 +132,19 @@ int hora__boot_step_stranger(struct plan *p, int i) {
                hora__boot_kind_name(t->hs.kind), t->hs.peer);
       hora__boot_refuse(p, i, why);
       return HORA_SUCCESS;
+    }
+    /* One claim per expected connection at a time (the rank itself makes
+     * one attempt at a time): claims are never pushed out, so a second
+     * would only hold a slot. The newcomer goes; a rank refused this way
+     * connects again. */
+    for (int j = 0; t->hs.claimed && j < p->nhalf; j++) {
+      const struct stranger *o = &p->half[j];
+      if (j != i && o->hs.claimed && o->hs.peer == t->hs.peer && o->hs.kind == t->hs.kind) {
+        snprintf(why, sizeof(why), "a second %s connection claiming rank %d while one is in its "
+                 "handshake", hora__boot_kind_name(t->hs.kind), t->hs.peer);
+        hora__boot_refuse(p, i, why);
+        return HORA_SUCCESS;
+      }
     }
     if (t->hs.authenticated) {
       struct pending s = {.fd = t->fd, .unix_socket = t->unix_socket, .peer = t->hs.peer,
@@ -213,8 +242,7 @@ int hora__boot_accept_from(struct plan *p, int lfd, bool unix_socket) {
           continue; /* that connection's trouble, not the listener's (accept(2)) */
         case EMFILE:
         case ENFILE:
-          if (p->nhalf > 0) {
-            hora__boot_drop_oldest(p, "dropped to free a file descriptor (EMFILE/ENFILE)");
+          if (hora__boot_drop_oldest(p, "dropped to free a file descriptor (EMFILE/ENFILE)")) {
             continue;
           }
           if (shed_one(p, lfd)) {
@@ -229,10 +257,16 @@ int hora__boot_accept_from(struct plan *p, int lfd, bool unix_socket) {
           return hora__error_errno(HORA_ERR_SYSTEM, "accept");
       }
     }
-    if (p->nhalf == p->half_max) {
-      hora__boot_drop_oldest(p,
-                             "dropped as the oldest of too many connections that have not proved "
-                             "the job secret");
+    if (p->nhalf == p->half_max &&
+        !hora__boot_drop_oldest(p, "dropped as the oldest of too many connections that have not "
+                                   "claimed an expected connection")) {
+      /* (Every entry a rank's handshake: cannot happen while the table
+       * has HALF_OPEN_MAX more entries than expected connections.) */
+      char who[96];
+      describe_peer(fd, &ss, who, sizeof(who));
+      note_refusal(p, who, "every half-open entry holds a handshake of an expected connection");
+      close(fd);
+      continue;
     }
     struct stranger *t = &p->half[p->nhalf++];
     t->fd = fd;

@@ -19,10 +19,13 @@
  * large job takes thousands of control connections at once, and needs
  * their descriptors anyway). When the table is full the oldest is dropped,
  * not the newcomer: connections held open (silent, or half a hello) then
- * cannot keep peers out, since an attacker would have to open more than
- * the table's worth of new ones within each peer's handshake round trip. A
- * peer dropped anyway is not lost: the connecting side retries any
- * connection closed before the acknowledgement, until
+ * cannot keep peers out. A connection whose hello claims one this rank
+ * expects (one claim per expected connection at a time) is never dropped
+ * for a newcomer, only by its deadline or a wrong proof, so no flood of
+ * strangers, however fast, pushes a rank's handshake out; a stranger that
+ * forges the claim holds that one connection back for at most the
+ * deadline. A peer refused anyway is not lost: the connecting side retries
+ * any connection closed before the acknowledgement, until
  * HORA_CONNECT_TIMEOUT_SECONDS. */
 #define HALF_OPEN_MAX 64
 #define HELLO_DEADLINE_NS 1000000000ull
@@ -89,7 +92,9 @@ const char *hora__boot_kind_name(int kind);
 /* accept.c */
 int hora__boot_pump(int fd, struct hora__hs *hs, int *err);
 void hora__boot_refuse(struct plan *p, int i, const char *why);
-void hora__boot_drop_oldest(struct plan *p, const char *why);
+/* Drops the oldest stranger whose hello claims no expected connection;
+ * false when there is none. */
+bool hora__boot_drop_oldest(struct plan *p, const char *why);
 int hora__boot_step_stranger(struct plan *p, int i);
 int hora__boot_step_incoming(struct plan *p, int i);
 int hora__boot_accept_from(struct plan *p, int lfd, bool unix_socket);

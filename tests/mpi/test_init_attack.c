@@ -23,6 +23,11 @@
  *   slow     silent connections again, while the last rank waits 2.5 s
  *            before its first hello: the bootstrap lasts, and the strangers
  *            must be dropped by their 1 s deadline, not at its end
+ *   storm    new silent connections as fast as the attacker can open them
+ *            (TCP and Unix), for 5 s from the address exchange on: more
+ *            than the table of half-open connections holds within a
+ *            peer's handshake round trip, so strangers must never push a
+ *            peer's handshake out
  * Each must start the job (every rank's hora_init succeeds), compute an
  * allreduce right, and take at most 2 s longer than a round without attack
  * (measured from the address exchange to the end of hora_init). The
@@ -45,9 +50,10 @@
 #include "comm/transport/socket.h"
 #include "mpitest.h"
 
-enum attack { A_NONE, A_SILENT, A_HALF, A_GARBAGE, A_REPLAY, A_FLOOD, A_SLOW };
+enum attack { A_NONE, A_SILENT, A_HALF, A_GARBAGE, A_REPLAY, A_FLOOD, A_SLOW, A_STORM };
 static const char *attack_names[] = {"none", "silent", "half", "garbage", "replay", "flood",
-                                     "slow-peer"};
+                                     "slow-peer", "storm"};
+#define STORM_S 5.0
 
 enum op { OP_ARM, OP_STRIKE, OP_REPLAY_MSG, OP_RESULT, OP_QUIT };
 
@@ -330,6 +336,12 @@ static void strike(int attack, struct res *r) {
         }
       }
       break;
+    case A_STORM: /* (the storm itself comes after the answer) */
+      for (int fd = dial(0); fd >= 0; fd = -1) {
+        r->made++;
+        close(fd);
+      }
+      break;
     default:
       break;
   }
@@ -364,6 +376,29 @@ static void replay_step(const struct cmd *c, struct res *r) {
     } else {
       r->got += (int)n;
     }
+  }
+}
+
+/* New connections without pause for STORM_S; the oldest are closed to
+ * keep the attacker's own descriptors bounded. */
+static void storm(struct res *r) {
+  double until = now_s() + STORM_S;
+  int ring[2048], n = 0;
+  for (unsigned i = 0; now_s() < until; i++) {
+    int fd = dial((int)(i % 2));
+    if (fd < 0) {
+      continue;
+    }
+    r->made++;
+    if (n == (int)HORA_ARRAY_SIZE(ring)) {
+      close(ring[i % HORA_ARRAY_SIZE(ring)]);
+      ring[i % HORA_ARRAY_SIZE(ring)] = fd;
+    } else {
+      ring[n++] = fd;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    close(ring[i]);
   }
 }
 
@@ -410,6 +445,8 @@ static void attacker_main(int in, int out) {
             }
           }
           watch_held(1.0, 0);
+        } else if (attack == A_STORM) {
+          storm(&r);
         }
         break;
       case OP_REPLAY_MSG:
@@ -644,6 +681,7 @@ static void garbage(void) { check_round(A_GARBAGE); }
 static void replay(void) { check_round(A_REPLAY); }
 static void flood(void) { check_round(A_FLOOD); }
 static void slow_peer(void) { check_round(A_SLOW); }
+static void storm_round(void) { check_round(A_STORM); }
 
 int main(int argc, char **argv) {
   /* Before MPI: the attacker must share nothing with it. */
@@ -668,6 +706,7 @@ int main(int argc, char **argv) {
   mt_run("init_attack/replayed_hello", replay);
   mt_run("init_attack/flood_2000_connections_emfile", flood);
   mt_run("init_attack/silent_clients_dropped_after_1s", slow_peer);
+  mt_run("init_attack/storm_of_new_connections_5s", storm_round);
   struct cmd q = {.op = OP_QUIT};
   (void)!write(to_attacker, &q, sizeof(q));
   waitpid(attacker_pid, NULL, 0);

@@ -485,6 +485,67 @@ static void bad_arguments_fail_on_every_rank(void) {
   MT_CHECK(x == (float)mt_size, "world after the errors: %g", (double)x);
 }
 
+/* A thread submits to a set in a loop while the main thread destroys it
+ * (the contract forbids it; it must fail cleanly, not use freed memory):
+ * each operation completes, is aborted by the shutdown, or is refused with
+ * HORA_ERR_INVALID_USAGE once the set is being destroyed or gone. */
+struct racer {
+  hora_process_set *ps;
+  int ok, aborted, refused, other;
+  char msg[300];
+};
+
+static void *racer_main(void *p) {
+  struct racer *a = p;
+  for (int i = 0; i < 1000000; i++) {
+    char name[32];
+    snprintf(name, sizeof(name), "race/%d", i);
+    float x = 1;
+    hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+    o.process_set = a->ps;
+    hora_request *r = NULL;
+    int rc = hora_allreduce_async_ex(name, &x, &x, 1, HORA_FLOAT32, HORA_SUM, &o, &r);
+    if (rc == HORA_SUCCESS) {
+      rc = hora_wait(&r);
+    }
+    if (rc == HORA_SUCCESS) {
+      a->ok++;
+    } else if (rc == HORA_ERR_ABORTED) {
+      a->aborted++;
+    } else {
+      a->refused += rc == HORA_ERR_INVALID_USAGE;
+      a->other += rc != HORA_ERR_INVALID_USAGE;
+      snprintf(a->msg, sizeof(a->msg), "%s: %s", hora_strerror(rc), hora_last_error());
+      break;
+    }
+  }
+  return NULL;
+}
+
+static void destroyed_while_another_thread_submits(void) {
+  int *all = calloc((size_t)mt_size, sizeof(int));
+  for (int r = 0; r < mt_size; r++) {
+    all[r] = r;
+  }
+  for (int round = 0; round < 20; round++) {
+    hora_process_set *ps = NULL;
+    MT_OK(hora_process_set_create(all, mt_size, &ps));
+    struct racer a = {.ps = ps};
+    pthread_t t;
+    pthread_create(&t, NULL, racer_main, &a);
+    usleep((useconds_t)(round % 5) * 1000);
+    MT_OK(hora_process_set_destroy(ps));
+    pthread_join(t, NULL);
+    MT_CHECK(a.refused == 1 && a.other == 0, "round %d: the submitting thread ended with %s "
+             "(%d done, %d aborted)", round, a.msg, a.ok, a.aborted);
+  }
+  free(all);
+  /* The world goes on. */
+  float x = 1;
+  MT_OK(hora_allreduce("after/race", &x, &x, 1, HORA_FLOAT32, HORA_SUM));
+  MT_CHECK(x == (float)mt_size, "world after the races: %g", (double)x);
+}
+
 static void destroyed_with_work_done(void) {
   MT_OK(hora_process_set_destroy(ends));
   MT_OK(hora_process_set_destroy(lower));
@@ -560,6 +621,8 @@ int main(int argc, char **argv) {
   mt_run("process_sets/from_mpi_comm_split", sets_from_mpi_comm_split);
   mt_run("process_sets/bad_arguments", bad_arguments_fail_on_every_rank);
   mt_run("process_sets/made_and_destroyed_100_times", made_and_destroyed_100_times_leaves_nothing);
+  mt_run("process_sets/destroyed_while_another_thread_submits",
+         destroyed_while_another_thread_submits);
   mt_run("process_sets/destroyed", destroyed_with_work_done);
   int rc = hora_finalize();
   if (rc != HORA_SUCCESS) {

@@ -77,7 +77,8 @@ int test_skipped;
   X(ring_broadcast_from_every_root)                                                          \
   X(ring_allgather_in_and_out_of_place)                                                      \
   X(host_collectives_fuse_scale_and_average_over_rings)                                      \
-  X(ring_broken_link_fails_every_rank)
+  X(ring_broken_link_fails_every_rank)                                                       \
+  X(strangers_flood_never_pushes_out_a_ranks_handshake)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)
