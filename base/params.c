@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -137,6 +138,235 @@ static int parse_string(const char *var, const char *s, const char **out) {
 #define PARSE_bool(var, s, out) hora__parse_bool(var, s, out)
 #define PARSE_string(var, s, out) parse_string(var, s, out)
 
+/* ---- Horovod's names ---------------------------------------------------- */
+
+enum {
+#define HORA_PARAM(name, scope, type, def, doc) HORA_P_##name,
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc) HORA_P_##name,
+#include "base/params.def"
+#undef HORA_PARAM
+#undef HORA_PARAM_CHOICE
+  HORA_P_COUNT
+};
+
+enum horovod_conv { CONV_same, CONV_flag, CONV_log_level, CONV_timeline, CONV_disable };
+
+static const struct horovod_alias {
+  int param;
+  const char *horovod;
+  enum horovod_conv conv;
+  const char *doc;
+} horovod_aliases[] = {
+#define HORA_PARAM(name, scope, type, def, doc)
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)
+#define HORA_HOROVOD(name, horovod, conv, doc) {HORA_P_##name, #horovod, CONV_##conv, doc},
+#include "base/params.def"
+#undef HORA_PARAM
+#undef HORA_PARAM_CHOICE
+#undef HORA_HOROVOD
+};
+
+#define HORA_HOROVOD_LEVEL_warn HORA_LOG_WARN
+#define HORA_HOROVOD_LEVEL_info HORA_LOG_INFO
+static const struct horovod_ignored {
+  const char *pattern;
+  int level;
+  const char *why;
+} horovod_ignored[] = {
+#define HORA_PARAM(name, scope, type, def, doc)
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)
+#define HORA_HOROVOD_IGNORED(pattern, level, why) {pattern, HORA_HOROVOD_LEVEL_##level, why},
+#include "base/params.def"
+#undef HORA_PARAM
+#undef HORA_PARAM_CHOICE
+#undef HORA_HOROVOD_IGNORED
+};
+
+/* What the last load found about HOROVOD_* variables; the log is not open
+ * while loading, so hora__params_log_horovod writes them later. */
+static struct {
+  int level;
+  char text[320];
+} notes[64];
+static int nnotes;
+/* Hashes of the notes this process has logged: each is logged once. */
+static uint64_t logged[64];
+static int nlogged;
+
+static void HORA_PRINTF(2, 3) note(int level, const char *fmt, ...) {
+  if (nnotes == (int)HORA_ARRAY_SIZE(notes)) {
+    return;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(notes[nnotes].text, sizeof(notes[0].text), fmt, ap);
+  va_end(ap);
+  notes[nnotes++].level = level;
+}
+
+/* Horovod reads its flags with strtol (above 0 is on); hora's boolean
+ * words are taken too. */
+static int horovod_flag(const char *var, const char *v, bool *on) {
+  errno = 0;
+  char *end = NULL;
+  long long x = strtoll(v, &end, 10);
+  while (end && isspace((unsigned char)*end)) {
+    end++;
+  }
+  if (errno == 0 && end != v && *end == '\0') {
+    *on = x > 0;
+    return HORA_SUCCESS;
+  }
+  static const char *const yes[] = {"true", "yes", "on"}, *const no[] = {"false", "no", "off"};
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(yes); i++) {
+    if (strcasecmp(v, yes[i]) == 0 || strcasecmp(v, no[i]) == 0) {
+      *on = strcasecmp(v, yes[i]) == 0;
+      return HORA_SUCCESS;
+    }
+  }
+  return hora__error(HORA_ERR_INVALID_ARG, "%s='%s' is not a flag (Horovod reads an integer: 0 "
+                     "is off, above 0 on)", var, v);
+}
+
+/* Horovod's value v of a->horovod in the setting's own syntax (*out points
+ * into the environment or at a literal); *applies is false when the value
+ * leaves the setting alone. */
+static int horovod_convert(const struct horovod_alias *a, const char *v, const char **out,
+                           bool *applies) {
+  static const char *const levels[][2] = {{"trace", "trace"}, {"debug", "debug"}, {"info", "info"},
+                                          {"warning", "warn"}, {"error", "error"},
+                                          {"fatal", "error"}};
+  bool on = false;
+  int rc = HORA_SUCCESS;
+  *applies = true;
+  *out = v;
+  switch (a->conv) {
+    case CONV_same:
+      break;
+    case CONV_timeline:
+      if (strcmp(v, "DYNAMIC") == 0) {
+        *out = ""; /* hora_start_timeline works without it */
+      }
+      break;
+    case CONV_flag:
+    case CONV_disable:
+      rc = horovod_flag(a->horovod, v, &on);
+      *out = a->conv == CONV_disable ? "0" : on ? "1" : "0";
+      *applies = a->conv == CONV_flag || on;
+      break;
+    case CONV_log_level:
+      for (size_t i = 0; i < HORA_ARRAY_SIZE(levels); i++) {
+        if (strcasecmp(v, levels[i][0]) == 0) {
+          *out = levels[i][1];
+          return HORA_SUCCESS;
+        }
+      }
+      rc = hora__error(HORA_ERR_INVALID_ARG, "%s='%s' is not one of Horovod's levels TRACE, "
+                       "DEBUG, INFO, WARNING, ERROR, FATAL", a->horovod, v);
+      break;
+  }
+  return rc;
+}
+
+/* A setting's value from the environment: HORA_NAME's, else that of the
+ * first of its Horovod names that applies; NULL when none is set. *var
+ * names the variable it came from. */
+static int env_value(int param, const char *hora_var, const char **value, const char **var) {
+  *var = hora_var;
+  *value = getenv(hora_var);
+  const char *raw = *value;
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(horovod_aliases); i++) {
+    const struct horovod_alias *a = &horovod_aliases[i];
+    const char *v = a->param == param ? getenv(a->horovod) : NULL;
+    if (!v) {
+      continue;
+    }
+    const char *conv = NULL;
+    bool applies = false;
+    int rc = horovod_convert(a, v, &conv, &applies);
+    if (rc == HORA_SUCCESS && !applies) {
+      continue;
+    }
+    if (*value) {
+      bool same = rc == HORA_SUCCESS && applies && strcasecmp(conv, *value) == 0;
+      note(same ? HORA_LOG_INFO : HORA_LOG_WARN,
+           "%s='%.80s' is not read: %s='%.80s' is set and wins%s", a->horovod, v, *var, raw,
+           same ? " (the same value)" : "");
+      continue;
+    }
+    if (rc != HORA_SUCCESS) {
+      return rc;
+    }
+    if (applies) {
+      note(HORA_LOG_INFO, "%s='%.80s' read as %s=%.80s", a->horovod, v, hora_var, conv);
+      *value = conv;
+      *var = a->horovod;
+      raw = v;
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+/* Notes each HOROVOD_* variable that no setting reads, with the reason. */
+static void note_ignored_horovod(void) {
+  extern char **environ;
+  for (char **e = environ; e && *e; e++) {
+    if (strncmp(*e, "HOROVOD_", 8) != 0) {
+      continue;
+    }
+    size_t len = strcspn(*e, "=");
+    const char *val = (*e)[len] ? *e + len + 1 : "";
+    bool honoured = false;
+    for (size_t i = 0; i < HORA_ARRAY_SIZE(horovod_aliases) && !honoured; i++) {
+      honoured = strlen(horovod_aliases[i].horovod) == len &&
+                 strncmp(horovod_aliases[i].horovod, *e, len) == 0;
+    }
+    const struct horovod_ignored *ig = NULL;
+    for (size_t i = 0; i < HORA_ARRAY_SIZE(horovod_ignored) && !honoured && !ig; i++) {
+      const char *pat = horovod_ignored[i].pattern;
+      size_t plen = strlen(pat);
+      bool prefix = plen && pat[plen - 1] == '*';
+      if (prefix ? len >= plen - 1 && strncmp(*e, pat, plen - 1) == 0
+                 : len == plen && strncmp(*e, pat, len) == 0) {
+        ig = &horovod_ignored[i];
+      }
+    }
+    if (honoured) {
+      continue;
+    }
+    note(ig ? ig->level : HORA_LOG_INFO, "%.*s='%.80s' ignored: %s", (int)HORA_MIN(len, 100), *e,
+         val, ig ? ig->why : "not a Horovod setting hora knows of");
+  }
+}
+
+static uint64_t note_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) {
+    h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  }
+  return h;
+}
+
+void hora__params_log_horovod(void) {
+  for (int i = 0; i < nnotes; i++) {
+    uint64_t h = note_hash(notes[i].text);
+    bool seen = false;
+    for (int j = 0; j < nlogged && !seen; j++) {
+      seen = logged[j] == h;
+    }
+    if (seen || !hora__log_enabled(notes[i].level)) {
+      continue;
+    }
+    if (nlogged < (int)HORA_ARRAY_SIZE(logged)) {
+      logged[nlogged++] = h;
+    }
+    HORA_LOG(notes[i].level, "%s", notes[i].text);
+  }
+}
+
+/* Where each setting of the last load came from (NULL: its default). */
+static const char *sources[HORA_P_COUNT];
+
 /* Private copies of the string settings, since the program may change its
  * environment; `pending` collects a load's copies until it succeeds. */
 struct owned_strings {
@@ -172,26 +402,34 @@ static int own_string(const char **sp) {
 int hora__params_load(void) {
   struct hora__params p;
   memset(&p, 0, sizeof(p));
-  const char *env;
+  const char *env, *var, *src[HORA_P_COUNT];
   const char *chosen;
   int rc;
   (void)chosen;
-#define HORA_PARAM(name, scope, type, def, doc)                                                     \
-  env = getenv("HORA_" #name);                                                               \
-  rc = PARSE_##type("HORA_" #name, env ? env : def, &p.name);                                \
-  if (rc != HORA_SUCCESS) {                                                                  \
-    return rc;                                                                               \
-  }
-#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)                                           \
-  env = getenv("HORA_" #name);                                                               \
-  rc = hora__parse_choice("HORA_" #name, env ? env : def, choices, &chosen);                 \
+  nnotes = 0;
+#define HORA_PARAM(name, scope, type, def, doc)                                              \
+  rc = env_value(HORA_P_##name, "HORA_" #name, &env, &var);                                  \
+  if (rc == HORA_SUCCESS) {                                                                  \
+    rc = PARSE_##type(var, env ? env : def, &p.name);                                        \
+  }                                                                                          \
   if (rc != HORA_SUCCESS) {                                                                  \
     return rc;                                                                               \
   }                                                                                          \
-  p.name = choice_copy(chosen);
+  src[HORA_P_##name] = env ? var : NULL;
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc)                                    \
+  rc = env_value(HORA_P_##name, "HORA_" #name, &env, &var);                                  \
+  if (rc == HORA_SUCCESS) {                                                                  \
+    rc = hora__parse_choice(var, env ? env : def, choices, &chosen);                         \
+  }                                                                                          \
+  if (rc != HORA_SUCCESS) {                                                                  \
+    return rc;                                                                               \
+  }                                                                                          \
+  p.name = choice_copy(chosen);                                                              \
+  src[HORA_P_##name] = env ? var : NULL;
 #include "base/params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
+  note_ignored_horovod();
   free_strings(&pending);
 #define HORA_PARAM(name, scope, type, def, doc)                                                     \
   if (OWN_##type(&p.name) != HORA_SUCCESS) {                                                 \
@@ -201,21 +439,35 @@ int hora__params_load(void) {
 #include "base/params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
+#define SRC(name) (src[HORA_P_##name] ? src[HORA_P_##name] : "HORA_" #name)
   if (p.CACHE_CAPACITY < 0 || p.CACHE_CAPACITY > (1 << 22)) {
-    return hora__error(HORA_ERR_INVALID_ARG, "HORA_CACHE_CAPACITY=%lld is outside 0..4194304",
+    return hora__error(HORA_ERR_INVALID_ARG, "%s=%lld is outside 0..4194304", SRC(CACHE_CAPACITY),
                        (long long)p.CACHE_CAPACITY);
   }
   if (p.CHUNK_SIZE < 4096) {
-    return hora__error(HORA_ERR_INVALID_ARG, "HORA_CHUNK_SIZE=%lld is below the minimum of 4096",
-                       (long long)p.CHUNK_SIZE);
+    return hora__error(HORA_ERR_INVALID_ARG, "%s=%lld is below the minimum of 4096",
+                       SRC(CHUNK_SIZE), (long long)p.CHUNK_SIZE);
   }
-  if (p.CYCLE_TIME < 0 || p.STALL_CHECK_TIME_SECONDS < 0 || p.STALL_SHUTDOWN_TIME_SECONDS < 0 ||
-      p.CONNECT_TIMEOUT_SECONDS <= 0 || p.SPIN_TIME_US < 0) {
-    return hora__error(HORA_ERR_INVALID_ARG,
-                       "HORA_CYCLE_TIME, HORA_SPIN_TIME_US and the HORA_*_SECONDS settings must not "
-                       "be negative, and HORA_CONNECT_TIMEOUT_SECONDS must be positive");
+  const struct {
+    const char *var;
+    double v;
+  } nonnegative[] = {{SRC(CYCLE_TIME), p.CYCLE_TIME},
+                     {SRC(STALL_CHECK_TIME_SECONDS), p.STALL_CHECK_TIME_SECONDS},
+                     {SRC(STALL_SHUTDOWN_TIME_SECONDS), p.STALL_SHUTDOWN_TIME_SECONDS},
+                     {SRC(SPIN_TIME_US), (double)p.SPIN_TIME_US}};
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(nonnegative); i++) {
+    if (nonnegative[i].v < 0) {
+      return hora__error(HORA_ERR_INVALID_ARG, "%s=%g must not be negative", nonnegative[i].var,
+                         nonnegative[i].v);
+    }
   }
+  if (p.CONNECT_TIMEOUT_SECONDS <= 0) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s=%g must be positive", SRC(CONNECT_TIMEOUT_SECONDS),
+                       p.CONNECT_TIMEOUT_SECONDS);
+  }
+#undef SRC
   hora__params = p;
+  memcpy(sources, src, sizeof(sources));
   free_strings(&owned);
   owned = pending;
   pending.n = 0;
@@ -228,6 +480,16 @@ static inline void format_value_double(char *buf, size_t n, double v) { snprintf
 static inline void format_value_bool(char *buf, size_t n, bool v) { snprintf(buf, n, "%d", v ? 1 : 0); }
 static inline void format_value_string(char *buf, size_t n, const char *v) { snprintf(buf, n, "%s", v); }
 
+static void log_setting(const char *name, const char *value, const char *source) {
+  char from[80] = "";
+  if (!source) {
+    snprintf(from, sizeof(from), " (default)");
+  } else if (strncmp(source, "HOROVOD_", 8) == 0) {
+    snprintf(from, sizeof(from), " (from %s)", source);
+  }
+  HORA_INFO("setting HORA_%s=%s%s", name, value, from);
+}
+
 void hora__params_log(void) {
   if (!hora__log_enabled(HORA_LOG_INFO)) {
     return;
@@ -235,10 +497,9 @@ void hora__params_log(void) {
   char value[512];
 #define HORA_PARAM(name, scope, type, def, doc)                                                     \
   format_value_##type(value, sizeof(value), hora__params.name);                              \
-  HORA_INFO("setting HORA_%s=%s%s", #name, value, getenv("HORA_" #name) ? "" : " (default)");
+  log_setting(#name, value, sources[HORA_P_##name]);
 #define HORA_PARAM_CHOICE(name, scope, choices, def, doc)                                           \
-  HORA_INFO("setting HORA_%s=%s%s", #name, hora__params.name,                                \
-            getenv("HORA_" #name) ? "" : " (default)");
+  log_setting(#name, hora__params.name, sources[HORA_P_##name]);
 #include "base/params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
@@ -254,9 +515,30 @@ static void write_markdown_cell(FILE *f, const char *text) {
   }
 }
 
-static void write_markdown_row(FILE *f, const char *name, const char *scope, const char *type,
-                               const char *def, const char *doc) {
-  fprintf(f, "| `HORA_%s` | %s | ", name, scope);
+/* The Horovod cell of a setting's row: its Horovod names, with how they
+ * are read. */
+static void write_markdown_horovod(FILE *f, int param) {
+  const char *sep = "";
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(horovod_aliases); i++) {
+    const struct horovod_alias *a = &horovod_aliases[i];
+    if (a->param != param) {
+      continue;
+    }
+    fprintf(f, "%s`%s`", sep, a->horovod);
+    if (a->doc[0]) {
+      fprintf(f, " (");
+      write_markdown_cell(f, a->doc);
+      fprintf(f, ")");
+    }
+    sep = "; ";
+  }
+}
+
+static void write_markdown_row(FILE *f, int param, const char *name, const char *scope,
+                               const char *type, const char *def, const char *doc) {
+  fprintf(f, "| `HORA_%s` | ", name);
+  write_markdown_horovod(f, param);
+  fprintf(f, " | %s | ", scope);
   write_markdown_cell(f, type);
   fprintf(f, " | `%s` | ", def[0] ? def : "\"\"");
   write_markdown_cell(f, doc);
@@ -265,13 +547,23 @@ static void write_markdown_row(FILE *f, const char *name, const char *scope, con
 
 void hora__params_write_markdown(void *file) {
   FILE *f = file;
-  fprintf(f, "| setting | scope | type | default | meaning |\n|---|---|---|---|---|\n");
-#define HORA_PARAM(name, scope, type, def, doc) write_markdown_row(f, #name, #scope, #type, def, doc);
+  fprintf(f, "| setting | Horovod | scope | type | default | meaning |\n"
+             "|---|---|---|---|---|---|\n");
+#define HORA_PARAM(name, scope, type, def, doc)                                              \
+  write_markdown_row(f, HORA_P_##name, #name, #scope, #type, def, doc);
 #define HORA_PARAM_CHOICE(name, scope, choices, def, doc)                                    \
-  write_markdown_row(f, #name, #scope, "`" choices "`", def, doc);
+  write_markdown_row(f, HORA_P_##name, #name, #scope, "`" choices "`", def, doc);
 #include "base/params.def"
 #undef HORA_PARAM
 #undef HORA_PARAM_CHOICE
+}
+
+void hora__params_write_horovod_ignored(void *file) {
+  FILE *f = file;
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(horovod_ignored); i++) {
+    fprintf(f, "%-34s %s: %s\n", horovod_ignored[i].pattern,
+            horovod_ignored[i].level == HORA_LOG_WARN ? "warn" : "info", horovod_ignored[i].why);
+  }
 }
 
 /* ---- job-wide settings -------------------------------------------------- */

@@ -1,4 +1,4 @@
-/* The settings of runtime/params.def, parsed once by hora__params_load(). */
+/* The settings of base/params.def, parsed once by hora__params_load(). */
 #ifndef HORA_PARAMS_H
 #define HORA_PARAMS_H
 
@@ -29,8 +29,18 @@ int hora__params_load(void);
 /* Logs every setting and whether it came from the environment (info level). */
 void hora__params_log(void);
 
+/* Logs, once per process, what the last load found about HOROVOD_*
+ * variables: those read as a setting (info), those a HORA_ name overrode
+ * (warn when the values differ), and those hora does not honour, with why
+ * (params.def's HORA_HOROVOD_IGNORED). Call once the log is open. */
+void hora__params_log_horovod(void);
+
 /* Writes the settings table as Markdown (for README.md). */
 void hora__params_write_markdown(void *file);
+
+/* Writes the HOROVOD_* variables hora does not honour, one a line, with
+ * the level their note is logged at and why (hora-info --horovod). */
+void hora__params_write_horovod_ignored(void *file);
 
 /* The job-wide settings (scope `job` in params.def), one "HORA_NAME=value\n"
  * line each in table order, with values in one canonical form: equal

@@ -1,6 +1,6 @@
 /* hora-info: what this build of hora has and how it is configured, in the
  * spirit of ompi_info. `--settings-md` prints the settings table that
- * README.md carries. */
+ * README.md carries; `--horovod` the Horovod variables hora ignores. */
 #include <stdio.h>
 #include <string.h>
 
@@ -10,10 +10,11 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: hora-info [--settings-md | --settings | --help]\n"
+          "usage: hora-info [--settings-md | --settings | --horovod | --help]\n"
           "  (no option)     version, optional components, current settings\n"
           "  --settings      every HORA_* setting with its current value\n"
-          "  --settings-md   the settings table in Markdown, as in README.md\n");
+          "  --settings-md   the settings table in Markdown, as in README.md\n"
+          "  --horovod       the HOROVOD_* variables hora does not honour, and why\n");
 }
 
 int main(int argc, char **argv) {
@@ -23,6 +24,10 @@ int main(int argc, char **argv) {
   }
   if (argc > 1 && strcmp(argv[1], "--settings-md") == 0) {
     hora__params_write_markdown(stdout);
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "--horovod") == 0) {
+    hora__params_write_horovod_ignored(stdout);
     return 0;
   }
   if (argc > 1 && strcmp(argv[1], "--settings") != 0) {

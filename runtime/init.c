@@ -196,6 +196,7 @@ int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
   }
   if (set_id == 0) {
     hora__log_set_rank(my_rank); /* the log names the world's ranks, from the bootstrap on */
+    hora__params_log_horovod();
   }
   HORA_CHECK_GOTO(hora__comm_create(comm, ctrl_peers, nctrl, &rt->comm), rc, fail);
   rt->rank = rt->comm->rank;

@@ -7,6 +7,7 @@
  * is not set: hora_start_timeline writes argv[1] (with cycle marks) from
  * while an operation is half submitted until hora_stop_timeline while
  * another is, then argv[1].2, then argv[1].3 replaces it without a stop.
+ * With "horovod", as the default but HOROVOD_TIMELINE=argv[1] names the file.
  * tests/timeline/check-timeline.sh runs it and parses the files. */
 #include <signal.h>
 #include <sys/resource.h>
@@ -80,7 +81,7 @@ static void runtime_start_stop(void) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_timeline PATH finalize|die|full|runtime\n");
+    fprintf(stderr, "usage: test_timeline PATH finalize|horovod|die|full|runtime\n");
     return 2;
   }
   path = argv[1];
@@ -101,7 +102,8 @@ int main(int argc, char **argv) {
     }
     return failures ? 1 : 0;
   }
-  setenv("HORA_TIMELINE", argv[1], 1);
+  /* "horovod": as "finalize", through Horovod's name of the setting. */
+  setenv(strcmp(argv[2], "horovod") == 0 ? "HOROVOD_TIMELINE" : "HORA_TIMELINE", argv[1], 1);
   bool die = strcmp(argv[2], "die") == 0;
   mt_init();
   if (strcmp(argv[2], "full") == 0 && mt_rank == 0) {

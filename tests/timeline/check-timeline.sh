@@ -8,9 +8,12 @@
 # and started and stopped at run time (hora_start_timeline, with cycle
 # marks, then into a second file and a third that replaces it): every file
 # valid and balanced, holding the operations of its own stretch only.
+# Horovod's names: HOROVOD_TIMELINE and HOROVOD_TIMELINE_MARK_CYCLES write
+# the same file; HOROVOD_FUSION_THRESHOLD=0 leaves no fusion-buffer copies
+# in it; HOROVOD_TIMELINE=DYNAMIC writes nothing until hora_start_timeline.
 # usage: check-timeline.sh BUILDDIR NP   (prints PASS/FAIL lines)
 set -u
-builddir=$1 np=$2
+builddir=$(cd "$1" && pwd) np=$2
 . "$builddir/tests/config.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -39,9 +42,9 @@ for tid in rows.values():
         depth += {"B": 1, "E": -1}.get(ph, 0)
         if depth < 0:
             bad.append("unbalanced end on row %d" % tid)
-    if mode == "finalize" and depth != 0:
+    if mode in ("finalize", "horovod", "nofusion") and depth != 0:
         bad.append("row %d ends with %d open phases" % (tid, depth))
-if mode == "finalize":
+if mode in ("finalize", "horovod"):
     seq = phases(rows.get("tl/grad.3", -1))
     # One step of a fused tensor: the order its phases must come in.
     want = ["NEGOTIATE_ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
@@ -63,9 +66,26 @@ if mode == "finalize":
     ts = [e["ts"] for e in events if "ts" in e]
     if any(b < a for a, b in zip(ts, ts[1:])):
         bad.append("timestamps go backwards")
-    # Written with HORA_TIMELINE_MARK_CYCLES=1.
+    # Written with HORA_TIMELINE_MARK_CYCLES=1 (HOROVOD_TIMELINE_MARK_CYCLES=1).
     if not any(e.get("name") == "CYCLE_START" and e.get("s") == "g" for e in events):
         bad.append("no CYCLE_START marks")
+# Fused tensors share one collective: their ALLREDUCE phases overlap.
+grads = {tid for name, tid in rows.items() if name.startswith("tl/grad.")}
+running, overlaps = set(), 0
+for e in events:
+    if e.get("tid") in grads and e.get("ph") == "B" and e.get("name") == "ALLREDUCE":
+        overlaps += 1 if running else 0
+        running.add(e["tid"])
+    elif e.get("ph") == "E":
+        running.discard(e.get("tid"))
+if mode == "horovod" and np > 1 and overlaps == 0:
+    bad.append("no fused allreduces at the default HOROVOD_FUSION_THRESHOLD")
+if mode == "nofusion":
+    # Written with HOROVOD_FUSION_THRESHOLD=0: every tensor runs alone.
+    if overlaps:
+        bad.append("%d fused allreduces with HOROVOD_FUSION_THRESHOLD=0" % overlaps)
+    if "ALLREDUCE" not in [n for ph, n in phases(rows.get("tl/grad.3", -1)) if ph == "B"]:
+        bad.append("tl/grad.3 has no ALLREDUCE phase")
 if bad:
     print("FAIL timeline/%s_phases: %s" % (mode, "; ".join(bad[:5]))); sys.exit(1)
 print("PASS timeline/%s_phases" % mode)
@@ -93,6 +113,23 @@ else
   echo "PASS timeline/write_failure_warned"
 fi
 check "$work/full.json" full
+
+# Horovod's names for the same settings (the HORA_ ones unset).
+hvd_run() { # file mode [VAR=value...]
+  f=$1 m=$2
+  shift 2
+  env -u HORA_TIMELINE -u HORA_TIMELINE_MARK_CYCLES -u HORA_FUSION_THRESHOLD "$@" \
+    timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" </dev/null \
+    "$f" "$m" >"$work/out" 2>&1
+  if [ $? -ne 0 ]; then
+    echo "FAIL timeline/horovod_${m}_workload: exit status"
+    tail -n 20 "$work/out"
+  fi
+}
+hvd_run "$work/hvd.json" horovod HOROVOD_TIMELINE_MARK_CYCLES=1
+check "$work/hvd.json" horovod
+hvd_run "$work/nofusion.json" horovod HOROVOD_FUSION_THRESHOLD=0
+check "$work/nofusion.json" nofusion
 
 check_runtime() { # file mode: runtime (the first file), second, third
   python3 - "$1" "$2" "$np" <<'PY'
@@ -157,4 +194,20 @@ if ls "$work"/rt.json.rank* >/dev/null 2>&1; then
   echo "FAIL timeline/only_rank_0_writes: $(ls "$work"/rt.json.rank*)"
 else
   echo "PASS timeline/only_rank_0_writes"
+fi
+# HOROVOD_TIMELINE=DYNAMIC: no file until hora_start_timeline (none named
+# DYNAMIC either), which then writes as without it.
+mkdir "$work/dyn"
+(cd "$work/dyn" && env -u HORA_TIMELINE HOROVOD_TIMELINE=DYNAMIC \
+  timeout -k 10 120 "$MPIEXEC" $flags -np "$np" "$builddir/tests/mpi/test_timeline" </dev/null \
+  "$work/dyn.json" runtime >"$work/out" 2>&1)
+if [ $? -ne 0 ]; then
+  echo "FAIL timeline/horovod_dynamic_workload: exit status"
+  tail -n 20 "$work/out"
+fi
+check_runtime "$work/dyn.json" runtime
+if [ -n "$(ls -A "$work/dyn")" ]; then
+  echo "FAIL timeline/horovod_dynamic_writes_no_file: $(ls -A "$work/dyn")"
+else
+  echo "PASS timeline/horovod_dynamic_writes_no_file"
 fi

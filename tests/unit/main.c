@@ -22,6 +22,10 @@ int test_skipped;
   X(params_markdown_lists_every_setting)                                                     \
   X(params_job_encoding_and_difference)                                                      \
   X(params_hierarchical_adasum_follows_horovod)                                              \
+  X(params_horovod_aliases_convert)                                                          \
+  X(params_horovod_errors_name_variable)                                                     \
+  X(params_horovod_logged_once)                                                              \
+  X(params_markdown_names_horovod_aliases)                                                   \
   X(message_requests_roundtrip)                                                              \
   X(message_requests_new_dtypes)                                                             \
   X(message_requests_reject_malformed)                                                       \
