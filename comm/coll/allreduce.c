@@ -200,11 +200,10 @@ void hora__post_apply(const struct hora__coll_opts *o, hora_dtype dtype, void *b
   if (!o) {
     return;
   }
-  if (o->divisor > 1) {
-    hora__divide(dtype, buf, n, o->divisor);
-  }
-  if (o->postscale != 1.0) {
-    hora__scale(dtype, buf, n, o->postscale);
+  /* Horovod's AVERAGE: one multiplication by postscale / size. */
+  double factor = o->divisor > 1 ? o->postscale / o->divisor : o->postscale;
+  if (factor != 1.0) {
+    hora__scale(dtype, buf, n, factor);
   }
 }
 

@@ -1,6 +1,7 @@
 /* Kernels of the device data plane: the batched copy that packs tensors
  * into the fusion buffer and unpacks them again (one launch for any number
  * of tensors), and in-place scaling for prescale/postscale/average. */
+#include <climits>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -33,34 +34,39 @@ __global__ void hora_batched_copy_kernel(const struct hora__copy_desc *descs) {
   }
 }
 
-/* x = x * mul / div, in double for floating types. */
+/* As the host's hora__scale (Horovod's ScaleBuffer): one factor,
+ * mul / div (AVERAGE's postscale over the size); float64 in double, the
+ * other floating types in float by the factor rounded to float, integers in
+ * double and cast back toward zero (saturating where a cast is undefined). */
+__device__ inline double scale_factor(double mul, double div) {
+  return div > 1 ? mul / div : mul;
+}
 template <typename T>
 __device__ inline typename std::enable_if<!std::is_integral<T>::value, T>::type scaled(
     T x, double mul, double div) {
-  return (T)((double)x * mul / div);
+  return (T)((float)scale_factor(mul, div) * (float)x);
 }
-/* Integers as the host path does them (hora__divide, then hora__scale):
- * an average truncates toward zero, a scale factor rounds half away from
- * zero, so device and host buffers give the same results. */
+template <>
+__device__ inline double scaled<double>(double x, double mul, double div) {
+  return scale_factor(mul, div) * x;
+}
 template <typename T>
 __device__ inline typename std::enable_if<std::is_integral<T>::value, T>::type scaled(
     T x, double mul, double div) {
-  long long v = (long long)x;
-  if (div > 1) {
-    v /= (long long)div;
-  }
-  if (mul != 1.0) {
-    v = llround((double)v * mul);
-  }
-  return (T)v;
+  double v = scale_factor(mul, div) * (double)x;
+  long long r = v != v ? 0
+                : v >= 9223372036854775807.0  ? LLONG_MAX
+                : v <= -9223372036854775808.0 ? LLONG_MIN
+                                              : (long long)v;
+  return (T)r;
 }
 template <>
 __device__ inline __half scaled<__half>(__half x, double mul, double div) {
-  return __float2half((float)((double)__half2float(x) * mul / div));
+  return __float2half((float)scale_factor(mul, div) * __half2float(x));
 }
 template <>
 __device__ inline __nv_bfloat16 scaled<__nv_bfloat16>(__nv_bfloat16 x, double mul, double div) {
-  return __float2bfloat16((float)((double)__bfloat162float(x) * mul / div));
+  return __float2bfloat16((float)scale_factor(mul, div) * __bfloat162float(x));
 }
 
 template <typename T>

@@ -266,53 +266,20 @@ void hora__reduce(hora_dtype dtype, hora_op op, void *dst, const void *a, const 
   kernels[dtype][op](dst, a, b, n);
 }
 
-void hora__divide(hora_dtype dtype, void *buf, size_t n, int divisor) {
-  switch (dtype) {
-#define DIV_INT(D, T)                                                                        \
-  case D: {                                                                                  \
-    T *p = buf;                                                                              \
-    for (size_t i = 0; i < n; i++) {                                                         \
-      p[i] = (T)((int64_t)p[i] / divisor); /* not (T)divisor: 256 is 0 as uint8 */            \
-    }                                                                                        \
-    break;                                                                                   \
+/* A scaled integer element: Horovod casts factor * x (a double) back to the
+ * element type, which truncates toward zero; out of int64's range it
+ * saturates (a C cast would be undefined), then narrows as integers wrap. */
+static inline int64_t scaled_int(double v) {
+  if (v != v) {
+    return 0;
   }
-    DIV_INT(HORA_UINT8, uint8_t)
-    DIV_INT(HORA_INT8, int8_t)
-    DIV_INT(HORA_INT16, int16_t)
-    DIV_INT(HORA_INT32, int32_t)
-    DIV_INT(HORA_INT64, int64_t)
-    case HORA_FLOAT32: {
-      float *p = buf;
-      float d = (float)divisor;
-      for (size_t i = 0; i < n; i++) {
-        p[i] /= d;
-      }
-      break;
-    }
-    case HORA_FLOAT64: {
-      double *p = buf;
-      double d = divisor;
-      for (size_t i = 0; i < n; i++) {
-        p[i] /= d;
-      }
-      break;
-    }
-    case HORA_FLOAT16: {
-      uint16_t *p = buf;
-      for (size_t i = 0; i < n; i++) {
-        p[i] = hora__f32_to_f16(hora__f16_to_f32(p[i]) / (float)divisor);
-      }
-      break;
-    }
-    case HORA_BFLOAT16: {
-      uint16_t *p = buf;
-      for (size_t i = 0; i < n; i++) {
-        p[i] = hora__f32_to_bf16(hora__bf16_to_f32(p[i]) / (float)divisor);
-      }
-      break;
-    }
-    case HORA_BOOL: break; /* AVERAGE of bool is refused at submission */
+  if (v >= 9223372036854775807.0) {
+    return INT64_MAX;
   }
+  if (v <= -9223372036854775808.0) {
+    return INT64_MIN;
+  }
+  return (int64_t)v;
 }
 
 void hora__scale(hora_dtype dtype, void *buf, size_t n, double factor) {
@@ -321,7 +288,7 @@ void hora__scale(hora_dtype dtype, void *buf, size_t n, double factor) {
   case D: {                                                                                  \
     T *p = buf;                                                                              \
     for (size_t i = 0; i < n; i++) {                                                         \
-      p[i] = (T)__builtin_llround((double)p[i] * factor);                                    \
+      p[i] = (T)scaled_int(factor * (double)p[i]);                                           \
     }                                                                                        \
     break;                                                                                   \
   }

@@ -5,7 +5,7 @@
 #include "base/common.h"
 
 /* dst[i] = a[i] (op) b[i] for i < n. dst may be a or b. HORA_AVERAGE reduces
- * as a sum; the division happens once at the end (hora__divide). Integer
+ * as a sum; the division is a postscale by 1/size at the end. Integer
  * sums and products wrap; float MIN and MAX return NaN when either side is
  * NaN, so the result does not depend on the order of reduction. Bool reads
  * any nonzero byte as true and writes 0 or 1: SUM and MAX are OR, MIN and
@@ -17,12 +17,11 @@ void hora__reduce(hora_dtype dtype, hora_op op, void *dst, const void *a, const 
 void hora__reduce_portable(hora_dtype dtype, hora_op op, void *dst, const void *a, const void *b,
                            size_t n);
 
-/* buf[i] /= divisor: floats divide, integers round toward zero. Bool is
- * left alone (its AVERAGE is refused at submission), as in hora__scale. */
-void hora__divide(hora_dtype dtype, void *buf, size_t n, int divisor);
-
-/* buf[i] *= factor, computed in double for float64 and float for the rest;
- * integers are rounded to nearest. Used for pre- and postscaling. */
+/* buf[i] *= factor, element for element as Horovod's CPU ScaleBuffer:
+ * float64 in double; float32, float16 and bfloat16 in float, by the factor
+ * rounded to float; integers in double, cast back toward zero. Used for
+ * pre- and postscaling and for AVERAGE (a postscale divided by the size).
+ * Bool is left alone (its scaling is refused at submission). */
 void hora__scale(hora_dtype dtype, void *buf, size_t n, double factor);
 
 /* Bool results: every nonzero byte becomes 1. */

@@ -85,16 +85,14 @@ static void expected(hora_dtype dt, int op, size_t i, int nranks, void *out) {
     }
   }
   if (op == HORA_AVERAGE) {
+    /* Horovod's: one multiplication by 1/size (float types by it in float). */
+    double f = 1.0 / nranks;
     switch (dt) {
-      case HORA_FLOAT16:
-        ((uint16_t *)out)[0] = hora__f32_to_f16((float)acc / (float)nranks);
-        return;
-      case HORA_BFLOAT16:
-        ((uint16_t *)out)[0] = hora__f32_to_bf16((float)acc / (float)nranks);
-        return;
-      case HORA_FLOAT32: ((float *)out)[0] = (float)acc / (float)nranks; return;
-      case HORA_FLOAT64: acc /= nranks; break;
-      default: acc = trunc(acc / nranks); break;
+      case HORA_FLOAT16: ((uint16_t *)out)[0] = hora__f32_to_f16((float)f * (float)acc); return;
+      case HORA_BFLOAT16: ((uint16_t *)out)[0] = hora__f32_to_bf16((float)f * (float)acc); return;
+      case HORA_FLOAT32: ((float *)out)[0] = (float)f * (float)acc; return;
+      case HORA_FLOAT64: acc *= f; break;
+      default: acc = trunc(acc * f); break;
     }
   }
   store(dt, out, 0, acc);
@@ -274,7 +272,7 @@ static void allreduce_large(void) {
 }
 
 /* int16 beyond small values: sums and products wrap, MIN and MAX reach the
- * extremes, AVERAGE rounds toward zero and the scales to nearest. Fused:
+ * extremes, AVERAGE and the scales truncate toward zero. Fused:
  * all in flight at once. */
 static void int16_wraps_and_scales(void) {
   enum { K = 6 };
@@ -290,8 +288,8 @@ static void int16_wraps_and_scales(void) {
   want[0][1] = (int16_t)(-mt_size);
   want[1][1] = -1; /* -1 on rank 0, 1 elsewhere */
   bool one = mt_rank == 0, alone = mt_size == 1;
-  /* SUM, PRODUCT, MIN, MAX, AVERAGE, and SUM with prescale 0.5 (1.5 and
-   * -1.5 round away from zero to 2 and -2) and postscale 1.5. */
+  /* SUM, PRODUCT, MIN, MAX, AVERAGE, and SUM with prescale 0.5 and
+   * postscale 1.5 (each truncating toward zero). */
   const int16_t mine[K][2] = {
       {(int16_t)(30000 + mt_rank), -1},
       {300, (int16_t)(one ? -1 : 1)},
@@ -307,8 +305,9 @@ static void int16_wraps_and_scales(void) {
   want[3][1] = INT16_MAX;
   want[4][0] = (int16_t)(-3 / mt_size); /* toward zero */
   want[4][1] = 7;
-  want[5][0] = (int16_t)(3 * mt_size); /* 2 per rank, times 1.5 */
-  want[5][1] = (int16_t)(-3 * mt_size);
+  /* 3 * 0.5 and -3 * 0.5 truncate to 1 and -1 per rank, as Horovod's. */
+  want[5][0] = (int16_t)trunc(1.5 * mt_size);
+  want[5][1] = (int16_t)trunc(-1.5 * mt_size);
   hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
   o.prescale = 0.5;
   o.postscale = 1.5;

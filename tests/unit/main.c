@@ -16,7 +16,7 @@ int test_skipped;
   X(reduce_nan_inf_and_edges)                                                                \
   X(reduce_int16_and_bool)                                                                   \
   X(reduce_in_place_aliasing)                                                                \
-  X(divide_and_scale)                                                                        \
+  X(scale_as_horovod)                                                                        \
   X(params_parse_values)                                                                     \
   X(params_env_errors_name_variable)                                                         \
   X(params_markdown_lists_every_setting)                                                     \

@@ -257,7 +257,7 @@ TEST(reduce_int16_and_bool) {
     ASSERT(r[0] == 1 && r[1] == INT16_MIN && r[2] == 300 && r[3] == -7 && r[4] == -12);
     entries[e](HORA_INT16, HORA_MAX, r, x, y, 5);
     ASSERT(r[0] == INT16_MAX && r[1] == -1 && r[2] == 300 && r[3] == 5 && r[4] == 12);
-    entries[e](HORA_INT16, HORA_AVERAGE, r, x, y, 5); /* a sum until hora__divide */
+    entries[e](HORA_INT16, HORA_AVERAGE, r, x, y, 5); /* a sum until the postscale by 1/size */
     ASSERT(r[0] == INT16_MIN && r[3] == -2);
 
     /* Every pair of bytes from the ones that matter, 33 elements so the
@@ -308,59 +308,50 @@ TEST(reduce_in_place_aliasing) {
   ASSERT(memcmp(b2, want, sizeof(want)) == 0);
 }
 
-TEST(divide_and_scale) {
+/* Horovod's ScaleBuffer, element for element: integers scaled in double and
+ * cast back toward zero, half types in float by the factor rounded to float,
+ * float32 by the float factor, float64 in double; AVERAGE is a postscale
+ * by 1/size (hora__post_apply). */
+TEST(scale_as_horovod) {
   int32_t iv[4] = {-7, 7, -8, 9};
-  hora__divide(HORA_INT32, iv, 4, 2);
+  hora__scale(HORA_INT32, iv, 4, 0.5);
   ASSERT(iv[0] == -3 && iv[1] == 3 && iv[2] == -4 && iv[3] == 4); /* toward zero */
+  int64_t lv = 5;
+  hora__scale(HORA_INT64, &lv, 1, 0.5);
+  ASSERT_EQ_INT(lv, 2);
+  /* 49 * (1.0 / 49) is just below 1 in double: Horovod's average gives 0. */
+  int32_t e = 49;
+  hora__scale(HORA_INT32, &e, 1, 1.0 / 49);
+  ASSERT_EQ_INT(e, 0);
+  int16_t ws[4] = {5, -5, 1000, -3};
+  hora__scale(HORA_INT16, ws, 4, 0.5);
+  ASSERT(ws[0] == 2 && ws[1] == -2 && ws[2] == 500 && ws[3] == -1);
+  int16_t wt[3] = {7, -7, 20000};
+  hora__scale(HORA_INT16, wt, 3, 1.5);
+  ASSERT(wt[0] == 10 && wt[1] == -10 && wt[2] == 30000);
   int8_t cv[2] = {-127, 127};
-  hora__divide(HORA_INT8, cv, 2, 16);
+  hora__scale(HORA_INT8, cv, 2, 1.0 / 16);
   ASSERT(cv[0] == -7 && cv[1] == 7);
-  /* Divisors beyond the element type's range (256 and more ranks). */
   uint8_t uv[2] = {255, 7};
-  hora__divide(HORA_UINT8, uv, 2, 256);
+  hora__scale(HORA_UINT8, uv, 2, 1.0 / 256);
   ASSERT(uv[0] == 0 && uv[1] == 0);
-  uint8_t uw = 200;
-  hora__divide(HORA_UINT8, &uw, 1, 100);
-  ASSERT_EQ_INT(uw, 2);
-  int8_t sv[2] = {-120, 120};
-  hora__divide(HORA_INT8, sv, 2, 200);
-  ASSERT(sv[0] == 0 && sv[1] == 0);
-  int8_t sw = -120;
-  hora__divide(HORA_INT8, &sw, 1, 40);
-  ASSERT_EQ_INT(sw, -3);
-  int64_t big = INT64_MAX - 1;
-  hora__divide(HORA_INT64, &big, 1, 1000);
-  ASSERT(big == (INT64_MAX - 1) / 1000);
-  float fv[2] = {10.0f, -3.0f};
-  hora__divide(HORA_FLOAT32, fv, 2, 4);
-  ASSERT(fv[0] == 2.5f && fv[1] == -0.75f);
-  uint16_t hv = hora__f32_to_f16(3.0f);
-  hora__divide(HORA_FLOAT16, &hv, 1, 2);
-  ASSERT(hora__f16_to_f32(hv) == 1.5f);
-  uint16_t bv = hora__f32_to_bf16(3.0f);
-  hora__divide(HORA_BFLOAT16, &bv, 1, 4);
-  ASSERT(hora__bf16_to_f32(bv) == 0.75f);
+  int64_t big = INT64_MAX;
+  hora__scale(HORA_INT64, &big, 1, 4.0); /* saturates instead of undefined */
+  ASSERT(big == INT64_MAX);
+  float fv[2] = {10.0f, 1.0f};
+  hora__scale(HORA_FLOAT32, fv, 2, 1.0 / 3);
+  ASSERT(fv[0] == (float)(1.0 / 3) * 10.0f && fv[1] == (float)(1.0 / 3));
   double dv = 3.0;
   hora__scale(HORA_FLOAT64, &dv, 1, 0.25);
   ASSERT(dv == 0.75);
-  int64_t lv = 5;
-  hora__scale(HORA_INT64, &lv, 1, 0.5);
-  ASSERT_EQ_INT(lv, 3); /* 2.5 rounds away from zero */
-  int16_t wv[5] = {-7, 7, INT16_MAX, INT16_MIN, 5};
-  hora__divide(HORA_INT16, wv, 5, 2);
-  ASSERT(wv[0] == -3 && wv[1] == 3 && wv[2] == 16383 && wv[3] == -16384 && wv[4] == 2);
-  int16_t wd = INT16_MIN;
-  hora__divide(HORA_INT16, &wd, 1, 40000); /* beyond int16's range */
-  ASSERT_EQ_INT(wd, 0);
-  int16_t ws[4] = {5, -5, 1000, -3};
-  hora__scale(HORA_INT16, ws, 4, 0.5);
-  ASSERT(ws[0] == 3 && ws[1] == -3 && ws[2] == 500 && ws[3] == -2); /* halves away from zero */
-  int16_t wt[3] = {7, -7, 20000};
-  hora__scale(HORA_INT16, wt, 3, 1.5);
-  ASSERT(wt[0] == 11 && wt[1] == -11 && wt[2] == 30000);
+  uint16_t hv = hora__f32_to_f16(3.0f);
+  hora__scale(HORA_FLOAT16, &hv, 1, 0.3);
+  ASSERT(hv == hora__f32_to_f16(3.0f * (float)0.3));
+  uint16_t bv = hora__f32_to_bf16(3.0f);
+  hora__scale(HORA_BFLOAT16, &bv, 1, 0.25);
+  ASSERT(hora__bf16_to_f32(bv) == 0.75f);
   uint8_t bv2[3] = {0, 1, 7};
-  hora__divide(HORA_BOOL, bv2, 3, 4); /* refused before it gets here: left alone */
-  hora__scale(HORA_BOOL, bv2, 3, 2.0);
+  hora__scale(HORA_BOOL, bv2, 3, 2.0); /* refused before it gets here: left alone */
   ASSERT(bv2[0] == 0 && bv2[1] == 1 && bv2[2] == 7);
 }
 

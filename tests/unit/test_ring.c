@@ -639,14 +639,14 @@ static void body_dispatch(struct sim_rank *k) {
   }
   EXPECT_F32(k, all, want, TOTAL, "the fused sum's inputs");
 
-  /* AVERAGE: a sum, divided by the divisor; the same lists both ways. */
+  /* AVERAGE: a sum times 1/divisor, as Horovod's; the same lists both ways. */
   struct hora__coll_opts avg = {
       .prescale = 1.0, .divisor = n, .postscale = 1.0, .phase = count_phase, .phase_arg = &ph};
   CALL(k,
        hora__allreduce(c, iin, 3, iin, 3, TOTAL, HORA_FLOAT32, HORA_AVERAGE, HORA_FLOAT32, &avg));
   gather(iin, 3, all);
   for (size_t j = 0; j < TOTAL; j++) {
-    want[j] = sum_f32(n, j) / (float)n;
+    want[j] = (float)(1.0 / n) * sum_f32(n, j);
   }
   EXPECT_F32(k, all, want, TOTAL, "fused average in place");
 
