@@ -80,9 +80,9 @@ def test_reducescatter_gradient_is_the_gathered_output_gradient():
     x = torch.full((2 * n, 3), 1.0, requires_grad=True)
     out = hvd.reducescatter(x, name="rs.grad", op=hvd.Average)
     (out * (hvd.rank() + 1)).sum().backward()
-    # Rank q's output rows got gradient q + 1; each input row of every rank
-    # gets it back from the rank that kept that row, over the average's n.
-    want = torch.cat([torch.full((2, 3), (q + 1) / n) for q in range(n)])
+    # Horovod's convention: for Average the output gradients gathered as
+    # they are (size times the plain derivative, which divides by n).
+    want = torch.cat([torch.full((2, 3), float(q + 1)) for q in range(n)])
     assert torch.allclose(x.grad, want)
 
 

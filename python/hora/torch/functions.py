@@ -75,12 +75,17 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
     """Gives every rank root_rank's optimizer state: hyperparameters of every
     parameter group and the per-parameter state (momentum, Adam moments,
     step counts), on the ranks of process_set. Ranks whose state is still
-    empty get it all. `model` is accepted for Horovod's signature and not
-    needed."""
+    empty get it all. Where this rank's state is empty, it is first made
+    by a step on zero gradients, as Horovod makes it (the parameters that
+    require grad keep a zero .grad); `model` names sparse embeddings for
+    that step."""
     ps = _resolve_set(process_set, "broadcast_optimizer_state")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state = optimizer.state_dict()
+    if not state["state"]:
+        _initialize_state(optimizer, model)
+        state = optimizer.state_dict()
     tensors = []
     skeleton = _split_tensors(state, tensors)
     # The structure (with the scalars) travels as one object; the tensors as
@@ -110,6 +115,30 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
         synchronize(h)
     if rank() != root_rank:  # the root has its state already
         optimizer.load_state_dict(_fill_tensors(skeleton, received))
+
+
+def _initialize_state(optimizer, model):
+    """As Horovod: a new optimizer's state is made by one step on zero
+    gradients (sparse for SparseAdam, and for SGD on a model's sparse
+    embeddings); every parameter that requires grad keeps its zero .grad,
+    the others keep theirs. A DistributedOptimizer steps its wrapped
+    optimizer only, so no rank waits on the others' gradients."""
+    sparse = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse.update(id(p) for p in m.parameters())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if isinstance(optimizer, torch.optim.SparseAdam) or (
+                        isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
+                    p.grad = p.grad.to_sparse()
+    if getattr(type(optimizer), "_hora_distributed", False):
+        super(type(optimizer), optimizer).step()
+    else:
+        optimizer.step()
 
 
 def _collect_slots(obj, out):

@@ -127,10 +127,37 @@ def grouped_allgather_async(tensors, name=None, process_set=M.global_process_set
         t, name=_member_name(name, i), process_set=process_set))
 
 
+class _GroupedAllgatherFunction(torch.autograd.Function):
+    """Grouped allgather with Horovod's gradient, as the single form's: each
+    rank gets the average over the set's ranks of the gradient's rows that
+    came from it."""
+
+    @staticmethod
+    def forward(ctx, name, ps, *tensors):
+        ctx.dims = [t.shape[0] for t in tensors]
+        ctx.ps = ps
+        return tuple(M.synchronize(grouped_allgather_async(list(tensors), name=name,
+                                                           process_set=ps)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = M.synchronize(grouped_allreduce_async(
+            [g.contiguous() for g in grads], op=M.Average, process_set=ctx.ps))
+        dims = M.synchronize(grouped_allgather_async(
+            [torch.tensor([d], dtype=torch.int64) for d in ctx.dims], process_set=ctx.ps))
+        r = ctx.ps.rank()
+        out = [g.narrow(0, int(d[:r].sum()) if r else 0, mine)
+               for g, d, mine in zip(reduced, dims, ctx.dims)]
+        return (None, None) + tuple(out)
+
+
 def grouped_allgather(tensors, name=None, process_set=M.global_process_set):
     """Allgathers every tensor of the list as one unit (first dimensions may
-    differ by rank); returns the list of results."""
-    return M.synchronize(grouped_allgather_async(tensors, name=name, process_set=process_set))
+    differ by rank); returns the list of results. Has a gradient."""
+    ps = M._resolve_set(process_set, "grouped_allgather")
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError("grouped_allgather: expected a non-empty list of tensors")
+    return list(_GroupedAllgatherFunction.apply(name, ps, *tensors))
 
 
 def grouped_reducescatter_async(tensors, name=None, op=M.Average,
@@ -141,11 +168,39 @@ def grouped_reducescatter_async(tensors, name=None, op=M.Average,
         prescale_factor=prescale_factor, postscale_factor=postscale_factor))
 
 
-def grouped_reducescatter(tensors, name=None, op=M.Average, process_set=M.global_process_set,
-                          prescale_factor=1.0, postscale_factor=1.0):
-    """Reducescatters every tensor of the list as one unit; returns this
-    rank's shares."""
-    return M.synchronize(grouped_reducescatter_async(
-        tensors, name=name, op=op, process_set=process_set, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor))
+class _GroupedReducescatterFunction(torch.autograd.Function):
+    """Grouped reducescatter with Horovod's gradient, as the single form's:
+    each output gradient times the set's size for Sum, times the scale
+    factors, allgathered as one group."""
 
+    @staticmethod
+    def forward(ctx, name, op, ps, prescale_factor, postscale_factor, *tensors):
+        ctx.scale = M._reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps)
+        ctx.ps = ps
+        return tuple(M.synchronize(grouped_reducescatter_async(
+            list(tensors), name=name, op=op, process_set=ps, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [g.contiguous() * ctx.scale if ctx.scale != 1.0 else g.contiguous()
+                 for g in grads]
+        out = M.synchronize(grouped_allgather_async(grads, process_set=ctx.ps))
+        return (None, None, None, None, None) + tuple(out)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=M.Average,
+                          process_set=M.global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Reducescatters every tensor of the list as one unit; returns this
+    rank's shares. `compression` narrows the tensors for the trip. Has a
+    gradient."""
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError("grouped_reducescatter: expected a non-empty list of tensors")
+    ps = M._resolve_set(process_set, "grouped_reducescatter")
+    op = M._resolve_op(op, None)
+    compression = compression or Compression.none
+    packed = [compression.compress(t) for t in tensors]
+    out = _GroupedReducescatterFunction.apply(name, op, ps, prescale_factor, postscale_factor,
+                                              *[p for p, _ in packed])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(out, packed)]

@@ -39,7 +39,7 @@ __all__ = [
     "ccl_built", "ddl_built", "start_timeline", "stop_timeline",
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_",
-    "reducescatter", "reducescatter_async",
+    "reducescatter", "reducescatter_async", "sparse_allreduce_async",
     "broadcast_async_", "join", "barrier", "poll", "synchronize", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set",
     "HoraInternalError", "HorovodInternalError",
@@ -738,20 +738,30 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 
 class _ReducescatterFunction(torch.autograd.Function):
-    """Reducescatter with a gradient: each rank's input gets every rank's
-    output gradient, gathered, times what the forward multiplied by."""
+    """Reducescatter with Horovod's gradient: the output gradient times the
+    set's size for Sum (1 for the other ops), times the pre- and postscale
+    factors, allgathered. For Average that is size times the plain
+    derivative (see the README's differences from Horovod)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, ps):
-        ctx.scale = prescale_factor * postscale_factor / (ps.size() if op == Average else 1)
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps)
         ctx.ps = ps
         return synchronize(reducescatter_async(tensor, name, op, ps, prescale_factor,
                                                postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        gathered = allgather(grad_output.contiguous(), process_set=ctx.ps)
-        return gathered * ctx.scale, None, None, None, None, None
+        grad = grad_output.contiguous()
+        if ctx.scale != 1.0:
+            grad = grad * ctx.scale
+        return allgather(grad, process_set=ctx.ps), None, None, None, None, None
+
+
+def _reducescatter_grad_scale(op, prescale_factor, postscale_factor, ps):
+    """What Horovod's reducescatter backward multiplies the gradient by."""
+    scale = float(ps.size()) if op == Sum else 1.0
+    return scale * prescale_factor * postscale_factor
 
 
 def reducescatter(tensor, name=None, compression=None, op=Average, process_set=global_process_set,
@@ -765,6 +775,58 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=g
     out = _ReducescatterFunction.apply(compressed, name, _resolve_op(op, None), prescale_factor,
                                        postscale_factor, ps)
     return compression.decompress(out, cctx)
+
+
+# ---- sparse allreduce -----------------------------------------------------------------
+
+
+class _SparseHandle:
+    """The handle of sparse_allreduce_async: call it (as Horovod's) or pass
+    it to synchronize() for the reduced sparse tensor."""
+
+    __slots__ = ("tensor", "indices", "values", "op", "size", "result")
+
+    def __init__(self, tensor, indices, values, op, size):
+        self.tensor, self.indices, self.values = tensor, indices, values
+        self.op, self.size = op, size
+        self.result = None
+
+    def __call__(self):
+        if self.result is None:
+            values = synchronize(self.values)
+            indices = synchronize(self.indices)
+            if self.op == Average:
+                values = values / self.size
+            t = self.tensor
+            self.result = torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
+                                                  dtype=values.dtype).coalesce()
+        return self.result
+
+    def poll(self):
+        return self.result is not None or (poll(self.values) and poll(self.indices))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts reducing a sparse COO tensor over process_set's ranks as
+    Horovod does: every rank's indices and values are allgathered (the same
+    index from several ranks adds up). Returns a handle; calling it, or
+    synchronize(handle), gives the reduced sparse tensor, coalesced
+    (averaged over the set's size for Average). op is Sum or Average."""
+    ps = _resolve_set(process_set, "sparse_allreduce_async")
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async: expected a sparse COO tensor, got %s"
+                         % (tensor.layout if isinstance(tensor, torch.Tensor)
+                            else type(tensor).__name__))
+    op = _resolve_op(op, None)
+    if op not in (Sum, Average):
+        raise ValueError("sparse_allreduce_async: op must be Sum or Average, got %r" % (op,))
+    t = tensor.coalesce()
+    # Allgather concatenates along the first dimension: the indices go
+    # transposed, one row per nonzero.
+    ih = allgather_async(t._indices().transpose(0, 1).contiguous(), name="%s.indices" % name,
+                         process_set=ps)
+    vh = allgather_async(t._values().contiguous(), name="%s.values" % name, process_set=ps)
+    return _SparseHandle(t, ih, vh, op, ps.size())
 
 
 # ---- allgather ------------------------------------------------------------------------
@@ -995,6 +1057,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def poll(handle):
     """True when the operation of handle has completed (never blocks)."""
+    if isinstance(handle, _SparseHandle):
+        return handle.poll()
     h = _handles.get(handle)
     if h is None:
         raise ValueError("poll: unknown handle %r" % (handle,))
@@ -1006,6 +1070,8 @@ def poll(handle):
 def synchronize(handle):
     """Waits for the operation of handle and returns its output tensor.
     Raises HoraInternalError when it failed."""
+    if isinstance(handle, _SparseHandle):
+        return handle()
     h = _handles.pop(handle, None)
     if h is None:
         return None  # as Horovod: an unknown or already synchronized handle

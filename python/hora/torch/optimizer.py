@@ -13,8 +13,8 @@ import torch
 
 from hora.torch import mpi_ops
 from hora.torch.compression import Compression
-from hora.torch.mpi_ops import (Average, Adasum, allgather_async, allreduce_async_,
-                                global_process_set, synchronize)
+from hora.torch.mpi_ops import (Average, Adasum, allreduce_async_, global_process_set,
+                                sparse_allreduce_async, synchronize)
 
 __all__ = ["DistributedOptimizer"]
 
@@ -140,21 +140,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return handle, ctx
 
     def _sparse_allreduce_grad_async(self, p, name):
-        # Allgather concatenates along the first dimension: indices go
-        # transposed, one row per nonzero.
-        t = p.grad.coalesce()
-        ih = allgather_async(t._indices().transpose(0, 1).contiguous(), name=name + ".indices",
-                             process_set=self.process_set)
-        vh = allgather_async(t._values(), name=name + ".values", process_set=self.process_set)
-        op, n = self.op, self.process_set.size()
-
-        def finish():
-            values = synchronize(vh)
-            indices = synchronize(ih)
-            if op == Average:
-                values = values / n
-            return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
-        return finish
+        return sparse_allreduce_async(p.grad, name=name, op=self.op,
+                                      process_set=self.process_set)
 
     def _make_hook(self, p):
         def hook(*ignore):
@@ -251,39 +238,117 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     """op=Adasum, as Horovod: each rank steps the wrapped optimizer on its own
     gradients, and the ranks' model updates (the change each step made to
     each parameter) are combined with Adasum; every rank then applies the
-    combined update to the parameters it started the step from."""
+    combined update to the parameters it started the step from. A
+    parameter's local step and its Adasum start from a hook once backprop
+    has produced its gradient backward_passes_per_step times (gradients
+    accumulate locally in between), so they overlap the rest of backprop."""
 
-    def __init__(self, params, named_parameters, compression, process_set):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 process_set):
         super(self.__class__, self).__init__(params)
         named = _checked_names(self.param_groups, named_parameters, "adasum")
         self._compression = compression
-        self._named = sorted(named, key=lambda kv: kv[0])
+        self._parameter_names = {v: k for k, v in sorted(named, key=lambda kv: kv[0])}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named}
         self.process_set = process_set
         self._reduces = process_set.included() and process_set.size() > 1
+        self._handles = {}
+        self._starts = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        if self._reduces:
+            self._register_hooks()
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _register_hooks(self):
+        post_hook = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                # As Horovod: every parameter starts with a zero gradient.
+                p.grad = torch.zeros_like(p)
+                self._requires_update.add(p)
+                if post_hook:
+                    self._grad_accs.append(p.register_post_accumulate_grad_hook(
+                        self._make_hook(p)))
+                else:
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(acc)
+
+    def _step_and_reduce(self, p):
+        """Steps the wrapped optimizer on p alone and starts the Adasum of
+        the change it made; p holds that change until step() applies it."""
+        start = p.detach().clone()
+        kept = []
+        for group in self.param_groups:
+            kept.append(group["params"])
+            group["params"] = [p] if any(p is q for q in group["params"]) else []
+        try:
+            super(self.__class__, self).step()
+        finally:
+            for group, params in zip(self.param_groups, kept):
+                group["params"] = params
+        with torch.no_grad():
+            p.sub_(start)
+        packed, ctx = self._compression.compress(p.detach())
+        handle = allreduce_async_(packed, name="adasum." + self._parameter_names[p], op=Adasum,
+                                  process_set=self.process_set)
+        self._starts[p] = start
+        return handle, ctx
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if self._handles.get(p, (None,))[0] is not None and self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times "
+                    "before call to step(). Increase backward_passes_per_step to "
+                    "accumulate gradients locally.")
+            self._allreduce_delay[p] -= 1
+            handle = ctx = None
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._step_and_reduce(p)
+            self._handles[p] = (handle, ctx)
+        return hook
 
     def synchronize(self):
         """Nothing to wait for: the updates are combined in step()."""
 
     @contextlib.contextmanager
     def skip_synchronize(self):
-        yield
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
 
     def step(self, closure=None):
         if not self._reduces:
             return super(self.__class__, self).step(closure)
-        params = [(n, p) for n, p in self._named if p.requires_grad]
-        start = [p.detach().clone() for _, p in params]
-        loss = super(self.__class__, self).step(closure)
-        handles = []
-        for (name, p), s in zip(params, start):
-            delta = p.detach() - s
-            packed, ctx = self._compression.compress(delta)
-            handles.append((allreduce_async_(packed, name="adasum." + name, op=Adasum,
-                                             process_set=self.process_set), ctx))
+        loss = closure() if closure is not None else None
+        # Parameters backprop did not reach, or reached fewer than
+        # backward_passes_per_step times, step now, in name order (the same
+        # on every rank).
+        for p in sorted(self._requires_update, key=lambda q: self._parameter_names[q]):
+            if self._handles.get(p, (None,))[0] is None:
+                self._handles[p] = self._step_and_reduce(p)
         with torch.no_grad():
-            for ((_, p), s), (h, ctx) in zip(zip(params, start), handles):
-                p.copy_(s + self._compression.decompress(synchronize(h), ctx))
+            for p, (handle, ctx) in self._handles.items():
+                delta = self._compression.decompress(synchronize(handle), ctx)
+                p.copy_(self._starts.pop(p) + delta)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
         return loss
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -299,8 +364,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-                   dict(_DistributedAdasumOptimizer.__dict__))
-        return cls(optimizer.param_groups, named_parameters, compression, process_set)
+                   dict(_DistributedAdasumOptimizer.__dict__, _hora_distributed=True))
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be at least 1, got %r"
+                             % (backward_passes_per_step,))
+        return cls(optimizer.param_groups, named_parameters, compression,
+                   backward_passes_per_step, process_set)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     if groups is not None:
         if not isinstance(groups, (list, tuple)) or any(
@@ -326,6 +395,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("backward_passes_per_step must be at least 1, got %r"
                          % (backward_passes_per_step,))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
+               dict(_DistributedOptimizer.__dict__, _hora_distributed=True))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, sparse_as_dense, process_set, groups)
