@@ -34,7 +34,8 @@ class HoraValueError(HoraInternalError, ValueError):
     catch it."""
 
 
-# Result codes, in the order of HORA_RESULT_MAP in hora.h (ABI).
+# Result codes, in the order of HORA_RESULT_MAP in hora.h (ABI). These values
+# and the structs below copy include/hora.h; tests/python/test_abi.py checks them.
 SUCCESS = 0
 ERR_INVALID_ARG = 1
 ERR_INVALID_USAGE = 2
@@ -52,6 +53,8 @@ ERR_PROTOCOL = 11
 UINT8, INT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, INT16, BOOL = range(10)
 # hora_op values (ABI).
 SUM, AVERAGE, MIN, MAX, PRODUCT, ADASUM = range(6)
+# hora_compression values (ABI).
+COMPRESSION_DEFAULT, COMPRESSION_NONE, COMPRESSION_FP16, COMPRESSION_BF16 = -1, 0, 1, 2
 
 MAX_DIMS = 32
 

@@ -492,8 +492,8 @@ def _allreduce_options(shape, prescale, postscale, handle):
         if len(_allreduce_options_cache) >= 4096:
             _allreduce_options_cache.clear()
         nd, dims = _dims(shape)
-        entry = (L.AllreduceOptions(ctypes.sizeof(L.AllreduceOptions), prescale, postscale, -1, nd,
-                                    dims, handle), dims)
+        entry = (L.AllreduceOptions(ctypes.sizeof(L.AllreduceOptions), prescale, postscale,
+                                    L.COMPRESSION_DEFAULT, nd, dims, handle), dims)
         _allreduce_options_cache[k] = entry
     return entry[0]
 
