@@ -1,6 +1,8 @@
 """Horovod's grouped collectives on libhora's groups (hora_group_start /
 hora_group_end): the tensors of one call are negotiated as one unit, sent
 together and fused where they fit, and if one fails, all fail."""
+import threading
+
 import torch
 
 from hora import _lib as L
@@ -13,35 +15,46 @@ __all__ = ["grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_",
 
 
 class _GroupHandle:
-    """The handles of a group's members; its result is the list of theirs."""
+    """The handles of a group's members; its result is the list of theirs.
+    `lock` serialises test, wait and result as a single handle's does."""
 
-    __slots__ = ("members", "results", "error")
+    __slots__ = ("members", "results", "error", "lock")
 
     def __init__(self, members):
         self.members = members
         self.results = None
         self.error = None
+        self.lock = threading.Lock()
 
     def test(self):
-        return all(M.poll(h) for h in self.members if h in M._handles)
+        if not self.lock.acquire(blocking=False):
+            return False  # another thread is waiting on the members
+        try:
+            if self.results is not None or self.error is not None:
+                return True
+            return all(M.poll(h) for h in self.members if h in M._handles)
+        finally:
+            self.lock.release()
 
     def wait(self):
-        if self.results is not None or self.error is not None:
-            return
-        out = []
-        for h in self.members:
-            try:
-                out.append(M.synchronize(h))
-            except M.HoraInternalError as e:
-                # Synchronize the rest too (they fail with the group), then raise.
-                self.error = self.error or e
-        if self.error is None:
-            self.results = out
+        with self.lock:
+            if self.results is not None or self.error is not None:
+                return
+            out = []
+            for h in self.members:
+                try:
+                    out.append(M.synchronize(h))
+                except M.HoraInternalError as e:
+                    # Synchronize the rest too (they fail with the group), then raise.
+                    self.error = self.error or e
+            if self.error is None:
+                self.results = out
 
     def result(self):
-        if self.error is not None:
-            raise self.error
-        return self.results
+        with self.lock:
+            if self.error is not None:
+                raise self.error
+            return self.results
 
 
 def _grouped(what, tensors, submit):

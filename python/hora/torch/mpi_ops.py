@@ -23,6 +23,7 @@ import itertools
 import operator
 import os
 import sys
+import threading
 import time
 import warnings
 
@@ -507,9 +508,16 @@ def _stream_of(tensor):
 
 class _Handle:
     """One submitted operation: its request, what must stay alive until it
-    completes, and what turns the finished buffer into the output."""
+    completes, and what turns the finished buffer into the output.
 
-    __slots__ = ("req", "kind", "key", "output", "keep", "finish", "rc", "err", "stream_of")
+    `lock` serialises test, wait, advance and result, as Horovod's handle
+    manager does: libhora frees the request in the hora_test or hora_wait
+    that reports it done, so two threads must never pass it at once. test()
+    only tries the lock: while another thread holds it (waiting), the
+    operation is not known to be complete yet."""
+
+    __slots__ = ("req", "kind", "key", "output", "keep", "finish", "rc", "err", "stream_of",
+                 "lock")
 
     def __init__(self, kind, key, output, keep, finish=None):
         self.req = ctypes.c_void_p()
@@ -521,13 +529,22 @@ class _Handle:
         self.rc = None
         self.err = ""
         self.stream_of = None  # a CUDA tensor: wait on torch's current stream
+        self.lock = threading.Lock()
 
     @property
     def what(self):
         return "%s '%s'" % (self.kind, self.key)
 
     def test(self):
-        """True once the request has completed (its result recorded)."""
+        """True once the request has completed (its result recorded). Never blocks."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            return self._test()
+        finally:
+            self.lock.release()
+
+    def _test(self):  # with lock held
         if self.rc is not None:
             return True
         done = ctypes.c_int(0)
@@ -538,6 +555,10 @@ class _Handle:
         return False
 
     def wait(self):
+        with self.lock:
+            self._wait()
+
+    def _wait(self):  # with lock held
         if self.rc is None:
             if self.stream_of is not None:
                 rc = _lib.hora_wait_stream(ctypes.byref(self.req), _stream_of(self.stream_of))
@@ -551,6 +572,10 @@ class _Handle:
             self.err = _lib.last_error() or _lib.strerror(rc)
 
     def result(self):
+        with self.lock:
+            return self._result()
+
+    def _result(self):  # with lock held
         if self.stream_of is not None:
             # Temporaries may come from another stream's pool: keep them out
             # of reuse until the stream that waited for hora is done with them.
@@ -859,8 +884,19 @@ class _Allgather(_Handle):
                                             ctypes.byref(self.req))
 
     def advance(self):
-        """Submits phase two once phase one is done. True when no longer staged."""
-        if not _Handle.test(self):
+        """Submits phase two once phase one is done. True when no longer
+        staged; False also while another thread holds the handle."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            return self._advance()
+        finally:
+            self.lock.release()
+
+    def _advance(self):  # with lock held
+        if self.phase != 1:
+            return True  # another thread advanced it
+        if not _Handle._test(self):
             return False
         if self.rc:
             return True
@@ -902,10 +938,10 @@ class _Allgather(_Handle):
             self._record(rc)
         return True
 
-    def test(self):
+    def _test(self):
         if self.phase == 1:
             return False
-        return _Handle.test(self)
+        return _Handle._test(self)
 
 
 def _advance_staged():
@@ -1093,8 +1129,9 @@ def _wait_staged(handle, h):
     wait for ever. Polls with a backoff up to 1 ms; the GIL is free while
     it sleeps."""
     if len(_staged) == 1 and handle in _staged:
-        h.wait()  # phase one, blocking: nothing else needs advancing
-        h.advance()
+        with h.lock:  # (advance must not give up to another thread here)
+            h._wait()  # phase one, blocking: nothing else needs advancing
+            h._advance()
         _staged.pop(handle, None)
         return
     delay = 2e-5
