@@ -37,6 +37,26 @@ def _checked_names(param_groups, named_parameters, prefix):
     return named
 
 
+def _hook_gradients(opt, zero_grads):
+    """Calls opt._make_hook(p)'s hook once backprop has accumulated the
+    gradient of each parameter p that requires grad."""
+    post_hook = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            if zero_grads:
+                p.grad = torch.zeros_like(p)
+            opt._requires_update.add(p)
+            if post_hook:
+                opt._grad_accs.append(p.register_post_accumulate_grad_hook(opt._make_hook(p)))
+            else:
+                # The AccumulateGrad node of p: its hooks run once p.grad holds the sum.
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(opt._make_hook(p))
+                opt._grad_accs.append(acc)
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     # Methods of this class are copied onto a subclass of the wrapped
     # optimizer's class (see DistributedOptimizer), so super() is spelled out.
@@ -94,20 +114,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = passes
 
     def _register_hooks(self):
-        post_hook = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
-        for group in self.param_groups:
-            for p in group["params"]:
-                if not p.requires_grad:
-                    continue
-                self._requires_update.add(p)
-                if post_hook:
-                    self._grad_accs.append(p.register_post_accumulate_grad_hook(
-                        self._make_hook(p)))
-                else:
-                    # The AccumulateGrad node of p: its hooks run once p.grad holds the sum.
-                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                    acc.register_hook(self._make_hook(p))
-                    self._grad_accs.append(acc)
+        _hook_gradients(self, zero_grads=False)
 
     def _allreduce_grad_async(self, p):
         name = self._parameter_names.get(p)
@@ -266,21 +273,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = passes
 
     def _register_hooks(self):
-        post_hook = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
-        for group in self.param_groups:
-            for p in group["params"]:
-                if not p.requires_grad:
-                    continue
-                # As Horovod: every parameter starts with a zero gradient.
-                p.grad = torch.zeros_like(p)
-                self._requires_update.add(p)
-                if post_hook:
-                    self._grad_accs.append(p.register_post_accumulate_grad_hook(
-                        self._make_hook(p)))
-                else:
-                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                    acc.register_hook(self._make_hook(p))
-                    self._grad_accs.append(acc)
+        _hook_gradients(self, zero_grads=True)  # Horovod's Adasum starts from zero grads
 
     def _step_and_reduce(self, p):
         """Steps the wrapped optimizer on p alone and starts the Adasum of
