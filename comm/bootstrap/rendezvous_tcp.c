@@ -461,8 +461,9 @@ static int open_server(const struct hora__rdv_tcp_spec *sp, struct tcp_rdv *t) {
 
 /* ---- the others -------------------------------------------------------------------- */
 
-/* One attempt at a connection to rank 0, proved and claimed. 1: try again
- * later (why in *why); 0: done (*fd); or an error that ends the start-up. */
+/* One attempt at a connection to rank 0, proved and claimed. -1: try
+ * again later (why in *why); 0: done (*fd); or an error that ends the
+ * start-up. */
 static int try_connect(const struct hora__rdv_tcp_spec *sp, const uint8_t *hs_key,
                        uint64_t deadline, int *fd_out, char *why, size_t whyn) {
   struct addrinfo hints, *ai = NULL;
@@ -474,7 +475,7 @@ static int try_connect(const struct hora__rdv_tcp_spec *sp, const uint8_t *hs_ke
   int g = getaddrinfo(sp->host, port, &hints, &ai);
   if (g != 0) {
     snprintf(why, whyn, "cannot resolve %s: %s", sp->host, gai_strerror(g));
-    return 1;
+    return -1;
   }
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
@@ -497,7 +498,7 @@ static int try_connect(const struct hora__rdv_tcp_spec *sp, const uint8_t *hs_ke
   if (r < 0) {
     snprintf(why, whyn, "%s", strerror(errno));
     close(fd);
-    return 1;
+    return -1;
   }
   hora__socket_tune(fd, true, 0);
   if (hs_key) {
@@ -515,13 +516,13 @@ static int try_connect(const struct hora__rdv_tcp_spec *sp, const uint8_t *hs_ke
       if (hora__boot_pump(fd, &hs, &err) < 0) {
         snprintf(why, whyn, "the connection closed during the handshake");
         close(fd);
-        return 1;
+        return -1;
       }
       if (hs.state == HORA_HS_SEND || hs.state == HORA_HS_RECV) {
         if (now_ns() >= hs_deadline) {
           snprintf(why, whyn, "no handshake answer");
           close(fd);
-          return 1;
+          return -1;
         }
         struct pollfd p = {fd, (short)(hs.state == HORA_HS_SEND ? POLLOUT : POLLIN), 0};
         poll(&p, 1, ms_until(hs_deadline));
@@ -542,7 +543,7 @@ static int try_connect(const struct hora__rdv_tcp_spec *sp, const uint8_t *hs_ke
   if (move_all(fd, wire, sizeof(wire), true, deadline, "the rendezvous") != HORA_SUCCESS) {
     snprintf(why, whyn, "%s", hora__error_message());
     close(fd);
-    return 1;
+    return -1;
   }
   *fd_out = fd;
   return 0;
@@ -584,7 +585,7 @@ static int open_client(const struct hora__rdv_tcp_spec *sp, struct tcp_rdv *t) {
   int rc = HORA_SUCCESS;
   for (;;) {
     int r = try_connect(sp, sp->key ? key : NULL, deadline, &t->fd[0], why, sizeof(why));
-    if (r <= 0) {
+    if (r >= 0) {
       rc = r;
       break;
     }
