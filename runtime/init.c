@@ -297,6 +297,10 @@ HORA_EXTERN int hora_init_comm(MPI_Comm comm) {
 
 HORA_EXTERN int hora_initialized(void) { return atomic_load(&current) != NULL; }
 
+HORA_EXTERN const char *hora_bootstrap(void) {
+  return atomic_load(&current) ? hora__rdv_kind_name(started_by.kind) : NULL;
+}
+
 HORA_EXTERN int hora_finalize(void) {
   hora__error_clear();
   pthread_mutex_lock(&lifecycle_mu);

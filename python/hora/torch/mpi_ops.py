@@ -382,7 +382,10 @@ def mpi_threads_supported():
 
 
 def mpi_enabled():
-    return True  # MPI bootstraps every job
+    """Whether this job started through MPI (not hora's own rendezvous,
+    torchrun's variables or Slurm's)."""
+    _ranked(_lib.hora_size, "mpi_enabled")
+    return _lib.hora_bootstrap() == b"mpi"
 
 
 def mpi_built():
