@@ -213,8 +213,11 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
     hora__log_set_rank(my_rank); /* the log names the world's ranks, from the bootstrap on */
     hora__params_log_horovod();
   }
-  uint64_t epoch = set_id == 0 ? ++world_epoch : 0;
+  uint64_t epoch = set_id == 0 ? world_epoch + 1 : 0;
   HORA_CHECK_GOTO(hora__comm_create(rdv, epoch, ctrl_peers, nctrl, &rt->comm), rc, fail);
+  if (set_id == 0) {
+    world_epoch = rt->comm->proc->epoch;
+  }
   rt->rank = rt->comm->rank;
   rt->size = rt->comm->size;
   rt->comm->net->names = global_ranks;
@@ -349,6 +352,65 @@ HORA_EXTERN int hora_finalize(void) {
     return hora__error(fatal, "%s", msg);
   }
   return HORA_SUCCESS;
+}
+
+/* The world's runtime stopped with its members' agreement (process sets
+ * first), waited out and freed; NULL afterwards. Caller holds lifecycle_mu. */
+static int world_stop_locked(struct hora__runtime *rt) {
+  hora__process_sets_finalize();
+  struct hora_request *r = hora__request_new(HORA_KIND_SHUTDOWN);
+  if (r) {
+    hora_request *q = NULL;
+    if (hora__request_submit(rt, r, NULL, &q) == HORA_SUCCESS) {
+      hora__request_wait(rt, &q);
+    }
+  }
+  atomic_store(&current, NULL);
+  hora__engine_join(rt);
+  hora__api_leave(HORA_SUCCESS);
+  while (atomic_load(&api_users) > 0) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  int fatal = atomic_load(&rt->fatal_code);
+  if (fatal != HORA_SUCCESS) {
+    hora__error(fatal, "%s", rt->fatal_msg);
+  }
+  runtime_free(rt);
+  return fatal;
+}
+
+int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec) {
+  hora__error_clear();
+  pthread_mutex_lock(&lifecycle_mu);
+  int rc = HORA_SUCCESS;
+  atomic_fetch_add(&api_users, 1); /* world_stop_locked leaves */
+  struct hora__runtime *old = atomic_load(&current);
+  if (!old) {
+    atomic_fetch_sub(&api_users, 1);
+  }
+  bool owns_mpi = old && old->owns_mpi;
+  if (old && world_stop_locked(old) != HORA_SUCCESS) {
+    /* The failure belonged to that membership, not to this process. */
+    HORA_INFO("the previous membership ended with: %s", hora__error_message());
+    hora__error_clear();
+  }
+  struct hora__rdv *rdv = NULL;
+  struct hora__runtime *rt = NULL;
+  if (rc == HORA_SUCCESS && spec) {
+    rc = hora__rdv_open_tcp(spec, &rdv);
+    if (rc == HORA_SUCCESS) {
+      rc = hora__instance_start(rdv, 0, NULL, &rt);
+    }
+    hora__rdv_close(rdv);
+  }
+  if (rt) {
+    rt->owns_mpi = owns_mpi;
+    started_by.kind = HORA_RDV_TCP;
+    atomic_store_explicit(&current, rt, memory_order_release);
+  }
+  pthread_mutex_unlock(&lifecycle_mu);
+  return rc;
 }
 
 HORA_EXTERN int hora_abort(const char *reason) {

@@ -206,6 +206,12 @@ int hora__api_options_shape(const char *call, const hora_op_options *opts, size_
  * id and members' global ranks), started; and stopping it (collective over
  * its ranks) before it is released. */
 struct hora__rdv;
+struct hora__rdv_tcp_spec;
+/* Ends the world's membership (collective over it, as hora_finalize, but
+ * leaving MPI and the log alone) and, with a spec, joins the membership a
+ * tcp rendezvous forms, with a new epoch: a communicator built again within
+ * the process. NULL spec: this process leaves. */
+int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec);
 int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ranks,
                          struct hora__runtime **out);
 void hora__instance_stop(struct hora__runtime *rt);

@@ -181,6 +181,7 @@ int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv) {
 /* ---- 2. the secret ---------------------------------------------------------------- */
 
 int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch) {
+  /* epoch: this process's proposal; the members take the highest */
   /* job id (public: it names the Unix sockets), then the secret when the
    * rendezvous has no key of its own to derive it from */
   uint8_t drawn[8 + HORA_SECRET_LEN];
@@ -191,6 +192,17 @@ int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch) {
   }
   HORA_CHECK(hora__rdv_agree(rdv, rc, "job secret"));
   HORA_CHECK(hora__rdv_bcast(rdv, 0, drawn, sizeof(drawn)));
+  /* The epoch: past every member's last, whatever memberships each was in. */
+  uint64_t *epochs = hora__calloc((size_t)c->size, sizeof(*epochs));
+  if (!epochs) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  rc = hora__rdv_allgather(rdv, &epoch, sizeof(epoch), epochs);
+  for (int r = 0; rc == HORA_SUCCESS && r < c->size; r++) {
+    epoch = HORA_MAX(epoch, epochs[r]);
+  }
+  free(epochs);
+  HORA_CHECK(rc);
   for (int i = 0; i < 8; i++) {
     snprintf(c->proc->job_id + 2 * i, 3, "%02x", drawn[i]);
   }
