@@ -235,6 +235,20 @@ _exit_registered = False
 _homogeneous = None
 
 
+def _started_by_mpi():
+    """Whether hora_init starts through MPI: HORA_BOOTSTRAP says, or (auto) an
+    MPI launcher's variables are there."""
+    boot = os.environ.get("HORA_BOOTSTRAP", "").strip().lower()
+    if boot not in ("", "auto"):
+        return boot == "mpi"
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"))
+
+
+_BY_MPI = _started_by_mpi()
+_PART_NEEDS = ("mpi4py (to make their communicator; install it)" if _BY_MPI else
+               "MPI (a job started by an MPI launcher, and mpi4py)")
+
+
 def _launched_size():
     """The job's size as the launcher tells it before MPI starts, or None."""
     for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
@@ -254,15 +268,18 @@ def _world_comm(comm):
     except TypeError:
         raise ValueError("hora.torch.init: comm must be a list of ranks or an mpi4py "
                          "communicator, got %s" % type(comm).__name__) from None
-    try:
-        from mpi4py import MPI
-    except ImportError:
+    MPI = None
+    if _BY_MPI:  # else importing mpi4py would start an MPI of one process
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            pass
+    if MPI is None:
         n = _launched_size()
         if ranks != list(range(len(ranks))) or (n is not None and n != len(ranks)):
             raise NotImplementedError("hora.torch.init: starting on ranks %s, a part of the job, "
-                                      "needs mpi4py (to make their communicator); install it, or "
-                                      "call init() on every rank and use a process set"
-                                      % ranks) from None
+                                      "needs %s, or call init() on every rank and use a process "
+                                      "set" % (ranks, _PART_NEEDS)) from None
         return None, len(ranks)
     world = MPI.COMM_WORLD
     if ranks == list(range(world.Get_size())):
@@ -291,7 +308,8 @@ def init(comm=None, process_sets=None):
         L.check(_lib.hora_init(), "hora.torch.init")
         if n is not None and n != size():
             raise NotImplementedError("hora.torch.init: comm names %d ranks and the job has %d; "
-                                      "starting on a part of the job needs mpi4py" % (n, size()))
+                                      "starting on a part of the job needs %s"
+                                      % (n, size(), _PART_NEEDS))
     elif not _lib.has_mpi_comm:
         raise NotImplementedError("hora.torch.init: %s has no hora_init_comm" % _lib.path)
     else:
@@ -378,11 +396,15 @@ def is_homogeneous():
 
 def mpi_threads_supported():
     _ranked(_lib.hora_size, "mpi_threads_supported")
+    if not _BY_MPI:  # as Horovod's
+        raise ValueError("hora.torch.mpi_threads_supported: MPI is not enabled (the job started "
+                         "without it: HORA_BOOTSTRAP=%s)" % os.environ.get("HORA_BOOTSTRAP", "auto"))
     return bool(_lib.hora_mpi_threads_supported())
 
 
 def mpi_enabled():
-    return True  # MPI bootstraps every job
+    """Whether MPI started the job (hora_init without an MPI launcher never calls MPI)."""
+    return _BY_MPI
 
 
 def mpi_built():
