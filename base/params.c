@@ -487,6 +487,9 @@ static void log_setting(const char *name, const char *value, const char *source)
   } else if (strncmp(source, "HOROVOD_", 8) == 0) {
     snprintf(from, sizeof(from), " (from %s)", source);
   }
+  if (strcmp(name, "SECRET") == 0 && value[0]) {
+    value = "(set; not shown)";
+  }
   HORA_INFO("setting HORA_%s=%s%s", name, value, from);
 }
 

@@ -35,9 +35,16 @@ struct hora__ring_view {
 
 struct hora__proc {
   hora__net net; /* the job's rank and size, its peers, and progress */
+  /* The key connections prove (derived from the job secret, the job id
+   * and the epoch), and the job secret itself (process sets derive theirs
+   * from it). */
   uint8_t secret[HORA_SECRET_LEN];
+  uint8_t job_secret[HORA_SECRET_LEN];
+  uint64_t epoch;  /* the membership this communicator was built for */
   char job_id[17]; /* 8 random bytes in hex, drawn apart from the secret: names sockets */
-  MPI_Comm mpi;    /* the job's duplicate of MPI_COMM_WORLD; bootstrap only */
+  /* The MPI communicator of an MPI start-up (hora_process_set_from_mpi_comm
+   * translates ranks with it), else MPI_COMM_NULL. */
+  MPI_Comm mpi;
 
   int tcp_listen_fd;
   int unix_listen_fd;
@@ -102,9 +109,7 @@ struct hora__comm {
   void *scratch_reg;
 };
 
-/* Bootstrap: rank/size/local/cross from MPI, the job secret, listeners,
- * and every planned connection. Collective over `world`. */
-int hora__comm_create(MPI_Comm world, const int *ctrl_peers, int nctrl_peers, hora__comm **comm);
+/* Built by comm/communicator (hora__comm_create), from a rendezvous. */
 void hora__comm_destroy(hora__comm *comm);
 /* Closes every connection and listener (peers see EOF at once); the
  * communicator stays allocated until hora__comm_destroy. */

@@ -96,11 +96,16 @@ typedef struct hora_request hora_request;
 
 /* ---- Life cycle and ranks ------------------------------------------------ */
 
-/* Starts the runtime: initialises MPI when the program has not (and then
- * finalises it in hora_finalize), otherwise works on a duplicate of
- * MPI_COMM_WORLD and leaves the program's MPI alone. Reads every HORA_*
- * setting, connects the data plane and starts the coordinator thread.
- * Collective over all processes of the job. A second call is harmless. */
+/* Starts the runtime. How the processes find each other depends on how
+ * they were launched (HORA_BOOTSTRAP; `hora-info --bootstrap` says which):
+ * under an MPI launcher, through MPI (initialised here when the program has
+ * not, and then finalised in hora_finalize; otherwise on a duplicate of
+ * MPI_COMM_WORLD, leaving the program's MPI alone); under torchrun's
+ * variables, a Slurm job step or HORA_RENDEZVOUS, at a rendezvous rank 0
+ * hosts, without MPI; with none of these, as a job of one process. Reads
+ * every HORA_* setting, connects the data plane and starts the coordinator
+ * thread. Collective over all processes of the job. A second call is
+ * harmless. */
 HORA_EXTERN int hora_init(void);
 
 /* Stops the runtime. Blocks until every rank has called it (like
@@ -109,6 +114,10 @@ HORA_EXTERN int hora_finalize(void);
 
 /* 1 after a successful hora_init and before hora_finalize, else 0. */
 HORA_EXTERN int hora_initialized(void);
+
+/* How the running job started: "mpi", "tcp" (HORA_RENDEZVOUS), "env"
+ * (torchrun's variables), "slurm" or "single"; NULL when not running. */
+HORA_EXTERN const char *hora_bootstrap(void);
 
 /* Fails every pending and later call on every rank with HORA_ERR_ABORTED;
  * `reason` (may be NULL) appears in their messages. Does not exit. */

@@ -2,6 +2,7 @@
  * coordinator), hora_finalize (every rank agrees that the job is over),
  * hora_abort, the rank getters, and the count of the calls using the
  * runtime, which hora_finalize waits out before it frees the runtime. */
+#include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 #include "comm/coll/collectives.h"
 #include "comm/comm.h"
+#include "comm/communicator/communicator.h"
 #include "base/log.h"
 #include "base/mpi_error.h"
 #include "base/params.h"
@@ -82,6 +84,12 @@ static void log_startup(const struct hora__runtime *rt) {
             t->cpus, t->numa, c->proc->local_transport, c->proc->remote_transport, c->net->spin_us);
 }
 
+/* The world's memberships in this process, numbered: each communicator's
+ * connections prove a key derived from its epoch. */
+static uint64_t world_epoch;
+/* How the running world started (hora-info, the log). */
+static struct hora__rdv_choice started_by;
+
 static int init_locked(MPI_Comm comm) {
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
@@ -89,15 +97,6 @@ static int init_locked(MPI_Comm comm) {
   if (comm != MPI_COMM_NULL && (!inited || finalized)) {
     return hora__error(HORA_ERR_INVALID_USAGE,
                        "hora_init_comm: MPI is not running, so there can be no communicator");
-  }
-  if (comm == MPI_COMM_NULL) {
-    comm = MPI_COMM_WORLD;
-  }
-  if (finalized || mpi_finalized_by_hora) {
-    return hora__error(HORA_ERR_INVALID_USAGE,
-                       "hora_init: MPI has been finalized in this process (by %s), and MPI cannot "
-                       "start twice",
-                       mpi_finalized_by_hora ? "hora_finalize" : "the program");
   }
   /* Settings first: a bad value must not leave MPI half started. */
   int prc = hora__params_load();
@@ -107,8 +106,23 @@ static int init_locked(MPI_Comm comm) {
     prc = hora__log_open();
     hora__strlcpy(perr, hora__error_message(), sizeof(perr));
   }
+  struct hora__rdv_choice choice;
+  int rc = hora__rdv_choose(inited && !finalized, &choice);
+  if (rc != HORA_SUCCESS) {
+    return rc; /* the variables are wrong here: nothing was started */
+  }
+  if (comm != MPI_COMM_NULL) {
+    choice.kind = HORA_RDV_MPI;
+    snprintf(choice.why, sizeof(choice.why), "hora_init_comm");
+  }
+  if (choice.kind == HORA_RDV_MPI && (finalized || mpi_finalized_by_hora)) {
+    return hora__error(HORA_ERR_INVALID_USAGE,
+                       "hora_init: MPI has been finalized in this process (by %s), and MPI cannot "
+                       "start twice",
+                       mpi_finalized_by_hora ? "hora_finalize" : "the program");
+  }
   bool owns_mpi = false;
-  if (!inited) {
+  if (choice.kind == HORA_RDV_MPI && !inited) {
     int provided = 0;
     int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
     if (err != MPI_SUCCESS) {
@@ -116,27 +130,27 @@ static int init_locked(MPI_Comm comm) {
     }
     owns_mpi = true;
   }
+  struct hora__rdv *rdv = NULL;
+  rc = hora__rdv_open(&choice, comm != MPI_COMM_NULL ? comm : MPI_COMM_WORLD,
+                      hora__params.CONNECT_TIMEOUT_SECONDS, &rdv);
   /* Every rank learns whether any rank's settings were bad, so none is left
    * waiting in the bootstrap for one that gave up. */
-  int worst = prc, err = MPI_Allreduce(&prc, &worst, 1, MPI_INT, MPI_MAX, comm);
-  int rc = HORA_SUCCESS;
-  if (err != MPI_SUCCESS) {
-    rc = hora__mpi_error(err, "MPI_Allreduce(settings check)");
-  } else if (prc != HORA_SUCCESS) {
-    rc = hora__error(prc, "%s", perr);
-  } else if (worst != HORA_SUCCESS) {
-    rc = hora__error(worst, "hora_init failed on another rank because of its HORA_* settings");
-  }
-  if (rc != HORA_SUCCESS) {
-    if (owns_mpi) {
-      MPI_Finalize();
-      mpi_finalized_by_hora = true;
+  if (rc == HORA_SUCCESS) {
+    int worst = prc;
+    rc = hora__rdv_min(rdv, -prc, &worst);
+    if (rc == HORA_SUCCESS && prc != HORA_SUCCESS) {
+      rc = hora__error(prc, "%s", perr);
+    } else if (rc == HORA_SUCCESS && worst != HORA_SUCCESS) {
+      rc = hora__error(-worst, "hora_init failed on another rank because of its HORA_* settings");
     }
-    return rc;
   }
-
   struct hora__runtime *rt = NULL;
-  rc = hora__instance_start(comm, 0, NULL, &rt);
+  if (rc == HORA_SUCCESS) {
+    HORA_INFO("start-up: %s rendezvous (%s)%s%s", hora__rdv_kind_name(choice.kind), choice.why,
+              choice.where[0] ? " at " : "", choice.where);
+    rc = hora__instance_start(rdv, 0, NULL, &rt);
+  }
+  hora__rdv_close(rdv);
   if (rc != HORA_SUCCESS) {
     hora__timeline_close();
     if (owns_mpi) {
@@ -146,12 +160,15 @@ static int init_locked(MPI_Comm comm) {
     return rc;
   }
   rt->owns_mpi = owns_mpi;
+  started_by = choice;
+  OPENSSL_cleanse(started_by.secret, sizeof(started_by.secret));
+  OPENSSL_cleanse(choice.secret, sizeof(choice.secret));
   atomic_store_explicit(&current, rt, memory_order_release);
   return HORA_SUCCESS;
 }
 
 /* A runtime over comm: the job's world (set_id 0), or a process set's. */
-int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
+int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ranks,
                          struct hora__runtime **out) {
   int rc = HORA_SUCCESS;
   struct hora__runtime *rt = hora__calloc(1, sizeof(*rt));
@@ -183,9 +200,7 @@ int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
   HORA_CHECK_GOTO(hora__topology_probe(&rt->topo), rc, fail);
   /* The control plane: the star around rank 0 (the bootstrap's own) and
    * the cycles' partners. */
-  int my_rank = 0, my_size = 1, ctrl_peers[32], nctrl = 0;
-  MPI_Comm_rank(comm, &my_rank);
-  MPI_Comm_size(comm, &my_size);
+  int my_rank = rdv->rank, my_size = rdv->size, ctrl_peers[32], nctrl = 0;
   struct hora__cycle_partners cp;
   hora__cycle_partners(my_rank, my_size, &cp);
   if (cp.fold >= 0) {
@@ -198,7 +213,8 @@ int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
     hora__log_set_rank(my_rank); /* the log names the world's ranks, from the bootstrap on */
     hora__params_log_horovod();
   }
-  HORA_CHECK_GOTO(hora__comm_create(comm, ctrl_peers, nctrl, &rt->comm), rc, fail);
+  uint64_t epoch = set_id == 0 ? ++world_epoch : 0;
+  HORA_CHECK_GOTO(hora__comm_create(rdv, epoch, ctrl_peers, nctrl, &rt->comm), rc, fail);
   rt->rank = rt->comm->rank;
   rt->size = rt->comm->size;
   rt->comm->net->names = global_ranks;
@@ -280,6 +296,10 @@ HORA_EXTERN int hora_init_comm(MPI_Comm comm) {
 }
 
 HORA_EXTERN int hora_initialized(void) { return atomic_load(&current) != NULL; }
+
+HORA_EXTERN const char *hora_bootstrap(void) {
+  return atomic_load(&current) ? hora__rdv_kind_name(started_by.kind) : NULL;
+}
 
 HORA_EXTERN int hora_finalize(void) {
   hora__error_clear();

@@ -1,8 +1,8 @@
 /* Process sets (hora.h, hora_mpi.h): making and destroying them, the
  * world as one, and what the sets of a process share.
  *
- * A set is a runtime of its own (struct hora__runtime) over an MPI
- * communicator of its members: its own bootstrap, connections, shared
+ * A set is a runtime of its own (struct hora__runtime) over its members,
+ * who meet at a rendezvous of their own (set_rendezvous): its own bootstrap, connections, shared
  * segment, coordinator thread, negotiation, cache and fusion buffer. It
  * does not borrow the world's connections or coordinator: collectives
  * block the thread that runs them, so two sets sharing a thread or a
@@ -13,14 +13,18 @@
  * Making or destroying one is collective over the world. The world first
  * agrees on what every rank asked for (an allgather, then an allreduce of
  * each rank's verdict), so that a mistake fails on every rank instead of
- * leaving some in MPI_Comm_split; then the members bootstrap the set and
+ * leaving some waiting for the set's start-up; then the members bootstrap the set and
  * the world agrees that every member could. */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "base/log.h"
 #include "base/mpi_error.h"
+#include "base/params.h"
+#include "comm/bootstrap/rendezvous.h"
+#include "comm/transport/socket.h"
 #include "runtime/runtime.h"
 #include "hora_mpi.h"
 
@@ -160,11 +164,60 @@ static void unlist_and_free(struct hora_process_set *ps) {
   handle_free(ps);
 }
 
-/* Makes this rank's set over its members (sorted, n of them) from the
- * world's MPI communicator split by `color` (MPI_UNDEFINED: not a member),
- * then agrees with the world that every member managed. */
+/* The members' start-up: the set's lowest member listens, the world learns
+ * where (every rank takes part in that allgather, members or not), and the
+ * members meet there, proving a key derived from the world's secret. */
+static int set_rendezvous(struct hora__runtime *world, uint64_t call_no,
+                          struct hora_process_set *ps, bool member) {
+  int64_t mine[2] = {0, 0};
+  int lfd = -1, rc = HORA_SUCCESS;
+  struct sockaddr_in bound;
+  if (member && ps->rank == 0) {
+    rc = hora__listen_tcp(world->comm->proc->tcp_addr.sin_addr, &lfd, &bound);
+    if (rc == HORA_SUCCESS) {
+      mine[0] = bound.sin_addr.s_addr;
+      mine[1] = ntohs(bound.sin_port);
+    }
+  }
+  int64_t *all = hora__calloc((size_t)world->size, sizeof(mine));
+  char name[64];
+  snprintf(name, sizeof(name), "hora/process_set/%llu/rendezvous", (unsigned long long)call_no);
+  int wrc = all ? hora_allgather(name, mine, 2, HORA_INT64, all) : HORA_ERR_NO_MEMORY;
+  if (rc == HORA_SUCCESS) {
+    rc = wrc;
+  }
+  if (rc == HORA_SUCCESS && member) {
+    const int64_t *at = all + 2 * ps->ranks[0];
+    struct in_addr ip = {(in_addr_t)at[0]};
+    char host[INET_ADDRSTRLEN], where[160];
+    inet_ntop(AF_INET, &ip, host, sizeof(host));
+    snprintf(where, sizeof(where), "process set %d's rendezvous at %s:%d (rank %d)", ps->id, host,
+             (int)at[1], ps->ranks[0]);
+    struct hora__rdv_tcp_spec spec = {
+        .host = host, .port = (int)at[1], .rank = ps->rank, .size = ps->size,
+        .key = world->comm->proc->job_secret, .listen_fd = lfd,
+        .timeout_s = hora__params.CONNECT_TIMEOUT_SECONDS, .where = where,
+        .rank_var = "the set rank", .size_var = "the set size"};
+    struct hora__rdv *rdv = NULL;
+    lfd = -1; /* the rendezvous owns it now */
+    rc = at[1] > 0 ? hora__rdv_open_tcp(&spec, &rdv)
+                   : hora__error(HORA_ERR_SYSTEM, "the set's lowest member could not listen");
+    if (rc == HORA_SUCCESS) {
+      rc = hora__instance_start(rdv, ps->id, ps->ranks, &ps->rt);
+      hora__rdv_close(rdv);
+    }
+  }
+  if (lfd >= 0) {
+    close(lfd);
+  }
+  free(all);
+  return rc;
+}
+
+/* Makes this rank's set over its members (sorted, n of them), then agrees
+ * with the world that every member managed. */
 static int make_set(const char *call, struct hora__runtime *world, uint64_t call_no, int id,
-                    int *members, int n, int color, hora_process_set **out) {
+                    int *members, int n, bool member, hora_process_set **out) {
   struct hora_process_set *ps = hora__calloc(1, sizeof(*ps));
   if (!ps) {
     free(members);
@@ -180,15 +233,7 @@ static int make_set(const char *call, struct hora__runtime *world, uint64_t call
       ps->rank = i;
     }
   }
-  MPI_Comm sub = MPI_COMM_NULL;
-  int rc = HORA_SUCCESS;
-  int err = MPI_Comm_split(world->comm->proc->mpi, color, world->rank, &sub);
-  if (err != MPI_SUCCESS) {
-    rc = hora__mpi_error(err, "MPI_Comm_split(process set)");
-  } else if (sub != MPI_COMM_NULL) {
-    rc = hora__instance_start(sub, id, ps->ranks, &ps->rt);
-    MPI_Comm_free(&sub);
-  }
+  int rc = set_rendezvous(world, call_no, ps, member);
   char msg[1024];
   hora__strlcpy(msg, hora__error_message(), sizeof(msg));
   int all = agree_verdict(call, call_no, rc, msg, world->size);
@@ -276,7 +321,7 @@ HORA_EXTERN int hora_process_set_create(const int *ranks, int n, hora_process_se
   }
   int id = next_id++;
   bool member = bsearch(&world->rank, sorted, (size_t)n, sizeof(int), by_value) != NULL;
-  rc = make_set(call, world, call_no, id, sorted, n, member ? 0 : MPI_UNDEFINED, out);
+  rc = make_set(call, world, call_no, id, sorted, n, member, out);
   sorted = NULL;
 out:
   free(all);
@@ -299,7 +344,11 @@ HORA_EXTERN int hora_process_set_from_mpi_comm(MPI_Comm comm, hora_process_set *
   } else {
     mine = hora__error(HORA_ERR_INVALID_ARG, "%s: ps is NULL", call);
   }
-  if (mine == HORA_SUCCESS && comm != MPI_COMM_NULL) {
+  if (mine == HORA_SUCCESS && comm != MPI_COMM_NULL && world->comm->proc->mpi == MPI_COMM_NULL) {
+    mine = hora__error(HORA_ERR_INVALID_USAGE,
+                       "%s needs MPI, and this job started without it (hora-info says how it "
+                       "started); use hora_process_set_create with the ranks", call);
+  } else if (mine == HORA_SUCCESS && comm != MPI_COMM_NULL) {
     MPI_Group group = MPI_GROUP_NULL, wgroup = MPI_GROUP_NULL;
     int *idx = NULL;
     int err = MPI_Comm_group(comm, &group);
@@ -378,7 +427,7 @@ HORA_EXTERN int hora_process_set_from_mpi_comm(MPI_Comm comm, hora_process_set *
       next_id++;
     }
   }
-  rc = make_set(call, world, call_no, id, members, n, n > 0 ? members[0] : MPI_UNDEFINED, out);
+  rc = make_set(call, world, call_no, id, members, n, n > 0, out);
   members = NULL;
 out:
   free(all);

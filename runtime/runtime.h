@@ -205,7 +205,8 @@ int hora__api_options_shape(const char *call, const hora_op_options *opts, size_
 /* init.c: a runtime over `comm` (the world's, or a process set's with its
  * id and members' global ranks), started; and stopping it (collective over
  * its ranks) before it is released. */
-int hora__instance_start(MPI_Comm comm, int set_id, const int *global_ranks,
+struct hora__rdv;
+int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ranks,
                          struct hora__runtime **out);
 void hora__instance_stop(struct hora__runtime *rt);
 void hora__instance_release(struct hora__runtime *rt);

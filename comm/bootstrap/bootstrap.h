@@ -1,7 +1,7 @@
-/* What the bootstrap's files share, private to comm/bootstrap: the plan of
- * connections and the tables of sockets that bootstrap.c (the steps),
- * connect.c (the plan, the outgoing side) and accept.c (the incoming side)
- * work on. */
+/* The bootstrap's steps (bootstrap.c), which comm/communicator runs, and
+ * what its files share: the plan of connections and the tables of sockets
+ * that connect.c (the plan, the outgoing side) and accept.c (the incoming
+ * side) work on. */
 #ifndef HORA_BOOTSTRAP_H
 #define HORA_BOOTSTRAP_H
 
@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/bootstrap/rendezvous.h"
 #include "comm/comm.h"
 
 /* Strangers. Anyone may connect to a listener, so an accepted connection
@@ -79,9 +80,13 @@ struct plan {
   int fds_cap;
 };
 
-/* bootstrap.c */
+/* bootstrap.c: the steps, each collective over the rendezvous */
 int hora__boot_random_bytes(void *buf, size_t n, const char *what);
 int hora__boot_cross_peer(const hora__comm *c, int dir);
+int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv);
+int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch);
+int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv);
+int hora__boot_shm(hora__comm *c, struct hora__rdv *rdv, bool want);
 
 /* connect.c */
 int hora__boot_connect_all(hora__comm *c, const int *ctrl_peers, int nctrl_peers);

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "base/mpi_error.h"
 #include "base/params.h"
 
 #define PAGE 4096
@@ -51,6 +50,8 @@ struct hora__shm {
   bool cma;         /* process_vm_readv works between all local ranks */
   bool tuning;      /* the kernel and staged paths are chosen by measurement */
   bool staged;      /* buffers outside hora_mem blocks are always staged */
+  int mode;         /* the single-copy mode the host's ranks agreed on */
+  int leader_fd;    /* local rank 0 during set-up: the segment's memfd */
   uint64_t tuned_ops; /* tuned operations begun here (the same count on every local rank) */
   struct hora__path_tuner tuner; /* local rank 0's timings */
   struct {
@@ -267,38 +268,6 @@ void hora__shm_path_end(struct hora__shm *shm, uint64_t ns) {
  * word whose address and value every rank knows. */
 static const uint64_t cma_probe = 0x686f7261636d6121ull; /* "hora cma!" */
 
-/* An MPI call of the set-up: a failure is HORA_ERR_SYSTEM naming it. */
-#define SHM_MPI(call)                                                                        \
-  do {                                                                                       \
-    int mpi_rc_ = (call);                                                                    \
-    if (mpi_rc_ != MPI_SUCCESS) {                                                            \
-      rc = hora__mpi_error(mpi_rc_, #call);                                                  \
-      goto out;                                                                              \
-    }                                                                                        \
-  } while (0)
-
-static int try_cma(struct hora__shm *s, MPI_Comm local, bool *works) {
-  int rc = HORA_SUCCESS;
-  *works = false;
-  uint64_t addr = (uint64_t)(uintptr_t)&cma_probe;
-  uint64_t *addrs = hora__calloc((size_t)s->local_size, sizeof(*addrs));
-  if (!addrs) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  SHM_MPI(MPI_Allgather(&addr, 1, MPI_UINT64_T, addrs, 1, MPI_UINT64_T, local));
-  int peer = (s->local_rank + 1) % s->local_size;
-  uint64_t got = 0;
-  struct iovec l = {&got, sizeof(got)}, r = {(void *)(uintptr_t)addrs[peer], sizeof(got)};
-  int ok = process_vm_readv(s->pids[peer], &l, 1, &r, 1, 0) == (ssize_t)sizeof(got) &&
-           got == cma_probe;
-  int all = 0;
-  SHM_MPI(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, local));
-  *works = all != 0;
-out:
-  free(addrs);
-  return rc;
-}
-
 size_t hora__shm_half_bytes(const struct hora__shm *shm) { return shm->half; }
 
 char *hora__shm_half(const struct hora__shm *shm, int lr, int half) {
@@ -336,15 +305,18 @@ static int map_segment(struct hora__shm *s, pid_t leader_pid, int leader_fd, int
   return HORA_SUCCESS;
 }
 
-int hora__shm_create(hora__net *net, MPI_Comm local, struct hora__shm **out) {
+int hora__shm_begin(hora__net *net, int local_rank, int local_size, struct hora__shm **out,
+                    struct hora__shm_hello *mine) {
   *out = NULL;
+  memset(mine, 0, sizeof(*mine));
+  mine->fd = -1;
   struct hora__shm *s = hora__calloc(1, sizeof(*s));
   if (!s) {
     return HORA_ERR_NO_MEMORY;
   }
-  int rc = HORA_SUCCESS, my_fd = -1;
-  SHM_MPI(MPI_Comm_rank(local, &s->local_rank));
-  SHM_MPI(MPI_Comm_size(local, &s->local_size));
+  s->leader_fd = -1;
+  s->local_rank = local_rank;
+  s->local_size = local_size;
   size_t half = (size_t)hora__params.SHM_BUFFER_SIZE;
   half = (half + PAGE - 1) / PAGE * PAGE;
   s->half = half;
@@ -353,65 +325,82 @@ int hora__shm_create(hora__net *net, MPI_Comm local, struct hora__shm **out) {
   s->pids = hora__calloc((size_t)s->local_size, sizeof(*s->pids));
   s->global = hora__calloc((size_t)s->local_size, sizeof(*s->global));
   if (!s->pids || !s->global) {
-    rc = HORA_ERR_NO_MEMORY;
-    goto out;
-  }
-  /* The leader creates the segment; the others learn where to find it. */
-  int info[2] = {(int)getpid(), -1}, ok = 1;
-  char why[512] = "";
-  if (s->local_rank == 0) {
-    my_fd = memfd_create("hora-shm", MFD_CLOEXEC);
-    if (my_fd < 0 || ftruncate(my_fd, (off_t)s->bytes) != 0) {
-      hora__error_errno(HORA_ERR_SYSTEM, "memfd_create/ftruncate of %zu bytes", s->bytes);
-      hora__strlcpy(why, hora__error_message(), sizeof(why));
-      ok = 0;
-    }
-    info[1] = my_fd;
-  }
-  SHM_MPI(MPI_Bcast(info, 2, MPI_INT, 0, local));
-  if (info[1] >= 0 && map_segment(s, (pid_t)info[0], info[1], s->local_rank == 0 ? my_fd : -1) != HORA_SUCCESS) {
-    hora__strlcpy(why, hora__error_message(), sizeof(why));
-    ok = 0;
-  }
-  int all_ok = 0;
-  SHM_MPI(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, local));
-  int me = (int)getpid();
-  SHM_MPI(MPI_Allgather(&me, 1, MPI_INT, s->pids, 1, MPI_INT, local));
-  SHM_MPI(MPI_Allgather(&net->rank, 1, MPI_INT, s->global, 1, MPI_INT, local));
-  if (my_fd >= 0) {
-    close(my_fd); /* the mappings keep the memory alive */
-    my_fd = -1;
-  }
-  if (!all_ok) {
-    if (!ok) {
-      HORA_WARN("shared memory unavailable, using sockets within the host: %s", why);
-    }
     hora__shm_destroy(s);
-    return HORA_SUCCESS;
+    return HORA_ERR_NO_MEMORY;
+  }
+  mine->ok = 1;
+  if (s->local_rank == 0) {
+    /* The leader creates the segment; the others open it through /proc. */
+    s->leader_fd = memfd_create("hora-shm", MFD_CLOEXEC);
+    if (s->leader_fd < 0 || ftruncate(s->leader_fd, (off_t)s->bytes) != 0) {
+      hora__error_errno(HORA_ERR_SYSTEM, "memfd_create/ftruncate of %zu bytes", s->bytes);
+      HORA_WARN("shared memory unavailable, using sockets within the host: %s",
+                hora__error_message());
+      mine->ok = 0;
+    }
+    mine->fd = s->leader_fd;
   }
   const char *want = hora__params.SHM_SINGLE_COPY;
-  int mode = !strcmp(want, "0")        ? SINGLE_COPY_OFF
-             : !strcmp(want, "staged") ? SINGLE_COPY_STAGED
-             : !strcmp(want, "1")      ? SINGLE_COPY_KERNEL
-                                       : SINGLE_COPY_AUTO;
-  int agreed = SINGLE_COPY_OFF;
-  SHM_MPI(MPI_Allreduce(&mode, &agreed, 1, MPI_INT, MPI_MIN, local));
-  if (agreed != SINGLE_COPY_OFF) {
-    rc = try_cma(s, local, &s->cma);
-    if (rc != HORA_SUCCESS) {
-      goto out;
-    }
-  }
-  s->tuning = s->cma && agreed == SINGLE_COPY_AUTO;
-  s->staged = agreed == SINGLE_COPY_STAGED;
+  mine->mode = !strcmp(want, "0")        ? SINGLE_COPY_OFF
+               : !strcmp(want, "staged") ? SINGLE_COPY_STAGED
+               : !strcmp(want, "1")      ? SINGLE_COPY_KERNEL
+                                         : SINGLE_COPY_AUTO;
+  mine->pid = (int32_t)getpid();
+  mine->global = net->rank;
+  mine->cma_addr = (uint64_t)(uintptr_t)&cma_probe;
   *out = s;
   return HORA_SUCCESS;
-out:
-  if (my_fd >= 0) {
-    close(my_fd);
+}
+
+void hora__shm_attach(struct hora__shm *s, const struct hora__shm_hello *host,
+                      struct hora__shm_verdict *mine) {
+  memset(mine, 0, sizeof(*mine));
+  int mode = SINGLE_COPY_AUTO;
+  for (int i = 0; i < s->local_size; i++) {
+    s->pids[i] = (pid_t)host[i].pid;
+    s->global[i] = host[i].global;
+    mode = HORA_MIN(mode, host[i].mode);
   }
-  hora__shm_destroy(s);
-  return rc;
+  s->mode = mode;
+  if (host[0].ok && host[0].fd >= 0) {
+    if (map_segment(s, (pid_t)host[0].pid, host[0].fd, s->local_rank == 0 ? s->leader_fd : -1) ==
+        HORA_SUCCESS) {
+      mine->mapped = 1;
+    } else {
+      HORA_WARN("shared memory unavailable, using sockets within the host: %s",
+                hora__error_message());
+    }
+  }
+  if (mode != SINGLE_COPY_OFF) {
+    /* Whether this rank can read the next local rank's memory. */
+    int peer = (s->local_rank + 1) % s->local_size;
+    uint64_t got = 0;
+    struct iovec l = {&got, sizeof(got)};
+    struct iovec r = {(void *)(uintptr_t)host[peer].cma_addr, sizeof(got)};
+    mine->cma = process_vm_readv(s->pids[peer], &l, 1, &r, 1, 0) == (ssize_t)sizeof(got) &&
+                got == cma_probe;
+  }
+}
+
+void hora__shm_finish(struct hora__shm **sp, const struct hora__shm_verdict *host) {
+  struct hora__shm *s = *sp;
+  if (s->leader_fd >= 0) {
+    close(s->leader_fd); /* the mappings keep the memory alive */
+    s->leader_fd = -1;
+  }
+  bool mapped = true, cma = true;
+  for (int i = 0; i < s->local_size; i++) {
+    mapped = mapped && host[i].mapped;
+    cma = cma && host[i].cma;
+  }
+  if (!mapped) {
+    hora__shm_destroy(s);
+    *sp = NULL;
+    return;
+  }
+  s->cma = s->mode != SINGLE_COPY_OFF && cma;
+  s->tuning = s->cma && s->mode == SINGLE_COPY_AUTO;
+  s->staged = s->mode == SINGLE_COPY_STAGED;
 }
 
 void hora__shm_destroy(struct hora__shm *s) {
@@ -420,6 +409,9 @@ void hora__shm_destroy(struct hora__shm *s) {
   }
   if (s->base) {
     munmap(s->base, s->bytes);
+  }
+  if (s->leader_fd >= 0) {
+    close(s->leader_fd);
   }
   free(s->pids);
   free(s->global);

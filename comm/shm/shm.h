@@ -13,7 +13,6 @@
 #ifndef HORA_SHM_H
 #define HORA_SHM_H
 
-#include <mpi.h>
 #include <sys/types.h>
 
 #include "comm/transport/net.h"
@@ -21,10 +20,27 @@
 
 struct hora__shm;
 
-/* Collective over `local` (the ranks of this host). On failure to map the
- * segment on any rank, every rank gets *out = NULL and a logged reason, and
- * the job goes on over sockets. */
-int hora__shm_create(hora__net *net, MPI_Comm local, struct hora__shm **out);
+/* Set-up, in three steps with two exchanges among the host's ranks between
+ * them, which the bootstrap carries (every rank of the job takes part in
+ * both, so their number never depends on the host):
+ *   begin   the leader (local rank 0) creates the segment; *mine to exchange
+ *   attach  with every local rank's hello (local rank order): map it, try
+ *           reading the next rank's memory; *mine to exchange
+ *   finish  with every local rank's verdict: *s stays, or is freed and
+ *           NULL (the job goes on over sockets, a reason logged) where any
+ *           rank of the host could not map it. */
+struct hora__shm_hello {
+  int32_t pid, fd, global, mode, ok, pad;
+  uint64_t cma_addr;
+};
+struct hora__shm_verdict {
+  int32_t mapped, cma;
+};
+int hora__shm_begin(hora__net *net, int local_rank, int local_size, struct hora__shm **s,
+                    struct hora__shm_hello *mine);
+void hora__shm_attach(struct hora__shm *s, const struct hora__shm_hello *host,
+                      struct hora__shm_verdict *mine);
+void hora__shm_finish(struct hora__shm **s, const struct hora__shm_verdict *host);
 void hora__shm_destroy(struct hora__shm *shm);
 
 size_t hora__shm_half_bytes(const struct hora__shm *shm);

@@ -102,6 +102,7 @@ class Library:
         self._proto("hora_init", i, [])
         self._proto("hora_finalize", i, [])
         self._proto("hora_initialized", i, [])
+        self._proto("hora_bootstrap", ctypes.c_char_p, [])
         self._proto("hora_abort", i, [ch])
         for f in ("hora_rank", "hora_size", "hora_local_rank", "hora_local_size",
                   "hora_cross_rank", "hora_cross_size"):

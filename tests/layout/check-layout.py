@@ -22,7 +22,8 @@ LAYERS = [
     "comm",               # comm.h: communicators and the process
     "comm/coll",          # the algorithm table and the host algorithms
     "comm/gpu",           # the device backend (NCCL, staging, kernels)
-    "comm/bootstrap",     # building the job's world from MPI
+    "comm/bootstrap",     # rendezvous (MPI, tcp, env, slurm) and the connection plan
+    "comm/communicator",  # a communicator built from a membership
     "runtime",            # the engine and the public API
 ]
 MAX_LINES = 820

@@ -532,6 +532,18 @@ static void ranks_match_launcher(void) {
   MT_CHECK(hora_initialized() == 1, "hora_initialized() is not 1");
   MT_CHECK(hora_rank() == mt_rank && hora_size() == mt_size, "rank %d/%d vs the launcher's %d/%d",
            hora_rank(), hora_size(), mt_rank, mt_size);
+  /* Started without MPI, hora never starts it. */
+  const char *boot = hora_bootstrap(), *asked = getenv("HORA_BOOTSTRAP");
+  int mpi_up = 0;
+  MPI_Initialized(&mpi_up);
+  if (mt_launched_by_mpi()) {
+    MT_CHECK(boot && strcmp(boot, "mpi") == 0, "started by mpirun, bootstrap %s", boot);
+  } else {
+    MT_CHECK(boot && strcmp(boot, "mpi") != 0 && !mpi_up, "bootstrap %s, MPI initialised: %d",
+             boot, mpi_up);
+    MT_CHECK(!asked || strcmp(asked, "auto") == 0 || (boot && strcmp(asked, boot) == 0),
+             "HORA_BOOTSTRAP=%s, but bootstrap %s", asked, boot);
+  }
   int lr, ls, first;
   mt_host(&lr, &ls, &first);
   MT_CHECK(hora_local_rank() == lr && hora_local_size() == ls, "local %d/%d vs the launcher's %d/%d",

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/communicator/communicator.h"
 #include "comm/comm.h"
 #include "comm/transport/socket.h"
 #include "base/params.h"
@@ -27,7 +28,9 @@ int main(int argc, char **argv) {
     die("settings");
   }
   hora__comm *c;
-  if (hora__comm_create(MPI_COMM_WORLD, NULL, 0, &c) != HORA_SUCCESS) {
+  struct hora__rdv *rdv = NULL;
+  if (hora__rdv_open_mpi(MPI_COMM_WORLD, &rdv) != HORA_SUCCESS ||
+      hora__comm_create(rdv, 1, NULL, 0, &c) != HORA_SUCCESS) {
     die("bootstrap");
   }
   if (c->size != 2) {
@@ -96,6 +99,7 @@ int main(int argc, char **argv) {
   }
   hora__comm_deregister(c, &reg);
   hora__comm_destroy(c);
+  hora__rdv_close(rdv);
   free(buf);
   free(xs);
   free(xps);

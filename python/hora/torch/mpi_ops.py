@@ -235,18 +235,22 @@ _exit_registered = False
 _homogeneous = None
 
 
-def _started_by_mpi():
-    """Whether hora_init starts through MPI: HORA_BOOTSTRAP says, or (auto) an
-    MPI launcher's variables are there."""
+def _starts_through_mpi():
+    """Whether hora_init will start through MPI, as it decides: HORA_BOOTSTRAP,
+    else (auto) a running MPI or an MPI launcher's variables."""
     boot = os.environ.get("HORA_BOOTSTRAP", "").strip().lower()
     if boot not in ("", "auto"):
         return boot == "mpi"
-    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"))
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return True
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK",
+                                         "PMIX_RANK", "MPI_LOCALNRANKS"))
 
 
-_BY_MPI = _started_by_mpi()
-_PART_NEEDS = ("mpi4py (to make their communicator; install it)" if _BY_MPI else
-               "MPI (a job started by an MPI launcher, and mpi4py)")
+def _part_needs(by_mpi):
+    return ("mpi4py (to make their communicator; install it)" if by_mpi else
+            "MPI (a job started by an MPI launcher, and mpi4py)")
 
 
 def _launched_size():
@@ -269,7 +273,8 @@ def _world_comm(comm):
         raise ValueError("hora.torch.init: comm must be a list of ranks or an mpi4py "
                          "communicator, got %s" % type(comm).__name__) from None
     MPI = None
-    if _BY_MPI:  # else importing mpi4py would start an MPI of one process
+    by_mpi = _starts_through_mpi()
+    if by_mpi:  # else importing mpi4py would start an MPI of one process
         try:
             from mpi4py import MPI
         except ImportError:
@@ -279,7 +284,7 @@ def _world_comm(comm):
         if ranks != list(range(len(ranks))) or (n is not None and n != len(ranks)):
             raise NotImplementedError("hora.torch.init: starting on ranks %s, a part of the job, "
                                       "needs %s, or call init() on every rank and use a process "
-                                      "set" % (ranks, _PART_NEEDS)) from None
+                                      "set" % (ranks, _part_needs(by_mpi))) from None
         return None, len(ranks)
     world = MPI.COMM_WORLD
     if ranks == list(range(world.Get_size())):
@@ -309,7 +314,7 @@ def init(comm=None, process_sets=None):
         if n is not None and n != size():
             raise NotImplementedError("hora.torch.init: comm names %d ranks and the job has %d; "
                                       "starting on a part of the job needs %s"
-                                      % (n, size(), _PART_NEEDS))
+                                      % (n, size(), _part_needs(mpi_enabled())))
     elif not _lib.has_mpi_comm:
         raise NotImplementedError("hora.torch.init: %s has no hora_init_comm" % _lib.path)
     else:
@@ -396,15 +401,17 @@ def is_homogeneous():
 
 def mpi_threads_supported():
     _ranked(_lib.hora_size, "mpi_threads_supported")
-    if not _BY_MPI:  # as Horovod's
+    if not mpi_enabled():  # as Horovod's
         raise ValueError("hora.torch.mpi_threads_supported: MPI is not enabled (the job started "
-                         "without it: HORA_BOOTSTRAP=%s)" % os.environ.get("HORA_BOOTSTRAP", "auto"))
+                         "through %s)" % _lib.hora_bootstrap().decode())
     return bool(_lib.hora_mpi_threads_supported())
 
 
 def mpi_enabled():
-    """Whether MPI started the job (hora_init without an MPI launcher never calls MPI)."""
-    return _BY_MPI
+    """Whether this job started through MPI (not hora's own rendezvous,
+    torchrun's variables or Slurm's)."""
+    _ranked(_lib.hora_size, "mpi_enabled")
+    return _lib.hora_bootstrap() == b"mpi"
 
 
 def mpi_built():
