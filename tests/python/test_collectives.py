@@ -292,9 +292,11 @@ def test_join_barrier_and_ranks():
     assert 0 <= hvd.cross_rank() < hvd.cross_size()
     assert hvd.is_initialized() and hvd.mpi_built()
     assert not hvd.gloo_built() and not hvd.gloo_enabled() and not hvd.rocm_built()
-    # The suite runs these under mpirun, or tests/launch/launch.sh with
-    # HORA_BOOTSTRAP=tcp or env (then MPI is never started).
-    by_mpi = os.environ.get("HORA_BOOTSTRAP", "mpi") == "mpi"
+    # Under mpirun, MPI starts the job; under tests/launch/launch.sh
+    # (HORA_BOOTSTRAP=tcp or env) or alone, MPI is never started.
+    boot = os.environ.get("HORA_BOOTSTRAP", "auto")
+    launched = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS")
+    by_mpi = boot == "mpi" or (boot == "auto" and any(v in os.environ for v in launched))
     assert hvd.mpi_enabled() is by_mpi
     if by_mpi:
         # hora_init asks MPI for MPI_THREAD_MULTIPLE, which Open MPI and MPICH give.
