@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs the whole test suite of one build: unit tests, every multi-rank test
-# of tests/mpi/testlist under the MPI launcher, the examples, the install
-# through pkg-config, and the docs check. One line per test, then
+# of tests/mpi/testlist under the MPI launcher, a few of them started
+# without MPI (tests/launch/launch.sh), the examples, the install through
+# pkg-config, and the docs check. One line per test, then
 #   N passed, N failed, N skipped
 # Exit status: 0 only when nothing failed.
 #
@@ -10,6 +11,8 @@
 #              HORA_TEST_VARIANTS_ONCE=1  lines that carry settings or
 #                              arguments run at their first rank count only
 #              HORA_TEST_ONLY  only multi-rank programs matching this regex
+#                              (bootstrap-tcp/NAME, bootstrap-env/NAME for
+#                              those started without MPI)
 #              HORA_TEST_TIMEOUT  seconds per mpirun (default 300)
 set -u
 builddir=$(cd "${1:-.}" && pwd)
@@ -162,6 +165,67 @@ expected=$(grep -v '^#' "$srcdir/tests/mpi/testlist" | awk -v only="${HORA_TEST_
 if [ "$(wc -l <"$runs")" -ne "$expected" ]; then
   echo "FAIL runner/testlist: ran $(wc -l <"$runs") of $expected multi-rank runs" | tee -a "$results"
 fi
+
+# A job started without MPI by tests/launch/launch.sh (MODE tcp or env:
+# hora's own bootstraps); its lines read "PASS bootstrap-MODE np=N ...".
+# HORA_TEST_ONLY matches against bootstrap-MODE/NAME.
+run_launch() { # name mode np command...
+  name=$1 mode=$2 np=$3
+  shift 3
+  if [ -n "${HORA_TEST_ONLY:-}" ] && ! echo "bootstrap-$mode/$name" | grep -Eq "$HORA_TEST_ONLY"; then
+    return
+  fi
+  if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
+    return
+  fi
+  out="$work/out" err="$work/err"
+  asan=$asan_leaks
+  [ "$np" -gt 4 ] && asan=$asan_no_leaks
+  ASAN_OPTIONS=$asan HORA_TEST_TIMEOUT=$timeout_s timeout -k 10 $((timeout_s + 30)) \
+    sh "$srcdir/tests/launch/launch.sh" "$mode" "$np" "$@" </dev/null >"$out" 2>"$err"
+  rc=$?
+  tally "bootstrap-$mode np=$np " <"$out"
+  if sanitizer_report "$err" "$out"; then
+    echo "FAIL bootstrap-$mode np=$np $name: sanitizer report" | tee -a "$results"
+    rc=1
+  fi
+  if [ $rc -ne 0 ] || grep -q '^FAIL' "$out" || [ ! -s "$out" ]; then
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+      echo "FAIL bootstrap-$mode np=$np $name: timed out after ${timeout_s}s" | tee -a "$results"
+    elif ! grep -q '^FAIL' "$out"; then
+      echo "FAIL bootstrap-$mode np=$np $name: exit status $rc" | tee -a "$results"
+    fi
+    echo "---- stderr of $name at np=$np under launch.sh $mode (last 40 lines) ----"
+    tail -n 40 "$err"
+    echo "----"
+  fi
+}
+
+section "bootstraps: jobs started without MPI (tests/launch/launch.sh)"
+# A few fast programs only: the rest of the suite covers the collectives
+# under mpirun, and the bootstraps differ only in how the job starts.
+py=${HORA_TEST_PYTHON:-/usr/bin/python3}
+for mode in tcp env; do
+  nps="1 4"
+  [ $mode = tcp ] && nps="1 4 16"
+  for np in $nps; do
+    run_launch test_collectives $mode $np "$builddir/tests/mpi/test_collectives"
+  done
+  run_launch test_process_sets $mode 4 "$builddir/tests/mpi/test_process_sets"
+  run_launch test_api $mode 4 "$builddir/tests/mpi/test_api"
+  if { [ -n "${HORA_TEST_ONLY:-}" ] && ! echo "bootstrap-$mode/python" | grep -Eq "$HORA_TEST_ONLY"; } ||
+     { [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " 2 "; }; then
+    continue
+  elif [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
+    echo "SKIP bootstrap-$mode/python: sanitizer build (a plain Python cannot load a sanitized libhora)" | tee -a "$results"
+  elif ! "$py" -c 'import torch, pytest' >/dev/null 2>&1; then
+    echo "SKIP bootstrap-$mode/python: $py cannot import torch and pytest" | tee -a "$results"
+  else
+    HORA_LIBRARY="$builddir/.libs/libhora.so.0" PYTHONPATH="$srcdir/python" \
+      run_launch python $mode 2 "$py" -m pytest "$srcdir/tests/python/test_collectives.py" \
+        -p no:cacheprovider -p no:terminal
+  fi
+done
 
 if [ -z "${HORA_TEST_ONLY:-}" ]; then
   section "launch without a launcher, and bad settings"

@@ -1,6 +1,11 @@
 /* Multi-rank test helpers. Each rank counts its own failures; mt_run sums
- * them with MPI (never with hora, so a broken hora cannot hide a failure)
- * and rank 0 prints one line per test: PASS name | FAIL name | SKIP name. */
+ * them outside hora (a broken hora must not hide a failure) and rank 0
+ * prints one line per test: PASS name | FAIL name | SKIP name.
+ *
+ * The bookkeeping (barriers, sums, the shared directory) goes through MPI
+ * when an MPI launcher started the process, else through files in the
+ * directory HORA_TEST_DIR names (tests/launch/launch.sh makes one per
+ * job); a lone process needs neither. */
 #ifndef HORA_MPITEST_H
 #define HORA_MPITEST_H
 
@@ -57,15 +62,32 @@ static inline int mt_contains(const char *hay, const char *needle) {
  * testlist can run one program under several configurations. */
 void mt_setenv_args(int argc, char **argv);
 
-/* For programs that start MPI themselves: rank 0 makes a fresh directory
- * /tmp/PREFIX-XXXXXX and every rank gets its name in dir (empty on
- * failure); mt_remove_shared_dir deletes it again (rank 0, after a
+/* Whether an MPI launcher started this process (one of OMPI_COMM_WORLD_SIZE,
+ * PMI_SIZE, PMI_RANK, PMIX_RANK is set). When not, the program must not
+ * call MPI itself: hora started without it. */
+bool mt_launched_by_mpi(void);
+
+/* A directory every rank of the job sees under the same name (empty on
+ * failure): with MPI rank 0 makes /tmp/PREFIX-XXXXXX and broadcasts it
+ * (call after MPI_Init); without, it is HORA_TEST_DIR/PREFIX (or a fresh
+ * /tmp/PREFIX-XXXXXX for a lone process), and may be called before
+ * mt_init. mt_remove_shared_dir deletes it again (rank 0, after a
  * barrier). */
 void mt_shared_dir(const char *prefix, char *dir, size_t n);
 void mt_remove_shared_dir(const char *dir);
 
-/* hora_init, then MPI is usable for the bookkeeping. */
+/* hora_init, then mt_rank and mt_size (MPI's ranks, or hora's without MPI). */
 void mt_init(void);
+/* Bookkeeping between every rank, never through hora (after mt_init). */
+void mt_barrier(void);
+/* Every rank's n bytes `mine`, in rank order, into all (mt_size * n bytes). */
+void mt_allgather(const void *mine, size_t n, void *all);
+/* This rank's place on its host as the launcher sees it (MPI's shared-memory
+ * split, or the host name without MPI): local rank and size, and the lowest
+ * global rank on the host. */
+void mt_host(int *local_rank, int *local_size, int *first_rank);
+/* Seconds on a monotonic clock. */
+double mt_wtime(void);
 /* Runs one test on every rank and prints its line on rank 0. */
 void mt_run(const char *name, void (*fn)(void));
 void mt_skip(const char *name, const char *why);

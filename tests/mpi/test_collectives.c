@@ -437,12 +437,12 @@ static void barrier_waits_for_everyone(void) {
     return;
   }
   /* The last rank arrives 300 ms late; nobody may leave before it came. */
-  double t0 = MPI_Wtime();
+  double t0 = mt_wtime();
   if (mt_rank == mt_size - 1) {
     usleep(300000);
   }
   MT_OK(hora_barrier());
-  double waited = MPI_Wtime() - t0;
+  double waited = mt_wtime() - t0;
   MT_CHECK(waited > 0.25, "rank %d left the barrier after %.3f s, before the late rank arrived",
            mt_rank, waited);
 }
@@ -526,33 +526,47 @@ static void test_polls_to_completion(void) {
   MT_CHECK(x[0] == 1 && x[2] == 3, "polled allreduce gave %g %g", x[0], x[2]);
 }
 
-static void ranks_match_mpi(void) {
+/* hora's ranks against the launcher's (MPI's, or the file bookkeeping's
+ * without MPI), and its hosts against the launcher's view of them. */
+static void ranks_match_launcher(void) {
   MT_CHECK(hora_initialized() == 1, "hora_initialized() is not 1");
-  MT_CHECK(hora_rank() == mt_rank && hora_size() == mt_size, "rank %d/%d vs MPI %d/%d",
+  MT_CHECK(hora_rank() == mt_rank && hora_size() == mt_size, "rank %d/%d vs the launcher's %d/%d",
            hora_rank(), hora_size(), mt_rank, mt_size);
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mt_rank, MPI_INFO_NULL, &local);
-  int lr, ls;
-  MPI_Comm_rank(local, &lr);
-  MPI_Comm_size(local, &ls);
-  MPI_Comm_free(&local);
-  MT_CHECK(hora_local_rank() == lr && hora_local_size() == ls, "local %d/%d vs MPI %d/%d",
+  /* Started without MPI, hora never starts it. */
+  const char *boot = hora_bootstrap(), *asked = getenv("HORA_BOOTSTRAP");
+  int mpi_up = 0;
+  MPI_Initialized(&mpi_up);
+  if (mt_launched_by_mpi()) {
+    MT_CHECK(boot && strcmp(boot, "mpi") == 0, "started by mpirun, bootstrap %s", boot);
+  } else {
+    MT_CHECK(boot && strcmp(boot, "mpi") != 0 && !mpi_up, "bootstrap %s, MPI initialised: %d",
+             boot, mpi_up);
+    MT_CHECK(!asked || strcmp(asked, "auto") == 0 || (boot && strcmp(asked, boot) == 0),
+             "HORA_BOOTSTRAP=%s, but bootstrap %s", asked, boot);
+  }
+  int lr, ls, first;
+  mt_host(&lr, &ls, &first);
+  MT_CHECK(hora_local_rank() == lr && hora_local_size() == ls, "local %d/%d vs the launcher's %d/%d",
            hora_local_rank(), hora_local_size(), lr, ls);
   MT_CHECK(hora_cross_rank() >= 0 && hora_cross_rank() < hora_cross_size(),
            "cross rank %d of %d", hora_cross_rank(), hora_cross_size());
   /* Every rank of one host reports the same host index. */
-  int idx = hora_cross_rank(), mn, mx;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mt_rank, MPI_INFO_NULL, &local);
-  MPI_Allreduce(&idx, &mn, 1, MPI_INT, MPI_MIN, local);
-  MPI_Allreduce(&idx, &mx, 1, MPI_INT, MPI_MAX, local);
-  MPI_Comm_free(&local);
-  MT_CHECK(mn == mx, "ranks of one host disagree on its index (%d vs %d)", mn, mx);
+  int mine[2] = {first, hora_cross_rank()};
+  int *all = malloc(sizeof(mine) * (size_t)mt_size);
+  mt_allgather(mine, sizeof(mine), all);
+  for (int r = 0; r < mt_size; r++) {
+    if (all[2 * r] == first && all[2 * r + 1] != mine[1]) {
+      mt_fail(__FILE__, __LINE__, "ranks %d and %d of one host disagree on its index (%d vs %d)",
+              mt_rank, r, mine[1], all[2 * r + 1]);
+    }
+  }
+  free(all);
 }
 
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
-  mt_run("collectives/ranks_match_mpi", ranks_match_mpi);
+  mt_run("collectives/ranks_match_launcher", ranks_match_launcher);
   mt_run("collectives/allreduce_every_dtype_and_op", allreduce_every_dtype_and_op);
   mt_run("collectives/allreduce_large", allreduce_large);
   mt_run("collectives/reducescatter_every_dtype_and_op", reducescatter_every_dtype_and_op);

@@ -1,7 +1,8 @@
-"""Runs the hora.torch tests under mpirun: every rank runs every test, in
-the same order. At the end rank 0 prints one line per test for the suite's
-runner, "PASS python/<test>" or "FAIL python/<test>: <ranks and reason>",
-from every rank's outcomes (gathered through hora itself)."""
+"""Runs the hora.torch tests under mpirun (or tests/launch/launch.sh, which
+starts them without MPI): every rank runs every test, in the same order.
+At the end rank 0 prints one line per test for the suite's runner,
+"PASS python/<test>" or "FAIL python/<test>: <ranks and reason>", from
+every rank's outcomes (gathered through hora itself)."""
 import os
 import sys
 
@@ -23,6 +24,23 @@ def pytest_configure(config):
     torch.set_num_threads(1)
     torch.manual_seed(1234)
     hvd.init()
+    _claim_rank(hvd.rank(), hvd.size())
+
+
+def _claim_rank(rank, size):
+    """Under tests/launch/launch.sh: two processes that hora gave one rank (a
+    world that is not the processes started) fail, not pass twice over."""
+    top = os.environ.get("HORA_TEST_DIR")
+    if not top:
+        return
+    try:
+        os.close(os.open(os.path.join(top, "rank.%d" % rank), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                         0o600))
+    except FileExistsError:
+        sys.stderr.write("rank %d: another process of this job is rank %d too (hora's world has %d "
+                         "ranks: not the processes the launcher started?)\n" % (rank, rank, size))
+        sys.stderr.flush()
+        os._exit(2)
 
 
 def pytest_runtest_logreport(report):

@@ -235,6 +235,24 @@ _exit_registered = False
 _homogeneous = None
 
 
+def _starts_through_mpi():
+    """Whether hora_init will start through MPI, as it decides: HORA_BOOTSTRAP,
+    else (auto) a running MPI or an MPI launcher's variables."""
+    boot = os.environ.get("HORA_BOOTSTRAP", "").strip().lower()
+    if boot not in ("", "auto"):
+        return boot == "mpi"
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return True
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK",
+                                         "PMIX_RANK", "MPI_LOCALNRANKS"))
+
+
+def _part_needs(by_mpi):
+    return ("mpi4py (to make their communicator; install it)" if by_mpi else
+            "MPI (a job started by an MPI launcher, and mpi4py)")
+
+
 def _launched_size():
     """The job's size as the launcher tells it before MPI starts, or None."""
     for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
@@ -254,15 +272,19 @@ def _world_comm(comm):
     except TypeError:
         raise ValueError("hora.torch.init: comm must be a list of ranks or an mpi4py "
                          "communicator, got %s" % type(comm).__name__) from None
-    try:
-        from mpi4py import MPI
-    except ImportError:
+    MPI = None
+    by_mpi = _starts_through_mpi()
+    if by_mpi:  # else importing mpi4py would start an MPI of one process
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            pass
+    if MPI is None:
         n = _launched_size()
         if ranks != list(range(len(ranks))) or (n is not None and n != len(ranks)):
             raise NotImplementedError("hora.torch.init: starting on ranks %s, a part of the job, "
-                                      "needs mpi4py (to make their communicator); install it, or "
-                                      "call init() on every rank and use a process set"
-                                      % ranks) from None
+                                      "needs %s, or call init() on every rank and use a process "
+                                      "set" % (ranks, _part_needs(by_mpi))) from None
         return None, len(ranks)
     world = MPI.COMM_WORLD
     if ranks == list(range(world.Get_size())):
@@ -291,7 +313,8 @@ def init(comm=None, process_sets=None):
         L.check(_lib.hora_init(), "hora.torch.init")
         if n is not None and n != size():
             raise NotImplementedError("hora.torch.init: comm names %d ranks and the job has %d; "
-                                      "starting on a part of the job needs mpi4py" % (n, size()))
+                                      "starting on a part of the job needs %s"
+                                      % (n, size(), _part_needs(mpi_enabled())))
     elif not _lib.has_mpi_comm:
         raise NotImplementedError("hora.torch.init: %s has no hora_init_comm" % _lib.path)
     else:
@@ -378,6 +401,9 @@ def is_homogeneous():
 
 def mpi_threads_supported():
     _ranked(_lib.hora_size, "mpi_threads_supported")
+    if not mpi_enabled():  # as Horovod's
+        raise ValueError("hora.torch.mpi_threads_supported: MPI is not enabled (the job started "
+                         "through %s)" % _lib.hora_bootstrap().decode())
     return bool(_lib.hora_mpi_threads_supported())
 
 
