@@ -227,6 +227,13 @@ for mode in tcp env; do
   fi
 done
 
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "startup" | grep -Eq "$HORA_TEST_ONLY"; then
+  # Bad launch variables, strangers at the rendezvous, Slurm's variables;
+  # a communicator built again within one process.
+  sh "$srcdir/tests/launch/check-startup.sh" "$builddir" | tally ""
+  timeout 300 "$builddir/tests/launch/test_rebuild" 2>&1 | tally ""
+fi
+
 if [ -z "${HORA_TEST_ONLY:-}" ]; then
   section "launch without a launcher, and bad settings"
   # A plain process: no mpirun, no launcher variables at all.
