@@ -14,9 +14,8 @@
 #include <stdatomic.h>
 
 #include "comm/comm.h"
-#include "runtime/message.h"
-#include "runtime/negotiate.h"
 #include "base/table.h"
+#include "runtime/operation.h"
 #include "runtime/topology.h"
 
 /* Whether the job has failed, for stream-ordered requests: their results

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "base/params.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "../runner.h"
 
 #define MS 1000000ull

@@ -9,8 +9,10 @@
 
 #include <poll.h>
 
-#include "runtime/cache.h"
-#include "runtime/cycle.h"
+#include "runtime/negotiate/cache.h"
+#include "runtime/negotiate/cycle.h"
+#include "runtime/negotiate/message.h"
+#include "runtime/negotiate/negotiate.h"
 #include "runtime/runtime.h"
 
 /* Cycle steps on the wire (cycle.h). */

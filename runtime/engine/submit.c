@@ -3,7 +3,7 @@
  * finding, completing and failing them by key once responses come. */
 #include <stdlib.h>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 /* ---- submissions ------------------------------------------------------------ */
 

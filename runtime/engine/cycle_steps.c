@@ -8,8 +8,8 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/shm/shm.h"
-#include "runtime/engine.h"
-#include "runtime/timeline.h"
+#include "runtime/engine/engine.h"
+#include "runtime/observe/timeline.h"
 
 /* ---- cycles ------------------------------------------------------------------ */
 

@@ -14,7 +14,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "runtime/runtime.h"
-#include "runtime/timeline.h"
+#include "runtime/observe/timeline.h"
 
 /* ---- wait and test -------------------------------------------------------------- */
 

@@ -9,7 +9,7 @@
 #ifndef HORA_CACHE_H
 #define HORA_CACHE_H
 
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 #include "base/table.h"
 
 struct hora__cache_entry {

@@ -14,7 +14,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/shm/shm.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 /* ---- control input ---------------------------------------------------------- */
 

@@ -5,7 +5,7 @@
 #ifndef HORA_CYCLE_H
 #define HORA_CYCLE_H
 
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 
 /* The partners of the cycles' allreduce of cache bit vectors (cycle.c),
  * by recursive doubling: with p2 the largest power of two <= size, rank

@@ -6,16 +6,16 @@
  * becomes a response: the operation itself, or an error naming the first
  * disagreement. Responses leave in the order they became ready, which is
  * the order every rank executes them in. */
-#include "runtime/negotiate.h"
+#include "runtime/negotiate/negotiate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "runtime/cache.h"
+#include "runtime/negotiate/cache.h"
 #include "base/log.h"
 #include "base/table.h"
-#include "runtime/controller.h"
-#include "runtime/timeline.h"
+#include "runtime/negotiate/controller_state.h"
+#include "runtime/observe/timeline.h"
 
 int hora__controller_create(int size, struct hora__controller **out) {
   struct hora__controller *c = hora__calloc(1, sizeof(*c));

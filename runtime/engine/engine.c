@@ -54,8 +54,8 @@
 #include "comm/shm/shm.h"
 #include "base/log.h"
 #include "base/params.h"
-#include "runtime/engine.h"
-#include "runtime/timeline.h"
+#include "runtime/engine/engine.h"
+#include "runtime/observe/timeline.h"
 
 void hora__engine_set_free(struct hora__set *s, bool failed) {
   if (!s) {

@@ -6,7 +6,7 @@
 #ifndef HORA_NEGOTIATE_H
 #define HORA_NEGOTIATE_H
 
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 
 struct hora__controller;
 

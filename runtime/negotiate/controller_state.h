@@ -5,8 +5,8 @@
 #define HORA_CONTROLLER_H
 
 #include "base/table.h"
-#include "runtime/message.h"
-#include "runtime/negotiate.h"
+#include "runtime/negotiate/message.h"
+#include "runtime/negotiate/negotiate.h"
 
 /* Distinct requests for one key, each with the lowest rank that made it:
  * enough to name a disagreement the same way whatever order ranks came in. */
