@@ -141,6 +141,17 @@ struct hora_request *hora__engine_lookup(struct hora__engine *e,
   return r && r->taken ? r : NULL;
 }
 
+void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
+                                   const char *msg) {
+  hora__table_remove(&rt->inflight, req->key, req->key_len);
+  req->status = status;
+  if (status != HORA_SUCCESS) {
+    req->error = strdup(msg && msg[0] ? msg : hora_strerror(status));
+  }
+  req->done_ns = hora__now_ns();
+  atomic_store_explicit(&req->done, 1, memory_order_release);
+}
+
 void hora__engine_complete(struct hora__engine *e, struct hora_request **reqs, size_t n, int status,
                            const char *msg) {
   struct hora__runtime *rt = e->rt;
