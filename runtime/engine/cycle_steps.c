@@ -9,6 +9,7 @@
 #include "base/params.h"
 #include "comm/shm/shm.h"
 #include "runtime/engine/engine.h"
+#include "runtime/negotiate/fusion.h"
 #include "runtime/observe/timeline.h"
 
 /* ---- cycles ------------------------------------------------------------------ */

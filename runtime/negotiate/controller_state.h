@@ -1,6 +1,7 @@
 /* The controller's state (rank 0's negotiation), shared by negotiate.c
- * (matching requests, deciding, reporting stalls) and negotiate_groups.c
- * (grouped operations); private to those two. */
+ * (matching requests, deciding, reporting stalls), negotiate_groups.c
+ * (grouped operations) and fusion.c (when ready responses go); private to
+ * those three. */
 #ifndef HORA_CONTROLLER_H
 #define HORA_CONTROLLER_H
 

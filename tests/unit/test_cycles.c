@@ -25,6 +25,7 @@
 
 #include "base/params.h"
 #include "runtime/engine/engine.h"
+#include "runtime/negotiate/fusion.h"
 #include "../runner.h"
 
 #define MS 1000000ull

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "runtime/negotiate/fusion.h"
 #include "runtime/negotiate/negotiate.h"
 #include "base/table.h"
 #include "runtime/observe/verify.h"
