@@ -68,7 +68,7 @@ struct hora_request {
   size_t *v_send;   /* alltoall: [size] elements for each rank (owned) */
   size_t *v_recv;   /* [size] the caller's receive counts (owned), or NULL: v_result */
   struct hora_received *v_result; /* the _alloc forms': filled before `done` */
-  bool group_held; /* submitted in a group that has not ended (group.c) */
+  bool group_held; /* submitted in a group that has not ended (api/group.c) */
   /* Results, written by the coordinator before `done`. */
   int status;
   char *error; /* message when status != 0 */
@@ -126,7 +126,7 @@ struct hora__runtime {
   atomic_flag fatal_claimed;
   struct hora__fate *fate; /* the same, for stream-ordered requests */
 
-  /* Coordinator-thread state (engine.h). */
+  /* Coordinator-thread state (engine/engine.h). */
   struct hora__engine *engine;
 
   /* Counters for hora_get_stats: written by the coordinator, read by anyone. */
@@ -179,7 +179,7 @@ void hora__request_account_stages(struct hora__runtime *rt, const struct hora_re
 int hora__request_wait(struct hora__runtime *rt, hora_request **req);
 
 /* api/api.c: the collectives, with an optional caller's stream (a
- * cudaStream_t; NULL for none), for api_cuda.c. */
+ * cudaStream_t; NULL for none), for api/api_cuda.c. */
 int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
                            hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
                            void *stream, hora_request **req);
@@ -225,7 +225,7 @@ struct hora__runtime *hora__api_running_in(const struct hora_process_set *ps, in
 int hora__api_leave_in(struct hora__runtime *rt, int rc);
 void hora__process_sets_fatal(struct hora__runtime *from, int code, const char *msg);
 void hora__process_sets_add_stats(hora_stats *s);
-/* Adds rt's counters to *s (api.c). */
+/* Adds rt's counters to *s (api/api.c). */
 void hora__stats_add(hora_stats *s, struct hora__runtime *rt);
 void hora__process_sets_finalize(void);
 /* A global rank for messages: rank r of rt's set. */

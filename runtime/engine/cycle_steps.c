@@ -1,7 +1,8 @@
 /* The negotiation cycles' steps (see the top of engine.c): our
  * contribution, the partners' steps sent and folded in, and the end of a
  * cycle, which schedules the cached responses and applies rank 0's
- * frames. The inbox and the partners, tested alone, are in cycle.c. */
+ * frames. The inbox and the partners, tested alone, are in
+ * negotiate/cycle.c. */
 #include <stdio.h>
 #include <stdlib.h>
 

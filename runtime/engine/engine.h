@@ -16,7 +16,7 @@
 #include "runtime/negotiate/negotiate.h"
 #include "runtime/runtime.h"
 
-/* Cycle steps on the wire (cycle.h). */
+/* Cycle steps on the wire (negotiate/cycle.h). */
 #define STEP_FOLD_IN HORA_STEP_FOLD_IN
 #define STEP_FOLD_OUT HORA_STEP_FOLD_OUT
 #define STEP_ASK HORA_STEP_ASK

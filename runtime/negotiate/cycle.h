@@ -1,4 +1,4 @@
-/* A partner's step of a negotiation cycle (cycle_steps.c), as it
+/* A partner's step of a negotiation cycle (engine/cycle_steps.c), as it
  * arrives: checked against where this rank stands, then kept until the
  * cycle gets to it. Plain data and no sockets, so that it is unit-tested
  * and fuzzed alone. */

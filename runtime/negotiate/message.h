@@ -53,9 +53,9 @@ struct hora__request_sink {
 int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request_sink *sink);
 
 /* ---- cycles ------------------------------------------------------------------
- * One step of a cycle's allreduce of cache bit vectors (cycle_steps.c): three
- * vectors of nbytes each, ready (AND), submitted (OR) and evict (OR), the
- * count of response frames rank 0 had sent (MAX) and flags (OR). */
+ * One step of a cycle's allreduce of cache bit vectors (engine/cycle_steps.c):
+ * three vectors of nbytes each, ready (AND), submitted (OR) and evict (OR),
+ * the count of response frames rank 0 had sent (MAX) and flags (OR). */
 #define HORA_CYCLE_JOINED 1u /* some rank has a join in flight */
 #define HORA_CYCLE_FLAGS_ALL HORA_CYCLE_JOINED
 
