@@ -41,7 +41,7 @@
     }                                                                                        \
   } while (0)
 
-/* ---- errors (runtime/error.c) ---------------------------------------------
+/* ---- errors (base/error.c) -----------------------------------------------
  * hora__error() records a message for the calling thread and returns `rc`, so
  * a failure reads `return hora__error(HORA_ERR_INVALID_ARG, "...", ...);`.
  * hora__error_errno() appends strerror(errno). */
@@ -55,7 +55,7 @@ void hora__error_clear(void);
 uint64_t hora__now_ns(void); /* CLOCK_MONOTONIC */
 static inline double hora__now_s(void) { return (double)hora__now_ns() * 1e-9; }
 
-/* ---- dtypes (runtime/dtype.c) ------------------------------------------ */
+/* ---- dtypes (base/dtype.c) -------------------------------------------- */
 #define HORA__DTYPE_COUNT (HORA_BOOL + 1) /* tables indexed by dtype have this many rows */
 bool hora__dtype_valid(int dtype);
 bool hora__op_valid(int op);

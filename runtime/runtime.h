@@ -1,10 +1,13 @@
-/* The process-wide runtime: what a user's call goes through.
+/* The process-wide runtime: what a user's call goes through. Every folder
+ * of runtime/ may include this (it is below them all): the structs that the
+ * API's callers and the engine share, and the calls between those layers.
  *
  * Threads and locks. Caller threads validate, enqueue and wait. The one
- * coordinator thread ("hora-coord", engine.c) owns negotiation, the data
- * plane and every connection. They share only what is below "protected by
- * mu"; mu is the only lock here, so there is no lock order to get wrong
- * (the timeline's, in timeline.c, is a leaf: nothing is taken under it). A
+ * coordinator thread ("hora-coord", engine/engine.c) owns negotiation, the
+ * data plane and every connection. They share only what is below
+ * "protected by mu"; mu is the only lock here, so there is no lock order to
+ * get wrong (the timeline's, in observe/timeline.c, is a leaf: nothing is
+ * taken under it). A
  * request's result fields are written by the coordinator before it sets
  * `done` (release) and read by the caller after it sees `done` (acquire). */
 #ifndef HORA_RUNTIME_H
@@ -14,9 +17,8 @@
 #include <stdatomic.h>
 
 #include "comm/comm.h"
-#include "runtime/message.h"
-#include "runtime/negotiate.h"
 #include "base/table.h"
+#include "runtime/operation.h"
 #include "runtime/topology.h"
 
 /* Whether the job has failed, for stream-ordered requests: their results
@@ -66,7 +68,7 @@ struct hora_request {
   size_t *v_send;   /* alltoall: [size] elements for each rank (owned) */
   size_t *v_recv;   /* [size] the caller's receive counts (owned), or NULL: v_result */
   struct hora_received *v_result; /* the _alloc forms': filled before `done` */
-  bool group_held; /* submitted in a group that has not ended (group.c) */
+  bool group_held; /* submitted in a group that has not ended (api/group.c) */
   /* Results, written by the coordinator before `done`. */
   int status;
   char *error; /* message when status != 0 */
@@ -124,7 +126,7 @@ struct hora__runtime {
   atomic_flag fatal_claimed;
   struct hora__fate *fate; /* the same, for stream-ordered requests */
 
-  /* Coordinator-thread state (engine.h). */
+  /* Coordinator-thread state (engine/engine.h). */
   struct hora__engine *engine;
 
   /* Counters for hora_get_stats: written by the coordinator, read by anyone. */
@@ -141,23 +143,28 @@ struct hora__runtime {
 
 
 
-/* Records the first fatal error; later ones are ignored. */
+/* engine/fatal.c: records the first fatal error (later ones are ignored);
+ * the one recorded, with its message set, or HORA_SUCCESS. */
 void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg);
 int hora__runtime_fatal(struct hora__runtime *rt);
+/* The job's fatal error as a stream-ordered request's fate holds it. */
+int hora__request_job_failed(const struct hora_request *r);
+/* Drops a reference to the fate, freeing it with the last. */
+void hora__fate_release(struct hora__fate *f);
 
-/* Completion by the coordinator: call with rt->mu held. Removes the request
- * from the in-flight table and publishes the result. */
+/* engine/submit.c: completion by the coordinator; call with rt->mu held.
+ * Removes the request from the in-flight table and publishes the result. */
 void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
                                    const char *msg);
 
-/* init.c: the running runtime, counted as in use until hora__api_leave
+/* api/init.c: the running runtime, counted as in use until hora__api_leave
  * (which returns rc); NULL, with *rc set, when there is none. */
 struct hora__runtime *hora__api_running(int *rc, const char *call);
 /* The world's runtime, or NULL (not counted: for the fatal path only). */
 struct hora__runtime *hora__world_runtime(void);
 int hora__api_leave(int rc);
 
-/* request.c: a caller's request, from allocation to its result. */
+/* api/request.c: a caller's request, from allocation to its result. */
 struct hora_request *hora__request_new(uint8_t kind);
 void hora__request_free(struct hora_request *r);
 int hora__request_submit(struct hora__runtime *rt, struct hora_request *r, const char *name,
@@ -170,12 +177,9 @@ int hora__request_finish(hora_request **req);
  * only one that ran, with every stamp in order. */
 void hora__request_account_stages(struct hora__runtime *rt, const struct hora_request *r);
 int hora__request_wait(struct hora__runtime *rt, hora_request **req);
-int hora__request_job_failed(const struct hora_request *r);
-/* Drops a reference to the fate, freeing it with the last. */
-void hora__fate_release(struct hora__fate *f);
 
-/* api.c: the collectives, with an optional caller's stream (a
- * cudaStream_t; NULL for none), for api_cuda.c. */
+/* api/api.c: the collectives, with an optional caller's stream (a
+ * cudaStream_t; NULL for none), for api/api_cuda.c. */
 int hora__allreduce_submit(const char *name, const void *sendbuf, void *recvbuf, size_t count,
                            hora_dtype dtype, hora_op op, const hora_allreduce_options *opts,
                            void *stream, hora_request **req);
@@ -189,12 +193,12 @@ int hora__allgather_submit(const char *name, const void *sendbuf, size_t count, 
                            void *recvbuf, const hora_op_options *opts, void *stream,
                            hora_request **req);
 int hora__wait_stream(hora_request **req, void *stream);
-/* group.c: whether r may join the calling thread's open group (an error
+/* api/group.c: whether r may join the calling thread's open group (an error
  * where it may not), and holding it there (false: no group is open). */
 int hora__group_admit(struct hora__runtime *rt, const struct hora_request *r);
 bool hora__group_hold(struct hora__runtime *rt, struct hora_request *r);
 
-/* api.c: what every collective's submission checks, for api_exchange.c. */
+/* api/api.c: what every collective's submission checks, for api_exchange.c. */
 int hora__api_check_common(const char *call, const char *name, size_t count, hora_dtype dtype,
                            hora_request **req, size_t multiplier);
 void hora__api_set_shape(struct hora_request *r, const struct hora__shape *s);
@@ -202,8 +206,8 @@ const hora_process_set *hora__api_options_set(const hora_op_options *opts);
 int hora__api_options_shape(const char *call, const hora_op_options *opts, size_t count,
                             struct hora__shape *shape);
 
-/* init.c: a runtime over `comm` (the world's, or a process set's with its
- * id and members' global ranks), started; and stopping it (collective over
+/* api/init.c: a runtime over `comm` (the world's, or a process set's with
+ * its id and members' global ranks), started; and stopping it (collective over
  * its ranks) before it is released. */
 struct hora__rdv;
 struct hora__rdv_tcp_spec;
@@ -217,10 +221,10 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
 void hora__instance_stop(struct hora__runtime *rt);
 void hora__instance_release(struct hora__runtime *rt);
 
-/* process_set.c: the runtime that runs a collective of opts' set (NULL: the
- * world), counted as in use like hora__api_running (and a set's runtime
- * referenced) until hora__api_leave_in; fatal errors passed on
- * to every set of the process; the sets' counters for hora_get_stats; and
+/* api/process_set.c: the runtime that runs a collective of opts' set
+ * (NULL: the world), counted as in use like hora__api_running (and a set's
+ * runtime referenced) until hora__api_leave_in; fatal errors passed on to
+ * every set of the process; the sets' counters for hora_get_stats; and
  * the sets still alive, destroyed by hora_finalize. */
 struct hora__runtime *hora__api_running_in(const struct hora_process_set *ps, int *rc,
                                            const char *call);
@@ -228,7 +232,7 @@ struct hora__runtime *hora__api_running_in(const struct hora_process_set *ps, in
 int hora__api_leave_in(struct hora__runtime *rt, int rc);
 void hora__process_sets_fatal(struct hora__runtime *from, int code, const char *msg);
 void hora__process_sets_add_stats(hora_stats *s);
-/* Adds rt's counters to *s (api.c). */
+/* Adds rt's counters to *s (api/api.c). */
 void hora__stats_add(hora_stats *s, struct hora__runtime *rt);
 void hora__process_sets_finalize(void);
 /* A global rank for messages: rank r of rt's set. */
@@ -236,16 +240,16 @@ static inline int hora__global_rank(const struct hora__runtime *rt, int r) {
   return rt->global_ranks && r >= 0 && r < rt->size ? rt->global_ranks[r] : r;
 }
 
-/* engine.c */
+/* engine/engine.c */
 int hora__engine_start(struct hora__runtime *rt);
 void hora__engine_join(struct hora__runtime *rt);
 /* Wakes the coordinator if it sleeps; call with rt->mu held. */
 void hora__engine_wake_locked(struct hora__runtime *rt);
-/* A waiting caller runs the engine's steps itself until *done or until_ns
- * (engine.c); false where it may not (device work), and nothing ran. */
+/* engine/drive.c: a waiting caller runs the engine's steps itself until
+ * *done or until_ns; false where it may not (device work), and nothing ran. */
 bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64_t until_ns);
 /* Where waits never spin: the caller runs the engine, sleeping in poll()
- * itself, until *done (drive.c); false where it may not (the engine is
+ * itself, until *done; false where it may not (the engine is
  * busy on another thread, device work), and nothing ran. */
 bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *done);
 

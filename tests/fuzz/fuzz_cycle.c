@@ -12,7 +12,7 @@
  * decoder and exercise the checks behind it. */
 #include <stdlib.h>
 
-#include "runtime/cycle.h"
+#include "runtime/negotiate/cycle.h"
 #include "ctrl_feed.h"
 
 /* The coordinator's view: where this rank stands, and what it has kept. */

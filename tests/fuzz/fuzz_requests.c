@@ -1,5 +1,5 @@
 /* A REQUESTS message from a rank. */
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 
 static int on_request(void *arg, const struct hora__wire_request *r) {
   (void)arg;

@@ -2,8 +2,8 @@
  * already holds a few entries (so slot references resolve sometimes). */
 #include <stdlib.h>
 
-#include "runtime/cache.h"
-#include "runtime/message.h"
+#include "runtime/negotiate/cache.h"
+#include "runtime/negotiate/message.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

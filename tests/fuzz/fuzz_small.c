@@ -1,5 +1,5 @@
 /* The small messages: ABORT and CYCLE. */
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -8,8 +8,8 @@
 #include "comm/comm.h"
 #include "comm/transport/socket.h"
 #include "comm/transport/ib/ib_wire.h"
-#include "runtime/cache.h"
-#include "runtime/message.h"
+#include "runtime/negotiate/cache.h"
+#include "runtime/negotiate/message.h"
 
 static void put(const char *dir, const char *name, const void *p, size_t n) {
   char path[512];

@@ -21,8 +21,9 @@ if ! command -v "$cc" >/dev/null 2>&1; then
 else
   mpi_cflags=$(mpicc --showme:compile 2>/dev/null || mpicc -show 2>/dev/null | sed 's/^[^ ]* //; s/ -l[^ ]*//g; s/ -L[^ ]*//g; s/ -Wl[^ ]*//g')
   sources="base/error.c base/dtype.c base/log.c base/params.c base/wire.c
-           base/table.c runtime/message.c runtime/cache.c comm/transport/handshake.c comm/transport/socket.c comm/transport/ctrl.c
-           comm/transport/ib/ib_wire.c runtime/cycle.c"
+           base/table.c runtime/operation.c runtime/negotiate/message.c runtime/negotiate/cache.c
+           comm/transport/handshake.c comm/transport/socket.c comm/transport/ctrl.c
+           comm/transport/ib/ib_wire.c runtime/negotiate/cycle.c"
   flags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$src/include -I$src -I$builddir $mpi_cflags"
   if ! (cd "$src" && $cc $flags tests/fuzz/make-seeds.c $sources -o "$work/make-seeds" -lcrypto -lm) \
        >"$work/seeds.build" 2>&1 || ! "$work/make-seeds" "$work/corpus" >"$work/seeds.log" 2>&1; then

@@ -24,7 +24,11 @@ LAYERS = [
     "comm/gpu",           # the device backend (NCCL, staging, kernels)
     "comm/bootstrap",     # rendezvous (MPI, tcp, env, slurm) and the connection plan
     "comm/communicator",  # a communicator built from a membership
-    "runtime",            # the engine and the public API
+    "runtime",            # runtime.h (the structs all of the runtime shares), operation.h, topology
+    "runtime/observe",    # timeline, verify: the engine calls them; they call nothing above
+    "runtime/negotiate",  # messages, the cache, cycle partners, the controller, fusion
+    "runtime/engine",     # the coordinator: its loop, control traffic, cycles, execution, stalls, fatal path
+    "runtime/api",        # the entry points, requests, groups, process sets, init
 ]
 MAX_LINES = 820
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

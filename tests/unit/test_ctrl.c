@@ -8,7 +8,7 @@
 
 #include "comm/comm.h"
 #include "comm/transport/socket.h"
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 #include "../runner.h"
 
 struct streamer {

@@ -3,7 +3,7 @@
  * size; refused as a protocol error otherwise. */
 #include <stdlib.h>
 
-#include "runtime/cycle.h"
+#include "runtime/negotiate/cycle.h"
 #include "../runner.h"
 
 static size_t encode(struct hora__wbuf *w, uint64_t cycle, uint8_t step, uint32_t nbytes,

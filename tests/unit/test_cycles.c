@@ -1,8 +1,9 @@
-/* The negotiation cycles as the coordinator runs them (cycle_steps.c and
- * control.c), without MPI. N threads each play one rank's coordinator, with
- * its own runtime, process, communicator, engine and world set, joined by
- * control connections over socketpair()s where the bootstrap makes them
- * (rank 0's star and the cycles' partners, as runtime/init.c plans them).
+/* The negotiation cycles as the coordinator runs them (runtime/engine/:
+ * cycle_steps.c and control_messages.c), without MPI. N threads each play
+ * one rank's coordinator, with its own runtime, process, communicator,
+ * engine and world set, joined by control connections over socketpair()s
+ * where the bootstrap makes them (rank 0's star and the cycles' partners,
+ * as runtime/api/init.c plans them).
  * Each thread runs the coordinator's loop (engine.c's cycle() and
  * set_step()) without the data plane: take the submissions, read the control
  * connections, let rank 0 send its ready responses, advance and end the
@@ -24,7 +25,8 @@
 #include <unistd.h>
 
 #include "base/params.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
+#include "runtime/negotiate/fusion.h"
 #include "../runner.h"
 
 #define MS 1000000ull

@@ -4,8 +4,8 @@
 
 #include "comm/comm.h"
 #include "comm/transport/socket.h"
-#include "runtime/cache.h"
-#include "runtime/message.h"
+#include "runtime/negotiate/cache.h"
+#include "runtime/negotiate/message.h"
 #include "../runner.h"
 
 struct collected {

@@ -3,9 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "runtime/negotiate.h"
+#include "runtime/negotiate/fusion.h"
+#include "runtime/negotiate/negotiate.h"
 #include "base/table.h"
-#include "runtime/verify.h"
+#include "runtime/observe/verify.h"
 #include "../runner.h"
 
 TEST(table_put_get_remove_grow) {

@@ -1,4 +1,4 @@
-#include "runtime/verify.h"
+#include "runtime/observe/verify.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "base/common.h"
-#include "runtime/message.h"
+#include "runtime/operation.h"
 
 /* The engine hands its operation kinds to the data plane as they are. */
 _Static_assert((int)HORA_KIND_ALLREDUCE == (int)HORA_COLL_ALLREDUCE &&
@@ -16,7 +16,7 @@ _Static_assert((int)HORA_KIND_ALLREDUCE == (int)HORA_COLL_ALLREDUCE &&
                    (int)HORA_KIND_REDUCESCATTER == (int)HORA_COLL_REDUCESCATTER &&
                    (int)HORA_KIND_ALLGATHERV == (int)HORA_COLL_ALLGATHERV &&
                    (int)HORA_KIND_ALLTOALL == (int)HORA_COLL_ALLTOALL,
-               "operation kinds of runtime/message.h and comm/coll/collectives.h differ");
+               "operation kinds of runtime/operation.h and comm/coll/collectives.h differ");
 
 /* Fletcher-style sums over four interleaved lanes of 64-bit words: s1 sums
  * the words (any flipped bit changes it), s2 sums the running s1 (words in

@@ -1,7 +1,7 @@
 /* The collectives whose counts differ by rank: allgatherv and alltoall,
  * with the caller's receive counts or with the result allocated. Their
  * counts travel in the request itself, not in its meta: the ranks
- * exchange them when the operation runs (runtime/exchange.c). */
+ * exchange them when the operation runs (runtime/engine/execute_exchange.c). */
 #include <stdlib.h>
 
 #include "runtime/runtime.h"

@@ -1,12 +1,13 @@
 /* The controller's state (rank 0's negotiation), shared by negotiate.c
- * (matching requests, deciding, reporting stalls) and negotiate_groups.c
- * (grouped operations); private to those two. */
+ * (matching requests, deciding, reporting stalls), negotiate_groups.c
+ * (grouped operations) and fusion.c (when ready responses go); private to
+ * those three. */
 #ifndef HORA_CONTROLLER_H
 #define HORA_CONTROLLER_H
 
 #include "base/table.h"
-#include "runtime/message.h"
-#include "runtime/negotiate.h"
+#include "runtime/negotiate/message.h"
+#include "runtime/negotiate/negotiate.h"
 
 /* Distinct requests for one key, each with the lowest rank that made it:
  * enough to name a disagreement the same way whatever order ranks came in. */

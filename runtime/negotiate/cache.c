@@ -1,5 +1,5 @@
 /* The response cache: fixed slots, LRU eviction, identical on every rank. */
-#include "runtime/cache.h"
+#include "runtime/negotiate/cache.h"
 
 #include <stdlib.h>
 

@@ -6,7 +6,7 @@
 
 #include "base/log.h"
 #include "base/params.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 /* Cached requests waiting half the stall time are emptied from the cache
  * everywhere: they go to rank 0 in full, and its stall inspector names the

@@ -1,7 +1,7 @@
 /* The response cache: operations that ran before, by key, in slots that
  * every rank assigns identically. Every rank applies the same sequence of
- * updates, at the end of each cycle (cycle_steps.c), so slot s holds the
- * same key everywhere between cycles.
+ * updates, at the end of each cycle (engine/cycle_steps.c), so slot s
+ * holds the same key everywhere between cycles.
  *
  * A rank then announces a cached operation as one bit (its slot) of the
  * cycle's bit vectors instead of sending the full request to rank 0. The
@@ -9,7 +9,7 @@
 #ifndef HORA_CACHE_H
 #define HORA_CACHE_H
 
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 #include "base/table.h"
 
 struct hora__cache_entry {

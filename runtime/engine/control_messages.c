@@ -14,7 +14,8 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/shm/shm.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
+#include "runtime/negotiate/fusion.h"
 
 /* ---- control input ---------------------------------------------------------- */
 
@@ -347,7 +348,7 @@ void hora__engine_log_refusals(struct hora__engine *e, bool flush) {
 }
 
 /* Rank 0: sends the ready responses, as one frame, when the fusion policy
- * says so; every rank (rank 0 too) applies it at the end of the cycle
+ * (negotiate/fusion.c) says so; every rank (rank 0 too) applies it at the end of the cycle
  * that counts it. */
 int hora__engine_distribute(struct hora__set *set) {
   hora__comm *c = set->comm;

@@ -6,7 +6,7 @@
 #ifndef HORA_NEGOTIATE_H
 #define HORA_NEGOTIATE_H
 
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 
 struct hora__controller;
 
@@ -20,21 +20,11 @@ int hora__controller_submit(struct hora__controller *c, int rank,
 
 /* Moves the responses that are ready, in order, onto the queue *tail,
  * fusing compatible allreduces (and broadcasts) into responses of up to
- * `fusion_threshold` bytes (0: no fusion). */
+ * `fusion_threshold` bytes (0: no fusion; fusion.h says which fuse, and
+ * when the ready ones should go). */
 int hora__controller_take(struct hora__controller *c, struct hora__response ***tail,
                           int64_t fusion_threshold);
 bool hora__controller_has_ready(const struct hora__controller *c);
-
-/* Fuses the responses of the list head..*tail in place, as take does. */
-int hora__responses_fuse(struct hora__response *head, struct hora__response ***tail,
-                         int64_t fusion_threshold);
-
-/* Whether the ready responses should go out now: yes when nothing else is
- * half-submitted, when they fill the fusion buffer, when one of them is not
- * a fusable collective, or when the oldest has waited `cycle_ns`. When not,
- * *wake_ns says when to ask again. */
-bool hora__controller_should_send(const struct hora__controller *c, uint64_t now_ns,
-                                  uint64_t cycle_ns, uint64_t fusion_threshold, uint64_t *wake_ns);
 
 /* Number of operations some but not all ranks have submitted. */
 size_t hora__controller_pending(const struct hora__controller *c);

@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "runtime/controller.h"
-#include "runtime/timeline.h"
+#include "runtime/negotiate/controller_state.h"
+#include "runtime/observe/timeline.h"
 
 struct group *hora__ctl_group_find(struct hora__controller *c, uint64_t fp) {
   for (struct group *g = c->groups; g; g = g->next) {

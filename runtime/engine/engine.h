@@ -1,19 +1,22 @@
 /* The coordinator thread's state and the calls between the files it is
- * made of: engine.c (the loop, start and stop, fatal errors), control.c
- * (control connections), submit.c (taking and completing requests),
- * execute.c (running a response), cycle_steps.c (the negotiation cycles)
- * and stall.c (stall reports). Private to them: how negotiation works is
- * at the top of engine.c. */
+ * made of: engine.c (the loop, start and stop), drive.c (callers driving
+ * it), control_messages.c (control connections), submit.c (taking and
+ * completing requests), execute.c and execute_exchange.c (running a
+ * response), cycle_steps.c (the negotiation cycles), stall.c (stall
+ * reports) and fatal.c (the fatal path). Private to them: how negotiation
+ * works is at the top of engine.c. */
 #ifndef HORA_ENGINE_H
 #define HORA_ENGINE_H
 
 #include <poll.h>
 
-#include "runtime/cache.h"
-#include "runtime/cycle.h"
+#include "runtime/negotiate/cache.h"
+#include "runtime/negotiate/cycle.h"
+#include "runtime/negotiate/message.h"
+#include "runtime/negotiate/negotiate.h"
 #include "runtime/runtime.h"
 
-/* Cycle steps on the wire (cycle.h). */
+/* Cycle steps on the wire (negotiate/cycle.h). */
 #define STEP_FOLD_IN HORA_STEP_FOLD_IN
 #define STEP_FOLD_OUT HORA_STEP_FOLD_OUT
 #define STEP_ASK HORA_STEP_ASK
@@ -105,7 +108,7 @@ struct hora__engine {
   bool abort_from_root; /* the fatal error came in an abort from rank 0 */
   uint64_t frames_in;  /* control frames handled so far */
   bool shutting_down;  /* a SHUTDOWN response is out: peers may close now */
-  /* Strangers refused while idle (control.c), coordinator only: the first
+  /* Strangers refused while idle (control_messages.c), coordinator only: the first
    * is logged, then at most one line per REFUSALS_LOG_NS with the count. */
   struct {
     uint64_t total, unlogged, next_log_ns;
@@ -150,7 +153,7 @@ int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool re
 int hora__engine_set_create(struct hora__engine *e, hora__comm *comm, struct hora__set **out);
 void hora__engine_set_free(struct hora__set *s, bool failed);
 
-/* control.c: control connections in and out */
+/* control_messages.c: control connections in and out */
 int hora__engine_read_ctrl(struct hora__engine *e, hora__ctrl *c);
 int hora__engine_ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type, const void *p,
                            size_t n);
@@ -183,13 +186,20 @@ bool hora__engine_request_matches(const struct hora__response *r, uint32_t i, in
                                   const struct hora_request *q, char *msg, size_t size);
 void hora__engine_phase(void *arg, const char *name);
 
-/* exchange.c: an allgatherv or an alltoall, counts exchanged first */
+/* execute_exchange.c: an allgatherv or an alltoall, counts exchanged first */
 int hora__engine_run_exchange(struct hora__set *set, const struct hora__response *r);
 
 /* cycle_steps.c: the negotiation cycles */
 int hora__engine_lost_partner(struct hora__engine *e, int peer);
 int hora__engine_cycle_advance(struct hora__set *set, bool *progressed);
 int hora__engine_cycle_end(struct hora__set *set, bool *progressed);
+
+/* fatal.c: the end of the coordinator's loop with rc. A fatal error
+ * (rc != 0) is recorded, logged and told to the job and the process's
+ * other sets (unless contained); then every request still in flight fails,
+ * with it or, after a normal stop, with HORA_ERR_ABORTED; after an error
+ * the device data plane is aborted. */
+void hora__engine_fail_all(struct hora__engine *e, int rc);
 
 /* stall.c: stall reports */
 void hora__engine_scan_waiting(struct hora__set *set);

@@ -1,6 +1,6 @@
 /* The public API: the entry points and their argument checks. Caller
  * threads only validate, enqueue and wait; the coordinator thread
- * (engine.c) does the rest. Requests are made, submitted and waited for
+ * (engine/engine.c) does the rest. Requests are made, submitted and waited for
  * in request.c; init.c starts and stops the runtime. */
 #include <math.h>
 #include <stdio.h>
@@ -14,7 +14,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "runtime/runtime.h"
-#include "runtime/timeline.h"
+#include "runtime/observe/timeline.h"
 
 /* ---- wait and test -------------------------------------------------------------- */
 
@@ -686,7 +686,7 @@ HORA_EXTERN int hora_join_ex(const hora_op_options *opts, int *last_joined_rank)
 HORA_EXTERN int hora_join(int *last_joined_rank) { return hora_join_ex(NULL, last_joined_rank); }
 
 /* Only rank 0 writes the timeline; the coordinator keeps writing events
- * while the file is swapped (timeline.c locks). */
+ * while the file is swapped (observe/timeline.c locks). */
 HORA_EXTERN int hora_start_timeline(const char *path, int mark_cycles) {
   hora__error_clear();
   if (!path || !path[0]) {

@@ -5,7 +5,7 @@
  * The coordinator writes the events; hora_start_timeline/stop_timeline
  * swap the file from callers' threads. `mu` guards `installed` and all in
  * it; it is a leaf lock: nothing else is taken under it. */
-#include "runtime/timeline.h"
+#include "runtime/observe/timeline.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "runtime/message.h"
+#include "runtime/operation.h"
 #include "base/table.h"
 #include "base/wire.h"
 

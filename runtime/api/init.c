@@ -16,9 +16,9 @@
 #include "base/log.h"
 #include "base/mpi_error.h"
 #include "base/params.h"
-#include "runtime/cycle.h"
+#include "runtime/negotiate/cycle.h"
 #include "runtime/runtime.h"
-#include "runtime/timeline.h"
+#include "runtime/observe/timeline.h"
 #include "hora_mpi.h"
 
 /* The running runtime, or NULL. Published after it is fully set up. */

@@ -9,9 +9,9 @@
 #include "comm/gpu/gpu.h"
 #include "base/log.h"
 #include "base/params.h"
-#include "runtime/engine.h"
-#include "runtime/timeline.h"
-#include "runtime/verify.h"
+#include "runtime/engine/engine.h"
+#include "runtime/observe/timeline.h"
+#include "runtime/observe/verify.h"
 
 /* ---- execution -------------------------------------------------------------- */
 

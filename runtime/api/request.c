@@ -1,8 +1,8 @@
 /* A caller's request from allocation to its result: naming and submission
- * (the queue and the in-flight table), completion by the coordinator, the
- * waits (a short spin, then the condition variable; a stream-ordered
- * request's results polled on the GPU), and the job's fate, which such
- * requests keep after hora_finalize. */
+ * (the queue and the in-flight table), and the waits (a short spin, then
+ * the condition variable; a stream-ordered request's results polled on the
+ * GPU). The coordinator completes it (engine/submit.c); the job's fate,
+ * which such requests keep after hora_finalize, is in engine/fatal.c. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -12,43 +12,6 @@
 #include "comm/gpu/gpu.h"
 #include "base/log.h"
 #include "runtime/runtime.h"
-
-void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg) {
-  if (atomic_flag_test_and_set(&rt->fatal_claimed)) {
-    return;
-  }
-  hora__strlcpy(rt->fatal_msg, msg && msg[0] ? msg : hora_strerror(code), sizeof(rt->fatal_msg));
-  if (rt->fate) {
-    hora__strlcpy(rt->fate->msg, rt->fatal_msg, sizeof(rt->fate->msg));
-    atomic_store_explicit(&rt->fate->code, code, memory_order_release);
-  }
-  atomic_store_explicit(&rt->fatal_code, code, memory_order_release);
-}
-
-void hora__fate_release(struct hora__fate *f) {
-  if (f && atomic_fetch_sub(&f->refs, 1) == 1) {
-    free(f);
-  }
-}
-
-int hora__runtime_fatal(struct hora__runtime *rt) {
-  int code = atomic_load_explicit(&rt->fatal_code, memory_order_acquire);
-  if (code != HORA_SUCCESS) {
-    hora__error_set_message(rt->fatal_msg);
-  }
-  return code;
-}
-
-void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
-                                   const char *msg) {
-  hora__table_remove(&rt->inflight, req->key, req->key_len);
-  req->status = status;
-  if (status != HORA_SUCCESS) {
-    req->error = strdup(msg && msg[0] ? msg : hora_strerror(status));
-  }
-  req->done_ns = hora__now_ns();
-  atomic_store_explicit(&req->done, 1, memory_order_release);
-}
 
 /* ---- requests -------------------------------------------------------------------- */
 
@@ -211,15 +174,6 @@ fail:
   pthread_mutex_unlock(&rt->mu);
   hora__request_free(r);
   return rc;
-}
-
-/* The job's fatal error, once it has failed (and then sets the message). */
-int hora__request_job_failed(const struct hora_request *r) {
-  int code = atomic_load_explicit(&r->fate->code, memory_order_acquire);
-  if (code != HORA_SUCCESS) {
-    hora__error_set_message(r->fate->msg);
-  }
-  return code;
 }
 
 /* A stream-ordered request's results on the GPU. The host polls, sleeping

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "comm/shm/shm.h"
-#include "runtime/engine.h"
-#include "runtime/timeline.h"
+#include "runtime/engine/engine.h"
+#include "runtime/observe/timeline.h"
 
 /* Under mu: once the caller has let go of the engine, hora__instance_stop
  * may close the eventfd (the descriptor number is then another file's). */

@@ -3,7 +3,7 @@
  * finding, completing and failing them by key once responses come. */
 #include <stdlib.h>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 /* ---- submissions ------------------------------------------------------------ */
 
@@ -139,6 +139,17 @@ struct hora_request *hora__engine_lookup(struct hora__engine *e,
   struct hora_request *r = hora__table_get(&e->rt->inflight, t->key, t->key_len);
   pthread_mutex_unlock(&e->rt->mu);
   return r && r->taken ? r : NULL;
+}
+
+void hora__request_complete_locked(struct hora__runtime *rt, struct hora_request *req, int status,
+                                   const char *msg) {
+  hora__table_remove(&rt->inflight, req->key, req->key_len);
+  req->status = status;
+  if (status != HORA_SUCCESS) {
+    req->error = strdup(msg && msg[0] ? msg : hora_strerror(status));
+  }
+  req->done_ns = hora__now_ns();
+  atomic_store_explicit(&req->done, 1, memory_order_release);
 }
 
 void hora__engine_complete(struct hora__engine *e, struct hora_request **reqs, size_t n, int status,

@@ -4,7 +4,7 @@
  * group's fingerprint (of its members' names) and size; rank 0 lets none of
  * them run until every one is ready on every rank, then sends them together
  * (fused where they fit), and a member that fails makes the whole group
- * fail on every rank (runtime/negotiate.c). */
+ * fail on every rank (runtime/negotiate/negotiate_groups.c). */
 #include <stdlib.h>
 
 #include "runtime/runtime.h"

@@ -1,15 +1,17 @@
 /* The negotiation cycles' steps (see the top of engine.c): our
  * contribution, the partners' steps sent and folded in, and the end of a
  * cycle, which schedules the cached responses and applies rank 0's
- * frames. The inbox and the partners, tested alone, are in cycle.c. */
+ * frames. The inbox and the partners, tested alone, are in
+ * negotiate/cycle.c. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/shm/shm.h"
-#include "runtime/engine.h"
-#include "runtime/timeline.h"
+#include "runtime/engine/engine.h"
+#include "runtime/negotiate/fusion.h"
+#include "runtime/observe/timeline.h"
 
 /* ---- cycles ------------------------------------------------------------------ */
 

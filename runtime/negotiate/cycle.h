@@ -1,11 +1,11 @@
-/* A partner's step of a negotiation cycle (cycle_steps.c), as it
+/* A partner's step of a negotiation cycle (engine/cycle_steps.c), as it
  * arrives: checked against where this rank stands, then kept until the
  * cycle gets to it. Plain data and no sockets, so that it is unit-tested
  * and fuzzed alone. */
 #ifndef HORA_CYCLE_H
 #define HORA_CYCLE_H
 
-#include "runtime/message.h"
+#include "runtime/negotiate/message.h"
 
 /* The partners of the cycles' allreduce of cache bit vectors (cycle.c),
  * by recursive doubling: with p2 the largest power of two <= size, rank

@@ -1,5 +1,5 @@
 /* A partner's step of a negotiation cycle: see cycle.h. */
-#include "runtime/cycle.h"
+#include "runtime/negotiate/cycle.h"
 
 #include <stdlib.h>
 

@@ -14,9 +14,9 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/coll/collectives.h"
-#include "runtime/engine.h"
-#include "runtime/timeline.h"
-#include "runtime/verify.h"
+#include "runtime/engine/engine.h"
+#include "runtime/observe/timeline.h"
+#include "runtime/observe/verify.h"
 
 static uint64_t counts_fingerprint(const uint64_t *v, size_t stride, int n) {
   uint64_t h = 0xcbf29ce484222325ull;
