@@ -75,6 +75,42 @@ NP=6 run 2x3-hierarchical "$work/hosts23" test_adasum HORA_HIERARCHICAL_ADASUM=1
 # (hierarchical vs shared-memory allreduce), and one epoch of SGD amplifies
 # that: a few tenths of a point apart is the same accuracy. Training under
 # a sanitizer takes too long; the plain build runs it.
+# Without MPI: each rank started in its fake host's namespace by hand, the
+# job meeting at rank 0's rendezvous on 10.77.0.1 (hora's own variables,
+# or torchrun's), 2 hosts x 2 ranks.
+run_nompi() { # mode program
+  mode=$1 prog=$2
+  port=$((20000 + $$ % 10000))
+  dir="$work/testdir-$mode"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  pids=""
+  for r in 0 1 2 3; do
+    if [ "$mode" = tcp ]; then
+      vars="HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS=10.77.0.1:$port HORA_RANK=$r HORA_SIZE=4"
+    else
+      vars="MASTER_ADDR=10.77.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 GROUP_RANK=$((r / 2))"
+    fi
+    timeout -k 10 300 "$netns/netns-rsh.sh" "$NETNS_PREFIX$((r / 2))" \
+      "env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK HORA_TEST_DIR=$dir HORA_SECRET=netns-$$ $vars $builddir/tests/mpi/$prog" \
+      </dev/null >"$work/out$r" 2>"$work/err$r" &
+    pids="$pids $!"
+  done
+  rc=0
+  for p in $pids; do
+    wait "$p" || rc=1
+  done
+  sed -n -E "s#^(PASS|FAIL|SKIP) #\\1 netns-2x2-$mode/#p" "$work/out0"
+  if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$work/out0"; then
+    echo "FAIL netns-2x2-$mode/$prog: a rank exited with an error"
+  fi
+  if [ $rc -ne 0 ]; then
+    tail -n 10 "$work/err0" "$work/err1" "$work/err2" "$work/err3"
+  fi
+}
+run_nompi tcp test_collectives
+run_nompi env test_collectives
+
 . "$builddir/tests/config.sh"
 if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
   echo "SKIP netns-2x2/train_same_accuracy: sanitizer build (the plain build runs it)"

@@ -40,7 +40,8 @@ finish() {
 
 if [ "$(id -u)" -ne 0 ] || [ -z "$slurm_local" ]; then
   why="needs root and ../shared/slurm-local (set HORA_SHARED_DIR)"
-  for t in srun_direct_np4 srun_direct_np16 sbatch_mpirun_np4 srun_info_line srun_train sbatch_train \
+  for t in srun_direct_np4 srun_direct_np16 srun_without_mpi_np4 srun_without_mpi_collectives_np4 \
+           srun_without_mpi_python_np2 sbatch_mpirun_np4 srun_info_line srun_train sbatch_train \
            srun_peer_loss_exit srun_peer_loss_kill srun_peer_loss_segv; do
     result "SKIP slurm/$t: $why"
   done
@@ -71,6 +72,42 @@ for np in 4 16; do
     tail -n 20 "$work/out"
   fi
 done
+
+# Without MPI: srun starts the tasks and nothing else (--mpi=none); hora
+# meets them at a rendezvous on the step's first node, from Slurm's
+# variables, and the program never calls MPI.
+if timeout 300 srun -O -n 4 --mpi=none "$builddir/tests/launch/init_probe" >"$work/out" 2>&1 &&
+   [ "$(grep -c '^init ok: rank [0-3] of 4 via slurm, sum 4' "$work/out")" = 4 ]; then
+  result "PASS slurm/srun_without_mpi_np4"
+else
+  result "FAIL slurm/srun_without_mpi_np4"
+  tail -n 20 "$work/out"
+fi
+mkdir -p "$work/testdir"
+if HORA_TEST_DIR="$work/testdir" timeout 300 srun -O -n 4 --mpi=none \
+     "$builddir/tests/mpi/test_collectives" >"$work/out" 2>&1 &&
+   grep -q "^PASS collectives/ranks_match_launcher" "$work/out" && ! grep -q "^FAIL" "$work/out"; then
+  result "PASS slurm/srun_without_mpi_collectives_np4 ($(grep -c '^PASS' "$work/out") checks)"
+else
+  result "FAIL slurm/srun_without_mpi_collectives_np4"
+  grep -v "^PASS" "$work/out" | tail -n 20
+fi
+py=${HORA_TEST_PYTHON:-/usr/bin/python3}
+if ! "$py" -c 'import torch' >/dev/null 2>&1 || { [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; }; then
+  result "SKIP slurm/srun_without_mpi_python_np2: no torch for $py, or a sanitizer build"
+elif HORA_LIBRARY="$builddir/.libs/libhora.so.0" PYTHONPATH="$srcdir/python" timeout 300 \
+       srun -O -n 2 --mpi=none "$py" -c '
+import torch, hora.torch as hvd
+hvd.init()
+t = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+print("python ok: rank %d of %d, mpi_enabled %s, sum %g" % (hvd.rank(), hvd.size(), hvd.mpi_enabled(), t.item()))
+' >"$work/out" 2>&1 &&
+   [ "$(grep -c '^python ok: rank [01] of 2, mpi_enabled False, sum 3$' "$work/out")" = 2 ]; then
+  result "PASS slurm/srun_without_mpi_python_np2"
+else
+  result "FAIL slurm/srun_without_mpi_python_np2"
+  tail -n 20 "$work/out"
+fi
 
 cat >"$work/job.sh" <<JOB
 #!/bin/sh
