@@ -22,7 +22,7 @@
 set -u
 export LC_ALL=C
 srcdir=$(cd "$(dirname "$0")/.." && pwd)
-build=$srcdir reps=5 nps= only=mpi,tcp,gloo raw= tmo=300 use_netns=0
+build=$srcdir reps=5 nps='' only=mpi,tcp,gloo raw='' tmo=300 use_netns=0
 while [ $# -gt 0 ]; do
   case $1 in
     --netns) use_netns=1 ;;
@@ -54,9 +54,9 @@ fi
 unset HORA_BOOTSTRAP HORA_RENDEZVOUS HORA_RANK HORA_SIZE HORA_SECRET HORA_SECRET_FILE \
   MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
 export OMPI_MCA_mpi_yield_when_idle=1 HWLOC_COMPONENTS=-pci,-linuxio
-flags="--oversubscribe --bind-to none"
+flags=(--oversubscribe --bind-to none)
 if [ "$(id -u)" -eq 0 ]; then
-  flags="$flags --allow-run-as-root"
+  flags+=(--allow-run-as-root)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
@@ -127,7 +127,7 @@ launch() { # method np
       x+=(-x HORA_IFACE=eth0)
     fi
     t0=$EPOCHREALTIME
-    timeout -k 5 "$tmo" "${run[@]}" $flags -np "$n" "${x[@]}" "$prog" </dev/null \
+    timeout -k 5 "$tmo" "${run[@]}" "${flags[@]}" -np "$n" "${x[@]}" "$prog" </dev/null \
       >"$work/out" 2>"$work/err"
     t1=$EPOCHREALTIME
     return
@@ -200,7 +200,7 @@ done
 for n in $nps; do
   for ((rep = 1; rep <= reps; rep++)); do
     order=$methods
-    [ $((rep % 2)) -eq 0 ] && order=$(echo $methods | tr ' ' '\n' | tac | tr '\n' ' ')
+    [ $((rep % 2)) -eq 0 ] && order=$(printf '%s\n' $methods | tac | tr '\n' ' ')
     for m in $order; do measure "$m" "$n" "$rep"; done
   done
   echo "# np=$n done" >&2
@@ -229,7 +229,7 @@ table() { # column title
     printf '\n'
   done
 }
-echo "# hora start-up, seconds, medians of $reps launches; $([ -n "$netns" ] && echo "$nhosts fake hosts (netns)" || echo "one host"); $(date '+%b %-d %H:%M'); commit $(git -C "$srcdir" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "# hora start-up, seconds, medians of $reps launches; $([ -n "$netns" ] && echo "$nhosts fake hosts (netns)" || echo "one host"); $(date '+%b %-d %H:%M'); commit $(git -C "$srcdir" rev-parse --short HEAD 2>/dev/null || echo '?')$([ "$build" != "$srcdir" ] && echo ", build $build")"
 table 4 "process start -> first allreduce completed, max over ranks (gloo: from the end of 'import torch', which is shown apart)"
 table 5 "last rank's start -> last rank's first allreduce (no launch skew; gloo: from the last rank's end of 'import torch')"
 table 6 "launcher: fork -> first allreduce completed on every rank (gloo: import included)"
