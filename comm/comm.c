@@ -106,13 +106,6 @@ void hora__comm_destroy(hora__comm *c) {
   hora__comm_deregister(c, &c->scratch_reg);
   hora__comm_deregister(c, &c->reduced_reg);
   hora__comm_deregister(c, &c->proc->shm_reg);
-  if (c->proc->mpi != MPI_COMM_NULL) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) {
-      MPI_Comm_free(&c->proc->mpi);
-    }
-  }
   OPENSSL_cleanse(c->proc->secret, sizeof(c->proc->secret));
   OPENSSL_cleanse(c->proc->job_secret, sizeof(c->proc->job_secret));
   hora__peer_maps_free(c->proc->peer_maps, c->local_size);

@@ -11,7 +11,6 @@
 #ifndef HORA_COMM_H
 #define HORA_COMM_H
 
-#include <mpi.h>
 #include <netinet/in.h>
 
 #include "base/common.h"
@@ -42,9 +41,6 @@ struct hora__proc {
   uint8_t job_secret[HORA_SECRET_LEN];
   uint64_t epoch;  /* the membership this communicator was built for */
   char job_id[17]; /* 8 random bytes in hex, drawn apart from the secret: names sockets */
-  /* The MPI communicator of an MPI start-up (hora_process_set_from_mpi_comm
-   * translates ranks with it), else MPI_COMM_NULL. */
-  MPI_Comm mpi;
 
   int tcp_listen_fd;
   int unix_listen_fd;

@@ -65,6 +65,7 @@ int main(int argc, char **argv) {
   }
   if (argc == 1) {
     printf("hora %s\n", hora_version());
+    printf("  MPI:   %s\n", HORA_HAVE_MPI ? "yes" : "no (configure --without-mpi)");
     printf("  CUDA:  %s\n", HORA_HAVE_CUDA ? "yes" : "no");
     printf("  NCCL:  %s\n", HORA_HAVE_NCCL ? "yes" : "no");
     printf("  verbs: %s\n", HORA_HAVE_VERBS ? "yes" : "no");

@@ -216,6 +216,9 @@ struct hora__rdv_tcp_spec;
  * tcp rendezvous forms, with a new epoch: a communicator built again within
  * the process. NULL spec: this process leaves. */
 int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec);
+/* hora_init, and hora_init_comm (api/api_mpi.c) with mpi_comm pointing to
+ * its MPI_Comm: starts the world unless it runs. */
+int hora__init(const void *mpi_comm);
 int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ranks,
                          struct hora__runtime **out);
 void hora__instance_stop(struct hora__runtime *rt);
@@ -235,10 +238,33 @@ void hora__process_sets_add_stats(hora_stats *s);
 /* Adds rt's counters to *s (api/api.c). */
 void hora__stats_add(hora_stats *s, struct hora__runtime *rt);
 void hora__process_sets_finalize(void);
+/* hora_process_set_from_mpi_comm's agreement (collective over the world):
+ * `find` (api/api_mpi.c: the ranks of an MPI communicator) gives this
+ * rank's members, in any order, or none (NULL, 0) where it is in no set. */
+typedef int (*hora__set_members_fn)(const char *call, const void *arg, int **members, int *n);
+int hora__process_set_from_members(const char *call, hora__set_members_fn find, const void *arg,
+                                   hora_process_set **out);
 /* A global rank for messages: rank r of rt's set. */
 static inline int hora__global_rank(const struct hora__runtime *rt, int r) {
   return rt->global_ranks && r >= 0 && r < rt->size ? rt->global_ranks[r] : r;
 }
+
+/* api/api_mpi.c, in a build with MPI only (HORA_HAVE_MPI): MPI's share of
+ * the world's life. The world started through MPI keeps the mpi
+ * rendezvous' communicator (hora_process_set_from_mpi_comm translates
+ * ranks with it) until it ends. */
+/* MPI is initialised and not finalized; and whether it was finalized. */
+void hora__mpi_state(bool *running, bool *finalized);
+/* MPI_Init_thread, asking for MPI_THREAD_MULTIPLE. */
+int hora__mpi_start(void);
+/* The mpi rendezvous over *mpi_comm (an MPI_Comm; NULL: MPI_COMM_WORLD),
+ * whose communicator becomes the world's. */
+int hora__mpi_open(const void *mpi_comm, struct hora__rdv **out);
+/* The world is over: its communicator is freed, and MPI finalized when
+ * `finalize`. */
+void hora__mpi_world_end(bool finalize);
+/* MPI runs with MPI_THREAD_MULTIPLE. */
+int hora__mpi_threads_multiple(void);
 
 /* engine/engine.c */
 int hora__engine_start(struct hora__runtime *rt);

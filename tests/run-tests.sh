@@ -124,10 +124,18 @@ elif sanitizer_report "$work/unit"; then
   grep -A5 -E 'runtime error:|Sanitizer' "$work/unit" | head -n 30
 fi
 
-section "multi-rank tests ($MPIEXEC, $MPI_FLAVOR)"
+section "multi-rank tests (${MPIEXEC:-no MPI}, $MPI_FLAVOR)"
 runs="$work/runs"
 : >"$runs"
-grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
+# A build without MPI (configure --without-mpi) has no launcher for them
+# and no tests/mpi programs; the sections that need MPI say so once each.
+testlist=$srcdir/tests/mpi/testlist
+without_mpi=no
+if [ "${HAVE_MPI:-yes}" = no ]; then
+  without_mpi=yes testlist=/dev/null
+  echo "SKIP multi-rank: libhora built without MPI (configure --without-mpi)" | tee -a "$results"
+fi
+grep -v '^#' "$testlist" | while read -r prog rest; do
   [ -n "$prog" ] || continue
   if [ -n "${HORA_TEST_ONLY:-}" ] && ! echo "$prog" | grep -Eq "$HORA_TEST_ONLY"; then
     continue
@@ -153,7 +161,7 @@ grep -v '^#' "$srcdir/tests/mpi/testlist" | while read -r prog rest; do
   done
 done
 # Every line of the list must have run (a launcher reading stdin once ate it).
-expected=$(grep -v '^#' "$srcdir/tests/mpi/testlist" | awk -v only="${HORA_TEST_ONLY:-}" \
+expected=$(grep -v '^#' "$testlist" | awk -v only="${HORA_TEST_ONLY:-}" \
   -v nps=" ${HORA_TEST_NPS:-} " -v once="${HORA_TEST_VARIANTS_ONCE:-0}" '
   NF && (only == "" || $1 ~ only) {
     m = 0
@@ -178,6 +186,8 @@ run_launch() { # name mode np command...
   if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
     return
   fi
+  # Without MPI there are no tests/mpi programs (the section said so).
+  [ $without_mpi = yes ] && [ ! -x "$1" ] && return
   out="$work/out" err="$work/err"
   asan=$asan_leaks
   [ "$np" -gt 4 ] && asan=$asan_no_leaks
@@ -202,6 +212,8 @@ run_launch() { # name mode np command...
 }
 
 section "bootstraps: jobs started without MPI (tests/launch/launch.sh)"
+[ $without_mpi = yes ] &&
+  echo "SKIP bootstrap-tcp,env/tests/mpi: not built without MPI (their harness calls MPI)" | tee -a "$results"
 # A few fast programs only: the rest of the suite covers the collectives
 # under mpirun, and the bootstraps differ only in how the job starts.
 py=${HORA_TEST_PYTHON:-/usr/bin/python3}
@@ -234,7 +246,12 @@ if [ -z "${HORA_TEST_ONLY:-}" ] || echo "startup" | grep -Eq "$HORA_TEST_ONLY"; 
   timeout 300 "$builddir/tests/launch/test_rebuild" 2>&1 | tally ""
 fi
 
-if [ -z "${HORA_TEST_ONLY:-}" ]; then
+if [ -z "${HORA_TEST_ONLY:-}" ] && [ $without_mpi = yes ]; then
+  section "the sections that need MPI"
+  for s in settings faults rdma netns timeline python trainer examples install; do
+    echo "SKIP $s: libhora built without MPI (configure --without-mpi)" | tee -a "$results"
+  done
+elif [ -z "${HORA_TEST_ONLY:-}" ]; then
   section "launch without a launcher, and bad settings"
   # A plain process: no mpirun, no launcher variables at all.
   env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK -u SLURM_PROCID timeout 120 \
@@ -505,7 +522,9 @@ hvd.shutdown()') >"$work/out" 2>&1 &&
     echo "FAIL np=2 install/python_package_finds_its_libhora" | tee -a "$results"
     tail -n 20 "$work/pyinstall.log" "$work/out" 2>/dev/null
   fi
+fi
 
+if [ -z "${HORA_TEST_ONLY:-}" ]; then
   section "layout"
   /usr/bin/python3 "$srcdir/tests/layout/check-layout.py" "$srcdir" | tally ""
 

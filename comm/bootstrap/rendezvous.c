@@ -1,6 +1,7 @@
 /* Choosing the rendezvous from the environment, the job secret without
- * MPI, and what every rendezvous offers on top of its allgather. The mpi
- * and single kinds are here; tcp (also env and slurm) is rendezvous_tcp.c. */
+ * MPI, and what every rendezvous offers on top of its allgather. The
+ * single kind is here; tcp (also env and slurm) is rendezvous_tcp.c, mpi
+ * rendezvous_mpi.c (built with MPI only). */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +14,6 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "base/mpi_error.h"
 #include "base/params.h"
 #include "comm/bootstrap/rendezvous.h"
 
@@ -230,6 +230,15 @@ int hora__rdv_choose(bool mpi_running, struct hora__rdv_choice *c) {
     c->size = 1;
     snprintf(c->why, sizeof(c->why), "no launcher's variables are set: one process");
   }
+  if (rc == HORA_SUCCESS && c->kind == HORA_RDV_MPI && !HORA_HAVE_MPI) {
+    /* Running as single processes instead would look like a job of N
+     * independent ranks: each trains alone and nothing says so. */
+    return hora__error(HORA_ERR_NOT_SUPPORTED,
+                       "%s, but this libhora was built without MPI (configure "
+                       "--without-mpi): start the job with torchrun's variables, srun --mpi=none "
+                       "or HORA_RENDEZVOUS",
+                       c->why);
+  }
   if (rc == HORA_SUCCESS && c->kind != HORA_RDV_MPI && c->kind != HORA_RDV_SINGLE) {
     rc = hora__rdv_load_secret(c);
   }
@@ -327,9 +336,8 @@ int hora__rdv_min(struct hora__rdv *r, int mine, int *min) {
 }
 
 int hora__rdv_bcast(struct hora__rdv *r, int root, void *buf, size_t len) {
-  if (r->kind == HORA_RDV_MPI) {
-    int err = MPI_Bcast(buf, (int)len, MPI_BYTE, root, r->mpi);
-    return err == MPI_SUCCESS ? HORA_SUCCESS : hora__mpi_error(err, "MPI_Bcast(bootstrap)");
+  if (r->ops->bcast) {
+    return r->ops->bcast(r, root, buf, len);
   }
   uint8_t *all = hora__calloc((size_t)r->size, len ? len : 1);
   if (!all) {
@@ -362,7 +370,7 @@ static void plain_close(struct hora__rdv *r) {
   free(r);
 }
 
-static const struct hora__rdv_ops single_ops = {single_allgather, plain_close};
+static const struct hora__rdv_ops single_ops = {.allgather = single_allgather, .close = plain_close};
 
 int hora__rdv_open_single(struct hora__rdv **out) {
   struct hora__rdv *r = hora__calloc(1, sizeof(*r));
@@ -373,55 +381,16 @@ int hora__rdv_open_single(struct hora__rdv **out) {
   r->kind = HORA_RDV_SINGLE;
   r->rank = 0;
   r->size = 1;
-  r->mpi = MPI_COMM_NULL;
   *out = r;
   return HORA_SUCCESS;
 }
 
-/* ---- MPI ------------------------------------------------------------------------ */
+/* ---- opening the one chosen ------------------------------------------------------ */
 
-static int mpi_allgather(struct hora__rdv *r, const void *mine, size_t len, void *all) {
-  if (len > INT_MAX) {
-    return hora__error(HORA_ERR_INVALID_ARG, "bootstrap record of %zu bytes", len);
-  }
-  int err = MPI_Allgather(mine, (int)len, MPI_BYTE, all, (int)len, MPI_BYTE, r->mpi);
-  return err == MPI_SUCCESS ? HORA_SUCCESS : hora__mpi_error(err, "MPI_Allgather(bootstrap)");
-}
-
-static void mpi_close(struct hora__rdv *r) {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && r->mpi != MPI_COMM_NULL) {
-    MPI_Comm_free(&r->mpi);
-  }
-  free(r);
-}
-
-static const struct hora__rdv_ops mpi_ops = {mpi_allgather, mpi_close};
-
-int hora__rdv_open_mpi(MPI_Comm comm, struct hora__rdv **out) {
-  struct hora__rdv *r = hora__calloc(1, sizeof(*r));
-  if (!r) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  r->ops = &mpi_ops;
-  r->kind = HORA_RDV_MPI;
-  int err = MPI_Comm_dup(comm, &r->mpi);
-  if (err != MPI_SUCCESS) {
-    free(r);
-    return hora__mpi_error(err, "MPI_Comm_dup");
-  }
-  MPI_Comm_set_errhandler(r->mpi, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(r->mpi, &r->rank);
-  MPI_Comm_size(r->mpi, &r->size);
-  *out = r;
-  return HORA_SUCCESS;
-}
-
-int hora__rdv_open(const struct hora__rdv_choice *c, MPI_Comm comm, double timeout_s,
-                   struct hora__rdv **out) {
+int hora__rdv_open(const struct hora__rdv_choice *c, double timeout_s, struct hora__rdv **out) {
   if (c->kind == HORA_RDV_MPI) {
-    return hora__rdv_open_mpi(comm, out);
+    return hora__error(HORA_ERR_INVALID_USAGE,
+                       "the mpi rendezvous is opened over a communicator (hora__rdv_open_mpi)");
   }
   if (c->kind == HORA_RDV_SINGLE) {
     return hora__rdv_open_single(out);

@@ -14,11 +14,12 @@
  *   single  one process, no peers
  *
  * Process sets use tcp too: the set's lowest member listens, and the world
- * tells every member where. */
+ * tells every member where. The mpi kind is opened through
+ * rendezvous_mpi.h and exists only in a build with MPI; nothing here needs
+ * mpi.h. */
 #ifndef HORA_RENDEZVOUS_H
 #define HORA_RENDEZVOUS_H
 
-#include <mpi.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -43,8 +44,9 @@ struct hora__rdv_choice {
 
 const char *hora__rdv_kind_name(enum hora__rdv_kind kind);
 /* Reads HORA_BOOTSTRAP and the launchers' variables. Fails (naming the
- * variable and its value) on a value that cannot be right; never starts
- * anything. `mpi_running`: the program has MPI initialised already. */
+ * variable and its value) on a value that cannot be right, and in a build
+ * without MPI where the choice is mpi; never starts anything.
+ * `mpi_running`: the program has MPI initialised already. */
 int hora__rdv_choose(bool mpi_running, struct hora__rdv_choice *out);
 /* The job's secret from HORA_SECRET_FILE (owner-only file) or HORA_SECRET. */
 int hora__rdv_load_secret(struct hora__rdv_choice *c);
@@ -54,6 +56,8 @@ int hora__slurm_first_node(const char *list, char *out, size_t n);
 struct hora__rdv;
 struct hora__rdv_ops {
   int (*allgather)(struct hora__rdv *r, const void *mine, size_t len, void *all);
+  /* NULL: hora__rdv_bcast goes through allgather. */
+  int (*bcast)(struct hora__rdv *r, int root, void *buf, size_t len);
   void (*close)(struct hora__rdv *r);
 };
 
@@ -65,7 +69,6 @@ struct hora__rdv {
    * the job secret is derived from it, and never sent. */
   bool has_key;
   uint8_t key[HORA_SECRET_LEN];
-  MPI_Comm mpi; /* the mpi kind's duplicate, else MPI_COMM_NULL */
   void *impl;
 };
 
@@ -82,11 +85,10 @@ struct hora__rdv_tcp_spec {
 };
 
 int hora__rdv_open_single(struct hora__rdv **out);
-int hora__rdv_open_mpi(MPI_Comm comm, struct hora__rdv **out);
 int hora__rdv_open_tcp(const struct hora__rdv_tcp_spec *spec, struct hora__rdv **out);
-/* Opens the rendezvous a choice names (mpi: over comm). */
-int hora__rdv_open(const struct hora__rdv_choice *c, MPI_Comm comm, double timeout_s,
-                   struct hora__rdv **out);
+/* Opens the rendezvous a choice names; not mpi (rendezvous_mpi.h opens
+ * that one, over the program's communicator). */
+int hora__rdv_open(const struct hora__rdv_choice *c, double timeout_s, struct hora__rdv **out);
 void hora__rdv_close(struct hora__rdv *r);
 
 /* Collective helpers on top of allgather. */

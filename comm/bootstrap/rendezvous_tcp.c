@@ -670,7 +670,7 @@ static void tcp_close(struct hora__rdv *r) {
   free(r);
 }
 
-static const struct hora__rdv_ops tcp_ops = {tcp_allgather, tcp_close};
+static const struct hora__rdv_ops tcp_ops = {.allgather = tcp_allgather, .close = tcp_close};
 
 int hora__rdv_open_tcp(const struct hora__rdv_tcp_spec *sp, struct hora__rdv **out) {
   *out = NULL;
@@ -702,7 +702,6 @@ int hora__rdv_open_tcp(const struct hora__rdv_tcp_spec *sp, struct hora__rdv **o
   r->kind = HORA_RDV_TCP;
   r->rank = sp->rank;
   r->size = sp->size;
-  r->mpi = MPI_COMM_NULL;
   r->impl = t;
   if (sp->key) {
     r->has_key = true;

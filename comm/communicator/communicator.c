@@ -5,7 +5,6 @@
 #include <stdlib.h>
 
 #include "base/log.h"
-#include "base/mpi_error.h"
 #include "base/params.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/coll/collectives.h"
@@ -117,12 +116,6 @@ static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int
   c->proc->chunk_bytes = hora__params.CHUNK_SIZE;
   c->proc->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;
   c->net->stall_ns = (uint64_t)(hora__params.STALL_SHUTDOWN_TIME_SECONDS * 1e9);
-  if (rdv->kind == HORA_RDV_MPI) {
-    int err = MPI_Comm_dup(rdv->mpi, &c->proc->mpi);
-    if (err != MPI_SUCCESS) {
-      return hora__mpi_error(err, "MPI_Comm_dup");
-    }
-  }
   return HORA_SUCCESS;
 }
 
@@ -140,7 +133,6 @@ int hora__comm_create(struct hora__rdv *rdv, uint64_t epoch, const int *ctrl_pee
   c->net = &proc->net;
   proc->stream = hora__transport_find("tcp");
   proc->tcp_listen_fd = proc->unix_listen_fd = proc->reserve_fd = -1;
-  proc->mpi = MPI_COMM_NULL;
   int rc = build(c, rdv, epoch, ctrl_peers, nctrl_peers);
   if (rc != HORA_SUCCESS) {
     hora__comm_destroy(c);

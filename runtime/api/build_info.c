@@ -1,16 +1,16 @@
 /* What this build of libhora contains, for bindings and tools that ask at
- * run time (hora.torch's nccl_built(), cuda_built()). */
-#include <mpi.h>
+ * run time (hora.torch's mpi_built(), nccl_built(), cuda_built()). */
 #include <string.h>
 
 #include "base/common.h"
+#include "runtime/runtime.h"
 
 HORA_EXTERN int hora_built(const char *feature) {
   if (!feature) {
     return 0;
   }
   if (strcmp(feature, "mpi") == 0) {
-    return 1;
+    return HORA_HAVE_MPI;
   }
   if (strcmp(feature, "cuda") == 0) {
     return HORA_HAVE_CUDA;
@@ -25,12 +25,9 @@ HORA_EXTERN int hora_built(const char *feature) {
 }
 
 HORA_EXTERN int hora_mpi_threads_supported(void) {
-  int inited = 0, finalized = 0, level = MPI_THREAD_SINGLE;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&finalized);
-  if (!inited || finalized) {
-    return 0;
-  }
-  MPI_Query_thread(&level);
-  return level == MPI_THREAD_MULTIPLE;
+#if HORA_HAVE_MPI
+  return hora__mpi_threads_multiple();
+#else
+  return 0; /* a build without MPI never runs it */
+#endif
 }

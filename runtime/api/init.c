@@ -1,7 +1,9 @@
-/* The runtime's life: hora_init (settings, MPI, the communicator, the
- * coordinator), hora_finalize (every rank agrees that the job is over),
- * hora_abort, the rank getters, and the count of the calls using the
- * runtime, which hora_finalize waits out before it frees the runtime. */
+/* The runtime's life: hora_init (settings, the rendezvous, the
+ * communicator, the coordinator), hora_finalize (every rank agrees that the
+ * job is over), hora_abort, the rank getters, and the count of the calls
+ * using the runtime, which hora_finalize waits out before it frees the
+ * runtime. What MPI adds (starting and finalizing it, hora_init_comm) is
+ * api_mpi.c, built with MPI only: this file needs no mpi.h. */
 #include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -14,12 +16,10 @@
 #include "comm/comm.h"
 #include "comm/communicator/communicator.h"
 #include "base/log.h"
-#include "base/mpi_error.h"
 #include "base/params.h"
 #include "runtime/negotiate/cycle.h"
 #include "runtime/runtime.h"
 #include "runtime/observe/timeline.h"
-#include "hora_mpi.h"
 
 /* The running runtime, or NULL. Published after it is fully set up. */
 static struct hora__runtime *_Atomic current;
@@ -90,11 +90,41 @@ static uint64_t world_epoch;
 /* How the running world started (hora-info, the log). */
 static struct hora__rdv_choice started_by;
 
-static int init_locked(MPI_Comm comm) {
-  int inited = 0, finalized = 0;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&finalized);
-  if (comm != MPI_COMM_NULL && (!inited || finalized)) {
+/* The rendezvous a choice names. Through MPI, MPI starts first unless the
+ * program has started it (*owns_mpi), and the world keeps the
+ * communicator. */
+static int open_rendezvous(const struct hora__rdv_choice *c, const void *mpi_comm, bool start_mpi,
+                           bool *owns_mpi, struct hora__rdv **out) {
+#if HORA_HAVE_MPI
+  if (c->kind == HORA_RDV_MPI) {
+    if (start_mpi) {
+      HORA_CHECK(hora__mpi_start());
+      *owns_mpi = true;
+    }
+    return hora__mpi_open(mpi_comm, out);
+  }
+#endif
+  return hora__rdv_open(c, hora__params.CONNECT_TIMEOUT_SECONDS, out);
+}
+
+/* The world's share of MPI given back (its communicator), and MPI itself
+ * when `finalize` (hora started it; it cannot start again). */
+static void end_mpi(bool finalize) {
+#if HORA_HAVE_MPI
+  hora__mpi_world_end(finalize);
+  mpi_finalized_by_hora = mpi_finalized_by_hora || finalize;
+#else
+  (void)finalize; /* nothing of MPI ever started */
+#endif
+}
+
+/* mpi_comm: hora_init_comm's MPI_Comm, or NULL (hora_init). */
+static int init_locked(const void *mpi_comm) {
+  bool mpi_running = false, mpi_finalized = false;
+#if HORA_HAVE_MPI
+  hora__mpi_state(&mpi_running, &mpi_finalized);
+#endif
+  if (mpi_comm && !mpi_running) {
     return hora__error(HORA_ERR_INVALID_USAGE,
                        "hora_init_comm: MPI is not running, so there can be no communicator");
   }
@@ -107,32 +137,23 @@ static int init_locked(MPI_Comm comm) {
     hora__strlcpy(perr, hora__error_message(), sizeof(perr));
   }
   struct hora__rdv_choice choice;
-  int rc = hora__rdv_choose(inited && !finalized, &choice);
+  int rc = hora__rdv_choose(mpi_running, &choice);
   if (rc != HORA_SUCCESS) {
     return rc; /* the variables are wrong here: nothing was started */
   }
-  if (comm != MPI_COMM_NULL) {
+  if (mpi_comm) {
     choice.kind = HORA_RDV_MPI;
     snprintf(choice.why, sizeof(choice.why), "hora_init_comm");
   }
-  if (choice.kind == HORA_RDV_MPI && (finalized || mpi_finalized_by_hora)) {
+  if (choice.kind == HORA_RDV_MPI && (mpi_finalized || mpi_finalized_by_hora)) {
     return hora__error(HORA_ERR_INVALID_USAGE,
                        "hora_init: MPI has been finalized in this process (by %s), and MPI cannot "
                        "start twice",
                        mpi_finalized_by_hora ? "hora_finalize" : "the program");
   }
   bool owns_mpi = false;
-  if (choice.kind == HORA_RDV_MPI && !inited) {
-    int provided = 0;
-    int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-    if (err != MPI_SUCCESS) {
-      return hora__mpi_error(err, "MPI_Init_thread");
-    }
-    owns_mpi = true;
-  }
   struct hora__rdv *rdv = NULL;
-  rc = hora__rdv_open(&choice, comm != MPI_COMM_NULL ? comm : MPI_COMM_WORLD,
-                      hora__params.CONNECT_TIMEOUT_SECONDS, &rdv);
+  rc = open_rendezvous(&choice, mpi_comm, !mpi_running, &owns_mpi, &rdv);
   /* Every rank learns whether any rank's settings were bad, so none is left
    * waiting in the bootstrap for one that gave up. */
   if (rc == HORA_SUCCESS) {
@@ -153,10 +174,7 @@ static int init_locked(MPI_Comm comm) {
   hora__rdv_close(rdv);
   if (rc != HORA_SUCCESS) {
     hora__timeline_close();
-    if (owns_mpi) {
-      MPI_Finalize();
-      mpi_finalized_by_hora = true;
-    }
+    end_mpi(owns_mpi);
     return rc;
   }
   rt->owns_mpi = owns_mpi;
@@ -279,24 +297,15 @@ void hora__instance_release(struct hora__runtime *rt) {
   }
 }
 
-HORA_EXTERN int hora_init(void) {
+int hora__init(const void *mpi_comm) {
   hora__error_clear();
   pthread_mutex_lock(&lifecycle_mu);
-  int rc = atomic_load(&current) ? HORA_SUCCESS : init_locked(MPI_COMM_NULL);
+  int rc = atomic_load(&current) ? HORA_SUCCESS : init_locked(mpi_comm);
   pthread_mutex_unlock(&lifecycle_mu);
   return rc;
 }
 
-HORA_EXTERN int hora_init_comm(MPI_Comm comm) {
-  hora__error_clear();
-  if (comm == MPI_COMM_NULL) {
-    return hora__error(HORA_ERR_INVALID_ARG, "hora_init_comm: comm is MPI_COMM_NULL");
-  }
-  pthread_mutex_lock(&lifecycle_mu);
-  int rc = atomic_load(&current) ? HORA_SUCCESS : init_locked(comm);
-  pthread_mutex_unlock(&lifecycle_mu);
-  return rc;
-}
+HORA_EXTERN int hora_init(void) { return hora__init(NULL); }
 
 HORA_EXTERN int hora_initialized(void) { return atomic_load(&current) != NULL; }
 
@@ -336,16 +345,12 @@ HORA_EXTERN int hora_finalize(void) {
   hora__strlcpy(msg, rt->fatal_msg, sizeof(msg));
   bool owns_mpi = rt->owns_mpi;
   runtime_free(rt);
-  if (owns_mpi) {
-    if (fatal == HORA_SUCCESS) {
-      MPI_Finalize();
-      mpi_finalized_by_hora = true;
-    } else {
-      /* A peer is gone: MPI_Finalize could wait for it forever. The
-       * process is expected to exit with an error now. */
-      HORA_WARN("hora_finalize: not finalizing MPI after a fatal error (%s)", hora_strerror(fatal));
-    }
+  if (owns_mpi && fatal != HORA_SUCCESS) {
+    /* A peer is gone: MPI_Finalize could wait for it forever. The process
+     * is expected to exit with an error now. */
+    HORA_WARN("hora_finalize: not finalizing MPI after a fatal error (%s)", hora_strerror(fatal));
   }
+  end_mpi(owns_mpi && fatal == HORA_SUCCESS);
   hora__log_close();
   pthread_mutex_unlock(&lifecycle_mu);
   if (fatal != HORA_SUCCESS) {
@@ -395,6 +400,7 @@ int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec) {
     HORA_INFO("the previous membership ended with: %s", hora__error_message());
     hora__error_clear();
   }
+  end_mpi(false); /* an MPI communicator names the old membership's ranks */
   struct hora__rdv *rdv = NULL;
   struct hora__runtime *rt = NULL;
   if (rc == HORA_SUCCESS && spec) {

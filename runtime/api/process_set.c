@@ -1,5 +1,7 @@
-/* Process sets (hora.h, hora_mpi.h): making and destroying them, the
- * world as one, and what the sets of a process share.
+/* Process sets (hora.h): making and destroying them, the world as one,
+ * and what the sets of a process share. hora_process_set_from_mpi_comm
+ * (hora_mpi.h) finds its members in api_mpi.c, built with MPI only, and
+ * agrees on them here.
  *
  * A set is a runtime of its own (struct hora__runtime) over its members,
  * who meet at a rendezvous of their own (set_rendezvous): its own bootstrap, connections, shared
@@ -21,12 +23,10 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "base/mpi_error.h"
 #include "base/params.h"
 #include "comm/bootstrap/rendezvous.h"
 #include "comm/transport/socket.h"
 #include "runtime/runtime.h"
-#include "hora_mpi.h"
 
 struct hora_process_set {
   int id;        /* 0 the world, then 1, 2, ...; -1 for "in none" (from_mpi_comm) */
@@ -329,8 +329,8 @@ out:
   return end_call(rc);
 }
 
-HORA_EXTERN int hora_process_set_from_mpi_comm(MPI_Comm comm, hora_process_set **out) {
-  static const char call[] = "hora_process_set_from_mpi_comm";
+int hora__process_set_from_members(const char *call, hora__set_members_fn find, const void *arg,
+                                   hora_process_set **out) {
   int rc = HORA_SUCCESS;
   uint64_t call_no = 0;
   struct hora__runtime *world = begin_call(call, &rc, &call_no);
@@ -344,48 +344,11 @@ HORA_EXTERN int hora_process_set_from_mpi_comm(MPI_Comm comm, hora_process_set *
   } else {
     mine = hora__error(HORA_ERR_INVALID_ARG, "%s: ps is NULL", call);
   }
-  if (mine == HORA_SUCCESS && comm != MPI_COMM_NULL && world->comm->proc->mpi == MPI_COMM_NULL) {
-    mine = hora__error(HORA_ERR_INVALID_USAGE,
-                       "%s needs MPI, and this job started without it (hora-info says how it "
-                       "started); use hora_process_set_create with the ranks", call);
-  } else if (mine == HORA_SUCCESS && comm != MPI_COMM_NULL) {
-    MPI_Group group = MPI_GROUP_NULL, wgroup = MPI_GROUP_NULL;
-    int *idx = NULL;
-    int err = MPI_Comm_group(comm, &group);
-    if (err == MPI_SUCCESS) {
-      err = MPI_Comm_group(world->comm->proc->mpi, &wgroup);
-    }
-    if (err == MPI_SUCCESS) {
-      err = MPI_Group_size(group, &n);
-    }
-    if (err != MPI_SUCCESS) {
-      mine = hora__mpi_error(err, "MPI_Comm_group(comm)");
-    } else if (!(members = hora__calloc((size_t)n, sizeof(int))) ||
-               !(idx = hora__calloc((size_t)n, sizeof(int)))) {
-      mine = hora__error(HORA_ERR_NO_MEMORY, "%s: out of memory", call);
-    } else {
-      for (int i = 0; i < n; i++) {
-        idx[i] = i;
-      }
-      err = MPI_Group_translate_ranks(group, n, idx, wgroup, members);
-      if (err != MPI_SUCCESS) {
-        mine = hora__mpi_error(err, "MPI_Group_translate_ranks(comm)");
-      }
-      for (int i = 0; i < n && mine == HORA_SUCCESS; i++) {
-        if (members[i] == MPI_UNDEFINED) {
-          mine = hora__error(HORA_ERR_INVALID_ARG,
-                             "%s: rank %d of comm is not a rank of the job's world", call, i);
-        }
-      }
-      qsort(members, (size_t)n, sizeof(int), by_value);
-    }
-    free(idx);
-    if (group != MPI_GROUP_NULL) {
-      MPI_Group_free(&group);
-    }
-    if (wgroup != MPI_GROUP_NULL) {
-      MPI_Group_free(&wgroup);
-    }
+  if (mine == HORA_SUCCESS) {
+    mine = find(call, arg, &members, &n);
+  }
+  if (mine == HORA_SUCCESS && n > 0) {
+    qsort(members, (size_t)n, sizeof(int), by_value);
   }
   if (mine != HORA_SUCCESS) {
     n = 0;

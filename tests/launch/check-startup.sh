@@ -160,3 +160,22 @@ if [ $ok = 3 ]; then
 else
   echo "FAIL startup/slurm_variables: $(cat "$work/slurm0" "$work/slurm1" "$work/slurm2")"
 fi
+
+# A libhora built without MPI (configure --without-mpi), asked for MPI or
+# started by an MPI launcher, fails at once and says so: running instead as
+# N jobs of one process each would train N models unnoticed.
+. "$builddir/tests/config.sh"
+if [ "${HAVE_MPI:-yes}" = no ]; then
+  t0=$(date +%s)
+  start nompi_forced HORA_BOOTSTRAP=mpi
+  start nompi_ompi OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1
+  start nompi_pmix PMIX_RANK=0 PMI_SIZE=2
+  expect_fail without_mpi_refuses_an_mpi_start 3 "built without MPI \(configure --without-mpi\): start the job with torchrun's variables, srun --mpi=none or HORA_RENDEZVOUS" \
+    nompi_forced nompi_ompi nompi_pmix
+  if grep -q "^init failed: HORA_BOOTSTRAP=mpi, but" "$work/nompi_forced" &&
+     grep -q "^init failed: an MPI launcher started this process (OMPI_COMM_WORLD_SIZE is set), but" "$work/nompi_ompi"; then
+    echo "PASS startup/without_mpi_names_the_reason"
+  else
+    echo "FAIL startup/without_mpi_names_the_reason: '$(cat "$work/nompi_forced" "$work/nompi_ompi")'"
+  fi
+fi

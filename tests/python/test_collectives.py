@@ -290,7 +290,10 @@ def test_join_barrier_and_ranks():
     assert 0 <= hvd.rank() < hvd.size()
     assert 0 <= hvd.local_rank() < hvd.local_size()
     assert 0 <= hvd.cross_rank() < hvd.cross_size()
-    assert hvd.is_initialized() and hvd.mpi_built()
+    assert hvd.is_initialized()
+    from hora import _lib
+    # A libhora built without MPI has no hora_init_comm (hora_mpi.h) either.
+    assert hvd.mpi_built() is _lib.load().has_mpi_comm
     assert not hvd.gloo_built() and not hvd.gloo_enabled() and not hvd.rocm_built()
     # Under mpirun, MPI starts the job; under tests/launch/launch.sh
     # (HORA_BOOTSTRAP=tcp or env) or alone, MPI is never started.

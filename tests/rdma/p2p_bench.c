@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/bootstrap/rendezvous_mpi.h"
 #include "comm/communicator/communicator.h"
 #include "comm/comm.h"
 #include "comm/transport/socket.h"

@@ -415,7 +415,8 @@ def mpi_enabled():
 
 
 def mpi_built():
-    return True
+    """Whether libhora was built with MPI (not configure --without-mpi)."""
+    return _lib.built("mpi")
 
 
 def gloo_enabled():
