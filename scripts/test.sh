@@ -4,6 +4,7 @@
 #   2. builds in the source tree and runs `make check`
 #   3. builds a copy with AddressSanitizer + UBSan and runs `make check`
 #   4. builds a copy with ThreadSanitizer and runs the threaded tests
+#   5. builds a copy without MPI (configure --without-mpi) and runs its tests
 #   (between them: Slurm, RDMA in a VM, valgrind, and fuzzing of the wire
 #   decoders)
 # and ends with one line: N passed, N failed, N skipped.
@@ -67,6 +68,37 @@ sanitized() { # dir, configure flags, then environment settings for make check
   (cd "$dir" && env HORA_TEST_SUMMARY="$summary" "$@" make check) || status=1
 }
 
+# libhora without MPI, on a copy as above: the plain C compiler builds it,
+# it needs no MPI library and has no MPI symbol, and its own `make check`
+# (unit tests, start-up without MPI, a rebuilt communicator, hora.torch
+# over tcp) passes. The device code has no MPI in it and the plain build
+# builds it: leaving it out here keeps this stage short (about 1.5 min).
+without_mpi() { # dir
+  dir=$1
+  note "build without MPI (--without-mpi): $dir"
+  copy_tree "$dir"
+  (cd "$dir" && ./autogen.sh >/dev/null 2>&1 && ./configure --without-mpi --without-cuda >/dev/null &&
+     make -j2 >/dev/null) || { echo "FAIL build with --without-mpi"; echo "0 1 0" >>"$summary"; status=1; return; }
+  lib="$dir/.libs/libhora.so.0"
+  needs=$(ldd "$lib" | grep -iE 'libmpi|libpmix|libopen-(pal|rte)')
+  symbols=$(nm -D "$lib" | awk '{ print $NF }' |
+    grep -E '^P?MPI_|^ompi_|^hora_init_comm$|^hora_process_set_from_mpi_comm$' | head -n 5)
+  if [ -n "$(nm -D "$lib" | awk '$NF == "hora_init" { print }')" ] && [ -z "$needs" ] && [ -z "$symbols" ]; then
+    echo "PASS nompi/libhora_needs_no_mpi (ldd, nm -D)"; echo "1 0 0" >>"$summary"
+  else
+    echo "FAIL nompi/libhora_needs_no_mpi: needs '$needs', has" $symbols; echo "0 1 0" >>"$summary"; status=1
+  fi
+  # Installed: <hora.h> and hora.pc, not <hora_mpi.h>, whose calls it lacks.
+  if make -C "$dir" install DESTDIR="$dir/dest" >/dev/null 2>&1 &&
+     [ -n "$(find "$dir/dest" -name hora.h)" ] && [ -n "$(find "$dir/dest" -name hora.pc)" ] &&
+     [ -z "$(find "$dir/dest" -name hora_mpi.h)" ]; then
+    echo "PASS nompi/install_leaves_out_hora_mpi_h"; echo "1 0 0" >>"$summary"
+  else
+    echo "FAIL nompi/install_leaves_out_hora_mpi_h"; echo "0 1 0" >>"$summary"; status=1
+  fi
+  (cd "$dir" && HORA_TEST_SUMMARY="$summary" make check) || status=1
+}
+
 if [ "$quick" = no ]; then
   # Sanitized runs cost seconds each in MPI start-up alone, so they keep to
   # np 2 and 4, where every data path runs (np=1 moves nothing between
@@ -82,6 +114,7 @@ if [ "$quick" = no ]; then
   sanitized "$src/build/asan" "--enable-sanitizers $cuda" HORA_TEST_NPS="2 4" HORA_TEST_VARIANTS_ONCE=1
   sanitized "$src/build/tsan" "--enable-sanitizers=thread $cuda" HORA_TEST_NPS="2" HORA_TEST_VARIANTS_ONCE=1 \
     HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall|test_shared_mem|test_shutdown|test_process_sets|test_exchange|test_groups"
+  without_mpi "$src/build/nompi"
 fi
 
 note
