@@ -370,7 +370,8 @@ static void plain_close(struct hora__rdv *r) {
   free(r);
 }
 
-static const struct hora__rdv_ops single_ops = {.allgather = single_allgather, .close = plain_close};
+static const struct hora__rdv_ops single_ops = {.allgather = single_allgather,
+                                                .close = plain_close};
 
 int hora__rdv_open_single(struct hora__rdv **out) {
   struct hora__rdv *r = hora__calloc(1, sizeof(*r));
