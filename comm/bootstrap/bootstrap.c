@@ -206,19 +206,24 @@ int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch) {
   for (int i = 0; i < 8; i++) {
     snprintf(c->proc->job_id + 2 * i, 3, "%02x", drawn[i]);
   }
+  hora__boot_connection_key(rdv->has_key ? rdv->key : drawn + 8, drawn, epoch, c->proc->secret);
+  memcpy(c->proc->job_secret, rdv->has_key ? rdv->key : drawn + 8, HORA_SECRET_LEN);
+  c->proc->epoch = epoch;
+  OPENSSL_cleanse(drawn, sizeof(drawn));
+  return HORA_SUCCESS;
+}
+
+void hora__boot_connection_key(const uint8_t secret[HORA_SECRET_LEN], const uint8_t job_id[8],
+                               uint64_t epoch, uint8_t out[HORA_SECRET_LEN]) {
   uint8_t in[32 + HORA_SECRET_LEN + 8 + 8];
   memcpy(in, "hora-connections-of-one-epoch-1\0", 32);
-  memcpy(in + 32, rdv->has_key ? rdv->key : drawn + 8, HORA_SECRET_LEN);
-  memcpy(in + 32 + HORA_SECRET_LEN, drawn, 8);
+  memcpy(in + 32, secret, HORA_SECRET_LEN);
+  memcpy(in + 32 + HORA_SECRET_LEN, job_id, 8);
   for (int i = 0; i < 8; i++) {
     in[32 + HORA_SECRET_LEN + 8 + i] = (uint8_t)(epoch >> (8 * i));
   }
-  SHA256(in, sizeof(in), c->proc->secret);
-  memcpy(c->proc->job_secret, rdv->has_key ? rdv->key : drawn + 8, HORA_SECRET_LEN);
-  c->proc->epoch = epoch;
+  SHA256(in, sizeof(in), out);
   OPENSSL_cleanse(in, sizeof(in));
-  OPENSSL_cleanse(drawn, sizeof(drawn));
-  return HORA_SUCCESS;
 }
 
 /* ---- 3. addresses ------------------------------------------------------------------ */

@@ -53,7 +53,7 @@ static int read_int(const char *var, long lo, long hi, int *out) {
   return HORA_SUCCESS;
 }
 
-static bool mpi_launched(const char **var) {
+bool hora__rdv_mpi_launched(const char **var) {
   /* Open MPI's, MPICH/Hydra's and PMIx's (also srun --mpi=pmix). */
   static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK",
                                      "MPI_LOCALNRANKS"};
@@ -211,7 +211,7 @@ int hora__rdv_choose(bool mpi_running, struct hora__rdv_choice *c) {
   } else if (mpi_running) {
     c->kind = HORA_RDV_MPI;
     snprintf(c->why, sizeof(c->why), "the program has initialised MPI");
-  } else if (mpi_launched(&var)) {
+  } else if (hora__rdv_mpi_launched(&var)) {
     c->kind = HORA_RDV_MPI;
     snprintf(c->why, sizeof(c->why), "an MPI launcher started this process (%s is set)", var);
   } else if (set("MASTER_ADDR") && set("RANK") && set("WORLD_SIZE")) {

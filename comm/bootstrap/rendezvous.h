@@ -48,6 +48,9 @@ const char *hora__rdv_kind_name(enum hora__rdv_kind kind);
  * without MPI where the choice is mpi; never starts anything.
  * `mpi_running`: the program has MPI initialised already. */
 int hora__rdv_choose(bool mpi_running, struct hora__rdv_choice *out);
+/* Whether an MPI launcher started this process (*var: the variable that
+ * says so). */
+bool hora__rdv_mpi_launched(const char **var);
 /* The job's secret from HORA_SECRET_FILE (owner-only file) or HORA_SECRET. */
 int hora__rdv_load_secret(struct hora__rdv_choice *c);
 /* The first node of a Slurm node list ("h[01-04,07],g2" -> "h01"). */

@@ -137,7 +137,20 @@ static int init_locked(const void *mpi_comm) {
     hora__strlcpy(perr, hora__error_message(), sizeof(perr));
   }
   struct hora__rdv_choice choice;
-  int rc = hora__rdv_choose(mpi_running, &choice);
+  const char *mpi_var = NULL;
+  int rc = HORA_SUCCESS;
+  if (prc == HORA_SUCCESS) {
+    rc = hora__rdv_choose(mpi_running, &choice);
+  } else if (HORA_HAVE_MPI && (mpi_comm || mpi_running || hora__rdv_mpi_launched(&mpi_var))) {
+    /* Under MPI the others still learn of the bad setting (below). */
+    memset(&choice, 0, sizeof(choice));
+    choice.kind = HORA_RDV_MPI;
+  } else {
+    /* The start-up's own settings cannot be trusted: the others time out
+     * waiting for this process, naming it. (Without MPI in the build, an
+     * MPI launcher's job fails the same way.) */
+    return hora__error(prc, "%s", perr);
+  }
   if (rc != HORA_SUCCESS) {
     return rc; /* the variables are wrong here: nothing was started */
   }

@@ -110,6 +110,19 @@ t0=$(date +%s)
 start nomaster HORA_BOOTSTRAP=env MASTER_ADDR=127.0.0.1 RANK=0 WORLD_SIZE=2
 expect_fail env_variable_missing 3 "HORA_BOOTSTRAP=env needs torchrun's variables, and MASTER_PORT is not set" nomaster
 
+# A malformed setting in a job without MPI: that process fails at once,
+# naming it; the others time out waiting for it, naming its rank.
+t0=$(date +%s); p=$(free_port)
+start malformed0 HORA_RENDEZVOUS=127.0.0.1:$p HORA_RANK=0 HORA_SIZE=2 HORA_SECRET=s
+start malformed1 HORA_RENDEZVOUS=127.0.0.1:$p HORA_RANK=1 HORA_SIZE=2 HORA_SECRET=s HORA_CYCLE_TIME=fast
+expect_fail malformed_setting_without_mpi 8 "" malformed0 malformed1
+if grep -q "HORA_CYCLE_TIME='fast' is not a number" "$work/malformed1" &&
+   grep -q "HORA_RANK 1 never joined" "$work/malformed0"; then
+  echo "PASS startup/malformed_setting_without_mpi_named"
+else
+  echo "FAIL startup/malformed_setting_without_mpi_named: '$(cat "$work/malformed0" "$work/malformed1")'"
+fi
+
 # Strangers during the rendezvous: garbage, silence and a wrong secret are
 # refused; the job starts; the wrong secret learns why.
 t0=$(date +%s); p=$(free_port)

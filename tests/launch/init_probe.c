@@ -18,6 +18,7 @@ int main(void) {
          hora_bootstrap(), (long long)sum, rc ? ", allreduce failed: " : "",
          rc ? hora_last_error() : "");
   fflush(stdout);
+  int size = hora_size();
   int frc = hora_finalize();
-  return rc || frc || sum != hora_size() ? 1 : 0;
+  return rc || frc || sum != size ? 1 : 0;
 }

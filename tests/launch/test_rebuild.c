@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hora.h"
@@ -36,6 +37,13 @@ static int failures;
   } while (0)
 
 static int me;
+static int total_bad;
+
+static double mt_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int count_dir(const char *path) {
   DIR *d = opendir(path);
@@ -120,10 +128,11 @@ static int rebuild(int port, int rank, int size) {
   return hora__world_rebuild(&spec);
 }
 
-static int child(const int *ports) {
+/* hora_init at hora's tcp rendezvous, as a launcher would start it. */
+static int init_by_env(int port) {
   char v[32];
   setenv("HORA_BOOTSTRAP", "tcp", 1);
-  snprintf(v, sizeof(v), "127.0.0.1:%d", ports[0]);
+  snprintf(v, sizeof(v), "127.0.0.1:%d", port);
   setenv("HORA_RENDEZVOUS", v, 1);
   snprintf(v, sizeof(v), "%d", me);
   setenv("HORA_RANK", v, 1);
@@ -131,7 +140,11 @@ static int child(const int *ports) {
   setenv("HORA_SECRET", "test_rebuild", 1);
   int rc = hora_init();
   CHECK(rc == HORA_SUCCESS, "hora_init: %s", hora_last_error());
-  if (rc != HORA_SUCCESS) {
+  return rc;
+}
+
+static int child(const int *ports) {
+  if (init_by_env(ports[0]) != HORA_SUCCESS) {
     return 1;
   }
   static const int first[N] = {0, 1, 2, 3}, reverse[N] = {3, 2, 1, 0}, three[3] = {1, 2, 3};
@@ -174,9 +187,36 @@ static int child(const int *ports) {
   return failures ? 1 : 0;
 }
 
-int main(void) {
+/* A failure belongs to its membership: child 3 dies; the others' next
+ * collective fails with HORA_ERR_PEER_LOST within seconds; they form a
+ * membership of three and compute right in it, in the same processes. */
+static int child_after_loss(const int *ports) {
+  if (init_by_env(ports[0]) != HORA_SUCCESS) {
+    return 1;
+  }
+  static const int first[N] = {0, 1, 2, 3}, three[3] = {0, 1, 2};
+  run_collectives("before the loss", N, first);
+  int64_t x = 1, y = 0;
+  CHECK(hora_barrier() == HORA_SUCCESS, "barrier: %s", hora_last_error());
+  if (me == 3) {
+    _exit(0); /* gone without a word */
+  }
+  double t0 = mt_now();
+  int rc = hora_allreduce("after_the_loss", &x, &y, 1, HORA_INT64, HORA_SUM);
+  CHECK(rc == HORA_ERR_PEER_LOST, "allreduce after the loss: %s (%s)", hora_strerror(rc),
+        hora_last_error());
+  CHECK(mt_now() - t0 < 20, "the loss took %.1f s to be seen", mt_now() - t0);
+  CHECK(rebuild(ports[1], me, 3) == HORA_SUCCESS, "three after the loss: %s", hora_last_error());
+  run_collectives("after the loss", 3, three);
+  CHECK(hora_finalize() == HORA_SUCCESS, "finalize: %s", hora_last_error());
+  return failures ? 1 : 0;
+}
+
+/* Runs fn in N forked children; PASS when all exit 0 (the one that dies on
+ * purpose exits 0 too). */
+static void run_children(const char *name, int (*fn)(const int *), int nports) {
   int ports[5];
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < nports; i++) {
     ports[i] = free_port();
   }
   pid_t pids[N];
@@ -188,7 +228,7 @@ int main(void) {
       /* One malloc arena: threads of each membership would otherwise
        * leave arenas (mappings glibc keeps for reuse) that are no leak. */
       mallopt(M_ARENA_MAX, 1);
-      _exit(child(ports));
+      _exit(fn(ports));
     }
   }
   int bad = 0;
@@ -196,11 +236,18 @@ int main(void) {
     int st = 0;
     waitpid(pids[i], &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      fprintf(stderr, "child %d: %s %d\n", i, WIFEXITED(st) ? "exit status" : "signal",
+      fprintf(stderr, "%s: child %d: %s %d\n", name, i, WIFEXITED(st) ? "exit status" : "signal",
               WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
       bad++;
     }
   }
-  printf("%s rebuild/four_reversed_three_rotated_nothing_left_behind\n", bad ? "FAIL" : "PASS");
-  return bad ? 1 : 0;
+  printf("%s rebuild/%s\n", bad ? "FAIL" : "PASS", name);
+  fflush(stdout);
+  total_bad += bad;
+}
+
+int main(void) {
+  run_children("four_reversed_three_rotated_nothing_left_behind", child, 5);
+  run_children("failure_ends_with_its_membership", child_after_loss, 2);
+  return total_bad ? 1 : 0;
 }

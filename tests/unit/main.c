@@ -36,6 +36,10 @@ int test_skipped;
   X(message_abort_roundtrip)                                                                 \
   X(hello_checks_shape_and_rank)                                                             \
   X(handshake_proves_the_secret_both_ways)                                                   \
+  X(rendezvous_choice_follows_the_launcher)                                                  \
+  X(rendezvous_bad_variables_are_named)                                                      \
+  X(slurm_first_node_of_a_node_list)                                                         \
+  X(connections_of_another_epoch_are_refused)                                                \
   X(table_put_get_remove_grow)                                                               \
   X(table_reuses_removed_entries)                                                            \
   X(strerror_covers_every_code)                                                              \

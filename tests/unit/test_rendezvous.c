@@ -1,0 +1,169 @@
+/* Start-up without MPI, the parts that need no second process: the
+ * choice of rendezvous from the environment, Slurm's node lists, and the
+ * connection keys of memberships (a connection of another epoch never
+ * proves itself). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/params.h"
+#include "comm/bootstrap/bootstrap.h"
+#include "comm/bootstrap/rendezvous.h"
+#include "../runner.h"
+
+static const char *const launch_vars[] = {
+    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS", "MASTER_ADDR",
+    "MASTER_PORT", "RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID",
+    "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "HORA_BOOTSTRAP",
+    "HORA_RENDEZVOUS", "HORA_RANK", "HORA_SIZE", "HORA_SECRET", "HORA_SECRET_FILE",
+    "HORA_RENDEZVOUS_PORT"};
+
+static void clear_launch(void) {
+  for (size_t i = 0; i < sizeof(launch_vars) / sizeof(launch_vars[0]); i++) {
+    unsetenv(launch_vars[i]);
+  }
+}
+
+static int choose(struct hora__rdv_choice *c) {
+  int rc = hora__params_load();
+  return rc != HORA_SUCCESS ? rc : hora__rdv_choose(false, c);
+}
+
+TEST(rendezvous_choice_follows_the_launcher) {
+  struct hora__rdv_choice c;
+  clear_launch();
+  ASSERT(choose(&c) == HORA_SUCCESS && c.kind == HORA_RDV_SINGLE && c.size == 1);
+  setenv("HORA_RENDEZVOUS", "h0:29500", 1);
+  setenv("HORA_RANK", "2", 1);
+  setenv("HORA_SIZE", "4", 1);
+  ASSERT(choose(&c) == HORA_SUCCESS && c.kind == HORA_RDV_TCP && c.rank == 2 && c.size == 4);
+  ASSERT(strcmp(c.host, "h0") == 0 && c.port == 29500 && !c.has_secret);
+  /* torchrun's variables come before HORA_RENDEZVOUS, Slurm's after them. */
+  setenv("SLURM_PROCID", "1", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  setenv("SLURM_STEP_ID", "3", 1);
+  setenv("SLURM_JOB_ID", "1000", 1);
+  setenv("SLURM_STEP_NODELIST", "gpu[07-09],cpu1", 1);
+  ASSERT(choose(&c) == HORA_SUCCESS && c.kind == HORA_RDV_SLURM && c.rank == 1 && c.size == 8);
+  ASSERT(strcmp(c.host, "gpu07") == 0 && c.port >= 12000 && c.port < 32000);
+  setenv("MASTER_ADDR", "m0", 1);
+  setenv("MASTER_PORT", "1234", 1);
+  setenv("RANK", "5", 1);
+  setenv("WORLD_SIZE", "6", 1);
+  setenv("HORA_SECRET", "s3", 1);
+  ASSERT(choose(&c) == HORA_SUCCESS && c.kind == HORA_RDV_ENV && c.rank == 5 && c.size == 6);
+  ASSERT(strcmp(c.host, "m0") == 0 && c.port == 1234 && c.has_secret);
+  ASSERT_STR_CONTAINS(c.secret_from, "HORA_SECRET");
+  /* An MPI launcher wins over all of them (a build without MPI refuses it
+   * rather than start one job per process); HORA_BOOTSTRAP over that. */
+  setenv("OMPI_COMM_WORLD_SIZE", "6", 1);
+  if (HORA_HAVE_MPI) {
+    ASSERT(choose(&c) == HORA_SUCCESS && c.kind == HORA_RDV_MPI);
+    ASSERT_STR_CONTAINS(c.why, "OMPI_COMM_WORLD_SIZE");
+  } else {
+    ASSERT(choose(&c) == HORA_ERR_NOT_SUPPORTED);
+    ASSERT_STR_CONTAINS(hora_last_error(), "(OMPI_COMM_WORLD_SIZE is set), but this libhora was "
+                                           "built without MPI (configure --without-mpi)");
+  }
+  setenv("HORA_BOOTSTRAP", "slurm", 1);
+  ASSERT(choose(&c) == HORA_SUCCESS && c.kind == HORA_RDV_SLURM);
+  setenv("HORA_RENDEZVOUS_PORT", "4321", 1);
+  ASSERT(choose(&c) == HORA_SUCCESS && c.port == 4321);
+  setenv("HORA_BOOTSTRAP", "mpi", 1);
+  if (HORA_HAVE_MPI) {
+    ASSERT(choose(&c) == HORA_SUCCESS && c.kind == HORA_RDV_MPI);
+  } else {
+    ASSERT(choose(&c) == HORA_ERR_NOT_SUPPORTED);
+    ASSERT_STR_CONTAINS(hora_last_error(), "HORA_BOOTSTRAP=mpi, but this libhora was built "
+                                           "without MPI");
+  }
+  clear_launch();
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+}
+
+TEST(rendezvous_bad_variables_are_named) {
+  struct hora__rdv_choice c;
+  clear_launch();
+  setenv("MASTER_ADDR", "m0", 1);
+  setenv("MASTER_PORT", "99999", 1);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  ASSERT(choose(&c) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "MASTER_PORT=99999");
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("WORLD_SIZE", "two", 1);
+  ASSERT(choose(&c) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "WORLD_SIZE=two");
+  clear_launch();
+  setenv("HORA_BOOTSTRAP", "tcp", 1);
+  ASSERT(choose(&c) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "HORA_RENDEZVOUS");
+  setenv("HORA_RENDEZVOUS", "nohostport", 1);
+  ASSERT(choose(&c) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "HORA_RENDEZVOUS=nohostport is not host:port");
+  setenv("HORA_RENDEZVOUS", "h:1", 1);
+  ASSERT(choose(&c) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "HORA_SIZE");
+  setenv("HORA_SIZE", "3", 1);
+  ASSERT(choose(&c) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "HORA_RANK is not");
+  setenv("HORA_BOOTSTRAP", "env", 1);
+  ASSERT(choose(&c) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "MASTER_ADDR is not set");
+  setenv("HORA_BOOTSTRAP", "slurm", 1);
+  ASSERT(choose(&c) == HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(hora_last_error(), "srun");
+  clear_launch();
+  ASSERT(hora__params_load() == HORA_SUCCESS);
+}
+
+TEST(slurm_first_node_of_a_node_list) {
+  char n[64];
+  ASSERT(hora__slurm_first_node("node7", n, sizeof(n)) == HORA_SUCCESS && !strcmp(n, "node7"));
+  ASSERT(hora__slurm_first_node("h[01-04,07],g2", n, sizeof(n)) == HORA_SUCCESS &&
+         !strcmp(n, "h01"));
+  ASSERT(hora__slurm_first_node("a[3]b,c", n, sizeof(n)) == HORA_SUCCESS && !strcmp(n, "a3b"));
+  ASSERT(hora__slurm_first_node("x,y", n, sizeof(n)) == HORA_SUCCESS && !strcmp(n, "x"));
+  ASSERT(hora__slurm_first_node("h[1-2", n, sizeof(n)) == HORA_ERR_INVALID_ARG);
+  ASSERT(hora__slurm_first_node("", n, sizeof(n)) == HORA_ERR_INVALID_ARG);
+}
+
+/* One handshake between the keys of two memberships: DONE on both sides
+ * only when they are the same membership's. */
+static bool keys_connect(const uint8_t *kc, const uint8_t *ka) {
+  uint8_t n1[HORA_HS_NONCE_LEN] = {1}, n2[HORA_HS_NONCE_LEN] = {2};
+  struct hora__hs c, a;
+  hora__hs_connector(&c, kc, 4, HORA_CONN_SLOTS, 3, 1, HORA_CONN_CTRL, n1);
+  hora__hs_acceptor(&a, ka, 4, HORA_CONN_SLOTS, 1, n2);
+  for (int step = 0; step < 16; step++) {
+    struct hora__hs *from = c.state == HORA_HS_SEND ? &c : &a, *to = from == &c ? &a : &c;
+    if (from->state != HORA_HS_SEND || to->state != HORA_HS_RECV) {
+      break;
+    }
+    uint8_t *p, *q;
+    size_t n, m;
+    hora__hs_io(from, &p, &n);
+    hora__hs_io(to, &q, &m);
+    size_t k = n < m ? n : m;
+    memcpy(q, p, k);
+    hora__hs_advance(from, k);
+    hora__hs_advance(to, k);
+  }
+  return c.state == HORA_HS_DONE && a.state == HORA_HS_DONE;
+}
+
+TEST(connections_of_another_epoch_are_refused) {
+  uint8_t secret[HORA_SECRET_LEN], job[8] = {1, 2, 3, 4, 5, 6, 7, 8}, job2[8] = {1, 2, 3, 4, 5, 6, 7, 9};
+  for (int i = 0; i < HORA_SECRET_LEN; i++) {
+    secret[i] = (uint8_t)(3 * i + 1);
+  }
+  uint8_t e1[HORA_SECRET_LEN], e1b[HORA_SECRET_LEN], e2[HORA_SECRET_LEN], j2[HORA_SECRET_LEN];
+  hora__boot_connection_key(secret, job, 1, e1);
+  hora__boot_connection_key(secret, job, 1, e1b);
+  hora__boot_connection_key(secret, job, 2, e2);
+  hora__boot_connection_key(secret, job2, 1, j2);
+  ASSERT(memcmp(e1, e1b, sizeof(e1)) == 0);
+  ASSERT(keys_connect(e1, e1b));
+  ASSERT(!keys_connect(e1, e2) && !keys_connect(e2, e1));
+  ASSERT(!keys_connect(e1, j2));
+  ASSERT(memcmp(e1, secret, sizeof(e1)) != 0);
+}
