@@ -154,6 +154,9 @@ static int init_locked(const void *mpi_comm) {
   if (rc != HORA_SUCCESS) {
     return rc; /* the variables are wrong here: nothing was started */
   }
+  if (choice.rank >= 0 && choice.kind != HORA_RDV_MPI) {
+    hora__log_set_rank(choice.rank); /* the launcher's: the rendezvous may refuse it */
+  }
   if (mpi_comm) {
     choice.kind = HORA_RDV_MPI;
     snprintf(choice.why, sizeof(choice.why), "hora_init_comm");
