@@ -27,7 +27,7 @@ static struct hora__runtime *_Atomic current;
 static pthread_mutex_t lifecycle_mu = PTHREAD_MUTEX_INITIALIZER;
 /* hora_finalize finalized an MPI that hora_init had initialised: MPI cannot
  * start again in this process. */
-static bool mpi_finalized_by_hora;
+static atomic_bool mpi_finalized_by_hora; /* read by any caller's error message */
 
 /* Calls that are using the runtime right now. hora_finalize frees it only
  * when none is left: threads its shutdown woke (waiters, a barrier) are
@@ -43,7 +43,7 @@ struct hora__runtime *hora__api_running(int *rc, const char *call) {
   if (!rt) {
     atomic_fetch_sub(&api_users, 1);
     *rc = hora__error(HORA_ERR_INVALID_USAGE, "%s: hora_init has not been called%s", call,
-                      mpi_finalized_by_hora ? " (or hora_finalize has)" : "");
+                      atomic_load(&mpi_finalized_by_hora) ? " (or hora_finalize has)" : "");
   }
   return rt;
 }
@@ -112,7 +112,9 @@ static int open_rendezvous(const struct hora__rdv_choice *c, const void *mpi_com
 static void end_mpi(bool finalize) {
 #if HORA_HAVE_MPI
   hora__mpi_world_end(finalize);
-  mpi_finalized_by_hora = mpi_finalized_by_hora || finalize;
+  if (finalize) {
+    atomic_store(&mpi_finalized_by_hora, true);
+  }
 #else
   (void)finalize; /* nothing of MPI ever started */
 #endif
@@ -161,11 +163,11 @@ static int init_locked(const void *mpi_comm) {
     choice.kind = HORA_RDV_MPI;
     snprintf(choice.why, sizeof(choice.why), "hora_init_comm");
   }
-  if (choice.kind == HORA_RDV_MPI && (mpi_finalized || mpi_finalized_by_hora)) {
+  if (choice.kind == HORA_RDV_MPI && (mpi_finalized || atomic_load(&mpi_finalized_by_hora))) {
     return hora__error(HORA_ERR_INVALID_USAGE,
                        "hora_init: MPI has been finalized in this process (by %s), and MPI cannot "
                        "start twice",
-                       mpi_finalized_by_hora ? "hora_finalize" : "the program");
+                       atomic_load(&mpi_finalized_by_hora) ? "hora_finalize" : "the program");
   }
   bool owns_mpi = false;
   struct hora__rdv *rdv = NULL;
