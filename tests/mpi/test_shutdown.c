@@ -28,6 +28,10 @@ static void list_dir(const char *dir, char *out, size_t n, int with_targets) {
     if (de->d_name[0] == '.' || used >= n) {
       continue;
     }
+    /* Open MPI's own segments come and go with any MPI job on the host. */
+    if (!with_targets && strncmp(de->d_name, "vader_segment.", 14) == 0) {
+      continue;
+    }
     char path[600], target[256] = "";
     if (with_targets) {
       snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
