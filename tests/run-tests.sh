@@ -91,19 +91,26 @@ run_mpi() { # name np settings command...
   asan=$asan_leaks
   [ "${leaks_checked:-no}" = yes ] && asan=$asan_no_leaks
   ASAN_OPTIONS=$asan timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" </dev/null >"$out" 2>"$err"
-  rc=$?
-  tally "np=$np ${settings:+[$settings] }" <"$out"
+  judge $? "np=$np ${settings:+[$settings] }" "np=$np $name" "$name at np=$np"
+}
+
+# The verdict on one run ($out, $err, exit status RC): its lines tallied
+# under PREFIX, then a sanitizer report, a timeout, a bad exit status or no
+# output at all as a FAIL line for WHO, with the end of WHAT's stderr.
+judge() { # rc prefix who what
+  jrc=$1
+  tally "$2" <"$out"
   if sanitizer_report "$err" "$out"; then
-    echo "FAIL np=$np $name: sanitizer report" | tee -a "$results"
-    rc=1
+    echo "FAIL $3: sanitizer report" | tee -a "$results"
+    jrc=1
   fi
-  if [ $rc -ne 0 ] || grep -q '^FAIL' "$out" || [ ! -s "$out" ]; then
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-      echo "FAIL np=$np $name: timed out after ${timeout_s}s" | tee -a "$results"
+  if [ $jrc -ne 0 ] || grep -q '^FAIL' "$out" || [ ! -s "$out" ]; then
+    if [ $jrc -eq 124 ] || [ $jrc -eq 137 ]; then
+      echo "FAIL $3: timed out after ${timeout_s}s" | tee -a "$results"
     elif ! grep -q '^FAIL' "$out"; then
-      echo "FAIL np=$np $name: exit status $rc" | tee -a "$results"
+      echo "FAIL $3: exit status $jrc" | tee -a "$results"
     fi
-    echo "---- stderr of $name at np=$np (last 40 lines) ----"
+    echo "---- stderr of $4 (last 40 lines) ----"
     tail -n 40 "$err"
     echo "----"
   fi
@@ -193,22 +200,8 @@ run_launch() { # name mode np command...
   [ "$np" -gt 4 ] && asan=$asan_no_leaks
   ASAN_OPTIONS=$asan HORA_TEST_TIMEOUT=$timeout_s timeout -k 10 $((timeout_s + 30)) \
     sh "$srcdir/tests/launch/launch.sh" "$mode" "$np" "$@" </dev/null >"$out" 2>"$err"
-  rc=$?
-  tally "bootstrap-$mode np=$np " <"$out"
-  if sanitizer_report "$err" "$out"; then
-    echo "FAIL bootstrap-$mode np=$np $name: sanitizer report" | tee -a "$results"
-    rc=1
-  fi
-  if [ $rc -ne 0 ] || grep -q '^FAIL' "$out" || [ ! -s "$out" ]; then
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-      echo "FAIL bootstrap-$mode np=$np $name: timed out after ${timeout_s}s" | tee -a "$results"
-    elif ! grep -q '^FAIL' "$out"; then
-      echo "FAIL bootstrap-$mode np=$np $name: exit status $rc" | tee -a "$results"
-    fi
-    echo "---- stderr of $name at np=$np under launch.sh $mode (last 40 lines) ----"
-    tail -n 40 "$err"
-    echo "----"
-  fi
+  judge $? "bootstrap-$mode np=$np " "bootstrap-$mode np=$np $name" \
+    "$name at np=$np under launch.sh $mode"
 }
 
 section "bootstraps: jobs started without MPI (tests/launch/launch.sh)"

@@ -1,8 +1,9 @@
 /* Bootstrap: the steps that build a communicator's membership from a
  * rendezvous (rendezvous.h); each is collective over it.
  *
- *   1. who: every rank's host identity and settings digest; the job-wide
- *      settings checked, local rank/size and host index worked out
+ *   1. who: every rank's host identity, settings digest and proposed
+ *      epoch; the job-wide settings checked, the epoch (the highest), local
+ *      rank/size and host index worked out
  *   2. the secret: rank 0 draws a job id; the connections' key is derived
  *      from the secret every member proved to the rendezvous (or, with
  *      none, drawn by rank 0 and sent through it), then from the epoch,
@@ -53,6 +54,7 @@ int hora__boot_cross_peer(const hora__comm *c, int dir) {
 /* ---- 1. who ------------------------------------------------------------------------- */
 
 struct who {
+  uint64_t epoch;    /* this process's proposal for the membership's */
   uint64_t digest;   /* of the job-wide settings */
   uint64_t host_key; /* hostname and boot id: ranks with one share memory */
   char host[HORA_HOST_MAX];
@@ -121,7 +123,7 @@ static int settings_differ(hora__comm *c, struct hora__rdv *rdv, const char *min
   return rc;
 }
 
-int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv) {
+int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch) {
   c->rank = rdv->rank;
   c->size = rdv->size;
   c->net->rank = c->rank;
@@ -136,6 +138,7 @@ int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv) {
     hora__params_job_encode(mine, len + 1);
     me.digest = fnv1a(0xcbf29ce484222325ull, mine, len);
   }
+  me.epoch = epoch;
   me.host_key = host_key();
   hora__strlcpy(me.host, hora__log_hostname(), sizeof(me.host));
   rc = hora__rdv_agree(rdv, rc, "memory");
@@ -151,6 +154,11 @@ int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv) {
     rc = settings_differ(c, rdv, mine, len, other);
   }
   if (rc == HORA_SUCCESS) {
+    /* The epoch: past every member's last, whatever memberships each was in. */
+    c->proc->epoch = epoch;
+    for (int r = 0; r < c->size; r++) {
+      c->proc->epoch = HORA_MAX(c->proc->epoch, all[r].epoch);
+    }
     /* Local ranks in rank order on each host; hosts numbered in the order
      * of their lowest rank (as MPI's shared-memory split and leaders). */
     c->local_rank = c->local_size = c->cross_rank = c->cross_size = 0;
@@ -180,8 +188,7 @@ int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv) {
 
 /* ---- 2. the secret ---------------------------------------------------------------- */
 
-int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch) {
-  /* epoch: this process's proposal; the members take the highest */
+int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv) {
   /* job id (public: it names the Unix sockets), then the secret when the
    * rendezvous has no key of its own to derive it from */
   uint8_t drawn[8 + HORA_SECRET_LEN];
@@ -192,23 +199,12 @@ int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch) {
   }
   HORA_CHECK(hora__rdv_agree(rdv, rc, "job secret"));
   HORA_CHECK(hora__rdv_bcast(rdv, 0, drawn, sizeof(drawn)));
-  /* The epoch: past every member's last, whatever memberships each was in. */
-  uint64_t *epochs = hora__calloc((size_t)c->size, sizeof(*epochs));
-  if (!epochs) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  rc = hora__rdv_allgather(rdv, &epoch, sizeof(epoch), epochs);
-  for (int r = 0; rc == HORA_SUCCESS && r < c->size; r++) {
-    epoch = HORA_MAX(epoch, epochs[r]);
-  }
-  free(epochs);
-  HORA_CHECK(rc);
   for (int i = 0; i < 8; i++) {
     snprintf(c->proc->job_id + 2 * i, 3, "%02x", drawn[i]);
   }
-  hora__boot_connection_key(rdv->has_key ? rdv->key : drawn + 8, drawn, epoch, c->proc->secret);
+  hora__boot_connection_key(rdv->has_key ? rdv->key : drawn + 8, drawn, c->proc->epoch,
+                            c->proc->secret);
   memcpy(c->proc->job_secret, rdv->has_key ? rdv->key : drawn + 8, HORA_SECRET_LEN);
-  c->proc->epoch = epoch;
   OPENSSL_cleanse(drawn, sizeof(drawn));
   return HORA_SUCCESS;
 }

@@ -83,8 +83,9 @@ struct plan {
 /* bootstrap.c: the steps, each collective over the rendezvous */
 int hora__boot_random_bytes(void *buf, size_t n, const char *what);
 int hora__boot_cross_peer(const hora__comm *c, int dir);
-int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv);
-int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch);
+/* epoch: this process's proposal; the membership's is the highest. */
+int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch);
+int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv);
 int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv);
 int hora__boot_shm(hora__comm *c, struct hora__rdv *rdv, bool want);
 /* The key a membership's connections prove: from the job secret, the job

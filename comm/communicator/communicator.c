@@ -51,8 +51,8 @@ static int choose_rdma(hora__comm *c, struct hora__rdv *rdv) {
 
 static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int *ctrl_peers,
                  int nctrl_peers) {
-  HORA_CHECK(hora__boot_membership(c, rdv));
-  HORA_CHECK(hora__boot_secret(c, rdv, epoch));
+  HORA_CHECK(hora__boot_membership(c, rdv, epoch));
+  HORA_CHECK(hora__boot_secret(c, rdv));
   HORA_CHECK(hora__boot_addresses(c, rdv));
   HORA_CHECK(choose_rdma(c, rdv));
 

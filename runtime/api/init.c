@@ -331,52 +331,6 @@ HORA_EXTERN const char *hora_bootstrap(void) {
   return atomic_load(&current) ? hora__rdv_kind_name(started_by.kind) : NULL;
 }
 
-HORA_EXTERN int hora_finalize(void) {
-  hora__error_clear();
-  pthread_mutex_lock(&lifecycle_mu);
-  int rc = HORA_SUCCESS;
-  struct hora__runtime *rt = hora__api_running(&rc, "hora_finalize");
-  if (!rt) {
-    pthread_mutex_unlock(&lifecycle_mu);
-    return rc;
-  }
-  /* The process sets first, in the order they were made (each is over when
-   * its members agree), then the world: every rank agrees the job is over. */
-  hora__process_sets_finalize();
-  struct hora_request *r = hora__request_new(HORA_KIND_SHUTDOWN);
-  if (r) {
-    hora_request *q = NULL;
-    if (hora__request_submit(rt, r, NULL, &q) == HORA_SUCCESS) {
-      hora__request_wait(rt, &q);
-    }
-  }
-  atomic_store(&current, NULL);
-  hora__engine_join(rt);
-  hora__api_leave(HORA_SUCCESS);
-  while (atomic_load(&api_users) > 0) {
-    struct timespec ms = {0, 1000000};
-    nanosleep(&ms, NULL);
-  }
-  hora__timeline_close();
-  int fatal = atomic_load(&rt->fatal_code);
-  char msg[1024];
-  hora__strlcpy(msg, rt->fatal_msg, sizeof(msg));
-  bool owns_mpi = rt->owns_mpi;
-  runtime_free(rt);
-  if (owns_mpi && fatal != HORA_SUCCESS) {
-    /* A peer is gone: MPI_Finalize could wait for it forever. The process
-     * is expected to exit with an error now. */
-    HORA_WARN("hora_finalize: not finalizing MPI after a fatal error (%s)", hora_strerror(fatal));
-  }
-  end_mpi(owns_mpi && fatal == HORA_SUCCESS);
-  hora__log_close();
-  pthread_mutex_unlock(&lifecycle_mu);
-  if (fatal != HORA_SUCCESS) {
-    return hora__error(fatal, "%s", msg);
-  }
-  return HORA_SUCCESS;
-}
-
 /* The world's runtime stopped with its members' agreement (process sets
  * first), waited out and freed; NULL afterwards. Caller holds lifecycle_mu. */
 static int world_stop_locked(struct hora__runtime *rt) {
@@ -403,6 +357,36 @@ static int world_stop_locked(struct hora__runtime *rt) {
   return fatal;
 }
 
+HORA_EXTERN int hora_finalize(void) {
+  hora__error_clear();
+  pthread_mutex_lock(&lifecycle_mu);
+  int rc = HORA_SUCCESS;
+  struct hora__runtime *rt = hora__api_running(&rc, "hora_finalize");
+  if (!rt) {
+    pthread_mutex_unlock(&lifecycle_mu);
+    return rc;
+  }
+  /* The process sets first, in the order they were made (each is over when
+   * its members agree), then the world: every rank agrees the job is over. */
+  bool owns_mpi = rt->owns_mpi;
+  int fatal = world_stop_locked(rt);
+  char msg[1024];
+  hora__strlcpy(msg, fatal != HORA_SUCCESS ? hora__error_message() : "", sizeof(msg));
+  hora__timeline_close();
+  if (owns_mpi && fatal != HORA_SUCCESS) {
+    /* A peer is gone: MPI_Finalize could wait for it forever. The process
+     * is expected to exit with an error now. */
+    HORA_WARN("hora_finalize: not finalizing MPI after a fatal error (%s)", hora_strerror(fatal));
+  }
+  end_mpi(owns_mpi && fatal == HORA_SUCCESS);
+  hora__log_close();
+  pthread_mutex_unlock(&lifecycle_mu);
+  if (fatal != HORA_SUCCESS) {
+    return hora__error(fatal, "%s", msg);
+  }
+  return HORA_SUCCESS;
+}
+
 int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec) {
   hora__error_clear();
   pthread_mutex_lock(&lifecycle_mu);
@@ -421,7 +405,7 @@ int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec) {
   end_mpi(false); /* an MPI communicator names the old membership's ranks */
   struct hora__rdv *rdv = NULL;
   struct hora__runtime *rt = NULL;
-  if (rc == HORA_SUCCESS && spec) {
+  if (spec) {
     rc = hora__rdv_open_tcp(spec, &rdv);
     if (rc == HORA_SUCCESS) {
       rc = hora__instance_start(rdv, 0, NULL, &rt);

@@ -2,6 +2,7 @@
  * input without side effects. */
 #include <stdlib.h>
 
+#include "comm/bootstrap/bootstrap.h"
 #include "comm/comm.h"
 #include "comm/transport/socket.h"
 #include "runtime/negotiate/cache.h"
@@ -477,6 +478,34 @@ TEST(handshake_proves_the_secret_both_ways) {
 
 /* Two caches fed the same response frames stay identical (each rank's
  * cache sees the same frames at the same point of the cycles). */
+/* One handshake between the keys of two memberships: DONE on both sides
+ * only when they are the same membership's. */
+static bool keys_connect(const uint8_t *kc, const uint8_t *ka) {
+  uint8_t n1[HORA_HS_NONCE_LEN] = {1}, n2[HORA_HS_NONCE_LEN] = {2};
+  struct hora__hs c, a;
+  hora__hs_connector(&c, kc, 4, HORA_CONN_SLOTS, 3, 1, HORA_CONN_CTRL, n1);
+  hora__hs_acceptor(&a, ka, 4, HORA_CONN_SLOTS, 1, n2);
+  hs_run(&c, &a, NULL);
+  return c.state == HORA_HS_DONE && a.state == HORA_HS_DONE;
+}
+
+TEST(connections_of_another_epoch_are_refused) {
+  uint8_t secret[HORA_SECRET_LEN], job[8] = {1, 2, 3, 4, 5, 6, 7, 8}, job2[8] = {1, 2, 3, 4, 5, 6, 7, 9};
+  for (int i = 0; i < HORA_SECRET_LEN; i++) {
+    secret[i] = (uint8_t)(3 * i + 1);
+  }
+  uint8_t e1[HORA_SECRET_LEN], e1b[HORA_SECRET_LEN], e2[HORA_SECRET_LEN], j2[HORA_SECRET_LEN];
+  hora__boot_connection_key(secret, job, 1, e1);
+  hora__boot_connection_key(secret, job, 1, e1b);
+  hora__boot_connection_key(secret, job, 2, e2);
+  hora__boot_connection_key(secret, job2, 1, j2);
+  ASSERT(memcmp(e1, e1b, sizeof(e1)) == 0);
+  ASSERT(keys_connect(e1, e1b));
+  ASSERT(!keys_connect(e1, e2) && !keys_connect(e2, e1));
+  ASSERT(!keys_connect(e1, j2));
+  ASSERT(memcmp(e1, secret, sizeof(e1)) != 0);
+}
+
 TEST(message_responses_note_the_cache) {
   struct hora__cache a, b;
   ASSERT(hora__cache_init(&a, 2) == HORA_SUCCESS && hora__cache_init(&b, 2) == HORA_SUCCESS);

@@ -1,12 +1,11 @@
 /* Start-up without MPI, the parts that need no second process: the
- * choice of rendezvous from the environment, Slurm's node lists, and the
- * connection keys of memberships (a connection of another epoch never
- * proves itself). */
+ * choice of rendezvous from the environment and Slurm's node lists (the
+ * connection keys of memberships are tested with the handshake, in
+ * test_message.c). */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "base/params.h"
-#include "comm/bootstrap/bootstrap.h"
 #include "comm/bootstrap/rendezvous.h"
 #include "../runner.h"
 
@@ -125,45 +124,4 @@ TEST(slurm_first_node_of_a_node_list) {
   ASSERT(hora__slurm_first_node("x,y", n, sizeof(n)) == HORA_SUCCESS && !strcmp(n, "x"));
   ASSERT(hora__slurm_first_node("h[1-2", n, sizeof(n)) == HORA_ERR_INVALID_ARG);
   ASSERT(hora__slurm_first_node("", n, sizeof(n)) == HORA_ERR_INVALID_ARG);
-}
-
-/* One handshake between the keys of two memberships: DONE on both sides
- * only when they are the same membership's. */
-static bool keys_connect(const uint8_t *kc, const uint8_t *ka) {
-  uint8_t n1[HORA_HS_NONCE_LEN] = {1}, n2[HORA_HS_NONCE_LEN] = {2};
-  struct hora__hs c, a;
-  hora__hs_connector(&c, kc, 4, HORA_CONN_SLOTS, 3, 1, HORA_CONN_CTRL, n1);
-  hora__hs_acceptor(&a, ka, 4, HORA_CONN_SLOTS, 1, n2);
-  for (int step = 0; step < 16; step++) {
-    struct hora__hs *from = c.state == HORA_HS_SEND ? &c : &a, *to = from == &c ? &a : &c;
-    if (from->state != HORA_HS_SEND || to->state != HORA_HS_RECV) {
-      break;
-    }
-    uint8_t *p, *q;
-    size_t n, m;
-    hora__hs_io(from, &p, &n);
-    hora__hs_io(to, &q, &m);
-    size_t k = n < m ? n : m;
-    memcpy(q, p, k);
-    hora__hs_advance(from, k);
-    hora__hs_advance(to, k);
-  }
-  return c.state == HORA_HS_DONE && a.state == HORA_HS_DONE;
-}
-
-TEST(connections_of_another_epoch_are_refused) {
-  uint8_t secret[HORA_SECRET_LEN], job[8] = {1, 2, 3, 4, 5, 6, 7, 8}, job2[8] = {1, 2, 3, 4, 5, 6, 7, 9};
-  for (int i = 0; i < HORA_SECRET_LEN; i++) {
-    secret[i] = (uint8_t)(3 * i + 1);
-  }
-  uint8_t e1[HORA_SECRET_LEN], e1b[HORA_SECRET_LEN], e2[HORA_SECRET_LEN], j2[HORA_SECRET_LEN];
-  hora__boot_connection_key(secret, job, 1, e1);
-  hora__boot_connection_key(secret, job, 1, e1b);
-  hora__boot_connection_key(secret, job, 2, e2);
-  hora__boot_connection_key(secret, job2, 1, j2);
-  ASSERT(memcmp(e1, e1b, sizeof(e1)) == 0);
-  ASSERT(keys_connect(e1, e1b));
-  ASSERT(!keys_connect(e1, e2) && !keys_connect(e2, e1));
-  ASSERT(!keys_connect(e1, j2));
-  ASSERT(memcmp(e1, secret, sizeof(e1)) != 0);
 }
