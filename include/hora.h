@@ -123,6 +123,39 @@ HORA_EXTERN const char *hora_bootstrap(void);
  * `reason` (may be NULL) appears in their messages. Does not exit. */
 HORA_EXTERN int hora_abort(const char *reason);
 
+/* ---- Elastic training (HORA_ELASTIC=1) -----------------------------------
+ * A job that loses processes goes on with the survivors, and admits
+ * processes started later, with no driver process: the members agree on the
+ * membership among themselves (the lowest surviving rank coordinates; a
+ * majority of the previous membership must agree, so two survivors never
+ * end in different memberships).
+ *
+ * hora_elastic_reset: after a call failed with HORA_ERR_PEER_LOST, or after
+ * hora_elastic_commit reported a change, every member calls it. It returns
+ * when the new membership's communicator is built: hora_rank and hora_size
+ * give the new numbering (survivors keep their order, newcomers follow),
+ * and process sets made before are invalid (their use fails with
+ * HORA_ERR_INVALID_USAGE; make them again). Fails with HORA_ERR_PEER_LOST
+ * when fewer than HORA_ELASTIC_MIN_SIZE ranks, or no majority, remain; with
+ * HORA_ERR_INVALID_USAGE when the job is not elastic, or nothing is to be
+ * done (no failure and no change reported). Requests still held fail; the
+ * trainer restores its last committed state and broadcasts it from rank 0.
+ *
+ * hora_elastic_commit: a commit point, collective (every rank, at the same
+ * step). *changed becomes 1 on every rank when processes wait to join (then
+ * call hora_elastic_reset), else 0.
+ *
+ * A process started later with HORA_ELASTIC=1 and the job's rendezvous
+ * address (and secret) joins in hora_init, which returns once it has been
+ * admitted at a commit point; hora_elastic_joined() is then 1.
+ *
+ * hora_elastic_epoch: the membership's number (1 at start-up, one more at
+ * each reset), -1 when not running. */
+HORA_EXTERN int hora_elastic_reset(void);
+HORA_EXTERN int hora_elastic_commit(int *changed);
+HORA_EXTERN int hora_elastic_joined(void);
+HORA_EXTERN int hora_elastic_epoch(void);
+
 HORA_EXTERN int hora_rank(void);       /* global rank, or -1 before hora_init */
 HORA_EXTERN int hora_size(void);       /* number of ranks, or -1 */
 HORA_EXTERN int hora_local_rank(void); /* rank among the processes on this host */
