@@ -83,6 +83,9 @@ int hora__membership_waiting(struct hora__membership *m);
  * process joins the reset too. */
 void hora__membership_on_request(struct hora__membership *m, void (*fn)(void *arg, uint32_t id),
                                  void *arg);
+/* This process is about to reset (it ends its world first): requests that
+ * arrive meanwhile are not news to fail its calls with. */
+void hora__membership_expect_reset(struct hora__membership *m);
 /* Agrees on the next membership with the others (every member calls it).
  * HORA_ERR_PEER_LOST: no quorum, fewer than HORA_ELASTIC_MIN_SIZE, or this
  * process was left out; the message says which. */

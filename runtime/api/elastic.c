@@ -126,7 +126,7 @@ static int build_agreed(const struct hora__agreed *a) {
   struct hora__runtime *rt = hora__world_runtime();
   if (rc == HORA_SUCCESS && rt) {
     hora__elastic_rebuilt(rt);
-    HORA_INFO("elastic: membership %llu: rank %d of %d (%d lost, %d joined)",
+    HORA_WARN("elastic: membership %llu: this process is rank %d of %d (%d lost, %d joined)",
               (unsigned long long)a->epoch, a->rank, a->size, a->lost, a->joined);
   }
   return rc;
@@ -168,6 +168,7 @@ HORA_EXTERN int hora_elastic_reset(void) {
                        "hora_elastic_commit reported no change");
   }
   uint64_t t0 = hora__now_ns();
+  hora__membership_expect_reset(membership);
   /* The old membership ends first: its connections and segment go. */
   (void)hora__world_rebuild_locked(NULL);
   hora__error_clear();

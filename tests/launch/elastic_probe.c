@@ -7,7 +7,7 @@
  * HORA_TEST_KILL=STEP:ID[,STEP:ID...]  the process that started as rank ID
  *   (or joined with that id) kills itself at STEP; STEP "r" kills it
  *   50 ms into its next reset (a failure during the agreement).
- * HORA_TEST_DONE_DIR: each survivor writes a line there at the end.
+ * HORA_TEST_STEP_MS: milliseconds of "compute" per step (default 0).
  * Prints "id I rank R size S resets N step T" and exits 0, or FAIL lines
  * and 1. usage: elastic_probe STEPS [COMMIT] */
 #include <pthread.h>
@@ -98,6 +98,8 @@ int main(int argc, char **argv) {
     my_id = 1000 + (int)getpid() % 1000;
   }
   int step = 0, bad = 0;
+  const char *ms = getenv("HORA_TEST_STEP_MS");
+  struct timespec pause = {0, (ms ? atoi(ms) : 0) * 1000000L};
   int rc = sync_state(&step);
   float *buf = malloc(N * sizeof(float));
   while (step < steps) {
@@ -105,6 +107,9 @@ int main(int argc, char **argv) {
       if (kill_at(step)) {
         fprintf(stderr, "id %d: killing myself at step %d\n", my_id, step);
         raise(SIGKILL);
+      }
+      if (pause.tv_nsec) {
+        nanosleep(&pause, NULL);
       }
       for (int i = 0; i < N; i++) {
         buf[i] = (float)(my_id + 1) * (float)(i % 7 + 1);
