@@ -242,6 +242,12 @@ if [ -z "${HORA_TEST_ONLY:-}" ] || echo "startup" | grep -Eq "$HORA_TEST_ONLY"; 
   timeout 300 "$builddir/tests/launch/test_rebuild" 2>&1 | tally ""
 fi
 
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic" | grep -Eq "$HORA_TEST_ONLY"; then
+  # Elastic training's membership: losses (one during the reset, the
+  # coordinator's), a newcomer, no quorum, bad joins.
+  timeout 600 sh "$srcdir/tests/launch/check-elastic.sh" "$builddir" 2>&1 | tally ""
+fi
+
 if [ -z "${HORA_TEST_ONLY:-}" ] && [ $without_mpi = yes ]; then
   section "the sections that need MPI"
   for s in settings faults rdma netns timeline python trainer examples install; do

@@ -211,14 +211,18 @@ static int prove(struct hora__membership *m, int fd, bool connector, uint64_t de
   uint8_t nonce[HORA_HS_NONCE_LEN];
   HORA_CHECK(hora__boot_random_bytes(nonce, sizeof(nonce), "membership nonce"));
   if (connector) {
-    hora__hs_connector(&hs, m->key, 2, 1, 1, 0, 0, nonce);
+    hora__hs_connector(&hs, m->key, 2, 1, 1, 0, 1, nonce);
   } else {
     hora__hs_acceptor(&hs, m->key, 2, 1, 0, nonce);
   }
   while (hs.state == HORA_HS_SEND || hs.state == HORA_HS_RECV) {
     int err = 0;
     if (hora__boot_pump(fd, &hs, &err) < 0) {
-      return hora__error(HORA_ERR_PEER_LOST, "closed during the handshake");
+      /* A connector that leaves after our challenge could not verify it. */
+      return !connector && hs.claimed
+                 ? hora__error(HORA_ERR_INVALID_ARG, "it left after the challenge: it holds "
+                               "another secret (another job, or a different HORA_SECRET_FILE)")
+                 : hora__error(HORA_ERR_PEER_LOST, "closed during the handshake");
     }
     if (hs.state != HORA_HS_SEND && hs.state != HORA_HS_RECV) {
       break;
@@ -274,9 +278,10 @@ int hora__mb_dial(struct hora__membership *m, uint32_t ip, uint16_t port, uint64
   if (pf.revents) {
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
   }
-  if (err != 0 || prove(m, fd, true, deadline + IO_NS) != HORA_SUCCESS) {
+  int rc = err != 0 ? HORA_ERR_PEER_LOST : prove(m, fd, true, deadline + IO_NS);
+  if (rc != HORA_SUCCESS) {
     close(fd);
-    return -1;
+    return rc == HORA_ERR_INVALID_ARG ? -2 : -1;
   }
   hora__socket_tune(fd, true, 0);
   return fd;
@@ -611,6 +616,12 @@ int hora__membership_join(struct hora__membership *m, const char *host, int port
   while (hora__now_ns() < deadline) {
     hora__mb_addr_str(ip, at, where, sizeof(where));
     int fd = hora__mb_dial(m, ip, at, PROBE_NS);
+    if (fd == -2) {
+      rc = hora__error(HORA_ERR_INVALID_ARG,
+                       "elastic: the process listening at %s did not prove this job's secret: "
+                       "another job, or a different HORA_SECRET_FILE/HORA_SECRET", where);
+      break;
+    }
     if (fd < 0) {
       struct timespec ts = {0, 100 * 1000000};
       nanosleep(&ts, NULL);
