@@ -105,8 +105,10 @@ failed() {
   fi
 }
 
+secret="$work/secret" other="$work/other"
+(umask 077 && echo "the job's secret" >"$secret" && echo "another secret" >"$other")
 steps=60 every=5
-job shrink 6 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:3,r:1
+job shrink 6 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:3,r:1 HORA_SECRET_FILE="$secret"
 wait
 survivors shrink shrink 4 0 2 4 5
 if grep -q "resets" "$work/shrink.1" "$work/shrink.3"; then
@@ -118,9 +120,9 @@ wait
 survivors takeover takeover 3 1 2 3
 
 steps=200 every=10
-job grow 4 $steps $every HORA_TEST_STEP_MS=10 HORA_TEST_KILL=150:1
+job grow 4 $steps $every HORA_TEST_STEP_MS=10 HORA_TEST_KILL=150:1 HORA_SECRET_FILE="$secret"
 sleep 0.5
-newcomer grow new
+newcomer grow new HORA_SECRET_FILE="$secret"
 wait
 survivors grow grow 4 0 2 3 new
 grep -q "size 5 \|rank 4 of 5" "$work/grow.new.err" || echo "FAIL elastic/grow: the newcomer was never one of 5 ranks"
@@ -137,8 +139,6 @@ job minsize 3 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:2 HORA_ELASTIC
 wait
 failed min-size minsize "HORA_ELASTIC_MIN_SIZE=3" 0 1
 
-secret="$work/secret" other="$work/other"
-(umask 077 && echo "the job's secret" >"$secret" && echo "another secret" >"$other")
 steps=150 every=10
 job secret 3 $steps $every HORA_TEST_STEP_MS=10 HORA_SECRET_FILE="$secret"
 sleep 0.5

@@ -7,6 +7,8 @@
  * HORA_TEST_KILL=STEP:ID[,STEP:ID...]  the process that started as rank ID
  *   (or joined with that id) kills itself at STEP; STEP "r" kills it
  *   50 ms into its next reset (a failure during the agreement).
+ * HORA_TEST_RESET_FIRST: calls hora_elastic_reset first (expects a clear
+ *   HORA_ERR_INVALID_USAGE, the job unharmed).
  * HORA_TEST_STEP_MS: milliseconds of "compute" per step (default 0).
  * Prints "id I rank R size S resets N step T" and exits 0, or FAIL lines
  * and 1. usage: elastic_probe STEPS [COMMIT] */
@@ -90,6 +92,13 @@ int main(int argc, char **argv) {
   if (hora_init() != HORA_SUCCESS) {
     printf("FAIL init: %s\n", hora_last_error());
     return 1;
+  }
+  if (getenv("HORA_TEST_RESET_FIRST")) {
+    /* Nothing was lost and no change reported: a clear error, nothing else. */
+    int r = hora_elastic_reset();
+    printf("%s reset without a failure: %s (%s)\n",
+           r == HORA_ERR_INVALID_USAGE && hora_size() > 0 ? "PASS" : "FAIL", hora_strerror(r),
+           hora_last_error());
   }
   /* Originals keep their start-up rank as id; a newcomer is given the
    * next free one by rank 0 (ids are only for the test's messages). */
