@@ -9,6 +9,9 @@
  *   50 ms into its next reset (a failure during the agreement).
  * HORA_TEST_RESET_FIRST: calls hora_elastic_reset first (expects a clear
  *   HORA_ERR_INVALID_USAGE, the job unharmed).
+ * HORA_TEST_TIMES: prints "killed-at T", "recovered-at T" (the first allreduce
+ *   completed after a reset) and "started-at T"/"first-at T" (a newcomer),
+ *   T from CLOCK_MONOTONIC, for scripts/bench-elastic.sh.
  * HORA_TEST_STEP_MS: milliseconds of "compute" per step (default 0).
  * Prints "id I rank R size S resets N step T" and exits 0, or FAIL lines
  * and 1. usage: elastic_probe STEPS [COMMIT] */
@@ -86,6 +89,10 @@ static int reset(void) {
 }
 
 int main(int argc, char **argv) {
+  double started = now();
+  bool times = getenv("HORA_TEST_TIMES") != NULL;
+  bool report = false; /* the next completed allreduce is a recovery */
+  bool first_done = false;
   int steps = argc > 1 ? atoi(argv[1]) : 50;
   int every = argc > 2 ? atoi(argv[2]) : 5;
   setvbuf(stdout, NULL, _IONBF, 0);
@@ -115,6 +122,9 @@ int main(int argc, char **argv) {
     if (rc == HORA_SUCCESS) {
       if (kill_at(step)) {
         fprintf(stderr, "id %d: killing myself at step %d\n", my_id, step);
+        if (times) {
+          printf("killed-at %.6f\n", now());
+        }
         raise(SIGKILL);
       }
       if (pause.tv_nsec) {
@@ -124,6 +134,17 @@ int main(int argc, char **argv) {
         buf[i] = (float)(my_id + 1) * (float)(i % 7 + 1);
       }
       rc = hora_allreduce("probe.grad", buf, buf, N, HORA_FLOAT32, HORA_SUM);
+      if (rc == HORA_SUCCESS && times) {
+        if (hora_elastic_joined() && !first_done) {
+          printf("started-at %.6f\nfirst-at %.6f\n", started, now());
+        } else if (report) {
+          printf("recovered-at %.6f\n", now());
+        }
+      }
+      if (rc == HORA_SUCCESS) {
+        report = false;
+        first_done = true;
+      }
       if (rc == HORA_SUCCESS) {
         float want = 0;
         for (int r = 0; r < hora_size(); r++) {
@@ -155,6 +176,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "id %d: step %d: %s\n", my_id, step, hora_last_error());
       rc = reset();
       if (rc == HORA_SUCCESS) {
+        report = true;
         rc = sync_state(&step);
         continue;
       }
