@@ -68,10 +68,10 @@ start() {
   shift 2
   if [ -n "$netns" ]; then
     (ip netns exec "${NETNS_PREFIX:-h}$h" unshare --uts sh -c "hostname h$h; exec env $* HORA_IFACE=eth0 timeout 120 '$probe' $steps 1" \
-       >"$work/$tag" 2>"$work/$tag.err"; exit 0) &
+       >"$work/$tag" 2>"$work/$tag.err"; echo $? >"$work/$tag.rc") 2>/dev/null &
   else
     # (a status, not a signal: bash would announce the victim's death)
-    (env "$@" timeout 120 "$probe" $steps 1 >"$work/$tag" 2>"$work/$tag.err"; exit 0) &
+    (env "$@" timeout 120 "$probe" $steps 1 >"$work/$tag" 2>"$work/$tag.err"; echo $? >"$work/$tag.rc") 2>/dev/null &
   fi
 }
 
