@@ -3,7 +3,8 @@
 # started here, so that a killed one does not take the others down):
 #   shrink    np=6: one rank killed mid-run, another during the reset that
 #             follows; the 4 survivors finish, their sums right at every size
-#   takeover  np=4: rank 0 (the coordinator) killed; the next one coordinates
+#   takeover  np=4: rank 0 (the coordinator) killed; the next one coordinates;
+#             a process set made before is refused clearly, a new one works
 #   grow      np=4 and a newcomer admitted at a commit, then a loss: 4 finish
 #   quorum    np=4: ranks 0 and 1 killed together; the other half has no
 #             majority and fails with a message saying so, within seconds
@@ -115,9 +116,17 @@ if grep -q "resets" "$work/shrink.1" "$work/shrink.3"; then
   echo "FAIL elastic/shrink-killed: a rank that was to be killed finished"
 fi
 
-job takeover 4 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:0
+job takeover 4 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:0 HORA_TEST_SETS=1
 wait
 survivors takeover takeover 3 1 2 3
+# Process sets: the one made before the reset refused clearly, a new one works.
+if [ "$(cat "$work"/takeover.[123] | grep -c '^PASS set after reset')" = 3 ] &&
+   ! grep -q '^FAIL' "$work"/takeover.[0-9]; then
+  echo "PASS elastic/process-sets: $(grep -ho 'the process set has been destroyed.*' "$work/takeover.1")"
+else
+  echo "FAIL elastic/process-sets"
+  grep -h 'set' "$work"/takeover.[0-9]
+fi
 
 steps=200 every=10
 job grow 4 $steps $every HORA_TEST_STEP_MS=10 HORA_TEST_KILL=150:1 HORA_SECRET_FILE="$secret"

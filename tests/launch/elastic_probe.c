@@ -12,6 +12,9 @@
  * HORA_TEST_TIMES: prints "killed-at T", "recovered-at T" (the first allreduce
  *   completed after a reset) and "started-at T"/"first-at T" (a newcomer),
  *   T from CLOCK_MONOTONIC, for scripts/bench-elastic.sh.
+ * HORA_TEST_SETS: a process set of the even ranks is made at start and
+ *   after every reset; the one made before a reset must be refused with a
+ *   clear error, the new one must work.
  * HORA_TEST_STEP_MS: milliseconds of "compute" per step (default 0).
  * Prints "id I rank R size S resets N step T" and exits 0, or FAIL lines
  * and 1. usage: elastic_probe STEPS [COMMIT] */
@@ -29,6 +32,41 @@
 #define N 4096
 
 static int my_id = -1;
+static hora_process_set *evens;
+
+static int allreduce_in(const char *name, int *x, hora_process_set *ps) {
+  hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+  o.process_set = ps;
+  hora_request *req = NULL;
+  int rc = hora_allreduce_async_ex(name, x, x, 1, HORA_INT32, HORA_SUM, &o, &req);
+  return rc == HORA_SUCCESS ? hora_wait(&req) : rc;
+}
+
+/* The set of the even ranks, made again; the old one checked first. */
+static int remake_set(void) {
+  if (!getenv("HORA_TEST_SETS")) {
+    return HORA_SUCCESS;
+  }
+  if (evens) {
+    int x = 1;
+    int rc = allreduce_in("probe.old", &x, evens);
+    bool clear = rc == HORA_ERR_INVALID_USAGE && strstr(hora_last_error(), "make them again");
+    printf("%s set after reset: %s\n", clear ? "PASS" : "FAIL", hora_last_error());
+  }
+  int ranks[512], n = 0;
+  for (int r = 0; r < hora_size(); r += 2) {
+    ranks[n++] = r;
+  }
+  int rc = hora_process_set_create(ranks, n, &evens);
+  if (rc == HORA_SUCCESS && hora_process_set_included(evens)) {
+    int x = 1;
+    rc = allreduce_in("probe.set", &x, evens);
+    if (rc == HORA_SUCCESS && x != n) {
+      printf("FAIL set sum %d, want %d\n", x, n);
+    }
+  }
+  return rc;
+}
 static int ids[1024];
 static int resets;
 
@@ -67,7 +105,10 @@ static void *die_soon(void *arg) {
 
 /* Every member's id (rank order) and the step to resume from rank 0. */
 static int sync_state(int *step) {
-  int rc = hora_allgather("probe.ids", &my_id, 1, HORA_INT32, ids);
+  int rc = remake_set();
+  if (rc == HORA_SUCCESS) {
+    rc = hora_allgather("probe.ids", &my_id, 1, HORA_INT32, ids);
+  }
   if (rc == HORA_SUCCESS) {
     rc = hora_broadcast("probe.step", step, 1, HORA_INT32, 0);
   }
