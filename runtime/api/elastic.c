@@ -22,6 +22,7 @@ static bool has_secret;
 static uint8_t secret[HORA_SECRET_LEN];
 static _Atomic bool change_pending; /* hora_elastic_commit saw newcomers */
 static _Atomic bool joined;         /* this process came to a running job */
+static _Atomic bool lost_members;   /* a reset left processes out */
 
 /* From the listener's thread: a member asks for a reset that this process
  * has not noticed (the news of a loss had not reached it): fail its calls,
@@ -98,6 +99,8 @@ void hora__elastic_rebuilt(struct hora__runtime *rt) {
   }
 }
 
+bool hora__elastic_lost_members(void) { return atomic_load(&lost_members); }
+
 void hora__elastic_end(void) {
   hora__membership_close(membership);
   membership = NULL;
@@ -125,6 +128,9 @@ static int build_agreed(const struct hora__agreed *a) {
   int rc = hora__world_rebuild_locked(&spec);
   struct hora__runtime *rt = hora__world_runtime();
   if (rc == HORA_SUCCESS && rt) {
+    if (a->lost > 0) {
+      atomic_store(&lost_members, true);
+    }
     hora__elastic_rebuilt(rt);
     HORA_WARN("elastic: membership %llu: this process is rank %d of %d (%d lost, %d joined)",
               (unsigned long long)a->epoch, a->rank, a->size, a->lost, a->joined);
