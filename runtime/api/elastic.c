@@ -123,7 +123,8 @@ static int build_agreed(const struct hora__agreed *a) {
   struct hora__rdv_tcp_spec spec = {
       .host = a->host, .port = a->port, .rank = a->rank, .size = a->size,
       .key = has_secret ? secret : NULL, .listen_fd = a->listen_fd,
-      .timeout_s = hora__params.CONNECT_TIMEOUT_SECONDS, .where = where,
+      .timeout_s = HORA_MIN(hora__params.CONNECT_TIMEOUT_SECONDS, hora__params.ELASTIC_TIMEOUT_SECONDS),
+      .where = where,
       .rank_var = "rank", .size_var = "size"};
   int rc = hora__world_rebuild_locked(&spec);
   struct hora__runtime *rt = hora__world_runtime();
@@ -179,9 +180,23 @@ HORA_EXTERN int hora_elastic_reset(void) {
   (void)hora__world_rebuild_locked(NULL);
   hora__error_clear();
   struct hora__agreed a;
-  int rc = hora__membership_agree(membership, &a);
-  if (rc == HORA_SUCCESS) {
+  int rc;
+  for (int attempt = 1;; attempt++) {
+    rc = hora__membership_agree(membership, &a);
+    if (rc != HORA_SUCCESS) {
+      break; /* no quorum, too few, left out: final */
+    }
     rc = build_agreed(&a);
+    if (rc == HORA_SUCCESS || attempt == 8 ||
+        (rc != HORA_ERR_PEER_LOST && rc != HORA_ERR_TIMEOUT)) {
+      break;
+    }
+    /* A member of the agreed membership died before its communicator was
+     * built: agree again, without it. */
+    HORA_WARN("elastic: building membership %llu failed (%s); agreeing again",
+              (unsigned long long)a.epoch, hora__error_message());
+    hora__membership_expect_reset(membership);
+    hora__error_clear();
   }
   if (rc == HORA_SUCCESS) {
     atomic_store(&change_pending, false);
