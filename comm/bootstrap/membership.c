@@ -383,6 +383,32 @@ static void serve_one(struct hora__membership *m, int fd) {
   free(b.p);
 }
 
+/* Members waiting for this process to coordinate (it is still ending its
+ * world, or computing) hear that it lives, so they do not go elsewhere. */
+static void beat_queued(struct hora__membership *m) {
+  uint64_t t = hora__now_ns();
+  if (t - m->last_beat < BEAT_NS) {
+    return;
+  }
+  m->last_beat = t;
+  uint32_t h[2] = {htonl(M_BEAT), 0};
+  pthread_mutex_lock(&m->mu);
+  for (int i = 0; i < m->nresets; i++) {
+    ssize_t r = send(m->resets[i].fd, h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r >= 0 && r != (ssize_t)sizeof(h)) {
+      /* A partial frame would garble the stream: drop this one. */
+      r = -1;
+      errno = EPIPE;
+    }
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      close(m->resets[i].fd);
+      free(m->resets[i].view.m);
+      m->resets[i--] = m->resets[--m->nresets];
+    }
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
 static void *listener_main(void *arg) {
   struct hora__membership *m = arg;
   for (;;) {
@@ -394,7 +420,9 @@ static void *listener_main(void *arg) {
       break;
     }
     struct pollfd pf[3] = {{m->lfd, POLLIN, 0}, {m->wake_fd, POLLIN, 0}, {door, POLLIN, 0}};
-    if (poll(pf, door >= 0 ? 3 : 2, 1000) <= 0) {
+    int ready = poll(pf, door >= 0 ? 3 : 2, (int)(BEAT_NS / 1000000ull));
+    beat_queued(m);
+    if (ready <= 0) {
       continue;
     }
     if (pf[1].revents) {

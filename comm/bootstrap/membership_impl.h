@@ -50,6 +50,7 @@ struct hora__membership {
   pthread_mutex_t mu;
   /* Under mu: */
   bool stop, in_reset;
+  uint64_t last_beat; /* the listener's thread's own */
   uint32_t my_id;
   struct hora__view view;
   struct queued *resets, *joins;
