@@ -184,3 +184,10 @@ else
   echo "FAIL elastic/not-elastic"
   show notelastic
 fi
+
+# Under a sanitizer build, any report in any process's output is a failure.
+reports=$(grep -lE "ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:" "$work"/*.err 2>/dev/null)
+if [ -n "$reports" ]; then
+  echo "FAIL elastic/sanitizer: reports in $(echo "$reports" | sed 's#.*/##' | tr '\n' ' ')"
+  for f in $reports; do grep -A12 -E "ERROR: |WARNING: ThreadSanitizer|runtime error:" "$f" | head -n 30; done
+fi
