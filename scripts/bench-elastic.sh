@@ -52,6 +52,7 @@ if [ $use_netns -eq 1 ]; then
     echo "$0: --netns needs root and ../shared/netns (set HORA_SHARED_DIR)" >&2
     exit 2
   fi
+  export NETNS_PREFIX="hb$$x" # a name of our own: no collision with a cluster left up
   "$netns/netns-cluster.sh" up $nhosts 1gbit >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; exit 2; }
   host_addr=10.77.0.1
 fi
