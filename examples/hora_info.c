@@ -211,6 +211,22 @@ static int reload_with(const char *var, const char *value) {
   return hora__params_load();
 }
 
+/* The rendezvous of an elastic job's steps in this Slurm allocation, as a
+ * step would choose it without an MPI plug-in (the allocation's first node,
+ * the job's port); a placeholder outside an allocation. */
+static void slurm_door(char *door, size_t n) {
+  struct hora__rdv_choice c;
+  const char *job = getenv("SLURM_JOB_ID"), *nodes = getenv("SLURM_JOB_NODELIST");
+  if (job && job[0] && nodes && nodes[0] && setenv("SLURM_PROCID", "0", 0) == 0 &&
+      setenv("SLURM_NTASKS", "1", 0) == 0 && setenv("SLURM_STEP_ID", "0", 0) == 0 &&
+      reload_with("HORA_BOOTSTRAP", "slurm") == HORA_SUCCESS &&
+      hora__rdv_choose(false, &c) == HORA_SUCCESS) {
+    snprintf(door, n, "%s:%d", c.host, c.port);
+  } else {
+    hora__strlcpy(door, "FIRSTNODE:PORT", n);
+  }
+}
+
 static int print_elastic(void) {
   printf("elastic settings (HORA_ELASTIC=1 on every process makes a job elastic):\n");
   print_settings("ELASTIC");
@@ -239,13 +255,7 @@ static int print_elastic(void) {
             "  step when a task dies, even with --kill-on-bad-exit=0 --no-kill: start the step\n"
             "  with --mpi=none instead, and hora meets at its own rendezvous.\n",
             var);
-        /* The door the step would have without its MPI plug-in. */
-        if (reload_with("HORA_BOOTSTRAP", "slurm") == HORA_SUCCESS &&
-            hora__rdv_choose(false, &c) == HORA_SUCCESS) {
-          snprintf(door, sizeof(door), "%s:%d", c.host, c.port);
-        } else {
-          hora__strlcpy(door, "FIRSTNODE:PORT", sizeof(door));
-        }
+        slurm_door(door, sizeof(door));
         elastic_slurm(door, job);
       } else if (launched) {
         elastic_other_mpi();
@@ -269,7 +279,8 @@ static int print_elastic(void) {
       printf("the lines for each launcher:\n");
       elastic_openmpi();
       elastic_other_mpi();
-      elastic_slurm("FIRSTNODE:PORT", job);
+      slurm_door(door, sizeof(door));
+      elastic_slurm(door, job);
       elastic_env("HOST:PORT");
       elastic_tcp("HOST:PORT");
       break;

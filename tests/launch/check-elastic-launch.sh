@@ -11,6 +11,8 @@
 #
 # usage: tests/launch/check-elastic-launch.sh BUILDDIR
 set -u
+# Words like SLURM_JOB_NODELIST=n[2-4] go through word splitting: never globs.
+set -f
 builddir=$(cd "${1:-.}" && pwd)
 . "$builddir/tests/config.sh"
 info="$builddir/hora-info"
@@ -97,6 +99,13 @@ if [ -n "$step0" ] && [ "$step0" = "$step3" ] && echo "$step0" | grep -q "HORA_R
   echo "PASS elastic-launch/info_slurm_steps_share_the_rendezvous"
 else
   fail "elastic-launch/info_slurm_steps_share_the_rendezvous: step 0 '$step0', step 3 '$step3'"
+fi
+# In the allocation's own shell (sbatch's script: no step yet) the same.
+alloc=$(env SLURM_JOB_ID=42 SLURM_JOB_NODELIST="n[2-4]" SLURM_NTASKS=4 "$info" --elastic | grep '^  newcomer: .*srun')
+if [ -n "$alloc" ] && [ "$alloc" = "$step0" ]; then
+  echo "PASS elastic-launch/info_slurm_allocation_names_the_steps_rendezvous"
+else
+  fail "elastic-launch/info_slurm_allocation_names_the_steps_rendezvous: '$alloc', a step has '$step0'"
 fi
 
 (umask 077 && echo "the job's secret" >"$work/secret")
