@@ -4,6 +4,7 @@
  * membership built (hora__world_rebuild_locked) and rank 0 given the door
  * newcomers knock at. */
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,10 +58,17 @@ static int door_of(const struct hora__rdv_choice *c) {
 }
 
 static int open_membership(const struct hora__rdv_choice *choice) {
-  has_secret = choice->has_secret;
-  if (has_secret) {
-    memcpy(secret, choice->secret, sizeof(secret));
+  struct hora__rdv_choice c = *choice;
+  if (!c.has_secret && c.kind == HORA_RDV_MPI) {
+    /* MPI carried its own secret at start-up; newcomers, who come without
+     * MPI, prove the one the user gives. */
+    HORA_CHECK(hora__rdv_load_secret(&c));
   }
+  has_secret = c.has_secret;
+  if (has_secret) {
+    memcpy(secret, c.secret, sizeof(secret));
+  }
+  OPENSSL_cleanse(&c, sizeof(c));
   door_port = door_of(choice);
   int rc = hora__membership_open(has_secret ? secret : NULL, &membership);
   if (rc == HORA_SUCCESS) {
