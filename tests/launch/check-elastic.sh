@@ -185,6 +185,36 @@ else
   show notelastic
 fi
 
+# Under Open MPI's mpirun with the option that keeps survivors
+# (--enable-recovery): started through MPI, rebuilt over TCP after the loss of
+# one rank and of another during the reset; then a newcomer started by
+# `mpirun -np 1` with hora's rendezvous joins and one more is lost.
+. "$builddir/tests/config.sh"
+if [ "$HAVE_MPI" != yes ] || [ "$MPI_FLAVOR" != openmpi ]; then
+  echo "SKIP elastic/mpirun: not an Open MPI build"
+else
+  flags="--enable-recovery --oversubscribe --bind-to none"
+  [ "$(id -u)" -eq 0 ] && flags="$flags --allow-run-as-root"
+  port=$(free_port)
+  # shellcheck disable=SC2086
+  timeout 120 "$MPIEXEC" $flags -np 6 -x HORA_ELASTIC=1 -x HORA_RENDEZVOUS=127.0.0.1:$port \
+    -x HORA_TEST_STEP_MS=10 -x HORA_TEST_KILL=20:3,r:1,250:0 -x HORA_ELASTIC_TIMEOUT_SECONDS \
+    -x HORA_CONNECT_TIMEOUT_SECONDS -x HORA_LOG_LEVEL "$probe" 300 10 >"$work/mpi.job" 2>"$work/mpi.err" &
+  sleep 2
+  # shellcheck disable=SC2086
+  timeout 100 "$MPIEXEC" $flags -np 1 -x HORA_BOOTSTRAP=tcp -x HORA_RENDEZVOUS=127.0.0.1:$port \
+    -x HORA_ELASTIC=1 -x HORA_TEST_STEP_MS=10 -x HORA_ELASTIC_TIMEOUT_SECONDS "$probe" 300 10 \
+    >"$work/mpi.new" 2>"$work/mpi.new.err"
+  wait
+  if [ "$(grep -c 'size 4 resets 3 step 300$' "$work/mpi.job")" = 3 ] &&
+     grep -q 'size 4 resets [0-9] step 300$' "$work/mpi.new"; then
+    echo "PASS elastic/mpirun: 6 ranks under mpirun --enable-recovery lost 2 (one during the reset), admitted a newcomer, lost rank 0: 4 ended"
+  else
+    echo "FAIL elastic/mpirun"
+    tail -n 8 "$work/mpi.job" "$work/mpi.err" "$work/mpi.new" "$work/mpi.new.err"
+  fi
+fi
+
 # Under a sanitizer build, any report in any process's output is a failure.
 reports=$(grep -lE "ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:" "$work"/*.err 2>/dev/null)
 if [ -n "$reports" ]; then
