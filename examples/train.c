@@ -501,8 +501,8 @@ static void submit_layer(struct exchange *x, struct layer *L, int k) {
 }
 
 /* Waits for every submitted request, failed or not (each must be freed,
- * and the engine must be done with the buffers), and returns the first
- * failure; its message stays in x->error. */
+ * and the engine must be done with the buffers), and returns the step's
+ * first failure (x->rc, with its message in x->error). */
 static int wait_all(struct exchange *x) {
   double t0 = now();
   for (int k = NLAYERS - 1; k >= 0; k--) {
@@ -513,9 +513,7 @@ static int wait_all(struct exchange *x) {
     }
   }
   x->wait_seconds += now() - t0;
-  int rc = x->rc;
-  x->rc = HORA_SUCCESS;
-  return rc;
+  return x->rc;
 }
 
 /* Backward pass over n samples of act[0]; gradients add to gw/gb, scaled
@@ -996,12 +994,15 @@ static int el_step(struct model *m, struct elastic *e, const struct options *o,
       }
     }
     hora_request *lreq = NULL;
-    int rc = hora_allreduce_async("loss", &loss, &gloss, 1, HORA_FLOAT64, HORA_AVERAGE, &lreq);
-    exchange_failed(x, rc);
+    exchange_failed(x, hora_allreduce_async("loss", &loss, &gloss, 1, HORA_FLOAT64, HORA_AVERAGE,
+                                            &lreq));
+    if (last) {
+      wait_all(x); /* before the loss, as in the plain loop: the wait share is the gradients' */
+    }
     if (lreq) {
       exchange_failed(x, hora_wait(&lreq));
     }
-    rc = last ? wait_all(x) : x->rc;
+    int rc = x->rc;
     x->rc = HORA_SUCCESS;
     if (rc != HORA_SUCCESS) {
       return rc;
