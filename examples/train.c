@@ -1079,6 +1079,7 @@ static double train_elastic(struct model *m, const struct options *o, const stru
   x.opts = (hora_allreduce_options)HORA_ALLREDUCE_OPTIONS_INIT;
   x.opts.compression = o->fp16 ? HORA_COMPRESSION_FP16 : HORA_COMPRESSION_NONE;
   int *perm = xmalloc((size_t)train->n * sizeof(int));
+  el_save(m, &e); /* what a failure in the first sync rolls back to */
   e.reset_seconds = init_seconds; /* a newcomer's wait to be let in */
   int rc = keep_error(&x, el_sync(m, &e, o, train->n,
                                   hora_elastic_joined() ? "joining (hora_init)" : NULL));
