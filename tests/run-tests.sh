@@ -258,6 +258,13 @@ if [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic-launch" | grep -Eq "$HORA_TEST_
   judge $? "" "elastic-launch" "check-elastic-launch.sh"
 fi
 
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "train-elastic" | grep -Eq "$HORA_TEST_ONLY"; then
+  section "elastic training: ranks killed on purpose, one let in later"
+  el_mode=
+  [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ] && el_mode=quick
+  sh "$srcdir/tests/launch/check-train-elastic.sh" "$builddir" $el_mode | tally ""
+fi
+
 if [ -z "${HORA_TEST_ONLY:-}" ] && [ $without_mpi = yes ]; then
   section "the sections that need MPI"
   for s in settings faults rdma netns timeline python trainer examples install; do
