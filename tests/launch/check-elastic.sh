@@ -79,8 +79,11 @@ survivors() {
         bad="$bad $who(no membership line)"
     fi
   done
+  # One membership: every survivor names the same epoch and members.
+  views=$(for who in "$@"; do grep '^membership ' "$work/$name.$who"; done | sort -u)
+  [ "$(echo "$views" | wc -l)" = 1 ] || bad="$bad (different memberships: $(echo "$views" | tr '\n' ';'))"
   if [ -z "$bad" ]; then
-    echo "PASS elastic/$check: ranks $* went on and ended with $size ranks"
+    echo "PASS elastic/$check: ranks $* went on and ended with $size ranks, all in $views"
   else
     echo "FAIL elastic/$check: not as expected:$bad"
     show "$name"
