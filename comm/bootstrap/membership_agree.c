@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,6 +298,16 @@ static void take_joins(struct hora__membership *m, struct queued **joins, int *n
   }
 }
 
+/* HORA_ELASTIC_TEST_CRASH=POINT@ID: this process dies at POINT (tests). */
+static void crash_if_asked(const struct hora__membership *m, const char *point) {
+  const char *v = hora__params.ELASTIC_TEST_CRASH;
+  size_t n = strlen(point);
+  if (v[0] && strncmp(v, point, n) == 0 && v[n] == '@' && (uint32_t)atoi(v + n + 1) == m->my_id) {
+    HORA_WARN("elastic: HORA_ELASTIC_TEST_CRASH=%s: dying now", v);
+    raise(SIGKILL);
+  }
+}
+
 static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
   struct hora__view base = {0};
   pthread_mutex_lock(&m->mu);
@@ -450,6 +461,7 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
     }
     m->accepted_b = ballot;
     hora__mb_view_copy(&m->accepted, &next);
+    crash_if_asked(m, "accepted");
     /* Phase 3. An adopted proposal is committed as it was, then the
      * members still here go on from it. */
     int lfd = -1, port = 0;
