@@ -11,6 +11,8 @@
 #   quorum    np=4: ranks 0 and 1 killed together; the other half has no
 #             majority and fails with a message saying so, within seconds
 #   min-size  HORA_ELASTIC_MIN_SIZE=3, np=3, one killed: the others fail
+#   slow      a member alive but late is left out, and told so when it asks
+#   stranger  garbage and malformed frames at the door: dropped, logged
 #   secret    a newcomer with another secret is refused, the job unharmed
 #   max-size  HORA_ELASTIC_MAX_SIZE=4: a fifth process is refused
 #   no-op     hora_elastic_reset without a failure: a clear error; and in a
@@ -161,6 +163,43 @@ took=$(( $(date +%s) - t0 ))
 job minsize 3 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:2 HORA_ELASTIC_MIN_SIZE=3
 wait
 failed min-size minsize "HORA_ELASTIC_MIN_SIZE=3" 0 1
+
+steps=300 every=10
+# A member alive but late (past HORA_ELASTIC_TIMEOUT_SECONDS) is left out;
+# when it asks at last it is told so at once.
+job slow 4 $steps $every HORA_TEST_STEP_MS=20 HORA_TEST_KILL=20:3 HORA_TEST_SLOW=2:4 \
+  HORA_ELASTIC_TIMEOUT_SECONDS=2
+wait
+survivors slow slow 2 0 1
+failed slow-told slow "was left out of the job's membership" 2
+
+# Strangers at the door (no secret): garbage, a frame with an absurd
+# length, a reset request whose view claims more members than its bytes
+# hold. Each is dropped with a warning; the job is unharmed.
+steps=150 every=10
+job stranger 3 $steps $every HORA_TEST_STEP_MS=10
+sleep 0.7
+/usr/bin/python3 - "$(cut -d: -f2 "$work/stranger.at")" <<'PY' 2>/dev/null
+import socket, struct, sys, time
+port = int(sys.argv[1])
+def send(data):
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+        s.sendall(data)
+        time.sleep(0.1)
+        s.close()
+    except OSError:
+        pass
+send(b"GET / HTTP/1.0\r\n\r\n" * 20)
+send(struct.pack("!II", 1, 0xFFFFFFFF))
+view = struct.pack("!QII", 1, 3, 1000000)  # epoch, next id, a million members, no bytes
+send(struct.pack("!II", 1, 4 + 8 + 4 + 2 + len(view)) + struct.pack("!IQ", 7, 0) + b"\0" * 6 + view)
+PY
+wait
+survivors stranger stranger 3 0 1 2
+grep -q "malformed reset request\|not a request" "$work/stranger.0.err" &&
+  echo "PASS elastic/stranger-logged: $(grep -ho 'elastic: \(a malformed reset request\|refused a connection\)[^;]*' "$work/stranger.0.err" | head -n 1)" ||
+  echo "FAIL elastic/stranger-logged: rank 0 logged nothing about the strangers"
 
 steps=150 every=10
 job secret 3 $steps $every HORA_TEST_STEP_MS=10 HORA_SECRET_FILE="$secret"

@@ -15,6 +15,7 @@
  * HORA_TEST_SETS: a process set of the even ranks is made at start and
  *   after every reset; the one made before a reset must be refused with a
  *   clear error, the new one must work.
+ * HORA_TEST_SLOW=ID:S: the process ID sleeps S seconds before its first reset.
  * HORA_TEST_STEP_MS: milliseconds of "compute" per step (default 0).
  * Prints "id I rank R size S resets N step T" and exits 0, or FAIL lines
  * and 1. usage: elastic_probe STEPS [COMMIT] */
@@ -116,6 +117,12 @@ static int sync_state(int *step) {
 }
 
 static int reset(void) {
+  const char *slow = getenv("HORA_TEST_SLOW");
+  int slow_id = -1, slow_s = 0;
+  if (slow && sscanf(slow, "%d:%d", &slow_id, &slow_s) == 2 && slow_id == my_id && resets == 0) {
+    /* A member that is alive but late to the reset. */
+    sleep((unsigned)slow_s);
+  }
   if (kill_at(-1)) {
     pthread_t t;
     pthread_create(&t, NULL, die_soon, NULL);
