@@ -278,6 +278,9 @@ int hora__mb_dial(struct hora__membership *m, uint32_t ip, uint16_t port, uint64
   if (pf.revents) {
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
   }
+  if (err == 0 && hora__socket_is_self_connected(fd)) {
+    err = ECONNREFUSED; /* nobody listens there */
+  }
   int rc = err != 0 ? HORA_ERR_PEER_LOST : prove(m, fd, true, deadline + IO_NS);
   if (rc != HORA_SUCCESS) {
     close(fd);

@@ -243,6 +243,9 @@ static void probe_step(struct voter *v, const struct hora__member *mem, uint64_t
       int err = 0;
       socklen_t len = sizeof(err);
       getsockopt(v->probe_fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err == 0 && hora__socket_is_self_connected(v->probe_fd)) {
+        err = ECONNREFUSED;
+      }
       close(v->probe_fd);
       v->probe_fd = -1;
       if (err) {

@@ -495,6 +495,10 @@ static int try_connect(const struct hora__rdv_tcp_spec *sp, const uint8_t *hs_ke
     r = err ? -1 : 0;
     errno = err;
   }
+  if (r == 0 && hora__socket_is_self_connected(fd)) {
+    r = -1;
+    errno = ECONNREFUSED;
+  }
   if (r < 0) {
     snprintf(why, whyn, "%s", strerror(errno));
     close(fd);

@@ -145,3 +145,17 @@ int hora__accept_shed(int lfd, int *reserve_fd, struct sockaddr_storage *ss, soc
   *reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   return got;
 }
+
+bool hora__socket_is_self_connected(int fd) {
+  struct sockaddr_storage a, b;
+  socklen_t la = sizeof(a), lb = sizeof(b);
+  if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 ||
+      getpeername(fd, (struct sockaddr *)&b, &lb) != 0 || la != lb) {
+    return false;
+  }
+  if (a.ss_family == AF_INET) {
+    const struct sockaddr_in *x = (const struct sockaddr_in *)&a, *y = (const struct sockaddr_in *)&b;
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  return false;
+}

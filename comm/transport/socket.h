@@ -9,6 +9,10 @@
 
 int hora__socket_nonblocking(int fd);
 int hora__socket_tune(int fd, bool tcp, int64_t bufsize);
+/* A connect to a port nobody listens on, retried, can meet itself: Linux
+ * picks the same port as the source, and TCP's simultaneous open connects
+ * the socket to itself. Such a connection is no peer. */
+bool hora__socket_is_self_connected(int fd);
 int hora__choose_ipv4(const char *iface, bool single_host, struct in_addr *out, char *ifname,
                       size_t ifname_len);
 int hora__listen_tcp(struct in_addr addr, int *fd, struct sockaddr_in *bound);

@@ -39,6 +39,7 @@ int test_skipped;
   X(rendezvous_choice_follows_the_launcher)                                                  \
   X(rendezvous_bad_variables_are_named)                                                      \
   X(slurm_first_node_of_a_node_list)                                                         \
+  X(a_connection_to_itself_is_no_peer)                                                       \
   X(connections_of_another_epoch_are_refused)                                                \
   X(table_put_get_remove_grow)                                                               \
   X(table_reuses_removed_entries)                                                            \

@@ -4,9 +4,13 @@
  * test_message.c). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "base/params.h"
 #include "comm/bootstrap/rendezvous.h"
+#include "comm/transport/socket.h"
 #include "../runner.h"
 
 static const char *const launch_vars[] = {
@@ -124,4 +128,32 @@ TEST(slurm_first_node_of_a_node_list) {
   ASSERT(hora__slurm_first_node("x,y", n, sizeof(n)) == HORA_SUCCESS && !strcmp(n, "x"));
   ASSERT(hora__slurm_first_node("h[1-2", n, sizeof(n)) == HORA_ERR_INVALID_ARG);
   ASSERT(hora__slurm_first_node("", n, sizeof(n)) == HORA_ERR_INVALID_ARG);
+}
+
+/* A socket bound to a port and connected to that same port meets itself
+ * (TCP's simultaneous open): what a retried connect to a port nobody
+ * listens on can end in. The membership's dial and probe, and the
+ * rendezvous's clients, must not take it for a peer. */
+TEST(a_connection_to_itself_is_no_peer) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT(fd >= 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  ASSERT(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+  ASSERT(getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
+  ASSERT(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+  ASSERT(hora__socket_is_self_connected(fd));
+  close(fd);
+  /* An ordinary connection is not. */
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in la = {.sin_family = AF_INET};
+  la.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  len = sizeof(la);
+  ASSERT(bind(l, (struct sockaddr *)&la, sizeof(la)) == 0 && listen(l, 1) == 0);
+  ASSERT(getsockname(l, (struct sockaddr *)&la, &len) == 0);
+  ASSERT(connect(c, (struct sockaddr *)&la, sizeof(la)) == 0);
+  ASSERT(!hora__socket_is_self_connected(c));
+  close(c);
+  close(l);
 }
