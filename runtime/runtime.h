@@ -113,6 +113,7 @@ struct hora__runtime {
   bool coordinator_exited;
   bool joined;       /* this rank has a join in flight */
   bool abort_asked;  /* hora_abort was called; the coordinator tells the job */
+  int abort_code;    /* 0: hora_abort's HORA_ERR_ABORTED; else (a reset asked for) this code */
   char abort_reason[512];
   /* ---- end of protected ---- */
 
@@ -216,6 +217,25 @@ struct hora__rdv_tcp_spec;
  * tcp rendezvous forms, with a new epoch: a communicator built again within
  * the process. NULL spec: this process leaves. */
 int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec);
+/* The same, for a caller that holds the life cycle's lock (hora__lifecycle_lock). */
+int hora__world_rebuild_locked(const struct hora__rdv_tcp_spec *spec);
+void hora__lifecycle_lock(void);
+void hora__lifecycle_unlock(void);
+
+/* api/elastic.c: elastic training's share of the life cycle. */
+struct hora__rdv_choice;
+/* At start-up (HORA_ELASTIC): this process's listener, every member's
+ * address through the start-up's rendezvous, rank 0's door. */
+int hora__elastic_begin(struct hora__rdv *rdv, struct hora__runtime *rt,
+                        const struct hora__rdv_choice *choice);
+/* Whether this process comes to a running job (HORA_ELASTIC, no rank, or
+ * rank 0 finding the rendezvous port taken); then joins it and builds the
+ * world. Caller holds the life cycle's lock. */
+bool hora__elastic_is_newcomer(const struct hora__rdv_choice *choice);
+int hora__elastic_join_locked(const struct hora__rdv_choice *choice);
+/* After the world is built again (rank 0 holds the door) and at the end. */
+void hora__elastic_rebuilt(struct hora__runtime *rt);
+void hora__elastic_end(void);
 /* hora_init, and hora_init_comm (api/api_mpi.c) with mpi_comm pointing to
  * its MPI_Comm: starts the world unless it runs. */
 int hora__init(const void *mpi_comm);

@@ -135,7 +135,10 @@ static int choose_slurm(struct hora__rdv_choice *c) {
   c->kind = HORA_RDV_SLURM;
   hora__strlcpy(c->rank_var, "SLURM_PROCID", sizeof(c->rank_var));
   hora__strlcpy(c->size_var, "SLURM_NTASKS", sizeof(c->size_var));
-  const char *nodes = getenv("SLURM_STEP_NODELIST");
+  /* An elastic job's later steps must find the first step's rendezvous:
+   * the allocation's first node, a port of the job's. */
+  bool elastic = hora__params.ELASTIC;
+  const char *nodes = elastic ? NULL : getenv("SLURM_STEP_NODELIST");
   const char *nodes_var = "SLURM_STEP_NODELIST";
   if (!nodes || !nodes[0]) {
     nodes = getenv("SLURM_JOB_NODELIST");
@@ -156,8 +159,9 @@ static int choose_slurm(struct hora__rdv_choice *c) {
     int job = 0, step = 0;
     HORA_CHECK(read_int("SLURM_JOB_ID", 0, INT_MAX, &job));
     HORA_CHECK(read_int("SLURM_STEP_ID", 0, INT_MAX, &step));
+    step = elastic ? 0 : step;
     c->port = 12000 + (int)(((unsigned)HORA_MAX(job, 0) * 97u + (unsigned)HORA_MAX(step, 0)) % 20000u);
-    port_from = "SLURM_JOB_ID and SLURM_STEP_ID";
+    port_from = elastic ? "SLURM_JOB_ID (elastic: every step of the job)" : "SLURM_JOB_ID and SLURM_STEP_ID";
   } else if (c->port < 1 || c->port > 65535) {
     return hora__error(HORA_ERR_INVALID_ARG, "HORA_RENDEZVOUS_PORT=%d is not a port (1 to 65535)",
                        c->port);
@@ -178,11 +182,15 @@ static int choose_tcp(struct hora__rdv_choice *c) {
   HORA_CHECK(split_host_port("HORA_RENDEZVOUS", v, c->host, sizeof(c->host), &c->port));
   c->rank = (int)HORA_MAX(HORA_MIN(hora__params.RANK, INT_MAX), INT_MIN);
   c->size = (int)HORA_MAX(HORA_MIN(hora__params.SIZE, INT_MAX), -1);
-  if (c->size < 1) {
+  if (c->size < 1 && hora__params.RANK == -1 && hora__params.ELASTIC) {
+    c->size = -1; /* a newcomer learns the size when it is admitted */
+  } else if (c->size < 1) {
     return hora__error(HORA_ERR_INVALID_ARG, "HORA_RENDEZVOUS is set, but HORA_SIZE is %s: set it "
                        "to the number of processes", c->size == -1 ? "not set" : "below 1");
   }
-  if (hora__params.RANK == -1) {
+  if (hora__params.RANK == -1 && hora__params.ELASTIC) {
+    c->rank = -1; /* a newcomer to a running elastic job: it is given its rank */
+  } else if (hora__params.RANK == -1) {
     return hora__error(HORA_ERR_INVALID_ARG, "HORA_RENDEZVOUS is set, but HORA_RANK is not: set "
                        "it to this process's rank (0 to %d)", c->size - 1);
   }

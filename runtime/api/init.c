@@ -169,6 +169,16 @@ static int init_locked(const void *mpi_comm) {
                        "start twice",
                        atomic_load(&mpi_finalized_by_hora) ? "hora_finalize" : "the program");
   }
+  if (prc == HORA_SUCCESS && hora__elastic_is_newcomer(&choice)) {
+    /* A process started later: it joins the running job at a commit point. */
+    rc = hora__elastic_join_locked(&choice);
+    if (rc == HORA_SUCCESS) {
+      started_by = choice;
+      OPENSSL_cleanse(started_by.secret, sizeof(started_by.secret));
+    }
+    OPENSSL_cleanse(choice.secret, sizeof(choice.secret));
+    return rc;
+  }
   bool owns_mpi = false;
   struct hora__rdv *rdv = NULL;
   rc = open_rendezvous(&choice, mpi_comm, !mpi_running, &owns_mpi, &rdv);
@@ -188,6 +198,18 @@ static int init_locked(const void *mpi_comm) {
     HORA_INFO("start-up: %s rendezvous (%s)%s%s", hora__rdv_kind_name(choice.kind), choice.why,
               choice.where[0] ? " at " : "", choice.where);
     rc = hora__instance_start(rdv, 0, NULL, &rt);
+    if (rc == HORA_SUCCESS) {
+      rc = hora__elastic_begin(rdv, rt, &choice);
+      if (rc != HORA_SUCCESS) {
+        char msg[1024];
+        hora__strlcpy(msg, hora__error_message(), sizeof(msg));
+        hora__instance_stop(rt);
+        hora__instance_release(rt);
+        hora__elastic_end();
+        rt = NULL;
+        hora__error(rc, "%s", msg);
+      }
+    }
   }
   hora__rdv_close(rdv);
   if (rc != HORA_SUCCESS) {
@@ -370,6 +392,7 @@ HORA_EXTERN int hora_finalize(void) {
    * its members agree), then the world: every rank agrees the job is over. */
   bool owns_mpi = rt->owns_mpi;
   int fatal = world_stop_locked(rt);
+  hora__elastic_end();
   char msg[1024];
   hora__strlcpy(msg, fatal != HORA_SUCCESS ? hora__error_message() : "", sizeof(msg));
   hora__timeline_close();
@@ -387,9 +410,18 @@ HORA_EXTERN int hora_finalize(void) {
   return HORA_SUCCESS;
 }
 
+void hora__lifecycle_lock(void) { pthread_mutex_lock(&lifecycle_mu); }
+void hora__lifecycle_unlock(void) { pthread_mutex_unlock(&lifecycle_mu); }
+
 int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec) {
   hora__error_clear();
   pthread_mutex_lock(&lifecycle_mu);
+  int rc = hora__world_rebuild_locked(spec);
+  pthread_mutex_unlock(&lifecycle_mu);
+  return rc;
+}
+
+int hora__world_rebuild_locked(const struct hora__rdv_tcp_spec *spec) {
   int rc = HORA_SUCCESS;
   atomic_fetch_add(&api_users, 1); /* world_stop_locked leaves */
   struct hora__runtime *old = atomic_load(&current);
@@ -414,10 +446,11 @@ int hora__world_rebuild(const struct hora__rdv_tcp_spec *spec) {
   }
   if (rt) {
     rt->owns_mpi = owns_mpi;
-    started_by.kind = HORA_RDV_TCP;
+    if (started_by.kind == HORA_RDV_SINGLE || started_by.kind == HORA_RDV_MPI) {
+      started_by.kind = HORA_RDV_TCP;
+    }
     atomic_store_explicit(&current, rt, memory_order_release);
   }
-  pthread_mutex_unlock(&lifecycle_mu);
   return rc;
 }
 

@@ -80,9 +80,13 @@ int hora__engine_take_submissions(struct hora__set *set, bool *busy) {
   struct hora_request *head = rt->queue_head;
   rt->queue_head = rt->queue_tail = NULL;
   bool abort_asked = rt->abort_asked;
+  int abort_code = rt->abort_code;
   char reason[sizeof(rt->abort_reason)];
   memcpy(reason, rt->abort_reason, sizeof(reason));
   pthread_mutex_unlock(&rt->mu);
+  if (abort_asked && abort_code) {
+    return hora__error(abort_code, "%s", reason);
+  }
   if (abort_asked) {
     return hora__error(HORA_ERR_ABORTED, "hora_abort called on rank %d: %s", rt->rank, reason);
   }

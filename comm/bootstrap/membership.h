@@ -1,0 +1,103 @@
+/* Elastic membership: the processes of an elastic job agree among
+ * themselves, with no driver, on who the job's members are after one is
+ * lost or one asks to join.
+ *
+ * Every process keeps a small listener for the whole of its life (its
+ * address is exchanged at start-up and travels in every membership), served
+ * by a thread that queues what arrives: members asking for a reset, and at
+ * rank 0 (which also holds the job's rendezvous port, "the door") processes
+ * asking to join. A reset is single-decree Paxos over the membership's
+ * listeners:
+ *
+ *   member       tries the members in rank order; the first it reaches (or
+ *                itself) coordinates: the lowest surviving rank
+ *   coordinator  waits until every member has asked or is gone (its
+ *                listener refuses, or stays unreachable, or it has not
+ *                asked within HORA_ELASTIC_TIMEOUT_SECONDS), then, with a
+ *                quorum of the previous membership (a strict majority, or
+ *                exactly half including its first member):
+ *                  PREPARE(b) -> PROMISE(accepted)   b above every promise
+ *                  PROPOSE(b, next) -> ACCEPTED      next: an accepted
+ *                                                    proposal if any, else
+ *                                                    the survivors in order
+ *                                                    and the newcomers
+ *                  COMMIT(next, rendezvous port)     everyone builds it
+ *
+ * Two quorums of one membership always share a member, and a membership is
+ * committed only after a whole quorum accepted it, so a later coordinator
+ * learns of it from that member and commits the same one: two survivors
+ * never end in different memberships, whatever fails when. A side of a
+ * partition without a quorum fails, with an error saying so. */
+#ifndef HORA_MEMBERSHIP_H
+#define HORA_MEMBERSHIP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "comm/bootstrap/rendezvous.h"
+
+struct hora__member {
+  uint32_t id;   /* stable across memberships: the start-up rank, then the next free */
+  uint32_t ip;   /* the listener's IPv4 address, network order */
+  uint16_t port; /* host order */
+};
+
+struct hora__view {
+  uint64_t epoch;
+  uint32_t next_id;
+  int n;
+  struct hora__member *m; /* [n], in rank order */
+};
+
+/* What an agreement ends with: the new membership and where its
+ * communicator's rendezvous is (the coordinator's listener). */
+struct hora__agreed {
+  int rank, size;
+  uint64_t epoch;
+  char host[64]; /* the coordinator's address */
+  int port;
+  int listen_fd; /* at the coordinator: its listening socket, else -1 */
+  int joined;    /* newcomers in it */
+  int lost;      /* members of the previous membership not in it */
+};
+
+struct hora__membership;
+
+/* A listener on every interface and the thread serving it. key: the job's
+ * secret as the user gave it (HORA_SECRET_FILE or HORA_SECRET), which
+ * newcomers know too, or NULL (anyone reaching a listener may take part; a
+ * warning says so at start-up). */
+int hora__membership_open(const uint8_t *key, struct hora__membership **out);
+void hora__membership_close(struct hora__membership *m);
+/* The start-up's membership: ids are the ranks, addresses exchanged over
+ * the start-up's rendezvous. my_ip: this process's data-plane address. */
+int hora__membership_start(struct hora__membership *m, struct hora__rdv *rdv, uint64_t epoch,
+                           uint32_t my_ip);
+/* The job's rendezvous port, where newcomers knock: rank 0 listens on it
+ * (when it can: only one process per host can). 0 closes it. */
+void hora__membership_door(struct hora__membership *m, int port);
+/* Newcomers waiting for the next commit point (rank 0; elsewhere 0). */
+int hora__membership_waiting(struct hora__membership *m);
+/* Called (from the listener's thread) when a member asks for a reset while
+ * this process is not in one: the runtime then fails its calls, so this
+ * process joins the reset too. */
+void hora__membership_on_request(struct hora__membership *m, void (*fn)(void *arg, uint32_t id),
+                                 void *arg);
+/* This process is about to reset (it ends its world first): requests that
+ * arrive meanwhile are not news to fail its calls with. */
+void hora__membership_expect_reset(struct hora__membership *m);
+/* Agrees on the next membership with the others (every member calls it).
+ * HORA_ERR_PEER_LOST: no quorum, fewer than HORA_ELASTIC_MIN_SIZE, or this
+ * process was left out; the message says which. */
+int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out);
+/* A process started later: asks the job at host:port to admit it, and
+ * waits for a commit point (HORA_ELASTIC_TIMEOUT_SECONDS). */
+int hora__membership_join(struct hora__membership *m, const char *host, int port,
+                          struct hora__agreed *out);
+/* The current membership's number and this process's id in it. */
+uint64_t hora__membership_epoch(struct hora__membership *m);
+/* Whether `port` on this host is held by a running elastic job's door or
+ * another program (bind fails with EADDRINUSE). */
+bool hora__port_in_use(int port);
+
+#endif

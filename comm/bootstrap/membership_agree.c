@@ -1,0 +1,670 @@
+/* Elastic membership: the agreement (see membership.h for the protocol and
+ * why it is safe), as the coordinator and as a member. */
+#include <arpa/inet.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "base/params.h"
+#include "comm/bootstrap/membership_impl.h"
+#include "comm/transport/socket.h"
+
+/* ---- agreeing: the coordinator --------------------------------------------------- */
+
+struct voter {
+  int fd;          /* the member's connection, -1 until it asks */
+  int probe_fd;    /* a connect in flight to see whether it lives */
+  uint64_t probe_since, next_probe;
+  bool gone;
+  uint64_t promised;
+  const char *why_gone;
+};
+
+static bool quorum(const struct hora__view *base, const struct voter *v, int *alive) {
+  int n = 0;
+  for (int i = 0; i < base->n; i++) {
+    n += v[i].fd >= 0 || v[i].fd == -2; /* -2: this process */
+  }
+  *alive = n;
+  return 2 * n > base->n || (2 * n == base->n && (v[0].fd >= 0 || v[0].fd == -2));
+}
+
+static void fail_voters(struct voter *v, int n, struct queued *joins, int nj, int code,
+                        const char *msg) {
+  for (int i = 0; i < n; i++) {
+    if (v[i].fd >= 0) {
+      hora__mb_send_refuse(v[i].fd, code, msg);
+    }
+  }
+  for (int i = 0; i < nj; i++) {
+    hora__mb_send_refuse(joins[i].fd, code, msg);
+  }
+}
+
+static void close_voters(struct voter *v, int n) {
+  for (int i = 0; i < n; i++) {
+    if (v[i].fd >= 0) {
+      close(v[i].fd);
+    }
+    if (v[i].probe_fd >= 0) {
+      close(v[i].probe_fd);
+    }
+    v[i].fd = v[i].probe_fd = -1;
+  }
+}
+
+/* Members' requests taken from the queue into the voters of `base`. A
+ * request from a member of a newer membership this process is not in
+ * ends this process's part (*out_rc). */
+static void take_requests(struct hora__membership *m, struct hora__view *base, struct voter **vp,
+                          int *out_rc) {
+  pthread_mutex_lock(&m->mu);
+  struct queued *q = m->resets;
+  int n = m->nresets;
+  m->resets = NULL;
+  m->nresets = m->cap_resets = 0;
+  pthread_mutex_unlock(&m->mu);
+  for (int i = 0; i < n; i++) {
+    if (q[i].view.epoch > base->epoch && *out_rc == HORA_SUCCESS) {
+      if (hora__mb_view_index(&q[i].view, m->my_id) < 0) {
+        *out_rc = hora__error(HORA_ERR_PEER_LOST,
+                              "elastic: this process was left out of the job's membership %llu "
+                              "(it did not answer in time)", (unsigned long long)q[i].view.epoch);
+      } else {
+        /* That membership was committed: go on from it. */
+        struct voter *nv = hora__calloc((size_t)q[i].view.n, sizeof(*nv));
+        if (!nv) {
+          *out_rc = HORA_ERR_NO_MEMORY;
+          break;
+        }
+        for (int k = 0; k < q[i].view.n; k++) {
+          int old = hora__mb_view_index(base, q[i].view.m[k].id);
+          nv[k] = old >= 0 ? (*vp)[old] : (struct voter){.fd = -1, .probe_fd = -1};
+          if (old >= 0) {
+            (*vp)[old].fd = (*vp)[old].probe_fd = -1;
+          }
+        }
+        close_voters(*vp, base->n);
+        free(*vp);
+        *vp = nv;
+        hora__mb_view_copy(base, &q[i].view);
+      }
+    }
+    int k = hora__mb_view_index(base, q[i].id);
+    if (*out_rc != HORA_SUCCESS || k < 0 || q[i].view.epoch < base->epoch - 1) {
+      if (*out_rc == HORA_SUCCESS) {
+        char msg[200];
+        snprintf(msg, sizeof(msg), "elastic: this process (id %u) is not a member of the job's "
+                 "membership %llu: it was left out", q[i].id, (unsigned long long)base->epoch);
+        hora__mb_send_refuse(q[i].fd, HORA_ERR_PEER_LOST, msg);
+      }
+      close(q[i].fd);
+    } else {
+      struct voter *v = &(*vp)[k];
+      if (v->fd >= 0) {
+        close(v->fd);
+      }
+      v->fd = q[i].fd;
+      v->promised = q[i].promised;
+      v->gone = false;
+    }
+    free(q[i].view.m);
+  }
+  free(q);
+}
+
+/* Sends one message to every voter that has asked; one that cannot take it
+ * is gone. */
+static bool tell_voters(struct voter *v, int n, uint32_t type, const struct hora__mb_buf *b) {
+  bool all = true;
+  uint64_t deadline = hora__now_ns() + IO_NS;
+  for (int i = 0; i < n; i++) {
+    if (v[i].fd >= 0 && hora__mb_send_msg(v[i].fd, type, b, deadline) != HORA_SUCCESS) {
+      close(v[i].fd);
+      v[i].fd = -1;
+      v[i].gone = true;
+      v[i].why_gone = "its connection broke during the reset";
+      all = false;
+    }
+  }
+  return all;
+}
+
+/* Waits for one answer of `want` from every voter that has asked; `each`
+ * reads it. false when one failed (it is then gone, or its NACK raised
+ * *promised). */
+static bool gather(struct hora__membership *m, struct voter *v, int n, uint32_t want,
+                   bool (*each)(struct hora__membership *, struct voter *, struct hora__mb_buf *, void *),
+                   void *arg) {
+  bool ok = true;
+  struct hora__mb_buf b = {0};
+  uint64_t deadline = hora__now_ns() + REPLY_NS;
+  for (int i = 0; i < n; i++) {
+    if (v[i].fd < 0) {
+      continue;
+    }
+    uint32_t type = 0;
+    int rc = hora__mb_recv_msg(v[i].fd, &type, &b, deadline);
+    if (rc == HORA_SUCCESS && type == M_NACK) {
+      uint64_t p = hora__mb_get64(&b);
+      v[i].promised = HORA_MAX(v[i].promised, p);
+      ok = false;
+    } else if (rc != HORA_SUCCESS || type != want || !each(m, &v[i], &b, arg)) {
+      close(v[i].fd);
+      v[i].fd = -1;
+      v[i].gone = true;
+      v[i].why_gone = "it stopped answering during the reset";
+      ok = false;
+    }
+  }
+  free(b.p);
+  return ok;
+}
+
+struct promises {
+  uint64_t best_b;
+  struct hora__view best;
+  uint64_t epoch; /* of the base: only proposals for the next count */
+};
+
+static bool take_promise(struct hora__membership *m, struct voter *v, struct hora__mb_buf *b, void *arg) {
+  (void)m;
+  struct promises *p = arg;
+  (void)hora__mb_get64(b); /* the ballot promised: ours */
+  uint64_t ab = hora__mb_get64(b);
+  struct hora__view av = {0};
+  bool ok = hora__mb_get_view(b, &av);
+  if (ok && ab > p->best_b && av.epoch == p->epoch + 1) {
+    p->best_b = ab;
+    hora__mb_view_free(&p->best);
+    p->best = av;
+  } else {
+    hora__mb_view_free(&av);
+  }
+  (void)v;
+  return ok;
+}
+
+static bool take_accepted(struct hora__membership *m, struct voter *v, struct hora__mb_buf *b, void *arg) {
+  (void)m;
+  (void)v;
+  return hora__mb_get64(b) == *(uint64_t *)arg;
+}
+
+static void probe_step(struct voter *v, const struct hora__member *mem, uint64_t t) {
+  if (v->fd >= 0 || v->gone || v->fd == -2) {
+    return;
+  }
+  if (v->probe_fd >= 0) {
+    struct pollfd pf = {v->probe_fd, POLLOUT, 0};
+    if (poll(&pf, 1, 0) > 0) {
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(v->probe_fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      close(v->probe_fd);
+      v->probe_fd = -1;
+      if (err) {
+        v->gone = true;
+        v->why_gone = "its listener refuses connections (the process is gone)";
+      } else {
+        v->next_probe = t + BEAT_NS;
+      }
+    } else if (t - v->probe_since > PROBE_NS) {
+      close(v->probe_fd);
+      v->probe_fd = -1;
+      v->gone = true;
+      v->why_gone = "its host does not answer";
+    }
+  } else if (t >= v->next_probe) {
+    v->probe_fd = hora__mb_start_connect(mem->ip, mem->port);
+    v->probe_since = t;
+    if (v->probe_fd < 0) {
+      v->gone = true;
+      v->why_gone = "it cannot be reached";
+    }
+  }
+}
+
+static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
+  struct hora__view base = {0};
+  pthread_mutex_lock(&m->mu);
+  int rc = hora__mb_view_copy(&base, &m->view);
+  pthread_mutex_unlock(&m->mu);
+  if (rc != HORA_SUCCESS) {
+    return rc;
+  }
+  struct voter *v = hora__calloc((size_t)base.n, sizeof(*v));
+  if (!v) {
+    hora__mb_view_free(&base);
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (int i = 0; i < base.n; i++) {
+    v[i].fd = v[i].probe_fd = -1;
+  }
+  struct queued *joins = NULL;
+  int njoins = 0;
+  struct hora__mb_buf b = {0};
+  struct hora__view next = {0};
+  uint64_t wait_until = hora__now_ns() + (uint64_t)(hora__params.ELASTIC_TIMEOUT_SECONDS * 1e9);
+  uint64_t last_beat = 0;
+  HORA_INFO("elastic: coordinating the reset of membership %llu (%d ranks)",
+            (unsigned long long)base.epoch, base.n);
+  for (;;) {
+    /* Wait until every member has asked or is gone. */
+    for (;;) {
+      take_requests(m, &base, &v, &rc);
+      if (rc != HORA_SUCCESS) {
+        goto done;
+      }
+      int me = hora__mb_view_index(&base, m->my_id);
+      v[me].fd = -2;
+      uint64_t t = hora__now_ns();
+      int pending = 0;
+      for (int i = 0; i < base.n; i++) {
+        probe_step(&v[i], &base.m[i], t);
+        if (v[i].fd == -1 && !v[i].gone) {
+          if (t >= wait_until) {
+            v[i].gone = true;
+            v[i].why_gone = "it is alive but did not call hora_elastic_reset in time "
+                            "(HORA_ELASTIC_TIMEOUT_SECONDS)";
+          } else {
+            pending++;
+          }
+        }
+      }
+      if (t - last_beat > BEAT_NS) {
+        tell_voters(v, base.n, M_BEAT, NULL);
+        last_beat = t;
+      }
+      if (pending == 0) {
+        break;
+      }
+      struct timespec ts = {0, 20 * 1000000};
+      nanosleep(&ts, NULL);
+    }
+    int alive = 0;
+    for (int i = 0; i < base.n; i++) {
+      if (v[i].gone) {
+        HORA_WARN("elastic: rank %d (id %u) of membership %llu is gone: %s", i, base.m[i].id,
+                  (unsigned long long)base.epoch, v[i].why_gone);
+      }
+    }
+    pthread_mutex_lock(&m->mu);
+    hora__mb_drop_queue(joins, njoins);
+    free(joins);
+    joins = m->joins;
+    njoins = m->njoins;
+    m->joins = NULL;
+    m->njoins = m->cap_joins = 0;
+    pthread_mutex_unlock(&m->mu);
+    char msg[512];
+    if (!quorum(&base, v, &alive)) {
+      snprintf(msg, sizeof(msg),
+               "elastic: only %d of the %d ranks of membership %llu are left: a reset needs more "
+               "than half of them (or exactly half including its rank 0), so that the job never "
+               "splits in two", alive, base.n, (unsigned long long)base.epoch);
+      fail_voters(v, base.n, joins, njoins, HORA_ERR_PEER_LOST, msg);
+      rc = hora__error(HORA_ERR_PEER_LOST, "%s", msg);
+      goto done;
+    }
+    if (alive + njoins < hora__params.ELASTIC_MIN_SIZE) {
+      snprintf(msg, sizeof(msg), "elastic: only %d ranks are left, and HORA_ELASTIC_MIN_SIZE=%lld",
+               alive + njoins, (long long)hora__params.ELASTIC_MIN_SIZE);
+      fail_voters(v, base.n, joins, njoins, HORA_ERR_PEER_LOST, msg);
+      rc = hora__error(HORA_ERR_PEER_LOST, "%s", msg);
+      goto done;
+    }
+    /* Phase 1: a ballot above every promise. */
+    uint64_t top = m->promised;
+    for (int i = 0; i < base.n; i++) {
+      top = HORA_MAX(top, v[i].promised);
+    }
+    uint64_t ballot = ((top >> 32) + 1) << 32 | m->my_id;
+    m->promised = ballot;
+    b.len = 0;
+    hora__mb_put64(&b, ballot);
+    struct promises pr = {.epoch = base.epoch};
+    if (m->accepted_b && m->accepted.epoch == base.epoch + 1) {
+      pr.best_b = m->accepted_b;
+      hora__mb_view_copy(&pr.best, &m->accepted);
+    }
+    bool ok = tell_voters(v, base.n, M_PREPARE, &b) &&
+              gather(m, v, base.n, M_PROMISE, take_promise, &pr);
+    if (!ok) {
+      hora__mb_view_free(&pr.best);
+      continue; /* someone left, or promised a higher ballot: again */
+    }
+    /* The value: a proposal a quorum may have accepted, else ours. */
+    bool adopted = pr.best_b != 0;
+    if (adopted) {
+      hora__mb_view_free(&next);
+      next = pr.best;
+    } else {
+      hora__mb_view_free(&pr.best);
+      hora__mb_view_free(&next);
+      next.epoch = base.epoch + 1;
+      next.next_id = base.next_id;
+      next.m = hora__calloc((size_t)(alive + njoins), sizeof(*next.m));
+      if (!next.m) {
+        rc = HORA_ERR_NO_MEMORY;
+        goto done;
+      }
+      for (int i = 0; i < base.n; i++) {
+        if (v[i].fd >= 0 || v[i].fd == -2) {
+          next.m[next.n++] = base.m[i];
+        }
+      }
+      for (int j = 0; j < njoins; j++) {
+        next.m[next.n++] = (struct hora__member){next.next_id++, joins[j].ip, joins[j].port};
+      }
+    }
+    /* Phase 2. */
+    b.len = 0;
+    hora__mb_put64(&b, ballot);
+    hora__mb_put_view(&b, &next);
+    ok = tell_voters(v, base.n, M_PROPOSE, &b) &&
+         gather(m, v, base.n, M_ACCEPTED, take_accepted, &ballot);
+    if (!ok) {
+      continue;
+    }
+    m->accepted_b = ballot;
+    hora__mb_view_copy(&m->accepted, &next);
+    /* Phase 3. An adopted proposal is committed as it was, then the
+     * members still here go on from it. */
+    int lfd = -1, port = 0;
+    if (!adopted) {
+      struct in_addr ip = {m->my_ip};
+      struct sockaddr_in bound;
+      rc = hora__listen_tcp(ip, &lfd, &bound);
+      if (rc != HORA_SUCCESS) {
+        fail_voters(v, base.n, joins, njoins, rc, hora__error_message());
+        goto done;
+      }
+      port = ntohs(bound.sin_port);
+    }
+    b.len = 0;
+    hora__mb_put64(&b, ballot);
+    hora__mb_put32(&b, adopted ? 0 : 1);
+    hora__mb_put32(&b, (uint32_t)port);
+    hora__mb_put_view(&b, &next);
+    for (int i = 0; i < base.n; i++) {
+      if (v[i].fd >= 0 && hora__mb_view_index(&next, base.m[i].id) < 0) {
+        hora__mb_send_refuse(v[i].fd, HORA_ERR_PEER_LOST, "elastic: this process was left out of the "
+                    "membership a previous coordinator had proposed");
+        close(v[i].fd);
+        v[i].fd = -1;
+      }
+    }
+    tell_voters(v, base.n, M_COMMIT, &b);
+    if (!adopted) {
+      for (int j = 0; j < njoins; j++) {
+        hora__mb_send_msg(joins[j].fd, M_COMMIT, &b, hora__now_ns() + IO_NS);
+      }
+    }
+    pthread_mutex_lock(&m->mu);
+    hora__mb_view_copy(&m->view, &next);
+    pthread_mutex_unlock(&m->mu);
+    m->accepted_b = 0;
+    hora__mb_view_free(&m->accepted);
+    if (adopted) {
+      /* The voters of the committed membership carry over. */
+      struct voter *nv = hora__calloc((size_t)next.n, sizeof(*nv));
+      if (!nv) {
+        rc = HORA_ERR_NO_MEMORY;
+        goto done;
+      }
+      for (int k = 0; k < next.n; k++) {
+        int old = hora__mb_view_index(&base, next.m[k].id);
+        nv[k] = old >= 0 ? v[old] : (struct voter){.fd = -1, .probe_fd = -1};
+        if (old >= 0) {
+          v[old].fd = v[old].probe_fd = -1;
+        }
+        nv[k].promised = 0;
+      }
+      close_voters(v, base.n);
+      free(v);
+      v = nv;
+      hora__mb_view_copy(&base, &next);
+      continue;
+    }
+    int lost = 0;
+    for (int i = 0; i < base.n; i++) {
+      lost += hora__mb_view_index(&next, base.m[i].id) < 0;
+    }
+    char host[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &m->my_ip, host, sizeof(host));
+    *out = (struct hora__agreed){.rank = hora__mb_view_index(&next, m->my_id), .size = next.n,
+                                 .epoch = next.epoch, .port = port, .listen_fd = lfd,
+                                 .joined = njoins, .lost = lost};
+    hora__strlcpy(out->host, host, sizeof(out->host));
+    break;
+  }
+done:
+  close_voters(v, base.n);
+  free(v);
+  hora__mb_drop_queue(joins, njoins);
+  free(joins);
+  free(b.p);
+  hora__mb_view_free(&next);
+  hora__mb_view_free(&base);
+  return rc;
+}
+
+/* ---- agreeing: a member ------------------------------------------------------------ */
+
+/* Follows one coordinator's reset on fd. 1: it went away (try the next);
+ * 0: done (*out); <0 never: errors are returned as HORA_ERR_* > 0. */
+static int follow(struct hora__membership *m, int fd, const struct hora__member *coord,
+                  struct hora__agreed *out, uint64_t deadline) {
+  struct hora__mb_buf b = {0}, r = {0};
+  int rc = 1;
+  for (;;) {
+    uint32_t type = 0;
+    uint64_t t = hora__now_ns();
+    if (t >= deadline) {
+      rc = hora__error(HORA_ERR_TIMEOUT, "elastic: the reset did not end within its time");
+      break;
+    }
+    if (hora__mb_recv_msg(fd, &type, &b, HORA_MIN(deadline, t + SILENCE_NS)) != HORA_SUCCESS) {
+      rc = 1;
+      break;
+    }
+    if (type == M_BEAT) {
+      continue;
+    }
+    if (type == M_PREPARE) {
+      uint64_t ballot = hora__mb_get64(&b);
+      r.len = 0;
+      if (ballot > m->promised) {
+        m->promised = ballot;
+        hora__mb_put64(&r, ballot);
+        hora__mb_put64(&r, m->accepted_b);
+        struct hora__view none = {0};
+        hora__mb_put_view(&r, m->accepted_b ? &m->accepted : &none);
+        type = M_PROMISE;
+      } else {
+        hora__mb_put64(&r, m->promised);
+        type = M_NACK;
+      }
+    } else if (type == M_PROPOSE) {
+      uint64_t ballot = hora__mb_get64(&b);
+      struct hora__view pv = {0};
+      if (!hora__mb_get_view(&b, &pv)) {
+        hora__mb_view_free(&pv);
+        break;
+      }
+      r.len = 0;
+      if (ballot >= m->promised) {
+        m->promised = ballot;
+        m->accepted_b = ballot;
+        hora__mb_view_free(&m->accepted);
+        m->accepted = pv;
+        hora__mb_put64(&r, ballot);
+        type = M_ACCEPTED;
+      } else {
+        hora__mb_view_free(&pv);
+        hora__mb_put64(&r, m->promised);
+        type = M_NACK;
+      }
+    } else if (type == M_COMMIT) {
+      (void)hora__mb_get64(&b);
+      uint32_t build = hora__mb_get32(&b), port = hora__mb_get32(&b);
+      struct hora__view nv = {0};
+      if (!hora__mb_get_view(&b, &nv)) {
+        hora__mb_view_free(&nv);
+        break;
+      }
+      int lost = 0, joined = 0;
+      for (int i = 0; i < m->view.n; i++) {
+        lost += hora__mb_view_index(&nv, m->view.m[i].id) < 0;
+      }
+      for (int i = 0; i < nv.n; i++) {
+        joined += hora__mb_view_index(&m->view, nv.m[i].id) < 0;
+      }
+      pthread_mutex_lock(&m->mu);
+      hora__mb_view_free(&m->view);
+      m->view = nv;
+      pthread_mutex_unlock(&m->mu);
+      m->accepted_b = 0;
+      hora__mb_view_free(&m->accepted);
+      if (!build) {
+        continue;
+      }
+      int me = hora__mb_view_index(&m->view, m->my_id);
+      if (me < 0) {
+        rc = hora__error(HORA_ERR_PEER_LOST, "elastic: this process was left out of membership "
+                         "%llu", (unsigned long long)m->view.epoch);
+        break;
+      }
+      *out = (struct hora__agreed){.rank = me, .size = m->view.n, .epoch = m->view.epoch,
+                                   .port = (int)port, .listen_fd = -1,
+                                   .lost = lost, .joined = joined};
+      inet_ntop(AF_INET, &coord->ip, out->host, sizeof(out->host));
+      rc = 0;
+      break;
+    } else if (type == M_REFUSE) {
+      int code = (int)hora__mb_get32(&b);
+      char msg[600];
+      size_t n = HORA_MIN(b.len - b.off, sizeof(msg) - 1);
+      memcpy(msg, b.p + b.off, n);
+      msg[n] = '\0';
+      rc = hora__error(code > 0 && code < 64 ? code : HORA_ERR_PEER_LOST, "%s", msg);
+      break;
+    } else if (type == M_REDIRECT) {
+      rc = 1;
+      break;
+    } else {
+      break;
+    }
+    if (hora__mb_send_msg(fd, type, &r, hora__now_ns() + IO_NS) != HORA_SUCCESS) {
+      break;
+    }
+  }
+  free(b.p);
+  free(r.p);
+  return rc;
+}
+
+/* Answers requests queued here while another coordinates: ask again. */
+static void redirect_requests(struct hora__membership *m) {
+  pthread_mutex_lock(&m->mu);
+  struct queued *q = m->resets;
+  int n = m->nresets;
+  m->resets = NULL;
+  m->nresets = m->cap_resets = 0;
+  pthread_mutex_unlock(&m->mu);
+  for (int i = 0; i < n; i++) {
+    struct hora__mb_buf r = {0};
+    hora__mb_put(&r, &m->my_ip, 4);
+    hora__mb_put32(&r, m->my_port);
+    hora__mb_send_msg(q[i].fd, M_REDIRECT, &r, hora__now_ns() + IO_NS);
+    free(r.p);
+  }
+  hora__mb_drop_queue(q, n);
+  free(q);
+}
+
+int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out) {
+  pthread_mutex_lock(&m->mu);
+  m->in_reset = true;
+  struct hora__view v = {0};
+  int rc = hora__mb_view_copy(&v, &m->view);
+  pthread_mutex_unlock(&m->mu);
+  uint64_t deadline = hora__now_ns() +
+                      (uint64_t)((2 * hora__params.ELASTIC_TIMEOUT_SECONDS + 30) * 1e9);
+  bool *gone = rc == HORA_SUCCESS ? hora__calloc((size_t)HORA_MAX(v.n, 1), 1) : NULL;
+  if (rc == HORA_SUCCESS && !gone) {
+    rc = HORA_ERR_NO_MEMORY;
+  }
+  while (rc == HORA_SUCCESS) {
+    if (hora__now_ns() >= deadline) {
+      rc = hora__error(HORA_ERR_TIMEOUT, "elastic: no membership was agreed in time");
+      break;
+    }
+    /* The view may have moved on (an adopted commitment): start over from it. */
+    pthread_mutex_lock(&m->mu);
+    if (m->view.epoch != v.epoch) {
+      hora__mb_view_copy(&v, &m->view);
+      free(gone);
+      gone = hora__calloc((size_t)HORA_MAX(v.n, 1), 1);
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (!gone) {
+      rc = HORA_ERR_NO_MEMORY;
+      break;
+    }
+    int i = 0;
+    for (; i < v.n && (gone[i] || v.m[i].id == m->my_id) ; i++) {
+      if (v.m[i].id == m->my_id) {
+        break;
+      }
+    }
+    if (i == v.n) {
+      rc = hora__error(HORA_ERR_PEER_LOST, "elastic: this process is not a member of membership "
+                       "%llu", (unsigned long long)v.epoch);
+      break;
+    }
+    if (v.m[i].id == m->my_id) {
+      rc = coordinate(m, out);
+      break;
+    }
+    redirect_requests(m);
+    int fd = hora__mb_dial(m, v.m[i].ip, v.m[i].port, PROBE_NS);
+    if (fd < 0) {
+      gone[i] = true;
+      continue;
+    }
+    struct hora__mb_buf b = {0};
+    hora__mb_put32(&b, m->my_id);
+    hora__mb_put64(&b, m->promised);
+    hora__mb_put(&b, &m->my_ip, 4);
+    hora__mb_put32(&b, m->my_port);
+    hora__mb_put_view(&b, &v);
+    int r = hora__mb_send_msg(fd, M_RESET, &b, hora__now_ns() + IO_NS) == HORA_SUCCESS
+                ? follow(m, fd, &v.m[i], out, deadline)
+                : 1;
+    free(b.p);
+    close(fd);
+    if (r == 1) {
+      /* It went away or sent us elsewhere: everyone below it is asked again. */
+      memset(gone, 0, (size_t)HORA_MAX(v.n, 1));
+      struct timespec ts = {0, 50 * 1000000};
+      nanosleep(&ts, NULL);
+      continue;
+    }
+    rc = r;
+    break;
+  }
+  free(gone);
+  hora__mb_view_free(&v);
+  pthread_mutex_lock(&m->mu);
+  m->in_reset = false;
+  pthread_mutex_unlock(&m->mu);
+  return rc;
+}
+

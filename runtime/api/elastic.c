@@ -1,0 +1,214 @@
+/* Elastic training: the public calls (hora_elastic_reset, _commit, _joined,
+ * _epoch) and elastic's share of the life cycle. The agreement itself is
+ * comm/bootstrap/membership.c; here the world is ended, the agreed
+ * membership built (hora__world_rebuild_locked) and rank 0 given the door
+ * newcomers knock at. */
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/params.h"
+#include "comm/bootstrap/membership.h"
+#include "comm/bootstrap/rendezvous.h"
+#include "comm/comm.h"
+#include "runtime/runtime.h"
+
+/* Lives across memberships; written under the life cycle's lock. */
+static struct hora__membership *membership;
+static int door_port;          /* the job's rendezvous port, where newcomers knock */
+static bool has_secret;
+static uint8_t secret[HORA_SECRET_LEN];
+static _Atomic bool change_pending; /* hora_elastic_commit saw newcomers */
+static _Atomic bool joined;         /* this process came to a running job */
+
+/* From the listener's thread: a member asks for a reset that this process
+ * has not noticed (the news of a loss had not reached it): fail its calls,
+ * so it calls hora_elastic_reset too. */
+static void reset_requested(void *arg, uint32_t id) {
+  (void)arg;
+  struct hora__runtime *rt = hora__world_runtime();
+  if (!rt) {
+    return;
+  }
+  char msg[200];
+  snprintf(msg, sizeof(msg), "elastic: the member with id %u asked for a membership reset (a peer "
+           "was lost): call hora_elastic_reset", id);
+  pthread_mutex_lock(&rt->mu);
+  if (!rt->abort_asked) {
+    rt->abort_asked = true;
+    rt->abort_code = HORA_ERR_PEER_LOST;
+    hora__strlcpy(rt->abort_reason, msg, sizeof(rt->abort_reason));
+    atomic_fetch_add_explicit(&rt->submit_seq, 1, memory_order_release);
+    hora__engine_wake_locked(rt);
+  }
+  pthread_mutex_unlock(&rt->mu);
+}
+
+static int door_of(const struct hora__rdv_choice *c) {
+  if (c->kind == HORA_RDV_TCP || c->kind == HORA_RDV_ENV || c->kind == HORA_RDV_SLURM) {
+    return c->port;
+  }
+  /* Under MPI, HORA_RENDEZVOUS tells newcomers where to knock. */
+  const char *colon = strrchr(hora__params.RENDEZVOUS, ':');
+  return colon ? atoi(colon + 1) : 0;
+}
+
+static int open_membership(const struct hora__rdv_choice *choice) {
+  has_secret = choice->has_secret;
+  if (has_secret) {
+    memcpy(secret, choice->secret, sizeof(secret));
+  }
+  door_port = door_of(choice);
+  int rc = hora__membership_open(has_secret ? secret : NULL, &membership);
+  if (rc == HORA_SUCCESS) {
+    hora__membership_on_request(membership, reset_requested, NULL);
+  }
+  return rc;
+}
+
+int hora__elastic_begin(struct hora__rdv *rdv, struct hora__runtime *rt,
+                        const struct hora__rdv_choice *choice) {
+  if (!hora__params.ELASTIC) {
+    return HORA_SUCCESS;
+  }
+  int rc = HORA_SUCCESS;
+  if (!membership) {
+    rc = open_membership(choice);
+  }
+  if (rc == HORA_SUCCESS) {
+    rc = hora__membership_start(membership, rdv, rt->comm->proc->epoch,
+                                rt->comm->proc->tcp_addr.sin_addr.s_addr);
+  }
+  rc = hora__rdv_agree(rdv, rc, "elastic membership");
+  if (rc == HORA_SUCCESS) {
+    if (rt->rank == 0 && !has_secret) {
+      HORA_WARN("elastic: no HORA_SECRET_FILE: any process reaching a member's listener may ask "
+                "to join this job");
+    }
+    hora__elastic_rebuilt(rt);
+  }
+  return rc;
+}
+
+void hora__elastic_rebuilt(struct hora__runtime *rt) {
+  if (membership) {
+    hora__membership_door(membership, rt->rank == 0 ? door_port : 0);
+  }
+}
+
+void hora__elastic_end(void) {
+  hora__membership_close(membership);
+  membership = NULL;
+  memset(secret, 0, sizeof(secret));
+}
+
+bool hora__elastic_is_newcomer(const struct hora__rdv_choice *c) {
+  if (!hora__params.ELASTIC ||
+      !(c->kind == HORA_RDV_TCP || c->kind == HORA_RDV_ENV || c->kind == HORA_RDV_SLURM)) {
+    return false;
+  }
+  return c->rank < 0 || (c->rank == 0 && hora__port_in_use(c->port));
+}
+
+/* Builds the world the agreement named. */
+static int build_agreed(const struct hora__agreed *a) {
+  char where[160];
+  snprintf(where, sizeof(where), "elastic membership %llu at %s:%d", (unsigned long long)a->epoch,
+           a->host, a->port);
+  struct hora__rdv_tcp_spec spec = {
+      .host = a->host, .port = a->port, .rank = a->rank, .size = a->size,
+      .key = has_secret ? secret : NULL, .listen_fd = a->listen_fd,
+      .timeout_s = hora__params.CONNECT_TIMEOUT_SECONDS, .where = where,
+      .rank_var = "rank", .size_var = "size"};
+  int rc = hora__world_rebuild_locked(&spec);
+  struct hora__runtime *rt = hora__world_runtime();
+  if (rc == HORA_SUCCESS && rt) {
+    hora__elastic_rebuilt(rt);
+    HORA_WARN("elastic: membership %llu: this process is rank %d of %d (%d lost, %d joined)",
+              (unsigned long long)a->epoch, a->rank, a->size, a->lost, a->joined);
+  }
+  return rc;
+}
+
+int hora__elastic_join_locked(const struct hora__rdv_choice *choice) {
+  HORA_INFO("elastic: asking the job at %s to admit this process", choice->where);
+  int rc = membership ? HORA_SUCCESS : open_membership(choice);
+  struct hora__agreed a;
+  if (rc == HORA_SUCCESS) {
+    rc = hora__membership_join(membership, choice->host, choice->port, &a);
+  }
+  if (rc == HORA_SUCCESS) {
+    rc = build_agreed(&a);
+  }
+  if (rc != HORA_SUCCESS) {
+    char msg[1024];
+    hora__strlcpy(msg, hora__error_message(), sizeof(msg));
+    hora__elastic_end();
+    return hora__error(rc, "%s", msg);
+  }
+  atomic_store(&joined, true);
+  return HORA_SUCCESS;
+}
+
+HORA_EXTERN int hora_elastic_reset(void) {
+  hora__error_clear();
+  if (!hora__params.ELASTIC || !membership) {
+    return hora__error(HORA_ERR_INVALID_USAGE, "hora_elastic_reset: the job is not elastic "
+                       "(HORA_ELASTIC=1 at start-up)%s", membership ? "" : ", or not running");
+  }
+  hora__lifecycle_lock();
+  struct hora__runtime *rt = hora__world_runtime();
+  if (rt && atomic_load(&rt->fatal_code) == HORA_SUCCESS && !rt->abort_asked &&
+      !atomic_load(&change_pending)) {
+    hora__lifecycle_unlock();
+    return hora__error(HORA_ERR_INVALID_USAGE,
+                       "hora_elastic_reset: nothing to reset: no peer was lost and "
+                       "hora_elastic_commit reported no change");
+  }
+  uint64_t t0 = hora__now_ns();
+  hora__membership_expect_reset(membership);
+  /* The old membership ends first: its connections and segment go. */
+  (void)hora__world_rebuild_locked(NULL);
+  hora__error_clear();
+  struct hora__agreed a;
+  int rc = hora__membership_agree(membership, &a);
+  if (rc == HORA_SUCCESS) {
+    rc = build_agreed(&a);
+  }
+  if (rc == HORA_SUCCESS) {
+    atomic_store(&change_pending, false);
+    HORA_INFO("elastic: reset in %.3f s", (double)(hora__now_ns() - t0) * 1e-9);
+  }
+  hora__lifecycle_unlock();
+  return rc;
+}
+
+HORA_EXTERN int hora_elastic_commit(int *changed) {
+  hora__error_clear();
+  if (!changed) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_elastic_commit: changed is NULL");
+  }
+  *changed = 0;
+  if (!hora__params.ELASTIC || !membership) {
+    return hora__error(HORA_ERR_INVALID_USAGE, "hora_elastic_commit: the job is not elastic "
+                       "(HORA_ELASTIC=1 at start-up)%s", membership ? "" : ", or not running");
+  }
+  int32_t waiting = hora_rank() == 0 ? hora__membership_waiting(membership) : 0;
+  int rc = hora_allreduce("hora.elastic.commit", &waiting, &waiting, 1, HORA_INT32, HORA_MAX);
+  if (rc == HORA_SUCCESS && waiting > 0) {
+    atomic_store(&change_pending, true);
+    *changed = 1;
+  }
+  return rc;
+}
+
+HORA_EXTERN int hora_elastic_joined(void) { return atomic_load(&joined) ? 1 : 0; }
+
+HORA_EXTERN int hora_elastic_epoch(void) {
+  hora__lifecycle_lock();
+  int e = membership && hora__world_runtime() ? (int)hora__membership_epoch(membership) : -1;
+  hora__lifecycle_unlock();
+  return e;
+}

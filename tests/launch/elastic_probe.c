@@ -1,0 +1,167 @@
+/* An elastic job's member, for tests/launch/check-elastic.sh: STEPS steps,
+ * each an allreduce whose result names every member (rank r adds id+1 at
+ * position r... as sums), checked against the members the last reset
+ * agreed on; a commit every COMMIT steps. After a lost peer or a change it
+ * resets, then takes the step to resume from rank 0 (the state sync).
+ *
+ * HORA_TEST_KILL=STEP:ID[,STEP:ID...]  the process that started as rank ID
+ *   (or joined with that id) kills itself at STEP; STEP "r" kills it
+ *   50 ms into its next reset (a failure during the agreement).
+ * HORA_TEST_STEP_MS: milliseconds of "compute" per step (default 0).
+ * Prints "id I rank R size S resets N step T" and exits 0, or FAIL lines
+ * and 1. usage: elastic_probe STEPS [COMMIT] */
+#include <pthread.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hora.h"
+
+#define N 4096
+
+static int my_id = -1;
+static int ids[1024];
+static int resets;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Whether HORA_TEST_KILL names (step, my id); step -1 means "r". */
+static bool kill_at(int step) {
+  const char *v = getenv("HORA_TEST_KILL");
+  while (v && *v) {
+    int s = -1, id = -1;
+    if (v[0] == 'r') {
+      sscanf(v, "r:%d", &id);
+    } else {
+      sscanf(v, "%d:%d", &s, &id);
+    }
+    if (s == step && id == my_id) {
+      return true;
+    }
+    v = strchr(v, ',');
+    v = v ? v + 1 : NULL;
+  }
+  return false;
+}
+
+static void *die_soon(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, 50 * 1000000};
+  nanosleep(&ts, NULL);
+  raise(SIGKILL);
+  return NULL;
+}
+
+/* Every member's id (rank order) and the step to resume from rank 0. */
+static int sync_state(int *step) {
+  int rc = hora_allgather("probe.ids", &my_id, 1, HORA_INT32, ids);
+  if (rc == HORA_SUCCESS) {
+    rc = hora_broadcast("probe.step", step, 1, HORA_INT32, 0);
+  }
+  return rc;
+}
+
+static int reset(void) {
+  if (kill_at(-1)) {
+    pthread_t t;
+    pthread_create(&t, NULL, die_soon, NULL);
+  }
+  double t0 = now();
+  int rc = hora_elastic_reset();
+  resets++;
+  fprintf(stderr, "id %d: reset %s in %.3f s: rank %d of %d%s%s\n", my_id,
+          rc == HORA_SUCCESS ? "done" : "failed", now() - t0, hora_rank(), hora_size(),
+          rc == HORA_SUCCESS ? "" : ": ", rc == HORA_SUCCESS ? "" : hora_last_error());
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  int steps = argc > 1 ? atoi(argv[1]) : 50;
+  int every = argc > 2 ? atoi(argv[2]) : 5;
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (hora_init() != HORA_SUCCESS) {
+    printf("FAIL init: %s\n", hora_last_error());
+    return 1;
+  }
+  /* Originals keep their start-up rank as id; a newcomer is given the
+   * next free one by rank 0 (ids are only for the test's messages). */
+  my_id = hora_elastic_joined() ? -1 : hora_rank();
+  if (my_id < 0) {
+    my_id = 1000 + (int)getpid() % 1000;
+  }
+  int step = 0, bad = 0;
+  const char *ms = getenv("HORA_TEST_STEP_MS");
+  struct timespec pause = {0, (ms ? atoi(ms) : 0) * 1000000L};
+  int rc = sync_state(&step);
+  float *buf = malloc(N * sizeof(float));
+  while (step < steps) {
+    if (rc == HORA_SUCCESS) {
+      if (kill_at(step)) {
+        fprintf(stderr, "id %d: killing myself at step %d\n", my_id, step);
+        raise(SIGKILL);
+      }
+      if (pause.tv_nsec) {
+        nanosleep(&pause, NULL);
+      }
+      for (int i = 0; i < N; i++) {
+        buf[i] = (float)(my_id + 1) * (float)(i % 7 + 1);
+      }
+      rc = hora_allreduce("probe.grad", buf, buf, N, HORA_FLOAT32, HORA_SUM);
+      if (rc == HORA_SUCCESS) {
+        float want = 0;
+        for (int r = 0; r < hora_size(); r++) {
+          want += (float)(ids[r] + 1);
+        }
+        for (int i = 0; i < N; i++) {
+          if (buf[i] != want * (float)(i % 7 + 1)) {
+            printf("FAIL id %d step %d: element %d is %g, want %g (size %d)\n", my_id, step, i,
+                   buf[i], want * (float)(i % 7 + 1), hora_size());
+            bad++;
+            break;
+          }
+        }
+        step++;
+        if (step % every == 0) {
+          int changed = 0;
+          rc = hora_elastic_commit(&changed);
+          if (rc == HORA_SUCCESS && changed) {
+            rc = reset();
+            if (rc == HORA_SUCCESS) {
+              rc = sync_state(&step);
+            }
+            continue;
+          }
+        }
+      }
+    }
+    if (rc == HORA_ERR_PEER_LOST || rc == HORA_ERR_ABORTED) {
+      fprintf(stderr, "id %d: step %d: %s\n", my_id, step, hora_last_error());
+      rc = reset();
+      if (rc == HORA_SUCCESS) {
+        rc = sync_state(&step);
+        continue;
+      }
+    }
+    if (rc != HORA_SUCCESS) {
+      printf("FAIL id %d step %d: %s (%s)\n", my_id, step, hora_strerror(rc), hora_last_error());
+      return 1;
+    }
+  }
+  printf("id %d rank %d size %d resets %d step %d%s\n", my_id, hora_rank(), hora_size(), resets,
+         step, bad ? " WRONG" : "");
+  free(buf);
+  rc = hora_finalize();
+  if (rc != HORA_SUCCESS) {
+    printf("FAIL id %d finalize: %s\n", my_id, hora_last_error());
+    return 1;
+  }
+  return bad ? 1 : 0;
+}
