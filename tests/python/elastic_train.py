@@ -5,10 +5,13 @@ HORA_ELASTIC=1). The rank that started as HORA_TEST_KILL_RANK kills itself
 with SIGKILL at its step HORA_TEST_KILL_STEP; the others lose their
 collective, restore the last commit, reset to one rank fewer and finish.
 
-    elastic_train.py --launch NP [--kill-rank R] [--kill-step S] [--no-kill]
+    elastic_train.py --launch NP [--kill-rank R] [--kill-step S] [--no-kill] [--no-secret]
+                     [--join K [--join-after SECONDS]] [--step-ms MS]
         starts the job and judges it: prints PASS or FAIL
         elastic/kill_rank_np<NP> and exits 0 on a pass (a launcher of its
-        own: tests/launch/launch.sh stops the job once a process fails)
+        own: tests/launch/launch.sh stops the job once a process fails);
+        --join starts K processes later that ask to join (admitted at a
+        commit point, where every member raises HostsUpdatedInterrupt)
     elastic_train.py
         one rank, started by a launcher with hora's variables
 
@@ -50,15 +53,16 @@ def rank_main():
     import torch.nn.functional as F
     import hora.torch as hvd
 
-    hvd.init()
+    hvd.init()  # a newcomer (no HORA_RANK) returns once admitted at a commit point
     torch.set_num_threads(1)
-    started_as = hvd.rank()
+    started_as = int(os.environ.get("HORA_RANK", "-1"))  # -1: a newcomer
+    step_s = float(os.environ.get("HORA_TEST_STEP_MS", "0")) / 1000
     kill_rank = int(os.environ.get("HORA_TEST_KILL_RANK", "-1"))
     kill_step = int(os.environ.get("HORA_TEST_KILL_STEP", "0"))
     base_lr = 0.02
 
     dataset = data()
-    torch.manual_seed(started_as)  # different on every rank: the first sync evens them out
+    torch.manual_seed(hvd.rank())  # different on every rank: the first sync evens them out
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     optimizer = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=base_lr * hvd.size(), momentum=0.9),
@@ -66,7 +70,8 @@ def rank_main():
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=1)
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
 
-    seen = {"sizes": [hvd.size()], "resets": 0, "steps": 0, "old_set_refused": None}
+    seen = {"sizes": [hvd.size()], "resets": 0, "steps": 0, "old_set_refused": None,
+            "split_ok": True}
     # A process set made before the loss: made again by the reset callback
     # (Horovod issue 4021); its old object must refuse to run.
     sets = {"pair": hvd.add_process_set([0, 1]) if hvd.size() >= 2 else None}
@@ -92,13 +97,20 @@ def rank_main():
             n = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="elastic_train.pair",
                               process_set=pair)
             assert n.item() == 2, n
+        # After every sync: the ranks' shares are what is left of the epoch,
+        # equal in length, between them every sample left.
+        shares = hvd.allgather_object(list(state.sampler), name="elastic_train.shares")
+        if (set().union(*map(set, shares)) != set(state.sampler.remaining_indices) or
+                len({len(x) for x in shares}) != 1):
+            seen["split_ok"] = False
         while state.epoch < EPOCHS:
             for x, y in loader:
                 seen["steps"] += 1
-                if started_as == kill_rank and seen["steps"] == kill_step:
-                    print("rank %d (started as %d): killing itself at step %d"
+                if kill_rank >= 0 and started_as == kill_rank and seen["steps"] == kill_step:
+                    print("rank %d (started as %s): killing itself at step %d"
                           % (hvd.rank(), started_as, kill_step), flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(step_s)
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
@@ -124,11 +136,14 @@ def rank_main():
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).unsqueeze(0)
     every = hvd.allgather(flat, name="elastic_train.models")
     same = all(torch.equal(every[r], every[0]) for r in range(hvd.size()))
-    ok = accuracy >= ACCURACY and same and seen["old_set_refused"] in (None, True)
-    print("rank %d (started as %d): sizes %s, resets %d, steps %d, loss %.4f, accuracy %.4f, "
-          "same model on every rank: %s, old process set refused: %s, %s"
-          % (hvd.rank(), started_as, seen["sizes"], seen["resets"], seen["steps"], loss,
-             accuracy, "yes" if same else "NO", seen["old_set_refused"],
+    ok = (accuracy >= ACCURACY and same and seen["split_ok"] and
+          seen["old_set_refused"] in (None, True))
+    print("rank %d (started as %s): sizes %s, resets %d, steps %d, loss %.4f, accuracy %.4f, "
+          "same model on every rank: %s, epoch split right after every sync: %s, old process "
+          "set refused: %s, %s"
+          % (hvd.rank(), started_as if started_as >= 0 else "a newcomer", seen["sizes"],
+             seen["resets"], seen["steps"], loss, accuracy, "yes" if same else "NO",
+             "yes" if seen["split_ok"] else "NO", seen["old_set_refused"],
              "ok" if ok else "FAILED"), flush=True)
     hvd.shutdown()
     return 0 if ok else 1
@@ -146,7 +161,7 @@ def free_port():
     raise RuntimeError("no free port")
 
 
-def launch(np, kill_rank, kill_step, limit):
+def launch(np, kill_rank, kill_step, limit, with_secret, join, join_after, step_ms):
     work = tempfile.mkdtemp(prefix="hora-elastic-")
     secret = os.path.join(work, "secret")
     fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -154,16 +169,28 @@ def launch(np, kill_rank, kill_step, limit):
     os.close(fd)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_COMM", "PMI", "PMIX", "SLURM_", "HYDRA_", "MPI_LOCAL"))
-           and k not in ("HORA_BOOTSTRAP", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+           and k not in ("HORA_BOOTSTRAP", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                         "HORA_SECRET", "HORA_SECRET_FILE", "HORA_RANK", "HORA_SIZE")}
     env.update(HORA_BOOTSTRAP="tcp", HORA_RENDEZVOUS="127.0.0.1:%d" % free_port(),
-               HORA_SIZE=str(np), HORA_SECRET_FILE=secret, HORA_ELASTIC="1",
-               HORA_TEST_KILL_RANK=str(kill_rank), HORA_TEST_KILL_STEP=str(kill_step))
+               HORA_ELASTIC="1",
+               HORA_TEST_KILL_RANK=str(kill_rank), HORA_TEST_KILL_STEP=str(kill_step),
+               HORA_TEST_STEP_MS=str(step_ms))
+    if with_secret:
+        env["HORA_SECRET_FILE"] = secret
     procs = []
-    for r in range(np):
+
+    def start(r, extra):
         out = open(os.path.join(work, "out.%d" % r), "w+")
         procs.append((subprocess.Popen([sys.executable, os.path.abspath(__file__)],
-                                       env=dict(env, HORA_RANK=str(r)), stdin=subprocess.DEVNULL,
+                                       env=dict(env, **extra), stdin=subprocess.DEVNULL,
                                        stdout=out, stderr=subprocess.STDOUT), out))
+
+    for r in range(np):
+        start(r, {"HORA_RANK": str(r), "HORA_SIZE": str(np)})
+    if join:
+        time.sleep(join_after)
+        for r in range(np, np + join):  # no rank, no size: they ask to join
+            start(r, {})
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline and any(p.poll() is None for p, _ in procs):
         time.sleep(0.2)
@@ -189,7 +216,8 @@ def launch(np, kill_rank, kill_step, limit):
     for f in os.listdir(work):
         os.unlink(os.path.join(work, f))
     os.rmdir(work)
-    name = "elastic/kill_rank_np%d" % np if kill_rank >= 0 else "elastic/no_kill_np%d" % np
+    name = "elastic/%s_np%d%s" % ("kill_rank" if kill_rank >= 0 else "no_kill", np,
+                                  "+%d_joining" % join if join else "")
     print(("PASS %s" % name) if not bad else ("FAIL %s: %s" % (name, "; ".join(bad))), flush=True)
     return 0 if not bad else 1
 
@@ -200,13 +228,20 @@ def main():
     ap.add_argument("--kill-rank", type=int, default=2)
     ap.add_argument("--kill-step", type=int, default=22)
     ap.add_argument("--no-kill", action="store_true")
+    ap.add_argument("--join", type=int, default=0, metavar="K",
+                    help="start K more processes that ask to join, --join-after s later")
+    ap.add_argument("--join-after", type=float, default=1.0)
+    ap.add_argument("--step-ms", type=float, default=0, help="sleep in every step")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--no-secret", action="store_true",
+                    help="start without HORA_SECRET_FILE (hora warns that anyone may join)")
     a = ap.parse_args()
     if a.launch is None:
         return rank_main()
     if a.launch < 1 or (not a.no_kill and not 0 <= a.kill_rank < a.launch):
         ap.error("--kill-rank must be a rank of the job")
-    return launch(a.launch, -1 if a.no_kill else a.kill_rank, a.kill_step, a.timeout)
+    return launch(a.launch, -1 if a.no_kill else a.kill_rank, a.kill_step, a.timeout,
+                  not a.no_secret, a.join, a.join_after, a.step_ms)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ worked out by hand; ObjectState and TorchState save, restore, commit and
 sync; run's loop (sync, restore, reset, callbacks) around a reset the test
 stands in for; what a reset drops in the optimizer and the process sets.
 Losing a rank for real is tests/python/elastic_train.py's."""
-import os
 
 import pytest
 import torch
@@ -15,10 +14,6 @@ from hora import _lib as L
 from hora.common import elastic as common
 from hora.torch import mpi_ops, optimizer as opt_mod
 from hora.torch.elastic import sampler as sampler_mod
-
-needs_elastic_lib = pytest.mark.skipif(not L.load().has_elastic,
-                                       reason="this libhora has no hora_elastic_* calls")
-
 
 @pytest.fixture
 def world(monkeypatch):
@@ -301,6 +296,28 @@ def test_run_restores_resets_and_syncs_after_a_failure_and_skips_as_told():
     assert out == 1
 
 
+def test_a_failure_in_a_reset_callback_resets_again():
+    state = Recorder(step=0)
+    lost = [hvd.HorovodInternalError("add_process_set: peer lost", L.ERR_PEER_LOST)]
+
+    def callback():
+        state.log.append("callback")
+        if lost:
+            raise lost.pop()
+    state.register_reset_callbacks([callback])
+    failures = [hvd.elastic.HostsUpdatedInterrupt(skip_sync=False)]
+
+    def train(state):
+        state.log.append("train")
+        if failures:
+            raise failures.pop()
+        return "done"
+
+    assert common.run_fn(train, lambda: state.log.append("hora_elastic_reset"))(state) == "done"
+    assert state.log == ["sync", "train", "hora_elastic_reset", "reset", "callback",
+                         "restore", "hora_elastic_reset", "reset", "callback", "sync", "train"]
+
+
 def test_run_raises_a_failure_no_reset_mends_as_it_came():
     state = Recorder(step=0)
     failure = hvd.HorovodInternalError("allreduce 'x': shapes differ", L.ERR_MISMATCH)
@@ -324,7 +341,6 @@ def test_run_raises_a_failure_no_reset_mends_as_it_came():
         common.run_fn(lambda s: {}["k"], reset)(state)
 
 
-@needs_elastic_lib
 def test_commit_without_a_change_saves_and_goes_on():
     state = hvd.elastic.TorchState(make_model(1), None, epoch=0)
     for epoch in range(1, 4):
@@ -336,7 +352,6 @@ def test_commit_without_a_change_saves_and_goes_on():
     assert state.epoch == 3
 
 
-@needs_elastic_lib
 def test_run_in_a_job_that_is_not_elastic_raises_the_failure():
     if mpi_ops._elastic_job():
         pytest.skip("the job is elastic")
@@ -359,25 +374,20 @@ def test_run_in_a_job_that_is_not_elastic_raises_the_failure():
 
 def test_an_elastic_job_reduces_gradients_even_on_one_rank(monkeypatch):
     model = make_model(3)
-    monkeypatch.setenv("HORA_ELASTIC", "1")
+    monkeypatch.setattr(mpi_ops, "_elastic_job", lambda: True)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
     assert opt._reduces and opt._grad_accs  # the world may grow
     train_step(model, opt, 4)
-    monkeypatch.setenv("HORA_ELASTIC", "0")
-    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
-    assert not mpi_ops._elastic_job()  # HORA_ELASTIC wins over Horovod's
-    monkeypatch.delenv("HORA_ELASTIC")
-    assert mpi_ops._elastic_job()
 
 
 def test_a_membership_change_drops_the_optimizers_pending_allreduces(monkeypatch):
     model = make_model(4)
-    monkeypatch.setenv("HORA_ELASTIC", "1")
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(),
-                                   backward_passes_per_step=2)
-    monkeypatch.delenv("HORA_ELASTIC")  # (other optimizers alive stay as they are)
+    with monkeypatch.context() as m:
+        m.setattr(mpi_ops, "_elastic_job", lambda: True)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       backward_passes_per_step=2)
     model(torch.randn(3, 4)).sum().backward()
     model(torch.randn(3, 4)).sum().backward()
     assert opt._handles
@@ -397,10 +407,10 @@ def test_a_membership_change_drops_the_optimizers_pending_allreduces(monkeypatch
 def test_a_membership_change_puts_back_parameters_adasum_had_begun_to_step(monkeypatch):
     model = make_model(5)
     before = [p.detach().clone() for p in model.parameters()]
-    monkeypatch.setenv("HORA_ELASTIC", "1")
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
-                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
-    monkeypatch.delenv("HORA_ELASTIC")
+    with monkeypatch.context() as m:
+        m.setattr(mpi_ops, "_elastic_job", lambda: True)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                       named_parameters=model.named_parameters(), op=hvd.Adasum)
     model(torch.randn(3, 4)).sum().backward()  # each parameter's step begins in its hook
     assert opt._starts
     for handle, _ in opt._handles.values():
@@ -410,7 +420,6 @@ def test_a_membership_change_puts_back_parameters_adasum_had_begun_to_step(monke
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
 
 
-@needs_elastic_lib
 def test_process_sets_made_before_a_reset_say_so_and_can_be_made_again():
     ps = hvd.add_process_set(list(range(hvd.size())))
     handle = ps._handle

@@ -36,10 +36,14 @@ def _elastic_lib(what):
 
 def commit_point():
     """hora_elastic_commit: collective over the job; True on every rank when
-    processes wait to join (the caller then resets)."""
+    processes wait to join (the caller then resets). In a job that is not
+    elastic nobody can join: False, with nothing sent (as in Horovod, an
+    elastic script runs there too)."""
     lib = _elastic_lib("check_host_updates")
+    if lib.hora_initialized() and lib.hora_elastic_epoch() < 0:
+        return False
     changed = ctypes.c_int(0)
-    L.check(lib.hora_elastic_commit(ctypes.byref(changed)), "hora elastic commit")
+    L.check(lib.hora_elastic_commit(ctypes.byref(changed)), "check_host_updates")
     return bool(changed.value)
 
 
@@ -136,16 +140,23 @@ def run_fn(func, reset):
     collective fails (HorovodInternalError) the state is restored to its last
     commit, reset() builds the new membership, the reset callbacks run, and
     func runs again from the synced state; a HostsUpdatedInterrupt resets
-    without restoring (and without syncing where it says skip_sync).
+    without restoring (and without syncing where it says skip_sync). A
+    failure in a reset callback is handled as one in func (in Horovod it
+    ends the loop).
     A failure that no reset can mend (NothingToReset: the job is not
     elastic, or the error was not a lost peer) is raised as it came."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         skip_sync = False
+        after_reset = False
         while True:
             failure = None
             try:
+                # The callbacks run inside the try: a peer lost while they
+                # run collectives of the new membership is one more failure.
+                if after_reset:
+                    state.on_reset()
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
@@ -162,5 +173,5 @@ def run_fn(func, reset):
                     raise
                 _note(failure, "not recovered by elastic training: %s" % e)
                 raise failure from None
-            state.on_reset()
+            after_reset = True
     return wrapper

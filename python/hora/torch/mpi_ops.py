@@ -257,16 +257,8 @@ def _starts_through_mpi():
 
 
 def _elastic_job():
-    """Whether HORA_ELASTIC (else Horovod's HOROVOD_ELASTIC) asks for elastic
-    training, read as libhora reads them."""
-    v = os.environ.get("HORA_ELASTIC", "").strip().lower()
-    if v:
-        return v in ("1", "true", "yes", "on")
-    v = os.environ.get("HOROVOD_ELASTIC", "").strip().lower()
-    try:
-        return int(v) > 0
-    except ValueError:
-        return v in ("true", "yes", "on")
+    """Whether the running job is elastic (HORA_ELASTIC=1 at start-up)."""
+    return bool(_lib.has_elastic) and _lib.hora_elastic_epoch() >= 0
 
 
 def _part_needs(by_mpi):

@@ -21,7 +21,7 @@ callback (their old objects raise a ValueError saying so).
 from hora import _lib as L
 from hora.common.elastic import NothingToReset, ObjectState, State, run_fn
 from hora.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from hora.torch import mpi_ops, optimizer
+from hora.torch import mpi_ops as _ops, optimizer as _optimizer
 from hora.torch.elastic.sampler import ElasticSampler
 from hora.torch.elastic.state import TorchState
 
@@ -51,5 +51,5 @@ def _reset():
     if rc == L.ERR_INVALID_USAGE:
         raise NothingToReset("hora_elastic_reset: " + (lib.last_error() or lib.strerror(rc)), rc)
     L.check(rc, "hora_elastic_reset")
-    mpi_ops._membership_changed()
-    optimizer._membership_changed()
+    _ops._membership_changed()
+    _optimizer._membership_changed()
