@@ -1,8 +1,10 @@
 /* hora-info: what this build of hora has and how it is configured, in the
  * spirit of ompi_info. `--settings-md` prints the settings table that
- * README.md carries; `--horovod` the Horovod variables hora ignores. */
+ * README.md carries; `--horovod` the Horovod variables hora ignores;
+ * `--elastic` how to launch an elastic job here. */
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -12,9 +14,13 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: hora-info [--settings-md | --settings | --horovod | --bootstrap | --help]\n"
+          "usage: hora-info [--settings-md | --settings | --horovod | --bootstrap | --elastic |\n"
+          "                  --help]\n"
           "  (no option)     version, optional components, start-up, current settings\n"
           "  --bootstrap     how hora_init would start in this environment, and why\n"
+          "  --elastic       how to launch an elastic job (HORA_ELASTIC=1) with this launcher so\n"
+          "                  that a lost process leaves the others running, and how a process\n"
+          "                  started later joins it; every launcher's lines when none is set\n"
           "  --settings      every HORA_* setting with its current value\n"
           "  --settings-md   the settings table in Markdown, as in README.md\n"
           "  --horovod       the HOROVOD_* variables hora does not honour, and why\n");
@@ -41,6 +47,247 @@ static int print_bootstrap(void) {
   return HORA_SUCCESS;
 }
 
+/* The settings whose names start with `prefix` ("" for all), as they are now. */
+static void print_settings(const char *prefix) {
+#define HORA_PARAM_SHOW_bytes(v) printf("%lld", (long long)(v))
+#define HORA_PARAM_SHOW_int(v) printf("%lld", (long long)(v))
+#define HORA_PARAM_SHOW_double(v) printf("%g", (v))
+#define HORA_PARAM_SHOW_bool(v) printf("%d", (v) ? 1 : 0)
+#define HORA_PARAM_SHOW_string(v) \
+  printf("%s", &(v) == &hora__params.SECRET && (v)[0] ? "(set; not shown)" : (v))
+#define HORA_PARAM(name, scope, type, def, doc)      \
+  if (strncmp(#name, prefix, strlen(prefix)) == 0) { \
+    printf("  HORA_%s=", #name);                     \
+    HORA_PARAM_SHOW_##type(hora__params.name);       \
+    printf("\n");                                    \
+  }
+#define HORA_PARAM_CHOICE(name, scope, choices, def, doc) \
+  if (strncmp(#name, prefix, strlen(prefix)) == 0) {      \
+    printf("  HORA_%s=%s\n", #name, hora__params.name);   \
+  }
+#include "base/params.def"
+#undef HORA_PARAM
+#undef HORA_PARAM_CHOICE
+}
+
+/* ---- --elastic ------------------------------------------------------------------
+ * The launch lines below are the ones measured to leave the survivors of a
+ * SIGKILLed process running (docs-elastic-launch.md: Open MPI 4.1, Slurm
+ * 22.05, MPICH 4.0); tests/launch/check-elastic-launch.sh checks mpirun's. */
+
+/* The job's secret as the job's processes and newcomers pass it on; never
+ * the secret itself. */
+static const char *secret_words(char *buf, size_t n) {
+  if (hora__params.SECRET_FILE[0]) {
+    snprintf(buf, n, " HORA_SECRET_FILE=%s", hora__params.SECRET_FILE);
+  } else if (hora__params.SECRET[0]) {
+    snprintf(buf, n, " HORA_SECRET=\"$HORA_SECRET\"");
+  } else {
+    buf[0] = '\0';
+  }
+  return buf;
+}
+
+static void print_secret_note(void) {
+  if (hora__params.SECRET_FILE[0] || hora__params.SECRET[0]) {
+    printf("  secret:   %s: newcomers must give the same\n",
+           hora__params.SECRET_FILE[0] ? "HORA_SECRET_FILE" : "HORA_SECRET");
+  } else {
+    printf(
+        "  secret:   none: any process that reaches the rendezvous may ask to join (set\n"
+        "            HORA_SECRET_FILE for the job and its newcomers)\n");
+  }
+}
+
+/* door: where newcomers knock, "host:port" or a placeholder. */
+static void elastic_tcp(const char *door) {
+  char sec[600];
+  secret_words(sec, sizeof(sec));
+  printf("hora's own rendezvous (HORA_BOOTSTRAP=tcp, processes started by a script):\n");
+  printf(
+      "  launch:   HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS=%s HORA_RANK=r HORA_SIZE=N HORA_ELASTIC=1%s "
+      "./train\n"
+      "            for each rank r: nothing ends the others when one dies\n",
+      door, sec);
+  printf(
+      "  newcomer: HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS=%s HORA_ELASTIC=1%s ./train\n"
+      "            (no HORA_RANK or HORA_SIZE: it is given a rank when admitted)\n",
+      door, sec);
+  print_secret_note();
+}
+
+static void elastic_env(const char *door) {
+  char sec[600];
+  secret_words(sec, sizeof(sec));
+  char addr[300];
+  hora__strlcpy(addr, door, sizeof(addr));
+  char *colon = strrchr(addr, ':');
+  const char *port = "PORT";
+  if (colon) {
+    *colon = '\0';
+    port = colon + 1;
+  }
+  printf("torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE):\n");
+  printf(
+      "  launch:   MASTER_ADDR=%s MASTER_PORT=%s RANK=r WORLD_SIZE=N HORA_ELASTIC=1%s ./train\n"
+      "            for each rank r, from a script: nothing ends the others when one dies. Not\n"
+      "            under torchrun itself: its agent stops every worker when one fails\n",
+      addr, port, sec);
+  printf("  newcomer: HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS=%s HORA_ELASTIC=1%s ./train\n", door, sec);
+  print_secret_note();
+}
+
+/* door: the job's rendezvous; jobid: SLURM_JOB_ID or a placeholder. */
+static void elastic_slurm(const char *door, const char *jobid) {
+  char sec[600];
+  secret_words(sec, sizeof(sec));
+  printf("Slurm (srun, hora's slurm start-up):\n");
+  printf(
+      "  launch:   HORA_ELASTIC=1%s srun --no-kill --kill-on-bad-exit=0 --wait=0 --mpi=none -n N "
+      "./train\n"
+      "            --mpi=none: with an MPI plug-in (pmix) Slurm cancels the whole step\n"
+      "            when a task dies, whatever the options. --kill-on-bad-exit=0 and\n"
+      "            --wait=0 override a cluster's KillOnBadExit and WaitTime, which end the\n"
+      "            others; --no-kill keeps the job when a node is lost. srun exits with the\n"
+      "            lost task's status (137 after a SIGKILL) once the others end.\n",
+      sec);
+  printf(
+      "  newcomer: HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS=%s HORA_ELASTIC=1%s srun --overlap "
+      "--jobid=%s -n 1 --mpi=none ./train\n"
+      "            a new step of the same job; --overlap: the first step holds the job's\n"
+      "            CPUs until it ends (a lost task's too), and without it the new step\n"
+      "            waits for them\n",
+      door, sec, jobid);
+  printf(
+      "  rendezvous: %s: rank 0 listens there for newcomers (the allocation's first node,\n"
+      "            a port from the job id or HORA_RENDEZVOUS_PORT)\n",
+      door);
+  print_secret_note();
+}
+
+static void elastic_openmpi(void) {
+  const char *rdv = hora__params.RENDEZVOUS;
+  const char *door = rdv[0] ? rdv : "HOST:PORT";
+  printf("Open MPI's mpirun:\n");
+  printf(
+      "  launch:   mpirun --enable-recovery -x HORA_ELASTIC=1 -x HORA_RENDEZVOUS=%s -np N ./train\n"
+      "            --enable-recovery (or --mca orte_enable_recovery 1) leaves the others\n"
+      "            running when one dies, and mpirun then exits 0 however the processes\n"
+      "            ended: judge the job by its output. Without it mpirun kills them all\n"
+      "            (exit 137 after a SIGKILL); with --mca orte_abort_on_non_zero_status 0\n"
+      "            alone the survivors finish but mpirun never exits.\n",
+      door);
+  printf(
+      "  newcomer: mpirun -np 1 -x HORA_BOOTSTRAP=tcp -x HORA_RENDEZVOUS=%s -x HORA_ELASTIC=1 "
+      "./train\n",
+      door);
+  if (rdv[0]) {
+    printf(
+        "  rendezvous: HORA_RENDEZVOUS=%s: rank 0 listens there for newcomers (its host must be\n"
+        "            rank 0's, the port free there)\n",
+        rdv);
+  } else {
+    printf(
+        "  rendezvous: none: under MPI newcomers find the job only at HORA_RENDEZVOUS, which\n"
+        "            rank 0 listens on: set HORA_RENDEZVOUS=host:port for the job itself too\n"
+        "            (rank 0's host, a port free there)\n");
+  }
+}
+
+static void elastic_other_mpi(void) {
+  printf("another MPI's mpiexec (MPICH's or Intel MPI's Hydra):\n");
+  printf(
+      "  launch:   none keeps the others: MPICH's mpiexec kills them all when one dies (exit\n"
+      "            9), and with -disable-auto-cleanup it exits at once and the others often\n"
+      "            die with it. Start an elastic job without MPI (hora's own rendezvous, below)\n"
+      "            or with Open MPI's mpirun --enable-recovery.\n");
+}
+
+/* The settings again, with one of them changed. */
+static int reload_with(const char *var, const char *value) {
+  if (setenv(var, value, 1) != 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "setenv %s", var);
+  }
+  return hora__params_load();
+}
+
+/* The rendezvous of an elastic job's steps in this Slurm allocation, as a
+ * step would choose it without an MPI plug-in (the allocation's first node,
+ * the job's port); a placeholder outside an allocation. */
+static void slurm_door(char *door, size_t n) {
+  struct hora__rdv_choice c;
+  const char *job = getenv("SLURM_JOB_ID"), *nodes = getenv("SLURM_JOB_NODELIST");
+  if (job && job[0] && nodes && nodes[0] && setenv("SLURM_PROCID", "0", 0) == 0 &&
+      setenv("SLURM_NTASKS", "1", 0) == 0 && setenv("SLURM_STEP_ID", "0", 0) == 0 &&
+      reload_with("HORA_BOOTSTRAP", "slurm") == HORA_SUCCESS &&
+      hora__rdv_choose(false, &c) == HORA_SUCCESS) {
+    snprintf(door, n, "%s:%d", c.host, c.port);
+  } else {
+    hora__strlcpy(door, "FIRSTNODE:PORT", n);
+  }
+}
+
+static int print_elastic(void) {
+  printf("elastic settings (HORA_ELASTIC=1 on every process makes a job elastic):\n");
+  print_settings("ELASTIC");
+  /* The rendezvous an elastic job uses (under Slurm the first step's, for
+   * every step): choose as with HORA_ELASTIC=1. */
+  struct hora__rdv_choice c;
+  if (reload_with("HORA_ELASTIC", "1") != HORA_SUCCESS ||
+      hora__rdv_choose(false, &c) != HORA_SUCCESS) {
+    printf("elastic launch: cannot start here: %s\n", hora_last_error());
+    return 1;
+  }
+  char door[300];
+  snprintf(door, sizeof(door), "%s:%d", c.host, c.port);
+  const char *job = getenv("SLURM_JOB_ID");
+  job = job && job[0] ? job : "JOBID";
+  const char *var = NULL;
+  bool launched = hora__rdv_mpi_launched(&var);
+  printf("elastic launch: %s start-up, because %s\n", hora__rdv_kind_name(c.kind), c.why);
+  switch (c.kind) {
+    case HORA_RDV_MPI:
+      if (launched && strcmp(var, "OMPI_COMM_WORLD_SIZE") == 0) {
+        elastic_openmpi();
+      } else if (launched && getenv("SLURM_STEP_ID")) {
+        printf(
+            "srun with an MPI plug-in (%s and SLURM_STEP_ID are set): Slurm cancels the whole\n"
+            "  step when a task dies, even with --kill-on-bad-exit=0 --no-kill: start the step\n"
+            "  with --mpi=none instead, and hora meets at its own rendezvous.\n",
+            var);
+        slurm_door(door, sizeof(door));
+        elastic_slurm(door, job);
+      } else if (launched) {
+        elastic_other_mpi();
+        elastic_tcp("HOST:PORT");
+      } else {
+        /* HORA_BOOTSTRAP=mpi: no launcher says which. */
+        elastic_openmpi();
+        elastic_other_mpi();
+      }
+      break;
+    case HORA_RDV_SLURM:
+      elastic_slurm(door, job);
+      break;
+    case HORA_RDV_ENV:
+      elastic_env(door);
+      break;
+    case HORA_RDV_TCP:
+      elastic_tcp(door);
+      break;
+    default:
+      printf("the lines for each launcher:\n");
+      elastic_openmpi();
+      elastic_other_mpi();
+      slurm_door(door, sizeof(door));
+      elastic_slurm(door, job);
+      elastic_env("HOST:PORT");
+      elastic_tcp("HOST:PORT");
+      break;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--help") == 0) {
     usage(stdout);
@@ -55,13 +302,17 @@ int main(int argc, char **argv) {
     return 0;
   }
   bool bootstrap = argc > 1 && strcmp(argv[1], "--bootstrap") == 0;
-  if (argc > 1 && strcmp(argv[1], "--settings") != 0 && !bootstrap) {
+  bool elastic = argc > 1 && strcmp(argv[1], "--elastic") == 0;
+  if (argc > 1 && strcmp(argv[1], "--settings") != 0 && !bootstrap && !elastic) {
     usage(stderr);
     return 2;
   }
   if (hora__params_load() != HORA_SUCCESS) {
     fprintf(stderr, "hora-info: %s\n", hora_last_error());
     return 1;
+  }
+  if (elastic) {
+    return print_elastic();
   }
   if (argc == 1) {
     printf("hora %s\n", hora_version());
@@ -79,18 +330,6 @@ int main(int argc, char **argv) {
     }
     printf("settings:\n");
   }
-#define HORA_PARAM_SHOW_bytes(v) printf("%lld", (long long)(v))
-#define HORA_PARAM_SHOW_int(v) printf("%lld", (long long)(v))
-#define HORA_PARAM_SHOW_double(v) printf("%g", (v))
-#define HORA_PARAM_SHOW_bool(v) printf("%d", (v) ? 1 : 0)
-#define HORA_PARAM_SHOW_string(v) printf("%s", &(v) == &hora__params.SECRET && (v)[0] ? "(set; not shown)" : (v))
-#define HORA_PARAM(name, scope, type, def, doc)                                                     \
-  printf("  HORA_%s=", #name);                                                               \
-  HORA_PARAM_SHOW_##type(hora__params.name);                                                 \
-  printf("\n");
-#define HORA_PARAM_CHOICE(name, scope, choices, def, doc) printf("  HORA_%s=%s\n", #name, hora__params.name);
-#include "base/params.def"
-#undef HORA_PARAM
-#undef HORA_PARAM_CHOICE
+  print_settings("");
   return 0;
 }

@@ -113,7 +113,7 @@ if [ "$quick" = no ]; then
   ls /dev/nvidia[0-9]* >/dev/null 2>&1 && cuda=
   sanitized "$src/build/asan" "--enable-sanitizers $cuda" HORA_TEST_NPS="2 4" HORA_TEST_VARIANTS_ONCE=1
   sanitized "$src/build/tsan" "--enable-sanitizers=thread $cuda" HORA_TEST_NPS="2" HORA_TEST_VARIANTS_ONCE=1 \
-    HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall|test_shared_mem|test_shutdown|test_process_sets|test_exchange|test_groups"
+    HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall|test_shared_mem|test_shutdown|test_process_sets|test_exchange|test_groups|elastic"
   without_mpi "$src/build/nompi"
 fi
 

@@ -242,6 +242,29 @@ if [ -z "${HORA_TEST_ONLY:-}" ] || echo "startup" | grep -Eq "$HORA_TEST_ONLY"; 
   timeout 300 "$builddir/tests/launch/test_rebuild" 2>&1 | tally ""
 fi
 
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic" | grep -Eq "$HORA_TEST_ONLY"; then
+  # Elastic training's membership: losses (one during the reset, the
+  # coordinator's), a newcomer, no quorum, bad joins.
+  timeout 600 sh "$srcdir/tests/launch/check-elastic.sh" "$builddir" 2>&1 | tally ""
+fi
+
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic-launch" | grep -Eq "$HORA_TEST_ONLY"; then
+  # The launch lines hora-info --elastic prints, and that mpirun's keeps the
+  # survivors of a killed rank (and without it does not). Judged like a
+  # run: a script that died or printed nothing fails too.
+  out="$work/out" err="$work/err"
+  timeout -k 10 "$timeout_s" sh "$srcdir/tests/launch/check-elastic-launch.sh" "$builddir" \
+    </dev/null >"$out" 2>"$err"
+  judge $? "" "elastic-launch" "check-elastic-launch.sh"
+fi
+
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "train-elastic" | grep -Eq "$HORA_TEST_ONLY"; then
+  section "elastic training: ranks killed on purpose, one let in later"
+  el_mode=
+  [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ] && el_mode=quick
+  sh "$srcdir/tests/launch/check-train-elastic.sh" "$builddir" $el_mode | tally ""
+fi
+
 if [ -z "${HORA_TEST_ONLY:-}" ] && [ $without_mpi = yes ]; then
   section "the sections that need MPI"
   for s in settings faults rdma netns timeline python trainer examples install; do

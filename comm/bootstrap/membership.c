@@ -211,14 +211,18 @@ static int prove(struct hora__membership *m, int fd, bool connector, uint64_t de
   uint8_t nonce[HORA_HS_NONCE_LEN];
   HORA_CHECK(hora__boot_random_bytes(nonce, sizeof(nonce), "membership nonce"));
   if (connector) {
-    hora__hs_connector(&hs, m->key, 2, 1, 1, 0, 0, nonce);
+    hora__hs_connector(&hs, m->key, 2, 1, 1, 0, 1, nonce); /* kind 1 of 1: the only kind here */
   } else {
     hora__hs_acceptor(&hs, m->key, 2, 1, 0, nonce);
   }
   while (hs.state == HORA_HS_SEND || hs.state == HORA_HS_RECV) {
     int err = 0;
     if (hora__boot_pump(fd, &hs, &err) < 0) {
-      return hora__error(HORA_ERR_PEER_LOST, "closed during the handshake");
+      /* A connector that leaves after our challenge could not verify it. */
+      return !connector && hs.claimed
+                 ? hora__error(HORA_ERR_INVALID_ARG, "it left after the challenge: it holds "
+                               "another secret (another job, or a different HORA_SECRET_FILE)")
+                 : hora__error(HORA_ERR_PEER_LOST, "closed during the handshake");
     }
     if (hs.state != HORA_HS_SEND && hs.state != HORA_HS_RECV) {
       break;
@@ -274,9 +278,10 @@ int hora__mb_dial(struct hora__membership *m, uint32_t ip, uint16_t port, uint64
   if (pf.revents) {
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
   }
-  if (err != 0 || prove(m, fd, true, deadline + IO_NS) != HORA_SUCCESS) {
+  int rc = err != 0 ? HORA_ERR_PEER_LOST : prove(m, fd, true, deadline + IO_NS);
+  if (rc != HORA_SUCCESS) {
     close(fd);
-    return -1;
+    return rc == HORA_ERR_INVALID_ARG ? -2 : -1;
   }
   hora__socket_tune(fd, true, 0);
   return fd;
@@ -378,6 +383,32 @@ static void serve_one(struct hora__membership *m, int fd) {
   free(b.p);
 }
 
+/* Members waiting for this process to coordinate (it is still ending its
+ * world, or computing) hear that it lives, so they do not go elsewhere. */
+static void beat_queued(struct hora__membership *m) {
+  uint64_t t = hora__now_ns();
+  if (t - m->last_beat < BEAT_NS) {
+    return;
+  }
+  m->last_beat = t;
+  uint32_t h[2] = {htonl(M_BEAT), 0};
+  pthread_mutex_lock(&m->mu);
+  for (int i = 0; i < m->nresets; i++) {
+    ssize_t r = send(m->resets[i].fd, h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r >= 0 && r != (ssize_t)sizeof(h)) {
+      /* A partial frame would garble the stream: drop this one. */
+      r = -1;
+      errno = EPIPE;
+    }
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      close(m->resets[i].fd);
+      free(m->resets[i].view.m);
+      m->resets[i--] = m->resets[--m->nresets];
+    }
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
 static void *listener_main(void *arg) {
   struct hora__membership *m = arg;
   for (;;) {
@@ -389,7 +420,9 @@ static void *listener_main(void *arg) {
       break;
     }
     struct pollfd pf[3] = {{m->lfd, POLLIN, 0}, {m->wake_fd, POLLIN, 0}, {door, POLLIN, 0}};
-    if (poll(pf, door >= 0 ? 3 : 2, 1000) <= 0) {
+    int ready = poll(pf, door >= 0 ? 3 : 2, (int)(BEAT_NS / 1000000ull));
+    beat_queued(m);
+    if (ready <= 0) {
       continue;
     }
     if (pf[1].revents) {
@@ -611,6 +644,12 @@ int hora__membership_join(struct hora__membership *m, const char *host, int port
   while (hora__now_ns() < deadline) {
     hora__mb_addr_str(ip, at, where, sizeof(where));
     int fd = hora__mb_dial(m, ip, at, PROBE_NS);
+    if (fd == -2) {
+      rc = hora__error(HORA_ERR_INVALID_ARG,
+                       "elastic: the process listening at %s did not prove this job's secret: "
+                       "another job, or a different HORA_SECRET_FILE/HORA_SECRET", where);
+      break;
+    }
     if (fd < 0) {
       struct timespec ts = {0, 100 * 1000000};
       nanosleep(&ts, NULL);

@@ -457,6 +457,25 @@ done:
 
 /* ---- agreeing: a member ------------------------------------------------------------ */
 
+/* Answers requests queued here while another coordinates: ask again. */
+static void redirect_requests(struct hora__membership *m) {
+  pthread_mutex_lock(&m->mu);
+  struct queued *q = m->resets;
+  int n = m->nresets;
+  m->resets = NULL;
+  m->nresets = m->cap_resets = 0;
+  pthread_mutex_unlock(&m->mu);
+  for (int i = 0; i < n; i++) {
+    struct hora__mb_buf r = {0};
+    hora__mb_put(&r, &m->my_ip, 4);
+    hora__mb_put32(&r, m->my_port);
+    hora__mb_send_msg(q[i].fd, M_REDIRECT, &r, hora__now_ns() + IO_NS);
+    free(r.p);
+  }
+  hora__mb_drop_queue(q, n);
+  free(q);
+}
+
 /* Follows one coordinator's reset on fd. 1: it went away (try the next);
  * 0: done (*out); <0 never: errors are returned as HORA_ERR_* > 0. */
 static int follow(struct hora__membership *m, int fd, const struct hora__member *coord,
@@ -475,6 +494,7 @@ static int follow(struct hora__membership *m, int fd, const struct hora__member 
       break;
     }
     if (type == M_BEAT) {
+      redirect_requests(m); /* whoever takes this process for the coordinator */
       continue;
     }
     if (type == M_PREPARE) {
@@ -568,25 +588,6 @@ static int follow(struct hora__membership *m, int fd, const struct hora__member 
   free(b.p);
   free(r.p);
   return rc;
-}
-
-/* Answers requests queued here while another coordinates: ask again. */
-static void redirect_requests(struct hora__membership *m) {
-  pthread_mutex_lock(&m->mu);
-  struct queued *q = m->resets;
-  int n = m->nresets;
-  m->resets = NULL;
-  m->nresets = m->cap_resets = 0;
-  pthread_mutex_unlock(&m->mu);
-  for (int i = 0; i < n; i++) {
-    struct hora__mb_buf r = {0};
-    hora__mb_put(&r, &m->my_ip, 4);
-    hora__mb_put32(&r, m->my_port);
-    hora__mb_send_msg(q[i].fd, M_REDIRECT, &r, hora__now_ns() + IO_NS);
-    free(r.p);
-  }
-  hora__mb_drop_queue(q, n);
-  free(q);
 }
 
 int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out) {

@@ -50,6 +50,7 @@ struct hora__membership {
   pthread_mutex_t mu;
   /* Under mu: */
   bool stop, in_reset;
+  uint64_t last_beat; /* the listener's thread's own */
   uint32_t my_id;
   struct hora__view view;
   struct queued *resets, *joins;
@@ -86,7 +87,8 @@ void hora__mb_send_refuse(int fd, int code, const char *msg);
 void hora__mb_addr_str(uint32_t ip, uint16_t port, char *out, size_t n);
 /* A non-blocking connect started; the socket, or -1 with errno. */
 int hora__mb_start_connect(uint32_t ip, uint16_t port);
-/* Connected and proved within `ns`, or -1 (the peer is gone or refuses). */
+/* Connected and proved within `ns`; -1: the peer is gone or does not
+ * answer; -2: it answered but did not prove the key (another job). */
 int hora__mb_dial(struct hora__membership *m, uint32_t ip, uint16_t port, uint64_t ns);
 void hora__mb_drop_queue(struct queued *q, int n);
 

@@ -4,6 +4,7 @@
  * membership built (hora__world_rebuild_locked) and rank 0 given the door
  * newcomers knock at. */
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@ static bool has_secret;
 static uint8_t secret[HORA_SECRET_LEN];
 static _Atomic bool change_pending; /* hora_elastic_commit saw newcomers */
 static _Atomic bool joined;         /* this process came to a running job */
+static _Atomic bool lost_members;   /* a reset left processes out */
 
 /* From the listener's thread: a member asks for a reset that this process
  * has not noticed (the news of a loss had not reached it): fail its calls,
@@ -56,10 +58,17 @@ static int door_of(const struct hora__rdv_choice *c) {
 }
 
 static int open_membership(const struct hora__rdv_choice *choice) {
-  has_secret = choice->has_secret;
-  if (has_secret) {
-    memcpy(secret, choice->secret, sizeof(secret));
+  struct hora__rdv_choice c = *choice;
+  if (!c.has_secret && c.kind == HORA_RDV_MPI) {
+    /* MPI carried its own secret at start-up; newcomers, who come without
+     * MPI, prove the one the user gives. */
+    HORA_CHECK(hora__rdv_load_secret(&c));
   }
+  has_secret = c.has_secret;
+  if (has_secret) {
+    memcpy(secret, c.secret, sizeof(secret));
+  }
+  OPENSSL_cleanse(&c, sizeof(c));
   door_port = door_of(choice);
   int rc = hora__membership_open(has_secret ? secret : NULL, &membership);
   if (rc == HORA_SUCCESS) {
@@ -98,6 +107,8 @@ void hora__elastic_rebuilt(struct hora__runtime *rt) {
   }
 }
 
+bool hora__elastic_lost_members(void) { return atomic_load(&lost_members); }
+
 void hora__elastic_end(void) {
   hora__membership_close(membership);
   membership = NULL;
@@ -120,11 +131,15 @@ static int build_agreed(const struct hora__agreed *a) {
   struct hora__rdv_tcp_spec spec = {
       .host = a->host, .port = a->port, .rank = a->rank, .size = a->size,
       .key = has_secret ? secret : NULL, .listen_fd = a->listen_fd,
-      .timeout_s = hora__params.CONNECT_TIMEOUT_SECONDS, .where = where,
+      .timeout_s = HORA_MIN(hora__params.CONNECT_TIMEOUT_SECONDS, hora__params.ELASTIC_TIMEOUT_SECONDS),
+      .where = where,
       .rank_var = "rank", .size_var = "size"};
   int rc = hora__world_rebuild_locked(&spec);
   struct hora__runtime *rt = hora__world_runtime();
   if (rc == HORA_SUCCESS && rt) {
+    if (a->lost > 0) {
+      atomic_store(&lost_members, true);
+    }
     hora__elastic_rebuilt(rt);
     HORA_WARN("elastic: membership %llu: this process is rank %d of %d (%d lost, %d joined)",
               (unsigned long long)a->epoch, a->rank, a->size, a->lost, a->joined);
@@ -173,9 +188,23 @@ HORA_EXTERN int hora_elastic_reset(void) {
   (void)hora__world_rebuild_locked(NULL);
   hora__error_clear();
   struct hora__agreed a;
-  int rc = hora__membership_agree(membership, &a);
-  if (rc == HORA_SUCCESS) {
+  int rc;
+  for (int attempt = 1;; attempt++) {
+    rc = hora__membership_agree(membership, &a);
+    if (rc != HORA_SUCCESS) {
+      break; /* no quorum, too few, left out: final */
+    }
     rc = build_agreed(&a);
+    if (rc == HORA_SUCCESS || attempt == 8 ||
+        (rc != HORA_ERR_PEER_LOST && rc != HORA_ERR_TIMEOUT)) {
+      break;
+    }
+    /* A member of the agreed membership died before its communicator was
+     * built: agree again, without it. */
+    HORA_WARN("elastic: building membership %llu failed (%s); agreeing again",
+              (unsigned long long)a.epoch, hora__error_message());
+    hora__membership_expect_reset(membership);
+    hora__error_clear();
   }
   if (rc == HORA_SUCCESS) {
     atomic_store(&change_pending, false);

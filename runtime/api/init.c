@@ -392,6 +392,11 @@ HORA_EXTERN int hora_finalize(void) {
    * its members agree), then the world: every rank agrees the job is over. */
   bool owns_mpi = rt->owns_mpi;
   int fatal = world_stop_locked(rt);
+  if (owns_mpi && hora__elastic_lost_members()) {
+    HORA_INFO("hora_finalize: not finalizing MPI: processes of the job were lost, and "
+              "MPI_Finalize could wait for them");
+    owns_mpi = false;
+  }
   hora__elastic_end();
   char msg[1024];
   hora__strlcpy(msg, fatal != HORA_SUCCESS ? hora__error_message() : "", sizeof(msg));

@@ -151,6 +151,10 @@ static void handle_free(struct hora_process_set *ps) {
 
 /* The end of a stopped set: off the list, then its runtime dropped (users
  * counted by hora__api_running_in may still hold it) and its handle freed. */
+/* A world ended while sets were alive (an elastic reset): their handles'
+ * errors say so. */
+static atomic_bool sets_ended;
+
 static void unlist_and_free(struct hora_process_set *ps) {
   pthread_mutex_lock(&sets_mu);
   for (struct hora_process_set **p = &sets; *p; p = &(*p)->next) {
@@ -456,6 +460,9 @@ out:
 void hora__process_sets_finalize(void) {
   pthread_mutex_lock(&making_mu);
   pthread_mutex_lock(&sets_mu);
+  if (sets) {
+    atomic_store(&sets_ended, true);
+  }
   for (struct hora_process_set *ps = sets; ps; ps = ps->next) {
     ps->destroying = true;
   }
@@ -540,7 +547,10 @@ struct hora__runtime *hora__api_running_in(const hora_process_set *ps, int *rc, 
   }
   if (!live || ps->destroying) {
     *rc = hora__error(HORA_ERR_INVALID_USAGE, "%s: the process set has been destroyed%s", call,
-                      live ? " (by another thread, meanwhile)" : " (or was never made)");
+                      live                ? " (by another thread, meanwhile)"
+                      : atomic_load(&sets_ended) ? " (or was never made; hora_elastic_reset ends "
+                                                 "every process set: make them again after it)"
+                                                 : " (or was never made)");
   } else if (!ps->rt) {
     *rc = hora__error(HORA_ERR_INVALID_USAGE, "%s: rank %d is not a member of process set %d",
                       call, world->rank, ps->id);

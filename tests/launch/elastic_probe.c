@@ -7,6 +7,14 @@
  * HORA_TEST_KILL=STEP:ID[,STEP:ID...]  the process that started as rank ID
  *   (or joined with that id) kills itself at STEP; STEP "r" kills it
  *   50 ms into its next reset (a failure during the agreement).
+ * HORA_TEST_RESET_FIRST: calls hora_elastic_reset first (expects a clear
+ *   HORA_ERR_INVALID_USAGE, the job unharmed).
+ * HORA_TEST_TIMES: prints "killed-at T", "recovered-at T" (the first allreduce
+ *   completed after a reset) and "started-at T"/"first-at T" (a newcomer),
+ *   T from CLOCK_MONOTONIC, for scripts/bench-elastic.sh.
+ * HORA_TEST_SETS: a process set of the even ranks is made at start and
+ *   after every reset; the one made before a reset must be refused with a
+ *   clear error, the new one must work.
  * HORA_TEST_STEP_MS: milliseconds of "compute" per step (default 0).
  * Prints "id I rank R size S resets N step T" and exits 0, or FAIL lines
  * and 1. usage: elastic_probe STEPS [COMMIT] */
@@ -24,6 +32,41 @@
 #define N 4096
 
 static int my_id = -1;
+static hora_process_set *evens;
+
+static int allreduce_in(const char *name, int *x, hora_process_set *ps) {
+  hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+  o.process_set = ps;
+  hora_request *req = NULL;
+  int rc = hora_allreduce_async_ex(name, x, x, 1, HORA_INT32, HORA_SUM, &o, &req);
+  return rc == HORA_SUCCESS ? hora_wait(&req) : rc;
+}
+
+/* The set of the even ranks, made again; the old one checked first. */
+static int remake_set(void) {
+  if (!getenv("HORA_TEST_SETS")) {
+    return HORA_SUCCESS;
+  }
+  if (evens) {
+    int x = 1;
+    int rc = allreduce_in("probe.old", &x, evens);
+    bool clear = rc == HORA_ERR_INVALID_USAGE && strstr(hora_last_error(), "make them again");
+    printf("%s set after reset: %s\n", clear ? "PASS" : "FAIL", hora_last_error());
+  }
+  int ranks[512], n = 0;
+  for (int r = 0; r < hora_size(); r += 2) {
+    ranks[n++] = r;
+  }
+  int rc = hora_process_set_create(ranks, n, &evens);
+  if (rc == HORA_SUCCESS && hora_process_set_included(evens)) {
+    int x = 1;
+    rc = allreduce_in("probe.set", &x, evens);
+    if (rc == HORA_SUCCESS && x != n) {
+      printf("FAIL set sum %d, want %d\n", x, n);
+    }
+  }
+  return rc;
+}
 static int ids[1024];
 static int resets;
 
@@ -62,7 +105,10 @@ static void *die_soon(void *arg) {
 
 /* Every member's id (rank order) and the step to resume from rank 0. */
 static int sync_state(int *step) {
-  int rc = hora_allgather("probe.ids", &my_id, 1, HORA_INT32, ids);
+  int rc = remake_set();
+  if (rc == HORA_SUCCESS) {
+    rc = hora_allgather("probe.ids", &my_id, 1, HORA_INT32, ids);
+  }
   if (rc == HORA_SUCCESS) {
     rc = hora_broadcast("probe.step", step, 1, HORA_INT32, 0);
   }
@@ -84,12 +130,23 @@ static int reset(void) {
 }
 
 int main(int argc, char **argv) {
+  double started = now();
+  bool times = getenv("HORA_TEST_TIMES") != NULL;
+  bool report = false; /* the next completed allreduce is a recovery */
+  bool first_done = false;
   int steps = argc > 1 ? atoi(argv[1]) : 50;
   int every = argc > 2 ? atoi(argv[2]) : 5;
   setvbuf(stdout, NULL, _IONBF, 0);
   if (hora_init() != HORA_SUCCESS) {
     printf("FAIL init: %s\n", hora_last_error());
     return 1;
+  }
+  if (getenv("HORA_TEST_RESET_FIRST")) {
+    /* Nothing was lost and no change reported: a clear error, nothing else. */
+    int r = hora_elastic_reset();
+    printf("%s reset without a failure: %s (%s)\n",
+           r == HORA_ERR_INVALID_USAGE && hora_size() > 0 ? "PASS" : "FAIL", hora_strerror(r),
+           hora_last_error());
   }
   /* Originals keep their start-up rank as id; a newcomer is given the
    * next free one by rank 0 (ids are only for the test's messages). */
@@ -106,6 +163,9 @@ int main(int argc, char **argv) {
     if (rc == HORA_SUCCESS) {
       if (kill_at(step)) {
         fprintf(stderr, "id %d: killing myself at step %d\n", my_id, step);
+        if (times) {
+          printf("killed-at %.6f\n", now());
+        }
         raise(SIGKILL);
       }
       if (pause.tv_nsec) {
@@ -115,6 +175,17 @@ int main(int argc, char **argv) {
         buf[i] = (float)(my_id + 1) * (float)(i % 7 + 1);
       }
       rc = hora_allreduce("probe.grad", buf, buf, N, HORA_FLOAT32, HORA_SUM);
+      if (rc == HORA_SUCCESS && times) {
+        if (hora_elastic_joined() && !first_done) {
+          printf("started-at %.6f\nfirst-at %.6f\n", started, now());
+        } else if (report) {
+          printf("recovered-at %.6f\n", now());
+        }
+      }
+      if (rc == HORA_SUCCESS) {
+        report = false;
+        first_done = true;
+      }
       if (rc == HORA_SUCCESS) {
         float want = 0;
         for (int r = 0; r < hora_size(); r++) {
@@ -146,6 +217,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "id %d: step %d: %s\n", my_id, step, hora_last_error());
       rc = reset();
       if (rc == HORA_SUCCESS) {
+        report = true;
         rc = sync_state(&step);
         continue;
       }

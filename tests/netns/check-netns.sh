@@ -2,6 +2,7 @@
 # Multi-host correctness on fake hosts made of network namespaces
 # (../shared/netns): 4 hosts x 1 rank (rings over TCP) and 2 hosts x 2 ranks
 # (hierarchical allreduce: shared memory within a host, TCP across), also
+# elastic training losing a whole host of 3 x 2,
 # with the flat ring forced; process sets on 4 x 1 and 2 x 3; hierarchical
 # Adasum on 2 x 2 and 2 x 3. Prints PASS/FAIL/SKIP lines.
 # usage: check-netns.sh BUILDDIR
@@ -110,6 +111,41 @@ run_nompi() { # mode program
 }
 run_nompi tcp test_collectives
 run_nompi env test_collectives
+
+# Elastic: 3 hosts x 2 ranks; host 2 disappears (its link taken down, its
+# processes alive but cut off). Hosts 0 and 1 go on with 4 ranks; the two
+# cut off have no majority and fail with a message saying so.
+elastic_host_lost() {
+  port=$((20000 + ($$ + 7) % 10000))
+  pids=""
+  for r in 0 1 2 3 4 5; do
+    vars="HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS=10.77.0.1:$port HORA_RANK=$r HORA_SIZE=6 HORA_ELASTIC=1"
+    vars="$vars HORA_PEER_TIMEOUT_SECONDS=3 HORA_ELASTIC_TIMEOUT_SECONDS=10 HORA_TEST_STEP_MS=10"
+    timeout -k 10 120 "$netns/netns-rsh.sh" "$NETNS_PREFIX$((r / 2))" \
+      "env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK HORA_SECRET=netns-$$ $vars $builddir/tests/launch/elastic_probe 600 10" \
+      </dev/null >"$work/eout$r" 2>"$work/eerr$r" &
+    pids="$pids $!"
+  done
+  sleep 2
+  ip -n "${NETNS_PREFIX}2" link set eth0 down
+  for p in $pids; do
+    wait "$p"
+  done
+  bad=""
+  for r in 0 1 2 3; do
+    grep -q "size 4 resets 1 step 600" "$work/eout$r" || bad="$bad $r"
+  done
+  for r in 4 5; do
+    grep -q "more than half" "$work/eout$r" || bad="$bad $r(cut off: no quorum error)"
+  done
+  if [ -z "$bad" ]; then
+    echo "PASS netns-3x2/elastic_host_lost: hosts 0 and 1 went on with 4 ranks; host 2's ranks failed: $(grep -ho 'only 2 of the 6[^:]*' "$work/eout4")"
+  else
+    echo "FAIL netns-3x2/elastic_host_lost:$bad"
+    tail -n 6 "$work"/eout* "$work"/eerr*
+  fi
+}
+elastic_host_lost
 
 . "$builddir/tests/config.sh"
 if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs hora under Slurm on the one-host cluster of ../shared/slurm-local:
 # direct launch with `srun` (PMIx) and a batch job with `mpirun` inside,
-# and a rank lost under `srun --kill-on-bad-exit=0`.
+# and a rank lost under `srun --kill-on-bad-exit=0`; an elastic job under
+# `srun --no-kill` losing a rank, with a new step joining it.
 # Starts the cluster when it is not running and stops it again at the end.
 # Prints one line per check, then "N passed, N failed, N skipped".
 #
@@ -42,7 +43,7 @@ if [ "$(id -u)" -ne 0 ] || [ -z "$slurm_local" ]; then
   why="needs root and ../shared/slurm-local (set HORA_SHARED_DIR)"
   for t in srun_direct_np4 srun_direct_np16 srun_without_mpi_np4 srun_without_mpi_collectives_np4 \
            srun_without_mpi_python_np2 sbatch_mpirun_np4 srun_info_line srun_train sbatch_train \
-           srun_peer_loss_exit srun_peer_loss_kill srun_peer_loss_segv; do
+           srun_peer_loss_exit srun_peer_loss_kill srun_peer_loss_segv srun_elastic; do
     result "SKIP slurm/$t: $why"
   done
   finish
@@ -191,4 +192,25 @@ for mode in exit kill segv; do
     tail -n 20 "$work/loss.out"
   fi
 done
+# Elastic: 4 tasks under srun told to keep the others, one killed; a new
+# step of the same allocation (srun --overlap -n 1, nothing else set) joins
+# at a commit. The 3 survivors and the newcomer end as 4 ranks.
+cat >"$work/elastic.sh" <<EOF
+#!/bin/sh
+export HORA_ELASTIC=1 HORA_TEST_STEP_MS=10 HORA_ELASTIC_TIMEOUT_SECONDS=20
+HORA_TEST_KILL=200:1 srun --no-kill --kill-on-bad-exit=0 --wait=0 --mpi=none -n 4 -l \\
+  "$builddir/tests/launch/elastic_probe" 300 10 >"$work/el.job" 2>&1 &
+sleep 1.5
+srun --overlap -n 1 --mpi=none "$builddir/tests/launch/elastic_probe" 300 10 >"$work/el.new" 2>&1
+wait
+EOF
+chmod +x "$work/elastic.sh"
+timeout 240 salloc -O -n 5 "$work/elastic.sh" >"$work/el.salloc" 2>&1
+if [ "$(grep -c 'size 4 resets 2 step 300$' "$work/el.job")" = 3 ] &&
+   grep -q 'size 4 resets 1 step 300$' "$work/el.new"; then
+  result "PASS slurm/srun_elastic (3 survivors of a SIGKILL and a new step ended as 4 ranks)"
+else
+  result "FAIL slurm/srun_elastic"
+  tail -n 15 "$work/el.job" "$work/el.new" "$work/el.salloc"
+fi
 finish

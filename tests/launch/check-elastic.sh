@@ -1,0 +1,223 @@
+#!/bin/sh
+# Elastic training's membership, with hora's own rendezvous (processes
+# started here, so that a killed one does not take the others down):
+#   shrink    np=6: one rank killed mid-run, another during the reset that
+#             follows; the 4 survivors finish, their sums right at every size
+#   takeover  np=4: rank 0 (the coordinator) killed; the next one coordinates;
+#             a process set made before is refused clearly, a new one works
+#   grow      np=4 and a newcomer admitted at a commit, then a loss: 4 finish
+#   quorum    np=4: ranks 0 and 1 killed together; the other half has no
+#             majority and fails with a message saying so, within seconds
+#   min-size  HORA_ELASTIC_MIN_SIZE=3, np=3, one killed: the others fail
+#   secret    a newcomer with another secret is refused, the job unharmed
+#   max-size  HORA_ELASTIC_MAX_SIZE=4: a fifth process is refused
+#   no-op     hora_elastic_reset without a failure: a clear error; and in a
+#             job that is not elastic
+# One PASS/FAIL line per check. usage: tests/launch/check-elastic.sh BUILDDIR
+set -u
+builddir=$(cd "${1:-.}" && pwd)
+probe="$builddir/tests/launch/elastic_probe"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for v in $(env | grep -E '^(OMPI_COMM_|PMIX?_|SLURM_|MASTER_|HORA_)[A-Za-z0-9_]*=' | cut -d= -f1); do
+  unset "$v"
+done
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+export HORA_CONNECT_TIMEOUT_SECONDS=20 HORA_ELASTIC_TIMEOUT_SECONDS=15 HORA_LOG_LEVEL=warn
+
+free_port() {
+  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# job NAME NP STEPS COMMIT [VAR=VALUE...]: NP members in the background;
+# each's output in $work/NAME.R, status in $work/NAME.R.rc
+job() {
+  name=$1 np=$2 steps=$3 every=$4
+  shift 4
+  port=$(free_port)
+  echo "127.0.0.1:$port" >"$work/$name.at"
+  r=0
+  while [ $r -lt "$np" ]; do
+    (env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="127.0.0.1:$port" HORA_SIZE="$np" HORA_RANK=$r \
+       HORA_ELASTIC=1 "$@" timeout 90 "$probe" "$steps" "$every" >"$work/$name.$r" 2>"$work/$name.$r.err"
+     echo $? >"$work/$name.$r.rc") &
+    r=$((r + 1))
+  done
+}
+
+# newcomer NAME TAG [VAR=VALUE...]: one more process asking the job NAME to admit it
+newcomer() {
+  name=$1 tag=$2
+  shift 2
+  (env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="$(cat "$work/$name.at")" HORA_ELASTIC=1 "$@" \
+     timeout 90 "$probe" "$steps" "$every" >"$work/$name.$tag" 2>"$work/$name.$tag.err"
+   echo $? >"$work/$name.$tag.rc") &
+}
+
+show() { # NAME: everything the job printed, for a failing check
+  for f in "$work/$1".*; do
+    case "$f" in *.rc|*.at) continue ;; esac
+    echo "--- ${f##*/}"
+    tail -n 12 "$f"
+  done
+}
+
+# survivors CHECK NAME SIZE WHO...: each of WHO exited 0 and ended at SIZE
+# with right sums; the others (killed) did not print a result.
+survivors() {
+  check=$1 name=$2 size=$3
+  shift 3
+  bad=""
+  for who in "$@"; do
+    rc=$(cat "$work/$name.$who.rc" 2>/dev/null || echo none)
+    if [ "$rc" != 0 ] || ! grep -q "size $size resets [0-9]* step $steps\$" "$work/$name.$who"; then
+      bad="$bad $who(rc $rc)"
+    fi
+    # Every survivor of a reset logs the change.
+    if ! grep -q "resets 0 " "$work/$name.$who"; then
+      grep -q "elastic: membership .*this process is rank" "$work/$name.$who.err" ||
+        bad="$bad $who(no membership line)"
+    fi
+  done
+  if [ -z "$bad" ]; then
+    echo "PASS elastic/$check: ranks $* went on and ended with $size ranks"
+  else
+    echo "FAIL elastic/$check: not as expected:$bad"
+    show "$name"
+  fi
+}
+
+# failed CHECK NAME PATTERN WHO...: each of WHO exited non-zero, its output matching PATTERN
+failed() {
+  check=$1 name=$2 pattern=$3
+  shift 3
+  bad=""
+  for who in "$@"; do
+    rc=$(cat "$work/$name.$who.rc" 2>/dev/null || echo none)
+    if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -Eq "$pattern" "$work/$name.$who"; then
+      bad="$bad $who(rc $rc)"
+    fi
+  done
+  if [ -z "$bad" ]; then
+    echo "PASS elastic/$check: $* failed with: $(grep -Eho "$pattern" "$work/$name.$1" | head -n 1)"
+  else
+    echo "FAIL elastic/$check: expected a failure matching '$pattern':$bad"
+    show "$name"
+  fi
+}
+
+secret="$work/secret" other="$work/other"
+(umask 077 && echo "the job's secret" >"$secret" && echo "another secret" >"$other")
+steps=60 every=5
+job shrink 6 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:3,r:1 HORA_SECRET_FILE="$secret"
+wait
+survivors shrink shrink 4 0 2 4 5
+if grep -q "resets" "$work/shrink.1" "$work/shrink.3"; then
+  echo "FAIL elastic/shrink-killed: a rank that was to be killed finished"
+fi
+
+job takeover 4 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:0 HORA_TEST_SETS=1
+wait
+survivors takeover takeover 3 1 2 3
+# Process sets: the one made before the reset refused clearly, a new one works.
+if [ "$(cat "$work"/takeover.[123] | grep -c '^PASS set after reset')" = 3 ] &&
+   ! grep -q '^FAIL' "$work"/takeover.[0-9]; then
+  echo "PASS elastic/process-sets: $(grep -ho 'the process set has been destroyed.*' "$work/takeover.1")"
+else
+  echo "FAIL elastic/process-sets"
+  grep -h 'set' "$work"/takeover.[0-9]
+fi
+
+steps=200 every=10
+job grow 4 $steps $every HORA_TEST_STEP_MS=10 HORA_TEST_KILL=150:1 HORA_SECRET_FILE="$secret"
+sleep 0.5
+newcomer grow new HORA_SECRET_FILE="$secret"
+wait
+survivors grow grow 4 0 2 3 new
+grep -q "size 5 \|rank 4 of 5" "$work/grow.new.err" || echo "FAIL elastic/grow: the newcomer was never one of 5 ranks"
+
+steps=60 every=5
+t0=$(date +%s)
+job quorum 4 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:0,20:1
+wait
+failed quorum quorum "more than half of them" 2 3
+took=$(( $(date +%s) - t0 ))
+[ $took -le 30 ] || echo "FAIL elastic/quorum: the survivors took $took s to fail"
+
+job minsize 3 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:2 HORA_ELASTIC_MIN_SIZE=3
+wait
+failed min-size minsize "HORA_ELASTIC_MIN_SIZE=3" 0 1
+
+steps=150 every=10
+job secret 3 $steps $every HORA_TEST_STEP_MS=10 HORA_SECRET_FILE="$secret"
+sleep 0.5
+newcomer secret new HORA_SECRET_FILE="$other"
+wait
+failed secret secret "did not prove this job's secret" new
+survivors secret-unharmed secret 3 0 1 2
+grep -q "refused a connection from .*secret" "$work/secret.0.err" &&
+  echo "PASS elastic/secret-logged: rank 0 logged the refusal" ||
+  echo "FAIL elastic/secret-logged: rank 0 did not log the refused newcomer"
+
+job maxsize 4 $steps $every HORA_TEST_STEP_MS=10 HORA_ELASTIC_MAX_SIZE=4
+sleep 0.5
+newcomer maxsize new HORA_ELASTIC_MAX_SIZE=4
+wait
+failed max-size maxsize "HORA_ELASTIC_MAX_SIZE=4: no more may join" new
+survivors max-size-unharmed maxsize 4 0 1 2 3
+
+steps=10 every=5
+job noop 2 $steps $every HORA_TEST_RESET_FIRST=1
+wait
+if [ "$(grep -c '^PASS reset without a failure' "$work"/noop.0 "$work"/noop.1 | grep -c ':1$')" = 2 ] &&
+   grep -q "nothing to reset" "$work/noop.0"; then
+  echo "PASS elastic/no-op: $(grep -o 'hora_elastic_reset: nothing to reset[^)]*' "$work/noop.0")"
+else
+  echo "FAIL elastic/no-op"
+  show noop
+fi
+job notelastic 2 $steps $every HORA_TEST_RESET_FIRST=1 HORA_ELASTIC=0
+wait
+if grep -q "not elastic" "$work/notelastic.0"; then
+  echo "PASS elastic/not-elastic: $(grep -o 'hora_elastic_reset: the job is not elastic[^)]*' "$work/notelastic.0")"
+else
+  echo "FAIL elastic/not-elastic"
+  show notelastic
+fi
+
+# Under Open MPI's mpirun with the option that keeps survivors
+# (--enable-recovery): started through MPI, rebuilt over TCP after the loss of
+# one rank and of another during the reset; then a newcomer started by
+# `mpirun -np 1` with hora's rendezvous joins and one more is lost.
+. "$builddir/tests/config.sh"
+if [ "$HAVE_MPI" != yes ] || [ "$MPI_FLAVOR" != openmpi ]; then
+  echo "SKIP elastic/mpirun: not an Open MPI build"
+else
+  flags="--enable-recovery --oversubscribe --bind-to none"
+  [ "$(id -u)" -eq 0 ] && flags="$flags --allow-run-as-root"
+  port=$(free_port)
+  # shellcheck disable=SC2086
+  timeout 120 "$MPIEXEC" $flags -np 6 -x HORA_ELASTIC=1 -x HORA_RENDEZVOUS=127.0.0.1:$port \
+    -x HORA_TEST_STEP_MS=10 -x HORA_TEST_KILL=20:3,r:1,250:0 -x HORA_ELASTIC_TIMEOUT_SECONDS \
+    -x HORA_CONNECT_TIMEOUT_SECONDS -x HORA_LOG_LEVEL "$probe" 300 10 >"$work/mpi.job" 2>"$work/mpi.err" &
+  sleep 2
+  # shellcheck disable=SC2086
+  timeout 100 "$MPIEXEC" $flags -np 1 -x HORA_BOOTSTRAP=tcp -x HORA_RENDEZVOUS=127.0.0.1:$port \
+    -x HORA_ELASTIC=1 -x HORA_TEST_STEP_MS=10 -x HORA_ELASTIC_TIMEOUT_SECONDS "$probe" 300 10 \
+    >"$work/mpi.new" 2>"$work/mpi.new.err"
+  wait
+  if [ "$(grep -c 'size 4 resets 3 step 300$' "$work/mpi.job")" = 3 ] &&
+     grep -q 'size 4 resets [0-9] step 300$' "$work/mpi.new"; then
+    echo "PASS elastic/mpirun: 6 ranks under mpirun --enable-recovery lost 2 (one during the reset), admitted a newcomer, lost rank 0: 4 ended"
+  else
+    echo "FAIL elastic/mpirun"
+    tail -n 8 "$work/mpi.job" "$work/mpi.err" "$work/mpi.new" "$work/mpi.new.err"
+  fi
+fi
+
+# Under a sanitizer build, any report in any process's output is a failure.
+reports=$(grep -lE "ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:" "$work"/*.err 2>/dev/null)
+if [ -n "$reports" ]; then
+  echo "FAIL elastic/sanitizer: reports in $(echo "$reports" | sed 's#.*/##' | tr '\n' ' ')"
+  for f in $reports; do grep -A12 -E "ERROR: |WARNING: ThreadSanitizer|runtime error:" "$f" | head -n 30; done
+fi
