@@ -57,6 +57,8 @@ def rank_main():
     torch.set_num_threads(1)
     started_as = int(os.environ.get("HORA_RANK", "-1"))  # -1: a newcomer
     step_s = float(os.environ.get("HORA_TEST_STEP_MS", "0")) / 1000
+    # With newcomers: training ends no sooner than they are in (or a minute on).
+    final_size = int(os.environ.get("HORA_TEST_FINAL_SIZE", "0"))
     kill_rank = int(os.environ.get("HORA_TEST_KILL_RANK", "-1"))
     kill_step = int(os.environ.get("HORA_TEST_KILL_STEP", "0"))
     base_lr = 0.02
@@ -122,6 +124,12 @@ def rank_main():
             state.batch = 0
             state.sampler.set_epoch(state.epoch)
             state.commit()
+        # (Counted, not timed: every rank must make as many commit points.)
+        for _ in range(1200):
+            if hvd.size() >= final_size:
+                break
+            time.sleep(0.05)
+            state.check_host_updates()
 
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
     state.register_reset_callbacks([on_reset])
@@ -174,7 +182,8 @@ def launch(np, kill_rank, kill_step, limit, with_secret, join, join_after, step_
     env.update(HORA_BOOTSTRAP="tcp", HORA_RENDEZVOUS="127.0.0.1:%d" % free_port(),
                HORA_ELASTIC="1",
                HORA_TEST_KILL_RANK=str(kill_rank), HORA_TEST_KILL_STEP=str(kill_step),
-               HORA_TEST_STEP_MS=str(step_ms))
+               HORA_TEST_STEP_MS=str(step_ms),
+               HORA_TEST_FINAL_SIZE=str(np + join - (kill_rank >= 0) if join else 0))
     if with_secret:
         env["HORA_SECRET_FILE"] = secret
     procs = []
