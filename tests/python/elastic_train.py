@@ -1,25 +1,30 @@
 """Elastic training that loses a rank: a small classifier of four Gaussian
 clusters trained with hvd.elastic.run, TorchState, ElasticSampler and a
-DistributedOptimizer, in a job started without MPI (HORA_BOOTSTRAP=tcp,
-HORA_ELASTIC=1). The rank that started as HORA_TEST_KILL_RANK kills itself
-with SIGKILL at its step HORA_TEST_KILL_STEP; the others lose their
-collective, restore the last commit, reset to one rank fewer and finish.
+DistributedOptimizer, in an elastic job (HORA_ELASTIC=1). The rank that
+started as HORA_TEST_KILL_RANK kills itself with SIGKILL at its step
+HORA_TEST_KILL_STEP; the others lose their collective, restore the last
+commit, reset to one rank fewer and finish.
 
     elastic_train.py --launch NP [--kill-rank R] [--kill-step S] [--no-kill] [--no-secret]
                      [--join K [--join-after SECONDS]] [--step-ms MS]
-        starts the job and judges it: prints PASS or FAIL
-        elastic/kill_rank_np<NP> and exits 0 on a pass (a launcher of its
-        own: tests/launch/launch.sh stops the job once a process fails);
-        --join starts K processes later that ask to join (admitted at a
-        commit point, where every member raises HostsUpdatedInterrupt)
+        starts the job without MPI (HORA_BOOTSTRAP=tcp, a secret file) and
+        judges it: prints PASS or FAIL elastic/kill_rank_np<NP>[+K_joining]
+        and exits 0 on a pass (a launcher of its own: tests/launch/launch.sh
+        stops the job once a process fails); --join starts K processes
+        later that ask to join (admitted at a commit point, where every
+        member raises HostsUpdatedInterrupt), and the members go on making
+        commit points after training until they are in
     elastic_train.py
-        one rank, started by a launcher with hora's variables
+        one rank, started by a launcher that keeps the survivors (hora-info
+        --elastic names them: e.g. mpirun --enable-recovery -x HORA_ELASTIC=1
+        -x HORA_RENDEZVOUS=HOST:PORT)
 
 Each survivor prints one line: its rank now and at start, the sizes it
 has seen, its resets, the final loss and accuracy over the whole data set,
-whether every rank ends with the same model, and whether the process set
-made before the reset was refused after it (and made again). It exits 0
-when the accuracy is reached and the models agree.
+whether every rank ends with the same model, whether after every sync the
+ranks' shares were what is left of the epoch, and whether the process set
+made before a reset was refused after it (and made again). It exits 0
+when all of these hold and the accuracy is reached.
 """
 import argparse
 import os
@@ -55,7 +60,8 @@ def rank_main():
 
     hvd.init()  # a newcomer (no HORA_RANK) returns once admitted at a commit point
     torch.set_num_threads(1)
-    started_as = int(os.environ.get("HORA_RANK", "-1"))  # -1: a newcomer
+    from hora import _lib
+    started_as = -1 if _lib.load().hora_elastic_joined() else hvd.rank()  # -1: a newcomer
     step_s = float(os.environ.get("HORA_TEST_STEP_MS", "0")) / 1000
     # With newcomers: training ends no sooner than they are in (or a minute on).
     final_size = int(os.environ.get("HORA_TEST_FINAL_SIZE", "0"))
