@@ -431,7 +431,7 @@ def test_process_sets_made_before_a_reset_say_so_and_can_be_made_again():
     try:
         assert ps.process_set_id is None and ps.size() is None
         assert not mpi_ops.global_process_set._unnamed
-        with pytest.raises(ValueError, match="made before the elastic reset.*make it again"):
+        with pytest.raises(ValueError, match="made before the elastic reset.*add it again"):
             hvd.allreduce(torch.ones(1), name="elastic.ps", process_set=ps)
         with pytest.raises(ValueError, match="made before the elastic reset"):
             hvd.DistributedOptimizer(torch.optim.SGD(make_model(1).parameters(), lr=0.1),

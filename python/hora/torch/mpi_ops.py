@@ -155,9 +155,9 @@ def _resolve_set(process_set, what):
     if process_set.process_set_id is None:
         if process_set._lost_at is not None:
             raise ValueError("%s: process set of ranks %s was made before the elastic reset to "
-                             "membership %d and is no longer valid: make it again with "
-                             "hvd.add_process_set() after the reset (in a reset callback: "
-                             "state.register_reset_callbacks), on every rank"
+                             "membership %d and is no longer valid: add it again (this object "
+                             "or a new one) with hvd.add_process_set() after the reset, on every "
+                             "rank (in a reset callback: state.register_reset_callbacks)"
                              % (what, process_set.ranks, process_set._lost_at))
         raise ValueError("%s: %r is not registered: add it with hvd.add_process_set() or "
                          "hvd.init(process_sets=[...]) (a removed set must be added again)"
