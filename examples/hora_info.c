@@ -72,7 +72,7 @@ static void print_settings(const char *prefix) {
 
 /* ---- --elastic ------------------------------------------------------------------
  * The launch lines below are the ones measured to leave the survivors of a
- * SIGKILLed process running (docs-elastic-launch.md: Open MPI 4.1, Slurm
+ * SIGKILLed process running (docs/elastic-launch.md: Open MPI 4.1, Slurm
  * 22.05, MPICH 4.0); tests/launch/check-elastic-launch.sh checks mpirun's. */
 
 /* The job's secret as the job's processes and newcomers pass it on; never

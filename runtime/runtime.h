@@ -236,6 +236,8 @@ int hora__elastic_join_locked(const struct hora__rdv_choice *choice);
 /* After the world is built again (rank 0 holds the door) and at the end. */
 void hora__elastic_rebuilt(struct hora__runtime *rt);
 void hora__elastic_end(void);
+/* No more calls into the world from the listener's thread (before freeing it). */
+void hora__elastic_quiet(void);
 /* A reset left processes out: MPI_Finalize would wait for them. */
 bool hora__elastic_lost_members(void);
 /* hora_init, and hora_init_comm (api/api_mpi.c) with mpi_comm pointing to

@@ -339,6 +339,15 @@ static void serve_one(struct hora__membership *m, int fd) {
       HORA_WARN("elastic: a malformed reset request from %s", who);
       close(fd);
       free(e.view.m);
+    } else if (m->view.n > 0 && e.view.epoch < m->view.epoch &&
+               hora__mb_view_index(&m->view, e.id) < 0) {
+      /* Not in the membership that followed its own: it was left out. */
+      char msg[200];
+      snprintf(msg, sizeof(msg), "elastic: this process (id %u) was left out of the job's "
+               "membership %llu", e.id, (unsigned long long)m->view.epoch);
+      hora__mb_send_refuse(fd, HORA_ERR_PEER_LOST, msg);
+      close(fd);
+      free(e.view.m);
     } else {
       bool news = !m->in_reset && m->on_request && e.view.epoch >= m->view.epoch &&
                   hora__mb_view_index(&m->view, e.id) >= 0;
@@ -383,6 +392,41 @@ static void serve_one(struct hora__membership *m, int fd) {
   free(b.p);
 }
 
+/* The listener's thread alone opens and closes the door, so the descriptor
+ * it polls is never closed (and its number reused) under it. */
+static void apply_door(struct hora__membership *m) {
+  pthread_mutex_lock(&m->mu);
+  int port = m->want_door;
+  pthread_mutex_unlock(&m->mu);
+  if (m->door_fd >= 0 && port != m->door_port) {
+    close(m->door_fd);
+    m->door_fd = -1;
+    m->door_port = 0;
+  }
+  if (port > 0 && m->door_fd < 0) { /* again each turn: the port may come free */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+        bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(fd, 64) == 0) {
+      m->door_fd = fd;
+      m->door_port = port;
+      m->door_failed = 0;
+      HORA_INFO("elastic: newcomers may ask to join at port %d", port);
+    } else {
+      if (port != m->door_failed) {
+        HORA_WARN("elastic: cannot listen on the rendezvous port %d for newcomers (%s): they "
+                  "cannot find the job there while it is taken", port, strerror(errno));
+      }
+      m->door_failed = port;
+      if (fd >= 0) {
+        close(fd);
+      }
+    }
+  }
+}
+
 /* Members waiting for this process to coordinate (it is still ending its
  * world, or computing) hear that it lives, so they do not go elsewhere. */
 static void beat_queued(struct hora__membership *m) {
@@ -414,11 +458,12 @@ static void *listener_main(void *arg) {
   for (;;) {
     pthread_mutex_lock(&m->mu);
     bool stop = m->stop;
-    int door = m->door_fd;
     pthread_mutex_unlock(&m->mu);
     if (stop) {
       break;
     }
+    apply_door(m);
+    int door = m->door_fd;
     struct pollfd pf[3] = {{m->lfd, POLLIN, 0}, {m->wake_fd, POLLIN, 0}, {door, POLLIN, 0}};
     int ready = poll(pf, door >= 0 ? 3 : 2, (int)(BEAT_NS / 1000000ull));
     beat_queued(m);
@@ -503,9 +548,10 @@ void hora__membership_close(struct hora__membership *m) {
     wake(m);
     pthread_join(m->thread, NULL);
   }
-  for (int *fd = &m->lfd; fd <= &m->wake_fd; fd++) {
-    if (*fd >= 0) {
-      close(*fd);
+  int fds[] = {m->lfd, m->door_fd, m->wake_fd};
+  for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+    if (fds[i] >= 0) {
+      close(fds[i]);
     }
   }
   hora__mb_drop_queue(m->resets, m->nresets);
@@ -568,28 +614,7 @@ bool hora__port_in_use(int port) {
 
 void hora__membership_door(struct hora__membership *m, int port) {
   pthread_mutex_lock(&m->mu);
-  if (m->door_fd >= 0 && (port == 0 || port != m->door_port)) {
-    close(m->door_fd);
-    m->door_fd = -1;
-  }
-  if (port > 0 && m->door_fd < 0) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
-        bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(fd, 64) == 0) {
-      m->door_fd = fd;
-      m->door_port = port;
-      HORA_INFO("elastic: newcomers may ask to join at port %d", port);
-    } else {
-      HORA_WARN("elastic: cannot listen on the rendezvous port %d for newcomers (%s); they may "
-                "ask any member, which sends them to rank 0", port, strerror(errno));
-      if (fd >= 0) {
-        close(fd);
-      }
-    }
-  }
+  m->want_door = port;
   pthread_mutex_unlock(&m->mu);
   wake(m);
 }

@@ -1,7 +1,9 @@
 /* Elastic membership: the agreement (see membership.h for the protocol and
  * why it is safe), as the coordinator and as a member. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,8 +63,21 @@ static void close_voters(struct voter *v, int n) {
 /* Members' requests taken from the queue into the voters of `base`. A
  * request from a member of a newer membership this process is not in
  * ends this process's part (*out_rc). */
-static void take_requests(struct hora__membership *m, struct hora__view *base, struct voter **vp,
+/* A COMMIT(view, build=0): the member records the view as committed. */
+static int send_view(int fd, const struct hora__view *v) {
+  struct hora__mb_buf b = {0};
+  hora__mb_put64(&b, 0);
+  hora__mb_put32(&b, 0);
+  hora__mb_put32(&b, 0);
+  hora__mb_put_view(&b, v);
+  int rc = hora__mb_send_msg(fd, M_COMMIT, &b, hora__now_ns() + IO_NS);
+  free(b.p);
+  return rc;
+}
+
+static bool take_requests(struct hora__membership *m, struct hora__view *base, struct voter **vp,
                           int *out_rc) {
+  bool moved = false;
   pthread_mutex_lock(&m->mu);
   struct queued *q = m->resets;
   int n = m->nresets;
@@ -78,9 +93,11 @@ static void take_requests(struct hora__membership *m, struct hora__view *base, s
       } else {
         /* That membership was committed: go on from it. */
         struct voter *nv = hora__calloc((size_t)q[i].view.n, sizeof(*nv));
-        if (!nv) {
+        struct hora__view copy = {0};
+        if (!nv || hora__mb_view_copy(&copy, &q[i].view) != HORA_SUCCESS) {
+          free(nv);
           *out_rc = HORA_ERR_NO_MEMORY;
-          break;
+          continue; /* the rest are closed below */
         }
         for (int k = 0; k < q[i].view.n; k++) {
           int old = hora__mb_view_index(base, q[i].view.m[k].id);
@@ -92,11 +109,19 @@ static void take_requests(struct hora__membership *m, struct hora__view *base, s
         close_voters(*vp, base->n);
         free(*vp);
         *vp = nv;
-        hora__mb_view_copy(base, &q[i].view);
+        hora__mb_view_free(base);
+        *base = copy;
+        moved = true;
       }
     }
     int k = hora__mb_view_index(base, q[i].id);
-    if (*out_rc != HORA_SUCCESS || k < 0 || q[i].view.epoch < base->epoch - 1) {
+    bool ok = *out_rc == HORA_SUCCESS && k >= 0 && q[i].id != m->my_id;
+    /* A member that missed the commit of the base learns it before it
+     * votes: its accepted value from before must not count. */
+    if (ok && q[i].view.epoch < base->epoch && send_view(q[i].fd, base) != HORA_SUCCESS) {
+      ok = false;
+    }
+    if (!ok) {
       if (*out_rc == HORA_SUCCESS) {
         char msg[200];
         snprintf(msg, sizeof(msg), "elastic: this process (id %u) is not a member of the job's "
@@ -116,6 +141,7 @@ static void take_requests(struct hora__membership *m, struct hora__view *base, s
     free(q[i].view.m);
   }
   free(q);
+  return moved;
 }
 
 /* Sends one message to every voter that has asked; one that cannot take it
@@ -138,7 +164,7 @@ static bool tell_voters(struct voter *v, int n, uint32_t type, const struct hora
 /* Waits for one answer of `want` from every voter that has asked; `each`
  * reads it. false when one failed (it is then gone, or its NACK raised
  * *promised). */
-static bool gather(struct hora__membership *m, struct voter *v, int n, uint32_t want,
+static bool gather(struct hora__membership *m, struct voter *v, int n, uint32_t want, uint64_t ballot,
                    bool (*each)(struct hora__membership *, struct voter *, struct hora__mb_buf *, void *),
                    void *arg) {
   bool ok = true;
@@ -149,7 +175,14 @@ static bool gather(struct hora__membership *m, struct voter *v, int n, uint32_t 
       continue;
     }
     uint32_t type = 0;
-    int rc = hora__mb_recv_msg(v[i].fd, &type, &b, deadline);
+    int rc;
+    /* Answers to an earlier round (its sends were cut short) are skipped:
+     * every answer starts with the ballot it answers. */
+    do {
+      rc = hora__mb_recv_msg(v[i].fd, &type, &b, deadline);
+    } while (rc == HORA_SUCCESS && (type == M_NACK || type == want) && b.len >= 8 &&
+             (type == M_NACK ? hora__mb_get64(&b) < ballot : hora__mb_get64(&b) != ballot));
+    b.off = 0;
     if (rc == HORA_SUCCESS && type == M_NACK) {
       uint64_t p = hora__mb_get64(&b);
       v[i].promised = HORA_MAX(v[i].promised, p);
@@ -167,6 +200,7 @@ static bool gather(struct hora__membership *m, struct voter *v, int n, uint32_t 
 }
 
 struct promises {
+  bool stale; /* a member accepted beyond the next membership: our base is old */
   uint64_t best_b;
   struct hora__view best;
   uint64_t epoch; /* of the base: only proposals for the next count */
@@ -179,6 +213,9 @@ static bool take_promise(struct hora__membership *m, struct voter *v, struct hor
   uint64_t ab = hora__mb_get64(b);
   struct hora__view av = {0};
   bool ok = hora__mb_get_view(b, &av);
+  if (ok && ab && av.epoch > p->epoch + 1) {
+    p->stale = true;
+  }
   if (ok && ab > p->best_b && av.epoch == p->epoch + 1) {
     p->best_b = ab;
     hora__mb_view_free(&p->best);
@@ -230,6 +267,47 @@ static void probe_step(struct voter *v, const struct hora__member *mem, uint64_t
   }
 }
 
+/* Newcomers waiting at the door, added to those of earlier rounds; one that
+ * gave up (its connection closed) is dropped. */
+static void take_joins(struct hora__membership *m, struct queued **joins, int *njoins) {
+  pthread_mutex_lock(&m->mu);
+  struct queued *q = m->joins;
+  int n = m->njoins;
+  m->joins = NULL;
+  m->njoins = m->cap_joins = 0;
+  pthread_mutex_unlock(&m->mu);
+  struct queued *all = realloc(*joins, (size_t)(*njoins + n + 1) * sizeof(*all));
+  if (!all) {
+    hora__mb_drop_queue(q, n);
+    free(q);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    all[(*njoins)++] = q[i];
+  }
+  free(q);
+  *joins = all;
+  for (int i = 0; i < *njoins; i++) {
+    char c;
+    ssize_t r = recv(all[i].fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      close(all[i].fd);
+      free(all[i].view.m);
+      all[i--] = all[--(*njoins)];
+    }
+  }
+}
+
+/* HORA_ELASTIC_TEST_CRASH=POINT@ID: this process dies at POINT (tests). */
+static void crash_if_asked(const struct hora__membership *m, const char *point) {
+  const char *v = hora__params.ELASTIC_TEST_CRASH;
+  size_t n = strlen(point);
+  if (v[0] && strncmp(v, point, n) == 0 && v[n] == '@' && (uint32_t)atoi(v + n + 1) == m->my_id) {
+    HORA_WARN("elastic: HORA_ELASTIC_TEST_CRASH=%s: dying now", v);
+    raise(SIGKILL);
+  }
+}
+
 static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
   struct hora__view base = {0};
   pthread_mutex_lock(&m->mu);
@@ -257,11 +335,19 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
   for (;;) {
     /* Wait until every member has asked or is gone. */
     for (;;) {
-      take_requests(m, &base, &v, &rc);
+      if (take_requests(m, &base, &v, &rc)) {
+        /* Members of the newer base may still be on their way. */
+        wait_until = hora__now_ns() + (uint64_t)(hora__params.ELASTIC_TIMEOUT_SECONDS * 1e9);
+      }
       if (rc != HORA_SUCCESS) {
         goto done;
       }
       int me = hora__mb_view_index(&base, m->my_id);
+      if (me < 0) {
+        rc = hora__error(HORA_ERR_PEER_LOST, "elastic: this process was left out of membership "
+                         "%llu", (unsigned long long)base.epoch);
+        goto done;
+      }
       v[me].fd = -2;
       uint64_t t = hora__now_ns();
       int pending = 0;
@@ -294,14 +380,7 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
                   (unsigned long long)base.epoch, v[i].why_gone);
       }
     }
-    pthread_mutex_lock(&m->mu);
-    hora__mb_drop_queue(joins, njoins);
-    free(joins);
-    joins = m->joins;
-    njoins = m->njoins;
-    m->joins = NULL;
-    m->njoins = m->cap_joins = 0;
-    pthread_mutex_unlock(&m->mu);
+    take_joins(m, &joins, &njoins);
     char msg[512];
     if (!quorum(&base, v, &alive)) {
       snprintf(msg, sizeof(msg),
@@ -333,8 +412,16 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
       pr.best_b = m->accepted_b;
       hora__mb_view_copy(&pr.best, &m->accepted);
     }
-    bool ok = tell_voters(v, base.n, M_PREPARE, &b) &&
-              gather(m, v, base.n, M_PROMISE, take_promise, &pr);
+    bool ok = tell_voters(v, base.n, M_PREPARE, &b);
+    ok = gather(m, v, base.n, M_PROMISE, ballot, take_promise, &pr) && ok;
+    if (pr.stale) {
+      hora__mb_view_free(&pr.best);
+      snprintf(msg, sizeof(msg), "elastic: a member accepted a membership beyond %llu, which "
+               "this coordinator does not know: it gives way", (unsigned long long)base.epoch + 1);
+      fail_voters(v, base.n, NULL, 0, HORA_ERR_PEER_LOST, msg);
+      rc = hora__error(HORA_ERR_PEER_LOST, "%s", msg);
+      goto done;
+    }
     if (!ok) {
       hora__mb_view_free(&pr.best);
       continue; /* someone left, or promised a higher ballot: again */
@@ -367,13 +454,14 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
     b.len = 0;
     hora__mb_put64(&b, ballot);
     hora__mb_put_view(&b, &next);
-    ok = tell_voters(v, base.n, M_PROPOSE, &b) &&
-         gather(m, v, base.n, M_ACCEPTED, take_accepted, &ballot);
+    ok = tell_voters(v, base.n, M_PROPOSE, &b);
+    ok = gather(m, v, base.n, M_ACCEPTED, ballot, take_accepted, &ballot) && ok;
     if (!ok) {
       continue;
     }
     m->accepted_b = ballot;
     hora__mb_view_copy(&m->accepted, &next);
+    crash_if_asked(m, "accepted");
     /* Phase 3. An adopted proposal is committed as it was, then the
      * members still here go on from it. */
     int lfd = -1, port = 0;
@@ -476,17 +564,28 @@ static void redirect_requests(struct hora__membership *m) {
   free(q);
 }
 
-/* Follows one coordinator's reset on fd. 1: it went away (try the next);
- * 0: done (*out); <0 never: errors are returned as HORA_ERR_* > 0. */
+/* Follows one coordinator's reset on fd. 1: it went away (try again from
+ * the lowest); 2: it lives but never started (try the next); 0: done
+ * (*out); otherwise the HORA_ERR_* that ends this process's part. */
 static int follow(struct hora__membership *m, int fd, const struct hora__member *coord,
                   struct hora__agreed *out, uint64_t deadline) {
   struct hora__mb_buf b = {0}, r = {0};
   int rc = 1;
+  /* A candidate that lives (its listener beats) but never starts the
+   * agreement is stuck: after as long as a coordinator waits for a member,
+   * and a margin, this member looks further. */
+  uint64_t start_by =
+      hora__now_ns() + (uint64_t)((hora__params.ELASTIC_TIMEOUT_SECONDS + 10) * 1e9);
+  bool started = false;
   for (;;) {
     uint32_t type = 0;
     uint64_t t = hora__now_ns();
     if (t >= deadline) {
       rc = hora__error(HORA_ERR_TIMEOUT, "elastic: the reset did not end within its time");
+      break;
+    }
+    if (!started && t >= start_by) {
+      rc = 2;
       break;
     }
     if (hora__mb_recv_msg(fd, &type, &b, HORA_MIN(deadline, t + SILENCE_NS)) != HORA_SUCCESS) {
@@ -497,6 +596,7 @@ static int follow(struct hora__membership *m, int fd, const struct hora__member 
       redirect_requests(m); /* whoever takes this process for the coordinator */
       continue;
     }
+    started = true;
     if (type == M_PREPARE) {
       uint64_t ballot = hora__mb_get64(&b);
       r.len = 0;
@@ -651,6 +751,12 @@ int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out)
                 : 1;
     free(b.p);
     close(fd);
+    if (r == 2) {
+      HORA_WARN("elastic: rank %d (id %u) lives but has not started the reset: asking the next",
+                i, v.m[i].id);
+      gone[i] = true;
+      continue;
+    }
     if (r == 1) {
       /* It went away or sent us elsewhere: everyone below it is asked again. */
       memset(gone, 0, (size_t)HORA_MAX(v.n, 1));

@@ -40,7 +40,8 @@ struct queued {
 };
 
 struct hora__membership {
-  int lfd, door_fd, door_port, wake_fd;
+  int lfd, wake_fd;
+  int door_fd, door_port, door_failed; /* the listener's thread's own (apply_door) */
   uint32_t my_ip;
   uint16_t my_port;
   bool has_key;
@@ -50,6 +51,7 @@ struct hora__membership {
   pthread_mutex_t mu;
   /* Under mu: */
   bool stop, in_reset;
+  int want_door; /* the door's port rank 0 should hold, 0 for none */
   uint64_t last_beat; /* the listener's thread's own */
   uint32_t my_id;
   struct hora__view view;

@@ -109,6 +109,13 @@ void hora__elastic_rebuilt(struct hora__runtime *rt) {
 
 bool hora__elastic_lost_members(void) { return atomic_load(&lost_members); }
 
+void hora__elastic_quiet(void) {
+  if (membership) {
+    /* Waits out a callback in progress (it runs under the same lock). */
+    hora__membership_on_request(membership, NULL, NULL);
+  }
+}
+
 void hora__elastic_end(void) {
   hora__membership_close(membership);
   membership = NULL;
@@ -147,6 +154,27 @@ static int build_agreed(const struct hora__agreed *a) {
   return rc;
 }
 
+/* Builds what was agreed (*a); when a member of it died before the build,
+ * agrees again without it, and builds that. */
+static int build_or_agree_again(struct hora__agreed *a) {
+  int rc = HORA_SUCCESS;
+  for (int attempt = 1;; attempt++) {
+    rc = build_agreed(a);
+    if (rc == HORA_SUCCESS || attempt == 8 ||
+        (rc != HORA_ERR_PEER_LOST && rc != HORA_ERR_TIMEOUT)) {
+      return rc;
+    }
+    HORA_WARN("elastic: building membership %llu failed (%s); agreeing again",
+              (unsigned long long)a->epoch, hora__error_message());
+    hora__membership_expect_reset(membership);
+    hora__error_clear();
+    rc = hora__membership_agree(membership, a);
+    if (rc != HORA_SUCCESS) {
+      return rc; /* no quorum, too few, left out: final */
+    }
+  }
+}
+
 int hora__elastic_join_locked(const struct hora__rdv_choice *choice) {
   HORA_INFO("elastic: asking the job at %s to admit this process", choice->where);
   int rc = membership ? HORA_SUCCESS : open_membership(choice);
@@ -155,7 +183,8 @@ int hora__elastic_join_locked(const struct hora__rdv_choice *choice) {
     rc = hora__membership_join(membership, choice->host, choice->port, &a);
   }
   if (rc == HORA_SUCCESS) {
-    rc = build_agreed(&a);
+    /* Admitted, it is a member: it agrees again like the others if needed. */
+    rc = build_or_agree_again(&a);
   }
   if (rc != HORA_SUCCESS) {
     char msg[1024];
@@ -183,28 +212,16 @@ HORA_EXTERN int hora_elastic_reset(void) {
                        "hora_elastic_commit reported no change");
   }
   uint64_t t0 = hora__now_ns();
+  /* From now on, requests are not news that should fail the world's calls:
+   * the world is about to be freed. */
   hora__membership_expect_reset(membership);
   /* The old membership ends first: its connections and segment go. */
   (void)hora__world_rebuild_locked(NULL);
   hora__error_clear();
   struct hora__agreed a;
-  int rc;
-  for (int attempt = 1;; attempt++) {
-    rc = hora__membership_agree(membership, &a);
-    if (rc != HORA_SUCCESS) {
-      break; /* no quorum, too few, left out: final */
-    }
-    rc = build_agreed(&a);
-    if (rc == HORA_SUCCESS || attempt == 8 ||
-        (rc != HORA_ERR_PEER_LOST && rc != HORA_ERR_TIMEOUT)) {
-      break;
-    }
-    /* A member of the agreed membership died before its communicator was
-     * built: agree again, without it. */
-    HORA_WARN("elastic: building membership %llu failed (%s); agreeing again",
-              (unsigned long long)a.epoch, hora__error_message());
-    hora__membership_expect_reset(membership);
-    hora__error_clear();
+  int rc = hora__membership_agree(membership, &a);
+  if (rc == HORA_SUCCESS) {
+    rc = build_or_agree_again(&a);
   }
   if (rc == HORA_SUCCESS) {
     atomic_store(&change_pending, false);

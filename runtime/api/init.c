@@ -391,6 +391,7 @@ HORA_EXTERN int hora_finalize(void) {
   /* The process sets first, in the order they were made (each is over when
    * its members agree), then the world: every rank agrees the job is over. */
   bool owns_mpi = rt->owns_mpi;
+  hora__elastic_quiet();
   int fatal = world_stop_locked(rt);
   if (owns_mpi && hora__elastic_lost_members()) {
     HORA_INFO("hora_finalize: not finalizing MPI: processes of the job were lost, and "

@@ -1,5 +1,5 @@
 #!/bin/sh
-# How an elastic job is launched (docs-elastic-launch.md):
+# How an elastic job is launched (docs/elastic-launch.md):
 #   info    hora-info --elastic, given each launcher's variables, prints that
 #           launcher's lines (and only those; every launcher's when none is
 #           set), with the rendezvous and secret of the environment

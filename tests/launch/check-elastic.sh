@@ -5,6 +5,8 @@
 #             follows; the 4 survivors finish, their sums right at every size
 #   takeover  np=4: rank 0 (the coordinator) killed; the next one coordinates;
 #             a process set made before is refused clearly, a new one works
+#   adopt     the coordinator dies between the acceptance of its proposal
+#             and the commit: the next one commits it, then goes on
 #   grow      np=4 and a newcomer admitted at a commit, then a loss: 4 finish
 #   quorum    np=4: ranks 0 and 1 killed together; the other half has no
 #             majority and fails with a message saying so, within seconds
@@ -79,8 +81,11 @@ survivors() {
         bad="$bad $who(no membership line)"
     fi
   done
+  # One membership: every survivor names the same epoch and members.
+  views=$(for who in "$@"; do grep '^membership ' "$work/$name.$who"; done | sort -u)
+  [ "$(echo "$views" | wc -l)" = 1 ] || bad="$bad (different memberships: $(echo "$views" | tr '\n' ';'))"
   if [ -z "$bad" ]; then
-    echo "PASS elastic/$check: ranks $* went on and ended with $size ranks"
+    echo "PASS elastic/$check: ranks $* went on and ended with $size ranks, all in $views"
   else
     echo "FAIL elastic/$check: not as expected:$bad"
     show "$name"
@@ -127,6 +132,15 @@ else
   echo "FAIL elastic/process-sets"
   grep -h 'set' "$work"/takeover.[0-9]
 fi
+
+# The coordinator dies after its proposal was accepted, before committing:
+# the next one commits that proposal (membership 2, the coordinator in it),
+# then agrees on one without it (3).
+job adopt 5 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:4 HORA_ELASTIC_TEST_CRASH=accepted@0
+wait
+survivors adopt adopt 3 1 2 3
+grep -q '^membership 3: 1 2 3$' "$work/adopt.1" ||
+  echo "FAIL elastic/adopt: the accepted proposal was not committed before the next (want membership 3)"
 
 steps=200 every=10
 job grow 4 $steps $every HORA_TEST_STEP_MS=10 HORA_TEST_KILL=150:1 HORA_SECRET_FILE="$secret"

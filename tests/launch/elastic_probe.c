@@ -227,6 +227,13 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
+  /* Every survivor must name the same membership: the same epoch, the same
+   * members in the same order. */
+  printf("membership %d:", hora_elastic_epoch());
+  for (int r = 0; r < hora_size(); r++) {
+    printf(" %d", ids[r]);
+  }
+  printf("\n");
   printf("id %d rank %d size %d resets %d step %d%s\n", my_id, hora_rank(), hora_size(), resets,
          step, bad ? " WRONG" : "");
   free(buf);
