@@ -2,8 +2,9 @@
 clusters trained with hvd.elastic.run, TorchState, ElasticSampler and a
 DistributedOptimizer, in an elastic job (HORA_ELASTIC=1). The rank that
 started as HORA_TEST_KILL_RANK kills itself with SIGKILL at its step
-HORA_TEST_KILL_STEP; the others lose their collective, restore the last
-commit, reset to one rank fewer and finish.
+HORA_TEST_KILL_STEP (under --launch: once the newcomers are in, and at the
+end of training if it ends first); the others lose their collective,
+restore the last commit, reset to one rank fewer and finish.
 
     elastic_train.py --launch NP [--kill-rank R] [--kill-step S] [--no-kill] [--no-secret]
                      [--join K [--join-after SECONDS]] [--step-ms MS]
@@ -63,7 +64,10 @@ def rank_main():
     from hora import _lib
     started_as = -1 if _lib.load().hora_elastic_joined() else hvd.rank()  # -1: a newcomer
     step_s = float(os.environ.get("HORA_TEST_STEP_MS", "0")) / 1000
-    # With newcomers: training ends no sooner than they are in (or a minute on).
+    # Under --launch: the rank to kill dies only once the job has been this
+    # big (newcomers in: a kill does not race a join), and training ends at
+    # this final size (or a minute on).
+    peak_size = int(os.environ.get("HORA_TEST_PEAK_SIZE", "0"))
     final_size = int(os.environ.get("HORA_TEST_FINAL_SIZE", "0"))
     kill_rank = int(os.environ.get("HORA_TEST_KILL_RANK", "-1"))
     kill_step = int(os.environ.get("HORA_TEST_KILL_STEP", "0"))
@@ -98,6 +102,13 @@ def rank_main():
                 seen["old_set_refused"] = "elastic reset" in str(e)
         sets["pair"] = hvd.add_process_set([0, 1]) if hvd.size() >= 2 else None
 
+    def maybe_die(ready):
+        if (ready and kill_rank >= 0 and started_as == kill_rank and
+                max(seen["sizes"]) >= peak_size):
+            print("rank %d (started as %s): killing itself at step %d"
+                  % (hvd.rank(), started_as, seen["steps"]), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
     @hvd.elastic.run
     def train(state):
         pair = sets["pair"]
@@ -114,10 +125,7 @@ def rank_main():
         while state.epoch < EPOCHS:
             for x, y in loader:
                 seen["steps"] += 1
-                if kill_rank >= 0 and started_as == kill_rank and seen["steps"] == kill_step:
-                    print("rank %d (started as %s): killing itself at step %d"
-                          % (hvd.rank(), started_as, kill_step), flush=True)
-                    os.kill(os.getpid(), signal.SIGKILL)
+                maybe_die(seen["steps"] >= kill_step)
                 time.sleep(step_s)
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
@@ -130,10 +138,13 @@ def rank_main():
             state.batch = 0
             state.sampler.set_epoch(state.epoch)
             state.commit()
-        # (Counted, not timed: every rank must make as many commit points.)
+        # Commit points until the newcomers are in and the rank to kill has
+        # died (here if training ended first). Counted, not timed: every
+        # rank must make as many.
         for _ in range(1200):
-            if hvd.size() >= final_size:
+            if not final_size or (hvd.size() == final_size and max(seen["sizes"]) >= peak_size):
                 break
+            maybe_die(True)
             time.sleep(0.05)
             state.check_host_updates()
 
@@ -189,7 +200,8 @@ def launch(np, kill_rank, kill_step, limit, with_secret, join, join_after, step_
                HORA_ELASTIC="1",
                HORA_TEST_KILL_RANK=str(kill_rank), HORA_TEST_KILL_STEP=str(kill_step),
                HORA_TEST_STEP_MS=str(step_ms),
-               HORA_TEST_FINAL_SIZE=str(np + join - (kill_rank >= 0) if join else 0))
+               HORA_TEST_PEAK_SIZE=str(np + join),
+               HORA_TEST_FINAL_SIZE=str(np + join - (kill_rank >= 0)))
     if with_secret:
         env["HORA_SECRET_FILE"] = secret
     procs = []
