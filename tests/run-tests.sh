@@ -271,6 +271,32 @@ if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "train-elasti
   sh "$srcdir/tests/launch/check-train-elastic.sh" "$builddir" $el_mode | tally ""
 fi
 
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "python-elastic" | grep -Eq "$HORA_TEST_ONLY"; then
+  section "python: hvd.elastic through a killed rank and newcomers (tests/python/elastic_train.py)"
+  # Its own launcher (no MPI): one rank SIGKILLed mid-training; then a
+  # newcomer let in at a commit and the coordinator (rank 0) lost.
+  py=${HORA_TEST_PYTHON:-/usr/bin/python3}
+  if [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
+    echo "SKIP python/elastic: sanitizer build (a plain Python cannot load a sanitized libhora)" | tee -a "$results"
+  elif ! "$py" -c 'import torch' >/dev/null 2>&1; then
+    echo "SKIP python/elastic: $py cannot import torch" | tee -a "$results"
+  else
+    for args in "--kill-rank 2 --kill-step 22" "--join 1 --kill-rank 0 --kill-step 30 --step-ms 10"; do
+      # shellcheck disable=SC2086
+      HORA_LIBRARY="$builddir/.libs/libhora.so.0" timeout -k 10 300 "$py" \
+        "$srcdir/tests/python/elastic_train.py" --launch 4 --timeout 240 $args </dev/null \
+        >"$work/out" 2>&1
+      rc=$?
+      if [ $rc -eq 0 ] && grep -q "^PASS" "$work/out"; then
+        grep "^PASS" "$work/out" | sed 's|^PASS |PASS python/|' | tally ""
+      else
+        echo "FAIL python/elastic_train $args: exit status $rc" | tee -a "$results"
+        grep -v "^\[[0-9]*\]     " "$work/out" | tail -n 30
+      fi
+    done
+  fi
+fi
+
 if [ -z "${HORA_TEST_ONLY:-}" ] && [ $without_mpi = yes ]; then
   section "the sections that need MPI"
   for s in settings faults rdma netns timeline python trainer examples install; do

@@ -148,6 +148,12 @@ class Library:
         # passes a ctypes value of the right type (see mpi_comm_handle).
         self.has_mpi_comm = self._proto("hora_init_comm", i, None, optional=True)
         self._proto("hora_process_set_from_mpi_comm", i, None, optional=True)
+        # Elastic training: optional, so that a libhora from before it still loads
+        # (hora.torch.elastic then says what is missing when used).
+        self.has_elastic = self._proto("hora_elastic_reset", i, [], optional=True)
+        self._proto("hora_elastic_commit", i, [ctypes.POINTER(i)], optional=True)
+        self._proto("hora_elastic_joined", i, [], optional=True)
+        self._proto("hora_elastic_epoch", i, [], optional=True)
         self._proto("hora_start_timeline", i, [ch, i])
         self._proto("hora_stop_timeline", i, [])
         self._proto("hora_built", i, [ch])

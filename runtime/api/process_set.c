@@ -477,7 +477,10 @@ void hora__process_sets_finalize(void) {
     unlist_and_free(ps);
     ps = next;
   }
+  /* The next world numbers from the start, as a process joining it does
+   * (the calls' agreements are named by these numbers). */
   next_id = 1;
+  calls = 0;
   pthread_mutex_unlock(&making_mu);
 }
 

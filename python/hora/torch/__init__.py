@@ -13,7 +13,9 @@ from hora.torch.mpi_ops import *  # noqa: F401,F403
 from hora.torch.mpi_ops import __all__ as _ops
 from hora.torch.optimizer import DistributedOptimizer  # noqa: F401
 from hora.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from hora.torch import elastic  # noqa: F401,E402  (hvd.elastic; needs the modules above)
 
 __all__ = list(_ops) + list(_grouped) + [
     "alltoall", "alltoall_async", "Compression", "DistributedOptimizer", "broadcast_parameters",
-    "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm"]
+    "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm",
+    "elastic"]

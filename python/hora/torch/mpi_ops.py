@@ -95,6 +95,7 @@ class ProcessSet:
         self.process_set_id = None
         self.ranks = None
         self.mpi_comm = None
+        self._lost_at = None  # the membership whose reset invalidated it (elastic)
         self._handle = None  # the hora_process_set while registered; None means NULL: the world
         self._unnamed = {}  # per-kind counters of unnamed operations, as _op_name keeps them
         if _is_mpi_comm(ranks_or_comm):
@@ -152,6 +153,12 @@ def _resolve_set(process_set, what):
         raise TypeError("%s: process_set must be a hvd.ProcessSet, got %s"
                         % (what, type(process_set).__name__))
     if process_set.process_set_id is None:
+        if process_set._lost_at is not None:
+            raise ValueError("%s: process set of ranks %s was made before the elastic reset to "
+                             "membership %d and is no longer valid: add it again (this object "
+                             "or a new one) with hvd.add_process_set() after the reset, on every "
+                             "rank (in a reset callback: state.register_reset_callbacks)"
+                             % (what, process_set.ranks, process_set._lost_at))
         raise ValueError("%s: %r is not registered: add it with hvd.add_process_set() or "
                          "hvd.init(process_sets=[...]) (a removed set must be added again)"
                          % (what, process_set))
@@ -181,6 +188,7 @@ def _make_set(ps, what):
     _lib.hora_process_set_ranks(ps._handle, ranks, n)
     ps.ranks = list(ranks)
     ps._unnamed = {}
+    ps._lost_at = None
     # Horovod refuses a second set of the same ranks. Checked once libhora
     # has agreed on the ranks: every rank then finds the same, where a
     # check before would leave the ranks that passed it waiting in libhora.
@@ -246,6 +254,11 @@ def _starts_through_mpi():
         return True
     return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK",
                                          "PMIX_RANK", "MPI_LOCALNRANKS"))
+
+
+def _elastic_job():
+    """Whether the running job is elastic (HORA_ELASTIC=1 at start-up)."""
+    return bool(_lib.has_elastic) and _lib.hora_elastic_epoch() >= 0
 
 
 def _part_needs(by_mpi):
@@ -328,18 +341,52 @@ def init(comm=None, process_sets=None):
     global_process_set.ranks = list(range(size()))
     global _homogeneous
     if _homogeneous is None:
-        # Every rank is here: ask once (Horovod's is_homogeneous() is local).
-        sizes = torch.zeros(size(), dtype=torch.int64)
-        mine = torch.tensor([local_size()], dtype=torch.int64)
-        req = ctypes.c_void_p()
-        L.check(_lib.hora_allgather_async(b"hora.torch.init.local_sizes", mine.data_ptr(), 1,
-                                          L.INT64, sizes.data_ptr(), ctypes.byref(req)),
-                "hora.torch.init")
-        L.check(_lib.hora_wait(ctypes.byref(req)), "hora.torch.init")
-        _homogeneous = bool((sizes == sizes[0]).all())
+        _homogeneous = _ask_homogeneous("hora.torch.init")
     for ps in process_sets:
         if ps.process_set_id is None:  # a second init, or the same object twice
             _make_set(ps, "hora.torch.init")
+
+
+def _ask_homogeneous(what):
+    """Whether every host runs as many ranks, asked of every rank (Horovod's
+    is_homogeneous() is local). A process joining an elastic job asks in
+    init, the members it joins in _membership_changed: the same operation."""
+    sizes = torch.zeros(size(), dtype=torch.int64)
+    mine = torch.tensor([local_size()], dtype=torch.int64)
+    req = ctypes.c_void_p()
+    L.check(_lib.hora_allgather_async(b"hora.torch.init.local_sizes", mine.data_ptr(), 1,
+                                      L.INT64, sizes.data_ptr(), ctypes.byref(req)), what)
+    L.check(_lib.hora_wait(ctypes.byref(req)), what)
+    return bool((sizes == sizes[0]).all())
+
+
+def _membership_changed():
+    """After hora_elastic_reset (hora.torch.elastic): drops what belonged to
+    the old membership. Its requests have failed: they are waited for, which
+    frees them and their buffers (an allgather between its phases is not
+    advanced into the new membership). Its process sets are invalid: their
+    objects are forgotten and say why when used. Unnamed operations are
+    numbered from 0 again, as in a process that has just joined."""
+    for i, h in list(_staged.items()):
+        with h.lock:
+            h._wait()
+        _handles.pop(i, None)
+    _staged.clear()
+    for i in list(_handles):
+        try:
+            synchronize(i)
+        except HoraInternalError:
+            pass
+    _handles.clear()
+    epoch = _lib.hora_elastic_epoch()
+    for ps in list(_added):
+        _forget_set(ps)
+        ps._lost_at = epoch
+    _allreduce_options_cache.clear()
+    global_process_set.ranks = list(range(size()))
+    global_process_set._unnamed = {}
+    global _homogeneous
+    _homogeneous = _ask_homogeneous("hora_elastic_reset")
 
 
 def shutdown():

@@ -7,6 +7,7 @@ then runs the wrapped optimizer's step.
 """
 import contextlib
 import warnings
+import weakref
 from collections import Counter
 
 import torch
@@ -17,6 +18,34 @@ from hora.torch.mpi_ops import (Average, Adasum, allreduce_async_, global_proces
                                 sparse_allreduce_async, synchronize)
 
 __all__ = ["DistributedOptimizer"]
+
+# Every DistributedOptimizer, for an elastic reset to drop what they hold of
+# the old membership.
+_live = weakref.WeakSet()
+
+
+def _reduces(process_set):
+    """Whether an optimizer on process_set reduces gradients: on its members,
+    when it has more than one; in an elastic job always on the world's, which
+    may grow."""
+    if not process_set.included():
+        return False
+    return process_set.size() > 1 or (process_set is global_process_set and
+                                      mpi_ops._elastic_job())
+
+
+def _membership_changed():
+    """After an elastic reset: allreduces in flight belonged to the old
+    membership (their handles are gone), so every optimizer forgets them and
+    starts its gradient accumulation again; one on the world reduces from
+    now on if the world has grown past one rank."""
+    for opt in list(_live):
+        opt._forget_pending()
+        # (Never back: hooks once registered submit on every backward.)
+        if (opt.process_set is global_process_set and not opt._reduces and
+                _reduces(opt.process_set)):
+            opt._reduces = True
+            opt._register_hooks()
 
 
 def _checked_names(param_groups, named_parameters, prefix):
@@ -82,7 +111,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         # Ranks outside the set, and a set of one, step on their own gradients.
-        self._reduces = process_set.included() and process_set.size() > 1
+        self._reduces = _reduces(process_set)
         self._handles = {}
         # Explicit groups (num_groups, groups): a group's gradients go as one
         # hora group once all of them are ready.
@@ -99,14 +128,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         if self._reduces:
             self._register_hooks()
+        _live.add(self)
 
     def load_state_dict(self, *args, **kwargs):
+        self._forget_pending()
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    def _forget_pending(self):
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
+        for ready in self._group_ready:
+            ready.clear()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
-        super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -259,13 +294,14 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in named}
         self.process_set = process_set
-        self._reduces = process_set.included() and process_set.size() > 1
+        self._reduces = _reduces(process_set)
         self._handles = {}
         self._starts = {}
         self._grad_accs = []
         self._requires_update = set()
         if self._reduces:
             self._register_hooks()
+        _live.add(self)
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -274,6 +310,17 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _register_hooks(self):
         _hook_gradients(self, zero_grads=True)  # Horovod's Adasum starts from zero grads
+
+    def _forget_pending(self):
+        # A parameter whose step had begun holds its local update: back to
+        # where the step started.
+        with torch.no_grad():
+            for p, start in self._starts.items():
+                p.copy_(start)
+        self._starts = {}
+        self._handles = {}
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
 
     def _step_and_reduce(self, p):
         """Steps the wrapped optimizer on p alone and starts the Adasum of
