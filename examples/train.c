@@ -377,6 +377,23 @@ static void model_init(struct model *m, int cap, unsigned seed) {
   m->delta2 = xmalloc((size_t)cap * 512 * 4);
 }
 
+/* What model_init allocated on the host. */
+static void model_free_host(struct model *m) {
+  for (int k = 0; k < NLAYERS; k++) {
+    hora_mem_free(m->l[k].gw);
+    hora_mem_free(m->l[k].gb);
+    free(m->l[k].w);
+    free(m->l[k].vw);
+    free(m->l[k].b);
+    free(m->l[k].vb);
+  }
+  for (int k = 0; k <= NLAYERS; k++) {
+    free(m->act[k]);
+  }
+  free(m->delta);
+  free(m->delta2);
+}
+
 /* act[k+1] = relu(act[k] w + b), the last layer without relu. */
 static void forward(struct model *m, int n) {
 #if HORA_TRAIN_CUDA
@@ -1122,6 +1139,11 @@ static double train_elastic(struct model *m, const struct options *o, const stru
   if (rank == 0 && e.accuracy_step != e.at.step) {
     e.accuracy = evaluate(m, test, cap); /* this rank took over after the last evaluation */
   }
+  for (int k = 0; k < NLAYERS; k++) {
+    for (int j = 0; j < 4; j++) {
+      free(e.copy[k][j]);
+    }
+  }
   return e.accuracy;
 }
 
@@ -1295,5 +1317,12 @@ int main(int argc, char **argv) {
     gpu_teardown();
   }
 #endif
+  if (!o.cuda) {
+    model_free_host(&m); /* (a sanitizer's leak check runs after main) */
+  }
+  free(train.x);
+  free(train.y);
+  free(test.x);
+  free(test.y);
   return 0;
 }

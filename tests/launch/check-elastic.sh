@@ -259,7 +259,9 @@ else
     -x HORA_ELASTIC=1 -x HORA_TEST_STEP_MS=10 -x HORA_ELASTIC_TIMEOUT_SECONDS "$probe" 300 10 \
     >"$work/mpi.new" 2>"$work/mpi.new.err"
   wait
-  if [ "$(grep -c 'size 4 resets 3 step 300$' "$work/mpi.job")" = 3 ] &&
+  # (3 resets, or 2 where the newcomer was already waiting when the first
+  # loss came: a slow machine, a sanitizer; it is then admitted by that reset)
+  if [ "$(grep -c 'size 4 resets [23] step 300$' "$work/mpi.job")" = 3 ] &&
      grep -q 'size 4 resets [0-9] step 300$' "$work/mpi.new"; then
     echo "PASS elastic/mpirun: 6 ranks under mpirun --enable-recovery lost 2 (one during the reset), admitted a newcomer, lost rank 0: 4 ended"
   else

@@ -231,6 +231,7 @@ int main(int argc, char **argv) {
     }
     if (rc != HORA_SUCCESS) {
       printf("FAIL id %d step %d: %s (%s)\n", my_id, step, hora_strerror(rc), hora_last_error());
+      free(buf);
       return 1;
     }
   }
