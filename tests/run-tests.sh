@@ -254,6 +254,9 @@ if [ $without_mpi = yes ]; then
   for s in elastic-launch train-elastic; do
     echo "SKIP $s: libhora built without MPI (the MPI build runs it)" | tee -a "$results"
   done
+elif [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ]; then
+  # What it checks is the launchers' behaviour and hora-info's text.
+  echo "SKIP elastic-launch: sanitizer build (the plain build runs it)" | tee -a "$results"
 elif [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic-launch" | grep -Eq "$HORA_TEST_ONLY"; then
   # The launch lines hora-info --elastic prints, and that mpirun's keeps the
   # survivors of a killed rank (and without it does not). Judged like a
