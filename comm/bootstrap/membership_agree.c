@@ -63,6 +63,43 @@ static void close_voters(struct voter *v, int n) {
 /* Members' requests taken from the queue into the voters of `base`. A
  * request from a member of a newer membership this process is not in
  * ends this process's part (*out_rc). */
+/* What the listener's thread queued (resets, or newcomers' joins), taken. */
+static struct queued *take_queue(struct hora__membership *m, bool joins, int *n) {
+  pthread_mutex_lock(&m->mu);
+  struct queued *q = joins ? m->joins : m->resets;
+  *n = joins ? m->njoins : m->nresets;
+  if (joins) {
+    m->joins = NULL;
+    m->njoins = m->cap_joins = 0;
+  } else {
+    m->resets = NULL;
+    m->nresets = m->cap_resets = 0;
+  }
+  pthread_mutex_unlock(&m->mu);
+  return q;
+}
+
+/* The voters of `from` carried over to `to` (by id; new members have not
+ * asked yet); those not in `to` are closed. */
+static int remap_voters(struct voter **vp, const struct hora__view *from,
+                        const struct hora__view *to) {
+  struct voter *nv = hora__calloc((size_t)HORA_MAX(to->n, 1), sizeof(*nv));
+  if (!nv) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (int k = 0; k < to->n; k++) {
+    int old = hora__mb_view_index(from, to->m[k].id);
+    nv[k] = old >= 0 ? (*vp)[old] : (struct voter){.fd = -1, .probe_fd = -1};
+    if (old >= 0) {
+      (*vp)[old].fd = (*vp)[old].probe_fd = -1;
+    }
+  }
+  close_voters(*vp, from->n);
+  free(*vp);
+  *vp = nv;
+  return HORA_SUCCESS;
+}
+
 /* A COMMIT(view, build=0): the member records the view as committed. */
 static int send_view(int fd, const struct hora__view *v) {
   struct hora__mb_buf b = {0};
@@ -78,12 +115,8 @@ static int send_view(int fd, const struct hora__view *v) {
 static bool take_requests(struct hora__membership *m, struct hora__view *base, struct voter **vp,
                           int *out_rc) {
   bool moved = false;
-  pthread_mutex_lock(&m->mu);
-  struct queued *q = m->resets;
-  int n = m->nresets;
-  m->resets = NULL;
-  m->nresets = m->cap_resets = 0;
-  pthread_mutex_unlock(&m->mu);
+  int n;
+  struct queued *q = take_queue(m, false, &n);
   for (int i = 0; i < n; i++) {
     if (q[i].view.epoch > base->epoch && *out_rc == HORA_SUCCESS) {
       if (hora__mb_view_index(&q[i].view, m->my_id) < 0) {
@@ -92,23 +125,13 @@ static bool take_requests(struct hora__membership *m, struct hora__view *base, s
                               "(it did not answer in time)", (unsigned long long)q[i].view.epoch);
       } else {
         /* That membership was committed: go on from it. */
-        struct voter *nv = hora__calloc((size_t)q[i].view.n, sizeof(*nv));
         struct hora__view copy = {0};
-        if (!nv || hora__mb_view_copy(&copy, &q[i].view) != HORA_SUCCESS) {
-          free(nv);
+        if (hora__mb_view_copy(&copy, &q[i].view) != HORA_SUCCESS ||
+            remap_voters(vp, base, &copy) != HORA_SUCCESS) {
+          hora__mb_view_free(&copy);
           *out_rc = HORA_ERR_NO_MEMORY;
           continue; /* the rest are closed below */
         }
-        for (int k = 0; k < q[i].view.n; k++) {
-          int old = hora__mb_view_index(base, q[i].view.m[k].id);
-          nv[k] = old >= 0 ? (*vp)[old] : (struct voter){.fd = -1, .probe_fd = -1};
-          if (old >= 0) {
-            (*vp)[old].fd = (*vp)[old].probe_fd = -1;
-          }
-        }
-        close_voters(*vp, base->n);
-        free(*vp);
-        *vp = nv;
         hora__mb_view_free(base);
         *base = copy;
         moved = true;
@@ -273,12 +296,8 @@ static void probe_step(struct voter *v, const struct hora__member *mem, uint64_t
 /* Newcomers waiting at the door, added to those of earlier rounds; one that
  * gave up (its connection closed) is dropped. */
 static void take_joins(struct hora__membership *m, struct queued **joins, int *njoins) {
-  pthread_mutex_lock(&m->mu);
-  struct queued *q = m->joins;
-  int n = m->njoins;
-  m->joins = NULL;
-  m->njoins = m->cap_joins = 0;
-  pthread_mutex_unlock(&m->mu);
+  int n;
+  struct queued *q = take_queue(m, true, &n);
   struct queued *all = realloc(*joins, (size_t)(*njoins + n + 1) * sizeof(*all));
   if (!all) {
     hora__mb_drop_queue(q, n);
@@ -504,22 +523,10 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
     hora__mb_view_free(&m->accepted);
     if (adopted) {
       /* The voters of the committed membership carry over. */
-      struct voter *nv = hora__calloc((size_t)next.n, sizeof(*nv));
-      if (!nv) {
-        rc = HORA_ERR_NO_MEMORY;
+      rc = remap_voters(&v, &base, &next);
+      if (rc != HORA_SUCCESS) {
         goto done;
       }
-      for (int k = 0; k < next.n; k++) {
-        int old = hora__mb_view_index(&base, next.m[k].id);
-        nv[k] = old >= 0 ? v[old] : (struct voter){.fd = -1, .probe_fd = -1};
-        if (old >= 0) {
-          v[old].fd = v[old].probe_fd = -1;
-        }
-        nv[k].promised = 0;
-      }
-      close_voters(v, base.n);
-      free(v);
-      v = nv;
       hora__mb_view_copy(&base, &next);
       continue;
     }
@@ -550,12 +557,8 @@ done:
 
 /* Answers requests queued here while another coordinates: ask again. */
 static void redirect_requests(struct hora__membership *m) {
-  pthread_mutex_lock(&m->mu);
-  struct queued *q = m->resets;
-  int n = m->nresets;
-  m->resets = NULL;
-  m->nresets = m->cap_resets = 0;
-  pthread_mutex_unlock(&m->mu);
+  int n;
+  struct queued *q = take_queue(m, false, &n);
   for (int i = 0; i < n; i++) {
     struct hora__mb_buf r = {0};
     hora__mb_put(&r, &m->my_ip, 4);
