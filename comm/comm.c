@@ -105,6 +105,7 @@ void hora__comm_destroy(hora__comm *c) {
   hora__comm_deregister(c, &c->fusion_reg);
   hora__comm_deregister(c, &c->scratch_reg);
   hora__comm_deregister(c, &c->reduced_reg);
+  hora__comm_deregister(c, &c->temp_reg);
   hora__comm_deregister(c, &c->proc->shm_reg);
   OPENSSL_cleanse(c->proc->secret, sizeof(c->proc->secret));
   OPENSSL_cleanse(c->proc->job_secret, sizeof(c->proc->job_secret));
@@ -114,6 +115,7 @@ void hora__comm_destroy(hora__comm *c) {
   free(c->fusion);
   free(c->scratch);
   free(c->reduced);
+  free(c->temp);
   free(c->proc->bounce);
   free(c->net->peers);
   free(c->proc->ctrl);

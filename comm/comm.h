@@ -32,6 +32,24 @@ struct hora__ring_view {
   hora__conn *next, *prev;
 };
 
+/* The alpha-beta-gamma cost model the algorithms are chosen by: seconds
+ * per message (alpha), per byte moved (beta) and per byte reduced (gamma),
+ * for the links between members and for the host's shared memory
+ * (comm/coll/cost_model.c). */
+struct hora__cost {
+  double alpha, beta, gamma;
+};
+struct hora__cost_model {
+  struct hora__cost link;  /* over the connections, the slowest kind comm uses */
+  struct hora__cost local; /* within a host, through the shared segment */
+  char source[64];         /* where the constants came from */
+};
+
+/* Kinds with a choice of algorithm: allreduce, broadcast, allgather,
+ * reducescatter (enum hora__coll_kind's first four). */
+#define HORA_ALGO_KINDS 4
+struct hora__algo;
+
 struct hora__proc {
   hora__net net; /* the job's rank and size, its peers, and progress */
   /* The key connections prove (derived from the job secret, the job id
@@ -90,8 +108,14 @@ struct hora__comm {
   struct hora__ring_view cross_ring; /* the members with this local rank, one per host */
   uint64_t shm_seq;                  /* pieces done over shm: picks the half */
   uint64_t published_seq;            /* shm_seq of the last hora__shm_publish_blocks */
-  /* Each kind's algorithm, from the one table (comm/coll/select.c). */
-  const struct hora__coll_backend *algo_allreduce, *algo_bcast, *algo_allgather, *algo_device;
+  /* Where shared memory serves (comm/coll/select.c): shm_host, every member
+   * on one host with a shared segment; hierarchical, several hosts with
+   * the same number of members each, shared memory within them. */
+  bool shm_host, hierarchical;
+  const struct hora__algo *forced[HORA_ALGO_KINDS]; /* HORA_ALGORITHM_<KIND>, or NULL */
+  struct hora__cost_model model;                    /* agreed: rank 0's */
+  bool partners; /* data connections to the point-to-point partners (made on first use) */
+  const struct hora__coll_backend *algo_device;
   struct hora__gpu *gpu; /* its device data plane, set up by the first device op */
   bool all_pairs; /* a data connection to every member (alltoall's, made on first use) */
   char *fusion; /* the socket path's fusion buffer */
@@ -100,6 +124,9 @@ struct hora__comm {
   char *reduced; /* a reduce-scatter's whole reduction, of which it keeps one block */
   size_t reduced_bytes;
   void *reduced_reg;
+  char *temp; /* the point-to-point algorithms' receive and staging space */
+  size_t temp_bytes;
+  void *temp_reg;
   char *scratch;    /* the ring's staging for chunks in flight */
   size_t scratch_bytes;
   void *scratch_reg;
@@ -115,6 +142,10 @@ void hora__comm_disconnect(hora__comm *comm);
  * (alltoall's pairwise exchange). Collective over comm: every member calls
  * it at the same point of its collectives, while none sleeps idle. */
 int hora__comm_connect_peers(hora__comm *comm);
+/* Connects this rank to those of `ranks` it has no data connection to yet.
+ * Collective over the ranks named: each must name this one in turn, at the
+ * same point of its collectives. */
+int hora__comm_connect_ranks(hora__comm *comm, const int *ranks, int n);
 /* The member on host `host` (0..cross_size-1) with this rank's local rank,
  * or -1. */
 int hora__comm_rank_on_host(const hora__comm *c, int host);

@@ -380,6 +380,25 @@ out:
   return rc;
 }
 
+int hora__comm_connect_ranks(hora__comm *c, const int *ranks, int n) {
+  struct plan p;
+  int rc = HORA_SUCCESS;
+  HORA_CHECK(plan_begin(c, &p));
+  for (int i = 0; i < n; i++) {
+    int r = ranks[i];
+    if (r < 0 || r >= c->size || r == c->rank) {
+      rc = hora__error(HORA_ERR_INVALID_ARG, "data connection to rank %d of %d asked by rank %d",
+                       r, c->size, c->rank);
+      goto out;
+    }
+    if (!c->proc->data[r]) {
+      HORA_CHECK_GOTO(plan_connection(&p, r, HORA_CONN_DATA), rc, out);
+    }
+  }
+out:
+  return run_plan(&p, rc);
+}
+
 /* Moves every planned socket until each is handed to its transport, then
  * frees the plan; with rc set (the planning failed), only frees it. */
 static int run_plan(struct plan *pp, int rc) {

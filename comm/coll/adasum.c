@@ -273,7 +273,7 @@ static bool per_host(const hora__comm *comm, bool device) {
   if (!hora__adasum_wants_hosts(h, device) || comm->local_size == 1) {
     return false;
   }
-  if (comm->algo_allreduce == &hora__coll_shm) {
+  if (comm->shm_host || comm->hierarchical) {
     return true;
   }
   static bool warned;

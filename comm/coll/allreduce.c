@@ -220,10 +220,15 @@ int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out) {
   return HORA_SUCCESS;
 }
 
-int hora__ring_allreduce_iov(hora__comm *comm, const struct hora__iov *in, int nin,
-                             const struct hora__iov *out, int nout, size_t count,
-                             hora_dtype dtype, hora_op op, hora_dtype wire,
-                             const struct hora__coll_opts *opts) {
+int hora__world_ring_allreduce(hora__comm *comm, const void *src, void *dst, size_t count,
+                               hora_dtype dtype, hora_op op, hora_dtype wire) {
+  return hora__ring_allreduce(comm, &comm->world_ring, src, dst, count, dtype, op, wire);
+}
+
+int hora__allreduce_contiguous(hora__comm *comm, hora__contiguous_allreduce_fn *fn,
+                               const struct hora__iov *in, int nin, const struct hora__iov *out,
+                               int nout, size_t count, hora_dtype dtype, hora_op op,
+                               hora_dtype wire, const struct hora__coll_opts *opts) {
   size_t esize = hora_dtype_size(dtype);
   bool prescale = opts && opts->prescale != 1.0;
   if (nin == 1 && nout == 1) {
@@ -238,7 +243,7 @@ int hora__ring_allreduce_iov(hora__comm *comm, const struct hora__iov *in, int n
       src = out[0].base;
     }
     phase(opts, "ALLREDUCE");
-    int rc = hora__ring_allreduce(comm, &comm->world_ring, src, out[0].base, count, dtype, op, wire);
+    int rc = fn(comm, src, out[0].base, count, dtype, op, wire);
     phase(opts, NULL);
     if (rc == HORA_SUCCESS) {
       hora__post_apply(opts, dtype, out[0].base, count);
@@ -258,7 +263,7 @@ int hora__ring_allreduce_iov(hora__comm *comm, const struct hora__iov *in, int n
   }
   phase(opts, NULL);
   phase(opts, "ALLREDUCE");
-  int rc = hora__ring_allreduce(comm, &comm->world_ring, f, f, count, dtype, op, wire);
+  int rc = fn(comm, f, f, count, dtype, op, wire);
   phase(opts, NULL);
   if (rc != HORA_SUCCESS) {
     return rc;

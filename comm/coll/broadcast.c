@@ -56,13 +56,18 @@ int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *view, v
   return hora__ring_run(comm, &ring);
 }
 
-int hora__ring_broadcast_iov(hora__comm *comm, const struct hora__iov *buf, int nbuf,
-                             size_t bytes, int root, const struct hora__coll_opts *opts) {
+int hora__world_ring_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
+  return hora__ring_broadcast(comm, &comm->world_ring, buf, bytes, root);
+}
+
+int hora__broadcast_contiguous(hora__comm *comm, hora__contiguous_broadcast_fn *fn,
+                               const struct hora__iov *buf, int nbuf, size_t bytes, int root,
+                               const struct hora__coll_opts *opts) {
   if (nbuf == 1) {
     if (opts && opts->phase) {
       opts->phase(opts->phase_arg, "BROADCAST");
     }
-    int rc = hora__ring_broadcast(comm, &comm->world_ring, buf[0].base, bytes, root);
+    int rc = fn(comm, buf[0].base, bytes, root);
     if (opts && opts->phase) {
       opts->phase(opts->phase_arg, NULL);
     }
@@ -80,7 +85,7 @@ int hora__ring_broadcast_iov(hora__comm *comm, const struct hora__iov *buf, int 
   if (opts && opts->phase) {
     opts->phase(opts->phase_arg, "BROADCAST");
   }
-  int rc = hora__ring_broadcast(comm, &comm->world_ring, f, bytes, root);
+  int rc = fn(comm, f, bytes, root);
   if (opts && opts->phase) {
     opts->phase(opts->phase_arg, NULL);
   }

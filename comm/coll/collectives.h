@@ -82,31 +82,134 @@ struct hora__coll_op {
   bool wait;          /* device: return only when the GPU has finished */
 };
 
-/* A family of algorithms. Host backends serve each kind on host buffers;
- * the device backend serves whole operations on GPU memory. */
+/* GPU memory: NCCL, or staged through the host algorithms (comm/gpu). */
 struct hora__coll_backend {
   const char *name;
   int (*run_device)(hora__comm *comm, const struct hora__coll_op *op);
-  int (*allreduce)(hora__comm *comm, const struct hora__iov *in, int nin,
-                   const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
-                   hora_op op, hora_dtype wire, const struct hora__coll_opts *opts);
-  int (*broadcast)(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
-                   int root, const struct hora__coll_opts *opts);
-  int (*allgather)(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
 };
-/* Rings over the communicator's connections (sockets or RDMA): every
- * communicator can run them. */
-extern const struct hora__coll_backend hora__coll_ring;
-/* The host's shared segment (allreduce also across hosts, hierarchically:
- * shared memory within each host, a ring between them). */
-extern const struct hora__coll_backend hora__coll_shm;
-/* GPU memory: NCCL, or staged through the host backends (comm/gpu). */
 extern const struct hora__coll_backend hora__coll_gpu;
-/* The one table: which backend runs each kind of collective on comm,
- * decided from what every member sees alike (shm: the members of each host
- * share a segment; hierarchical: several hosts with the same number of
- * members each, and a cross-host ring). */
-void hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical);
+
+/* ---- the registry of host algorithms (select.c) ---------------------------
+ * Every algorithm of every kind, each with when it can run on a
+ * communicator, what the cost model predicts for it and how to run it. The
+ * selector takes, per operation, the one forced by HORA_ALGORITHM_<KIND>
+ * or else the cheapest usable one. It decides only from what every member
+ * sees alike (the communicator's shape, the agreed cost model, the
+ * operation's size), so every rank runs the same algorithm. */
+typedef int hora__allreduce_fn(hora__comm *comm, const struct hora__iov *in, int nin,
+                               const struct hora__iov *out, int nout, size_t count,
+                               hora_dtype dtype, hora_op op, hora_dtype wire,
+                               const struct hora__coll_opts *opts);
+typedef int hora__broadcast_fn(hora__comm *comm, const struct hora__iov *buf, int nbuf,
+                               size_t bytes, int root, const struct hora__coll_opts *opts);
+typedef int hora__allgather_fn(hora__comm *comm, const void *sendbuf, size_t bytes,
+                               void *recvbuf);
+
+/* What the choice depends on: a communicator's shape, real or projected
+ * (hora-info --model). */
+struct hora__layout {
+  int size, hosts;   /* ranks; hosts, each with size / hosts ranks */
+  bool shm_host;     /* one host sharing a segment */
+  bool hierarchical; /* several, sharing one within each */
+  size_t chunk;      /* the ring's pipeline chunk */
+};
+void hora__comm_layout(const hora__comm *comm, struct hora__layout *s);
+
+struct hora__algo {
+  const char *name;
+  enum hora__coll_kind kind;
+  const char *summary; /* one line, for hora-info --algorithms */
+  bool (*usable)(const struct hora__layout *s);
+  /* Predicted seconds for an operation of `bytes` (allgather: each
+   * rank's block; the others: the whole buffer). */
+  double (*cost)(const struct hora__cost_model *m, const struct hora__layout *s, size_t bytes);
+  hora__allreduce_fn *allreduce;
+  hora__broadcast_fn *broadcast;
+  hora__allgather_fn *allgather;
+  /* reducescatter: true runs the ring's reduce-scatter, false the
+   * selected allreduce of which each rank keeps its block. */
+  bool ring_scatter;
+};
+
+/* Every registered algorithm, and their number. */
+extern const struct hora__algo *const hora__algos[];
+extern const int hora__nalgos;
+/* The algorithm named `name` for kind, or NULL. */
+const struct hora__algo *hora__algo_find(enum hora__coll_kind kind, const char *name);
+/* The cheapest usable algorithm for an operation of `bytes` by the model. */
+const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
+                                         const struct hora__cost_model *m,
+                                         enum hora__coll_kind kind, size_t bytes);
+/* What runs an operation of `bytes` of kind on comm: the forced one, or
+ * the pick. */
+const struct hora__algo *hora__algo_select(const hora__comm *comm, enum hora__coll_kind kind,
+                                           size_t bytes);
+/* The kind's name as in HORA_ALGORITHM_<KIND> (lower case). */
+const char *hora__algo_kind_name(enum hora__coll_kind kind);
+
+/* The communicator's algorithm table: where shared memory serves (shm: the
+ * members of each host share a segment; hierarchical: several hosts with
+ * the same number of members each), and the forced choices. Fails on a
+ * forced algorithm that is unknown. */
+int hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical);
+
+/* ---- the alpha-beta-gamma cost model (cost_model.c; struct in comm.h) --- */
+/* This process's model for comm's links: HORA_COST_MODEL if set, else the
+ * built-in constants of the transport comm uses between hosts (or between
+ * its ranks, on one host without shared memory). */
+int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m);
+/* Parses "alpha_us,beta_ns_per_byte,gamma_ns_per_byte" into c. */
+int hora__cost_parse(const char *text, struct hora__cost *c);
+/* Each algorithm's predicted seconds (the registry's cost functions). */
+#define HORA_COST_FN(ident)                                                                  \
+  double hora__cost_##ident(const struct hora__cost_model *m, const struct hora__layout *s,   \
+                            size_t bytes)
+HORA_COST_FN(allreduce_shm);
+HORA_COST_FN(allreduce_hierarchical);
+HORA_COST_FN(allreduce_ring);
+HORA_COST_FN(allreduce_rd);
+HORA_COST_FN(allreduce_rabenseifner);
+HORA_COST_FN(broadcast_shm);
+HORA_COST_FN(broadcast_ring);
+HORA_COST_FN(broadcast_binomial);
+HORA_COST_FN(allgather_shm);
+HORA_COST_FN(allgather_ring);
+HORA_COST_FN(allgather_bruck);
+HORA_COST_FN(reducescatter_ring);
+HORA_COST_FN(reducescatter_allreduce);
+
+/* ---- point-to-point schedules (recursive.c) --------------------------------
+ * The algorithms that talk to partners other than the ring neighbours:
+ * recursive doubling and Rabenseifner's allreduce, the binomial broadcast
+ * and Bruck's allgather. Their partners (r +- 2^k, r ^ 2^k, the fold r +-
+ * p2) get data connections at the first use, collectively. */
+int hora__comm_connect_partners(hora__comm *comm);
+/* The partners of `pos` among `size`: at most 3 * 32 ranks into out,
+ * returns how many. */
+int hora__coll_partners(int pos, int size, int *out);
+/* An allreduce of count elements from src (every rank's) into dst (src
+ * or a buffer of its own). */
+typedef int hora__contiguous_allreduce_fn(hora__comm *comm, const void *src, void *dst,
+                                          size_t count, hora_dtype dtype, hora_op op,
+                                          hora_dtype wire);
+hora__contiguous_allreduce_fn hora__rd_allreduce, hora__rabenseifner_allreduce,
+    hora__world_ring_allreduce;
+/* A broadcast of one contiguous buffer. */
+typedef int hora__contiguous_broadcast_fn(hora__comm *comm, void *buf, size_t bytes, int root);
+hora__contiguous_broadcast_fn hora__binomial_broadcast, hora__world_ring_broadcast;
+/* A broadcast over an iov list by fn (several fused through the fusion
+ * buffer). */
+int hora__broadcast_contiguous(hora__comm *comm, hora__contiguous_broadcast_fn *fn,
+                               const struct hora__iov *buf, int nbuf, size_t bytes, int root,
+                               const struct hora__coll_opts *opts);
+int hora__bruck_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
+/* An allreduce over iov lists by fn: one tensor between the caller's
+ * buffers, several fused through the fusion buffer, with opts' scales
+ * and phases. */
+int hora__allreduce_contiguous(hora__comm *comm, hora__contiguous_allreduce_fn *fn,
+                               const struct hora__iov *in, int nin, const struct hora__iov *out,
+                               int nout, size_t count, hora_dtype dtype, hora_op op,
+                               hora_dtype wire, const struct hora__coll_opts *opts);
 
 /* Runs op with the backend the table chose for it on comm. */
 int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op);
@@ -193,14 +296,6 @@ int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *ring, c
                          size_t bytes, void *recvbuf);
 
 /* ---- direct shared-memory collectives (shm_coll.c) ------------------------ */
-/* The ring backend's collectives over iovs (fused tensors packed into the
- * fusion buffer). */
-int hora__ring_allreduce_iov(hora__comm *comm, const struct hora__iov *in, int nin,
-                             const struct hora__iov *out, int nout, size_t count,
-                             hora_dtype dtype, hora_op op, hora_dtype wire,
-                             const struct hora__coll_opts *opts);
-int hora__ring_broadcast_iov(hora__comm *comm, const struct hora__iov *buf, int nbuf,
-                             size_t bytes, int root, const struct hora__coll_opts *opts);
 
 int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                         const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,

@@ -328,7 +328,7 @@ static int shm_alltoall(hora__comm *comm, const void *sendbuf, const size_t *sen
 /* ---- entry points ------------------------------------------------------------ */
 
 static bool on_shm(const hora__comm *comm) {
-  return comm->algo_allgather == &hora__coll_shm && comm->local_size == comm->size;
+  return comm->shm_host;
 }
 
 int hora__exchange_records(hora__comm *comm, const uint64_t *record, size_t width, uint64_t *all,

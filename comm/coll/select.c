@@ -1,21 +1,35 @@
-/* The algorithm table: each communicator's choice of backend per kind of
- * collective, made once from its shape, and the entry points that go
- * through it. Nothing else decides between shared memory, rings and the
- * device data plane. */
+/* The registry of host algorithms, the selector, and the entry points that
+ * go through it. Nothing else decides between shared memory, rings, the
+ * logarithmic schedules and the device data plane. */
+#include "base/log.h"
+#include "base/params.h"
 #include "comm/coll/collectives.h"
 #include "comm/reduce/reduce.h"
 #include "comm/shm/shm.h"
 
-static int ring_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
-  return hora__ring_allgather(comm, &comm->world_ring, sendbuf, bytes, recvbuf);
+/* ---- the algorithms' run functions ------------------------------------------- */
+
+static int ring_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                          const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                          hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  return hora__allreduce_contiguous(comm, hora__world_ring_allreduce, in, nin, out, nout, count,
+                                    dtype, op, wire, opts);
 }
 
-const struct hora__coll_backend hora__coll_ring = {
-    .name = "ring",
-    .allreduce = hora__ring_allreduce_iov,
-    .broadcast = hora__ring_broadcast_iov,
-    .allgather = ring_allgather,
-};
+static int rd_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                        const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                        hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  return hora__allreduce_contiguous(comm, hora__rd_allreduce, in, nin, out, nout, count, dtype,
+                                    op, wire, opts);
+}
+
+static int rabenseifner_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                                  const struct hora__iov *out, int nout, size_t count,
+                                  hora_dtype dtype, hora_op op, hora_dtype wire,
+                                  const struct hora__coll_opts *opts) {
+  return hora__allreduce_contiguous(comm, hora__rabenseifner_allreduce, in, nin, out, nout, count,
+                                    dtype, op, wire, opts);
+}
 
 static int shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                          const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
@@ -26,6 +40,17 @@ static int shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
     return hora__shm_allreduce_single_copy(comm, in, out, nin, count, dtype, op, opts);
   }
   return hora__shm_allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
+}
+
+static int ring_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
+                          int root, const struct hora__coll_opts *opts) {
+  return hora__broadcast_contiguous(comm, hora__world_ring_broadcast, buf, nbuf, bytes, root,
+                                    opts);
+}
+
+static int binomial_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf,
+                              size_t bytes, int root, const struct hora__coll_opts *opts) {
+  return hora__broadcast_contiguous(comm, hora__binomial_broadcast, buf, nbuf, bytes, root, opts);
 }
 
 static int shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
@@ -40,21 +65,161 @@ static int shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf
   return rc;
 }
 
-const struct hora__coll_backend hora__coll_shm = {
-    .name = "shm",
-    .allreduce = shm_allreduce,
-    .broadcast = shm_broadcast,
-    .allgather = hora__shm_allgather,
-};
+static int ring_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
+  return hora__ring_allgather(comm, &comm->world_ring, sendbuf, bytes, recvbuf);
+}
 
-void hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical) {
-  /* Shared memory serves a communicator that lives in one host; allreduce
-   * also one spread over hosts, when it can be hierarchical. */
-  comm->algo_allreduce =
-      shm && (comm->cross_size == 1 || hierarchical) ? &hora__coll_shm : &hora__coll_ring;
-  comm->algo_bcast = comm->algo_allgather =
-      shm && comm->cross_size == 1 ? &hora__coll_shm : &hora__coll_ring;
+/* ---- the registry ------------------------------------------------------------ */
+
+static bool always(const struct hora__layout *s) {
+  (void)s;
+  return true;
+}
+
+static bool on_one_host(const struct hora__layout *s) { return s->shm_host; }
+
+static bool across_hosts(const struct hora__layout *s) { return s->hierarchical; }
+
+#define ALGO(ident, nm, k, sum, use, field, fn)                                                   \
+  static const struct hora__algo ident = {.name = nm,                                           \
+                                          .kind = k,                                           \
+                                          .summary = sum,                                      \
+                                          .usable = use,                                       \
+                                          .cost = hora__cost_##ident,                          \
+                                          .field = fn}
+
+ALGO(allreduce_shm, "shm", HORA_COLL_ALLREDUCE,
+     "one host: the shared segment, or the kernel's single copy for large operations",
+     on_one_host, allreduce, shm_allreduce);
+ALGO(allreduce_hierarchical, "hierarchical", HORA_COLL_ALLREDUCE,
+     "several hosts of equal rank counts: shared memory within each, a ring of hosts per slice",
+     across_hosts, allreduce, shm_allreduce);
+ALGO(allreduce_ring, "ring", HORA_COLL_ALLREDUCE,
+     "pipelined ring: reduce-scatter then allgather, 2(p-1) steps, 2(p-1)/p of the bytes",
+     always, allreduce, ring_allreduce);
+ALGO(allreduce_rd, "rd", HORA_COLL_ALLREDUCE,
+     "recursive doubling: log2 p swaps of the whole buffer (small operations)", always,
+     allreduce, rd_allreduce);
+ALGO(allreduce_rabenseifner, "rabenseifner", HORA_COLL_ALLREDUCE,
+     "recursive halving reduce-scatter, recursive doubling allgather: 2 log2 p steps",
+     always, allreduce, rabenseifner_allreduce);
+ALGO(broadcast_shm, "shm", HORA_COLL_BROADCAST, "one host: through the shared segment",
+     on_one_host, broadcast, shm_broadcast);
+ALGO(broadcast_ring, "ring", HORA_COLL_BROADCAST,
+     "pipelined chain from the root along the ring (large operations)", always, broadcast,
+     ring_broadcast);
+ALGO(broadcast_binomial, "binomial", HORA_COLL_BROADCAST,
+     "binomial tree from the root: ceil(log2 p) steps (small operations)", always, broadcast,
+     binomial_broadcast);
+ALGO(allgather_shm, "shm", HORA_COLL_ALLGATHER, "one host: through the shared segment",
+     on_one_host, allgather, hora__shm_allgather);
+ALGO(allgather_ring, "ring", HORA_COLL_ALLGATHER, "ring: p-1 steps, one block each", always,
+     allgather, ring_allgather);
+ALGO(allgather_bruck, "bruck", HORA_COLL_ALLGATHER,
+     "Bruck: ceil(log2 p) steps of doubling block counts, any p", always, allgather,
+     hora__bruck_allgather);
+ALGO(reducescatter_ring, "ring", HORA_COLL_REDUCESCATTER,
+     "the ring allreduce's reduce-scatter half: p-1 steps", always, ring_scatter, true);
+ALGO(reducescatter_allreduce, "allreduce", HORA_COLL_REDUCESCATTER,
+     "the chosen allreduce, of which each rank keeps its block", always, ring_scatter, false);
+
+const struct hora__algo *const hora__algos[] = {
+    &allreduce_shm,      &allreduce_hierarchical, &allreduce_ring,     &allreduce_rd,
+    &allreduce_rabenseifner, &broadcast_shm,      &broadcast_ring,     &broadcast_binomial,
+    &allgather_shm,      &allgather_ring,         &allgather_bruck,    &reducescatter_ring,
+    &reducescatter_allreduce,
+};
+const int hora__nalgos = (int)(sizeof(hora__algos) / sizeof(hora__algos[0]));
+
+const char *hora__algo_kind_name(enum hora__coll_kind kind) {
+  static const char *const names[HORA_ALGO_KINDS] = {"allreduce", "broadcast", "allgather",
+                                                     "reducescatter"};
+  return (int)kind >= 0 && (int)kind < HORA_ALGO_KINDS ? names[kind] : "?";
+}
+
+const struct hora__algo *hora__algo_find(enum hora__coll_kind kind, const char *name) {
+  for (int i = 0; i < hora__nalgos; i++) {
+    if (hora__algos[i]->kind == kind && strcmp(hora__algos[i]->name, name) == 0) {
+      return hora__algos[i];
+    }
+  }
+  return NULL;
+}
+
+void hora__comm_layout(const hora__comm *comm, struct hora__layout *s) {
+  *s = (struct hora__layout){.size = comm->size,
+                            .hosts = comm->cross_size,
+                            .shm_host = comm->shm_host,
+                            .hierarchical = comm->hierarchical,
+                            .chunk = (size_t)HORA_MAX(comm->proc->chunk_bytes, 1)};
+}
+
+const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
+                                         const struct hora__cost_model *m,
+                                         enum hora__coll_kind kind, size_t bytes) {
+  const struct hora__algo *best = NULL;
+  double best_cost = 0;
+  for (int i = 0; i < hora__nalgos; i++) {
+    const struct hora__algo *a = hora__algos[i];
+    if (a->kind != kind || !a->usable(s)) {
+      continue;
+    }
+    double c = a->cost(m, s, bytes);
+    if (!best || c < best_cost) {
+      best = a;
+      best_cost = c;
+    }
+  }
+  return best;
+}
+
+const struct hora__algo *hora__algo_select(const hora__comm *comm, enum hora__coll_kind kind,
+                                           size_t bytes) {
+  if (comm->forced[kind]) {
+    return comm->forced[kind];
+  }
+  struct hora__layout s;
+  hora__comm_layout(comm, &s);
+  return hora__algo_pick(&s, &comm->model, kind, bytes);
+}
+
+int hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical) {
+  comm->shm_host = shm && comm->cross_size == 1 && comm->size > 1;
+  comm->hierarchical = shm && comm->cross_size > 1 && hierarchical;
   comm->algo_device = &hora__coll_gpu;
+  const char *forced[HORA_ALGO_KINDS] = {
+      hora__params.ALGORITHM_ALLREDUCE, hora__params.ALGORITHM_BROADCAST,
+      hora__params.ALGORITHM_ALLGATHER, hora__params.ALGORITHM_REDUCESCATTER};
+  struct hora__layout s;
+  hora__comm_layout(comm, &s);
+  for (int k = 0; k < HORA_ALGO_KINDS; k++) {
+    comm->forced[k] = NULL;
+    if (strcmp(forced[k], "auto") == 0) {
+      continue;
+    }
+    const struct hora__algo *a = hora__algo_find((enum hora__coll_kind)k, forced[k]);
+    if (!a) {
+      return hora__error(HORA_ERR_INVALID_ARG, "HORA_ALGORITHM_%s=%s: no such %s algorithm "
+                         "(hora-info --algorithms lists them)",
+                         k == 0 ? "ALLREDUCE" : k == 1 ? "BROADCAST" : k == 2 ? "ALLGATHER"
+                                                                      : "REDUCESCATTER",
+                         forced[k], hora__algo_kind_name((enum hora__coll_kind)k));
+    }
+    if (!a->usable(&s)) {
+      /* Every rank sees the same shape: all fall back alike. */
+      if (comm->rank == 0) {
+        HORA_WARN("HORA_ALGORITHM_%s=%s cannot run on this communicator (%d ranks on %d "
+                  "host(s)%s); the cost model chooses instead",
+                  k == 0 ? "ALLREDUCE" : k == 1 ? "BROADCAST" : k == 2 ? "ALLGATHER"
+                                                                       : "REDUCESCATTER",
+                  forced[k], comm->size, comm->cross_size,
+                  shm ? "" : ", no shared memory");
+      }
+      continue;
+    }
+    comm->forced[k] = a;
+  }
+  return HORA_SUCCESS;
 }
 
 int hora__coll_run(hora__comm *comm, const struct hora__coll_op *op) {
@@ -120,16 +285,20 @@ int hora__allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
   if (op == HORA_ADASUM) {
     return adasum_allreduce(comm, in, nin, out, nout, count, dtype, opts);
   }
-  return comm->algo_allreduce->allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
+  const struct hora__algo *a =
+      hora__algo_select(comm, HORA_COLL_ALLREDUCE, count * hora_dtype_size(dtype));
+  return a->allreduce(comm, in, nin, out, nout, count, dtype, op, wire, opts);
 }
 
 int hora__broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
                     int root, const struct hora__coll_opts *opts) {
-  return comm->algo_bcast->broadcast(comm, buf, nbuf, bytes, root, opts);
+  return hora__algo_select(comm, HORA_COLL_BROADCAST, bytes)
+      ->broadcast(comm, buf, nbuf, bytes, root, opts);
 }
 
 int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
-  return comm->algo_allgather->allgather(comm, sendbuf, bytes, recvbuf);
+  return hora__algo_select(comm, HORA_COLL_ALLGATHER, bytes)->allgather(comm, sendbuf, bytes,
+                                                                        recvbuf);
 }
 
 /* Over the ring, the reduce-scatter half of its allreduce (blocks of
@@ -152,7 +321,7 @@ static int reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, s
   }
   char *f = comm->reduced;
   int rc;
-  if (comm->algo_allreduce == &hora__coll_ring && unit > 0) {
+  if (unit > 0 && hora__algo_select(comm, HORA_COLL_REDUCESCATTER, count * es)->ring_scatter) {
     const void *src = sendbuf;
     if (opts && opts->prescale != 1.0) {
       memcpy(f, sendbuf, count * es);

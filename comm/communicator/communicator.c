@@ -96,7 +96,15 @@ static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int
     c->proc->shm = NULL;
     hierarchical = false;
   }
-  hora__coll_choose(c, c->proc->shm != NULL, hierarchical);
+  c->proc->chunk_bytes = hora__params.CHUNK_SIZE;
+  HORA_CHECK(hora__rdv_agree(rdv, hora__coll_choose(c, c->proc->shm != NULL, hierarchical),
+                             "algorithms"));
+  /* Every rank chooses by rank 0's constants, so all choose alike. */
+  struct hora__cost_model model;
+  HORA_CHECK(hora__rdv_agree(rdv, hora__cost_model_init(c, &model), "cost model"));
+  HORA_CHECK(hora__rdv_bcast(rdv, 0, &model, sizeof(model)));
+  model.source[sizeof(model.source) - 1] = '\0';
+  c->model = model;
   c->proc->local_transport = c->local_size == 1 ? "none"
                              : c->proc->shm     ? "shm"
                              : forced_ib        ? "ib"
@@ -113,7 +121,6 @@ static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int
     hora__comm_register(c, hora__shm_half(c->proc->shm, c->local_rank, 0),
                         2 * hora__shm_half_bytes(c->proc->shm), &c->proc->shm_reg);
   }
-  c->proc->chunk_bytes = hora__params.CHUNK_SIZE;
   c->proc->single_copy_min = hora__params.SHM_SINGLE_COPY_MIN;
   c->net->stall_ns = (uint64_t)(hora__params.STALL_SHUTDOWN_TIME_SECONDS * 1e9);
   return HORA_SUCCESS;

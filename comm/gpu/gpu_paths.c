@@ -207,7 +207,7 @@ static int register_fusion_dmabuf(hora__comm *c, struct hora__gpu *g) {
 
 static bool direct_usable(hora__comm *c, struct hora__gpu *g, size_t bytes) {
   bool rdma_ring = c->proc->ib_all || (c->proc->ib_remote && c->local_size == 1);
-  if (!hora__params.GPU_DIRECT || c->size == 1 || c->algo_bcast != &hora__coll_ring || !rdma_ring) {
+  if (!hora__params.GPU_DIRECT || c->size == 1 || c->shm_host || !rdma_ring) {
     return false;
   }
   if (hora__gpu_grow_fusion(c, g, bytes) != HORA_SUCCESS) {

@@ -298,7 +298,7 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
     const hora__comm *c = rt->comm;
     HORA_INFO("process set %d: %d ranks (global %d..%d) on %d host(s); allreduce %s", set_id,
               c->size, global_ranks[0], global_ranks[c->size - 1], c->cross_size,
-              strcmp(c->algo_allreduce->name, "shm") != 0 ? "over the ring"
+              !c->shm_host && !c->hierarchical ? "over the connections (by the cost model)"
               : c->cross_size > 1                         ? "hierarchical (shared memory, then "
                                                             "across hosts)"
                                                           : "in shared memory");

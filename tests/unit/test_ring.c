@@ -115,7 +115,10 @@ static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_by
     c->cross_size = n;
     c->world_ring.pos = r;
     c->world_ring.size = n;
-    c->algo_allreduce = c->algo_bcast = c->algo_allgather = &hora__coll_ring;
+    c->forced[HORA_COLL_ALLREDUCE] = hora__algo_find(HORA_COLL_ALLREDUCE, "ring");
+    c->forced[HORA_COLL_BROADCAST] = hora__algo_find(HORA_COLL_BROADCAST, "ring");
+    c->forced[HORA_COLL_ALLGATHER] = hora__algo_find(HORA_COLL_ALLGATHER, "ring");
+    c->forced[HORA_COLL_REDUCESCATTER] = hora__algo_find(HORA_COLL_REDUCESCATTER, "ring");
   }
   for (int r = 0; r < n; r++) {
     int rc = hora__mock_pair(r, (r + 1) % n, piece, &job->ranks[r].comm.world_ring.next,

@@ -1,0 +1,326 @@
+/* The logarithmic algorithms: a point-to-point schedule of log2(p) steps
+ * each, for operations where latency, not bandwidth, bounds the time.
+ *
+ *   recursive doubling (allreduce): in step k rank r swaps its whole
+ *     buffer with r ^ 2^k and reduces; log2 p steps of n bytes.
+ *   Rabenseifner (allreduce): a reduce-scatter by recursive halving (step
+ *     k swaps half of what is left with r ^ 2^(L-1-k)), then an allgather
+ *     by recursive doubling retracing it; 2 log2 p steps, 2n(p-1)/p bytes.
+ *   binomial tree (broadcast): relative rank v = r - root receives from
+ *     v - lowbit(v) and sends to v + 2^j for each 2^j below lowbit(v).
+ *   Bruck (allgather): in step k rank r sends the 2^k blocks it has to
+ *     r - 2^k and receives as many from r + 2^k; any p, ceil(log2 p) steps.
+ *
+ * Rank counts that are not powers of two fold for the allreduces: with p2
+ * the largest power of two <= p, rank r >= p2 hands its data to r - p2
+ * and takes the result back from it, so p2 ranks run the schedule:
+ *
+ *   p = 6, p2 = 4      4 -> 0   5 -> 1      (fold in)
+ *                      0 <-> 1  2 <-> 3     (step 0)
+ *                      0 <-> 2  1 <-> 3     (step 1)
+ *                      0 -> 4   1 -> 5      (fold out)
+ *
+ * Every step is one hora__exchange_step: the send and the receive go at
+ * once, pipelined in chunks, sleeping in poll while the network works.
+ *
+ * Compressed (wire dtype != dtype): data goes narrowed. Where two ranks
+ * compute the same values (recursive doubling), each first rounds its own
+ * copy through the wire type, so that both add the same two operands and
+ * every rank ends with the same bits; in Rabenseifner each block's owner
+ * rounds it once before the allgather, as the ring does. */
+#include <stdlib.h>
+
+#include "comm/coll/collectives.h"
+#include "comm/reduce/reduce.h"
+
+static int floor_pow2(int p) {
+  int p2 = 1;
+  while (p2 <= p / 2) {
+    p2 *= 2;
+  }
+  return p2;
+}
+
+static int add_partner(int *out, int n, int peer, int self) {
+  if (peer == self) {
+    return n;
+  }
+  for (int i = 0; i < n; i++) {
+    if (out[i] == peer) {
+      return n;
+    }
+  }
+  out[n] = peer;
+  return n + 1;
+}
+
+int hora__coll_partners(int pos, int size, int *out) {
+  int n = 0, p2 = floor_pow2(size);
+  for (long d = 1; d < size; d *= 2) {
+    n = add_partner(out, n, (int)((pos + d) % size), pos);
+    n = add_partner(out, n, (int)((pos - d + size) % size), pos);
+    if (pos < p2 && d < p2) {
+      n = add_partner(out, n, pos ^ (int)d, pos);
+    }
+  }
+  if (pos >= p2) {
+    n = add_partner(out, n, pos - p2, pos);
+  } else if (pos + p2 < size) {
+    n = add_partner(out, n, pos + p2, pos);
+  }
+  return n;
+}
+
+int hora__comm_connect_partners(hora__comm *comm) {
+  if (comm->partners || comm->all_pairs || comm->size <= 2) {
+    return HORA_SUCCESS;
+  }
+  int want[3 * 32], n = hora__coll_partners(comm->rank, comm->size, want);
+  /* An idle rank refuses connections: first every member reaches this
+   * operation (the ring's allgather needs only the ring's connections). */
+  char *all = hora__malloc((size_t)comm->size);
+  if (!all) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  char one = 1;
+  int rc = hora__ring_allgather(comm, &comm->world_ring, &one, 1, all);
+  free(all);
+  HORA_CHECK(rc);
+  HORA_CHECK(hora__comm_connect_ranks(comm, want, n));
+  comm->partners = true;
+  return HORA_SUCCESS;
+}
+
+/* comm->temp of at least `bytes`. */
+static int temp_get(hora__comm *comm, size_t bytes, char **out) {
+  HORA_CHECK(
+      hora__comm_grow_registered(comm, &comm->temp, &comm->temp_bytes, &comm->temp_reg, bytes));
+  *out = comm->temp;
+  return HORA_SUCCESS;
+}
+
+static hora__conn *conn_to(hora__comm *comm, int peer) { return comm->proc->data[peer]; }
+
+static int send_to(hora__comm *comm, int peer, const void *buf, size_t len) {
+  return hora__exchange_step(comm, conn_to(comm, peer), buf, len, NULL, NULL, 0);
+}
+
+static int recv_from(hora__comm *comm, int peer, void *buf, size_t len) {
+  return hora__exchange_step(comm, NULL, NULL, 0, conn_to(comm, peer), buf, len);
+}
+
+static int swap_with(hora__comm *comm, int peer, const void *send, size_t send_len, void *recv,
+                     size_t recv_len) {
+  hora__conn *c = conn_to(comm, peer);
+  return hora__exchange_step(comm, c, send, send_len, c, recv, recv_len);
+}
+
+/* What the allreduces share: the fold and the buffers. */
+struct rd {
+  hora__comm *comm;
+  char *buf;
+  size_t count, es, ws; /* elements; bytes per element in memory and on the wire */
+  hora_dtype dtype, wire;
+  hora_op op;
+  bool compressed;
+  int p2;
+  char *tmp;   /* receives: count wire elements */
+  char *stage; /* compressed sends: count wire elements */
+};
+
+static int rd_begin(struct rd *s, hora__comm *comm, void *buf, size_t count, hora_dtype dtype,
+                    hora_op op, hora_dtype wire) {
+  *s = (struct rd){.comm = comm, .buf = buf, .count = count, .dtype = dtype, .wire = wire,
+                   .op = op, .es = hora_dtype_size(dtype), .ws = hora_dtype_size(wire),
+                   .compressed = wire != dtype, .p2 = floor_pow2(comm->size)};
+  HORA_CHECK(hora__comm_connect_partners(comm));
+  char *t;
+  HORA_CHECK(temp_get(comm, count * s->ws * (s->compressed ? 2 : 1), &t));
+  s->tmp = t;
+  s->stage = t + count * s->ws;
+  return HORA_SUCCESS;
+}
+
+/* Elements [lo, lo + n) of the buffer as they go on the wire. */
+static const void *outgoing(struct rd *s, size_t lo, size_t n) {
+  if (!s->compressed) {
+    return s->buf + lo * s->es;
+  }
+  hora__compress(s->wire, (uint16_t *)(void *)(s->stage + lo * s->ws), s->dtype,
+                 s->buf + lo * s->es, n);
+  return s->stage + lo * s->ws;
+}
+
+/* buf[lo, lo + n) = buf op what arrived in tmp[lo, lo + n). */
+static void reduce_in(struct rd *s, size_t lo, size_t n) {
+  char *dst = s->buf + lo * s->es;
+  if (s->compressed) {
+    hora__reduce_wire(s->dtype, s->op, dst, s->wire, (const uint16_t *)(void *)(s->tmp + lo * s->ws),
+                      dst, n);
+  } else {
+    hora__reduce(s->dtype, s->op, dst, dst, s->tmp + lo * s->es, n);
+  }
+}
+
+/* Rounds buf[lo, lo + n) through the wire type (compressed only). */
+static void round_own(struct rd *s, size_t lo, size_t n) {
+  if (s->compressed) {
+    uint16_t *w = (uint16_t *)(void *)(s->stage + lo * s->ws);
+    hora__compress(s->wire, w, s->dtype, s->buf + lo * s->es, n);
+    hora__decompress(s->dtype, s->buf + lo * s->es, s->wire, w, n);
+  }
+}
+
+/* Fold in: ranks beyond p2 hand their data over. *out: this rank sat the
+ * schedule out (it takes the result in fold_out). */
+static int fold_in(struct rd *s, bool *out) {
+  int r = s->comm->rank, p = s->comm->size;
+  *out = r >= s->p2;
+  if (*out) {
+    return send_to(s->comm, r - s->p2, outgoing(s, 0, s->count), s->count * s->ws);
+  }
+  if (r + s->p2 < p) {
+    HORA_CHECK(recv_from(s->comm, r + s->p2, s->tmp, s->count * s->ws));
+    reduce_in(s, 0, s->count);
+  }
+  return HORA_SUCCESS;
+}
+
+/* Fold out: the result, whole (the ranks it goes to computed nothing). */
+static int fold_out(struct rd *s, bool out) {
+  int r = s->comm->rank, p = s->comm->size;
+  if (out) {
+    return recv_from(s->comm, r - s->p2, s->buf, s->count * s->es);
+  }
+  if (r + s->p2 < p) {
+    return send_to(s->comm, r + s->p2, s->buf, s->count * s->es);
+  }
+  return HORA_SUCCESS;
+}
+
+/* dst = src, where the allreduces below work in place. */
+static void take_input(const void *src, void *dst, size_t bytes) {
+  if (src != dst && bytes) {
+    memcpy(dst, src, bytes);
+  }
+}
+
+int hora__rd_allreduce(hora__comm *comm, const void *src, void *buf, size_t count,
+                       hora_dtype dtype, hora_op op, hora_dtype wire) {
+  take_input(src, buf, count * hora_dtype_size(dtype));
+  if (comm->size == 1 || count == 0) {
+    return HORA_SUCCESS;
+  }
+  struct rd s;
+  bool out;
+  HORA_CHECK(rd_begin(&s, comm, buf, count, dtype, op, wire));
+  HORA_CHECK(fold_in(&s, &out));
+  for (int mask = 1; !out && mask < s.p2; mask *= 2) {
+    round_own(&s, 0, count);
+    HORA_CHECK(swap_with(comm, comm->rank ^ mask, outgoing(&s, 0, count), count * s.ws, s.tmp,
+                         count * s.ws));
+    reduce_in(&s, 0, count);
+  }
+  return fold_out(&s, out);
+}
+
+/* One step of the halving: the range both partners held, the part this
+ * rank kept, and the partner. */
+struct halving {
+  size_t lo, hi, keep_lo, keep_hi;
+  int peer;
+};
+
+int hora__rabenseifner_allreduce(hora__comm *comm, const void *src, void *buf, size_t count,
+                                 hora_dtype dtype, hora_op op, hora_dtype wire) {
+  take_input(src, buf, count * hora_dtype_size(dtype));
+  if (comm->size == 1 || count == 0) {
+    return HORA_SUCCESS;
+  }
+  struct rd s;
+  bool out;
+  HORA_CHECK(rd_begin(&s, comm, buf, count, dtype, op, wire));
+  HORA_CHECK(fold_in(&s, &out));
+  if (!out) {
+    /* Reduce-scatter by recursive halving: keep the half this rank's bit
+     * names, send the other; at the end rank r owns block r of p2. */
+    struct halving steps[32];
+    int nsteps = 0, r = comm->rank;
+    size_t lo = 0, hi = count;
+    for (int mask = s.p2 / 2; mask >= 1; mask /= 2) {
+      size_t mid = lo + (hi - lo) / 2;
+      bool lower = (r & mask) == 0;
+      size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
+      size_t slo = lower ? mid : lo, shi = lower ? hi : mid;
+      HORA_CHECK(swap_with(comm, r ^ mask, outgoing(&s, slo, shi - slo), (shi - slo) * s.ws,
+                           s.tmp + klo * s.ws, (khi - klo) * s.ws));
+      reduce_in(&s, klo, khi - klo);
+      steps[nsteps++] = (struct halving){lo, hi, klo, khi, r ^ mask};
+      lo = klo;
+      hi = khi;
+    }
+    /* Allgather by recursive doubling, retracing the halving. */
+    round_own(&s, lo, hi - lo);
+    while (nsteps-- > 0) {
+      size_t klo = steps[nsteps].keep_lo, khi = steps[nsteps].keep_hi;
+      size_t olo = klo == steps[nsteps].lo ? khi : steps[nsteps].lo;
+      size_t ohi = klo == steps[nsteps].lo ? steps[nsteps].hi : klo;
+      void *into = s.compressed ? s.tmp + olo * s.ws : s.buf + olo * s.es;
+      HORA_CHECK(swap_with(comm, steps[nsteps].peer, outgoing(&s, klo, khi - klo),
+                           (khi - klo) * s.ws, into, (ohi - olo) * s.ws));
+      if (s.compressed) {
+        hora__decompress(dtype, s.buf + olo * s.es, wire,
+                         (const uint16_t *)(void *)(s.tmp + olo * s.ws), ohi - olo);
+      }
+    }
+  }
+  return fold_out(&s, out);
+}
+
+int hora__binomial_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
+  int p = comm->size;
+  if (p == 1 || bytes == 0) {
+    return HORA_SUCCESS;
+  }
+  HORA_CHECK(hora__comm_connect_partners(comm));
+  int v = (comm->rank - root + p) % p;
+  int mask = 1;
+  while (mask < p) {
+    if (v & mask) {
+      HORA_CHECK(recv_from(comm, (v - mask + root) % p, buf, bytes));
+      break;
+    }
+    mask *= 2;
+  }
+  for (mask /= 2; mask > 0; mask /= 2) {
+    if (v + mask < p) {
+      HORA_CHECK(send_to(comm, (v + mask + root) % p, buf, bytes));
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__bruck_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf) {
+  int p = comm->size, r = comm->rank;
+  if (p == 1 || bytes == 0) {
+    if (bytes && (char *)recvbuf + (size_t)r * bytes != sendbuf) {
+      memmove((char *)recvbuf + (size_t)r * bytes, sendbuf, bytes);
+    }
+    return HORA_SUCCESS;
+  }
+  HORA_CHECK(hora__comm_connect_partners(comm));
+  /* Gathered in temp rotated so that this rank's block is first, then put
+   * in rank order. */
+  char *t;
+  HORA_CHECK(temp_get(comm, (size_t)p * bytes, &t));
+  memcpy(t, sendbuf, bytes);
+  for (int k = 1; k < p; k *= 2) {
+    size_t n = (size_t)HORA_MIN(k, p - k) * bytes;
+    HORA_CHECK(hora__exchange_step(comm, conn_to(comm, (r - k + p) % p), t, n,
+                                   conn_to(comm, (r + k) % p), t + (size_t)k * bytes, n));
+  }
+  for (int i = 0; i < p; i++) {
+    memcpy((char *)recvbuf + (size_t)((r + i) % p) * bytes, t + (size_t)i * bytes, bytes);
+  }
+  return HORA_SUCCESS;
+}
