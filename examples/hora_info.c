@@ -11,11 +11,12 @@
 #include "hora.h"
 #include "base/params.h"
 #include "comm/bootstrap/rendezvous.h"
+#include "info_model.h"
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: hora-info [--settings-md | --settings | --horovod | --bootstrap | --elastic |\n"
-          "                  --help]\n"
+          "                  --algorithms | --model [OPTIONS] | --help]\n"
           "  (no option)     version, optional components, start-up, current settings\n"
           "  --bootstrap     how hora_init would start in this environment, and why\n"
           "  --elastic       how to launch an elastic job (HORA_ELASTIC=1) with this launcher so\n"
@@ -23,7 +24,13 @@ static void usage(FILE *f) {
           "                  started later joins it; every launcher's lines when none is set\n"
           "  --settings      every HORA_* setting with its current value\n"
           "  --settings-md   the settings table in Markdown, as in README.md\n"
-          "  --horovod       the HOROVOD_* variables hora does not honour, and why\n");
+          "  --horovod       the HOROVOD_* variables hora does not honour, and why\n"
+          "  --algorithms    the collective algorithms, by kind (HORA_ALGORITHM_<KIND>)\n"
+          "  --model         the cost model's predicted time of each algorithm and its choice,\n"
+          "                  by size: --ranks N (16) --hosts H (N) --transport tcp|unix|ib\n"
+          "                  --link A,B,G --local A,B,G (alpha us, beta and gamma ns/byte;\n"
+          "                  default HORA_COST_MODEL or the built-in constants);\n"
+          "                  --projection: allreduce at 1,024 and 16,384 ranks\n");
 }
 
 /* The start-up hora_init would choose here (it reads the same variables). */
@@ -300,6 +307,16 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--horovod") == 0) {
     hora__params_write_horovod_ignored(stdout);
     return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "--algorithms") == 0) {
+    return hora_info_algorithms();
+  }
+  if (argc > 1 && strcmp(argv[1], "--model") == 0) {
+    if (hora__params_load() != HORA_SUCCESS) {
+      fprintf(stderr, "hora-info: %s\n", hora_last_error());
+      return 1;
+    }
+    return hora_info_model(argc, argv);
   }
   bool bootstrap = argc > 1 && strcmp(argv[1], "--bootstrap") == 0;
   bool elastic = argc > 1 && strcmp(argv[1], "--elastic") == 0;

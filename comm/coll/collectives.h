@@ -158,6 +158,8 @@ int hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical);
  * built-in constants of the transport comm uses between hosts (or between
  * its ranks, on one host without shared memory). */
 int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m);
+/* The built-in constants for transport "tcp", "unix" or "ib". */
+int hora__cost_builtin(const char *transport, struct hora__cost_model *m);
 /* Parses "alpha_us,beta_ns_per_byte,gamma_ns_per_byte" into c. */
 int hora__cost_parse(const char *text, struct hora__cost *c);
 /* Each algorithm's predicted seconds (the registry's cost functions). */

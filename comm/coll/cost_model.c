@@ -40,16 +40,29 @@ int hora__cost_parse(const char *text, struct hora__cost *c) {
   return HORA_SUCCESS;
 }
 
-int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m) {
+int hora__cost_builtin(const char *transport, struct hora__cost_model *m) {
   memset(m, 0, sizeof(*m));
   m->local = builtin_shm;
+  if (strcmp(transport, "ib") == 0) {
+    m->link = builtin_ib;
+  } else if (strcmp(transport, "tcp") == 0) {
+    m->link = builtin_tcp;
+  } else if (strcmp(transport, "unix") == 0) {
+    m->link = builtin_unix;
+  } else {
+    return hora__error(HORA_ERR_INVALID_ARG, "no built-in cost model for transport '%s' "
+                       "(tcp, unix, ib)", transport);
+  }
+  snprintf(m->source, sizeof(m->source), "built-in (%s)", transport);
+  return HORA_SUCCESS;
+}
+
+int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m) {
   const char *tp = comm->cross_size > 1 ? (comm->proc->ib_remote ? "ib" : "tcp")
                    : comm->proc->ib_all ? "ib"
                    : strcmp(hora__params.TRANSPORT, "tcp") == 0 ? "tcp"
                                                                  : "unix";
-  m->link = strcmp(tp, "ib") == 0 ? builtin_ib : strcmp(tp, "tcp") == 0 ? builtin_tcp
-                                                                         : builtin_unix;
-  snprintf(m->source, sizeof(m->source), "built-in (%s)", tp);
+  HORA_CHECK(hora__cost_builtin(tp, m));
   if (hora__params.COST_MODEL[0]) {
     HORA_CHECK(hora__cost_parse(hora__params.COST_MODEL, &m->link));
     snprintf(m->source, sizeof(m->source), "HORA_COST_MODEL");

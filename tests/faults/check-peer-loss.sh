@@ -84,6 +84,9 @@ done
 [ -n "${2:-}" ] && exit 0
 # Over connections of several sockets each.
 scenario "tcp-3-sockets/kill/victim1" $((np - 1)) 1 kill HORA_TRANSPORT=tcp HORA_SOCKETS_PER_PEER=3
+# The logarithmic algorithms (partners beyond the ring's neighbours).
+scenario "rd/kill/victim1" $((np - 1)) 1 kill HORA_ALGORITHM_ALLREDUCE=rd HORA_ALGORITHM_BROADCAST=binomial HORA_ALGORITHM_ALLGATHER=bruck
+scenario "rabenseifner/exit/victim0" $((np - 1)) 0 exit HORA_ALGORITHM_ALLREDUCE=rabenseifner HORA_TRANSPORT=tcp
 # Training in process sets of two: the sets without the victim fail too.
 scenario "sets/kill/victim1" $((np - 1)) 1 sets-kill
 scenario "sets/exit/victim0" $((np - 1)) 0 sets-exit HORA_TRANSPORT=tcp

@@ -1,0 +1,302 @@
+/* Every collective algorithm end to end, run once per forced choice
+ * (HORA_ALGORITHM_<KIND>=... as arguments, testlist) at rank counts powers
+ * of two and not: allreduce of awkward counts (0, 1, below and above the
+ * rank count) in several dtypes and ops, in place and not, fused batches,
+ * wire compression (every rank must hold the same bits), broadcast from
+ * several roots, allgather, reducescatter, a rank that has joined, and a
+ * process set. Values are small integers, so results are exact. Lean on
+ * purpose: it runs at up to 32 ranks on two cores. */
+#include <math.h>
+
+#include "mpitest.h"
+
+static const size_t counts[] = {0, 1, 2, 3, 7, 31, 33, 1000, 65537, 300000};
+#define NCOUNTS (sizeof(counts) / sizeof(counts[0]))
+
+static float fval(int rank, size_t i) { return (float)((rank * 7 + (int)(i % 13)) % 11 - 5); }
+
+static void allreduce_float_sum(void) {
+  for (size_t c = 0; c < NCOUNTS; c++) {
+    size_t n = counts[c];
+    float *x = malloc((n + 1) * sizeof(float)), *y = malloc((n + 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+      x[i] = fval(mt_rank, i);
+    }
+    char name[64];
+    snprintf(name, sizeof(name), "ar/f32/%zu", n);
+    MT_OK(hora_allreduce(name, x, y, n, HORA_FLOAT32, HORA_SUM)); /* out of place */
+    snprintf(name, sizeof(name), "ar/f32/inplace/%zu", n);
+    MT_OK(hora_allreduce(name, x, x, n, HORA_FLOAT32, HORA_SUM));
+    for (size_t i = 0; i < n; i++) {
+      float want = 0;
+      for (int r = 0; r < mt_size; r++) {
+        want += fval(r, i);
+      }
+      if (y[i] != want || x[i] != want) {
+        mt_fail(__FILE__, __LINE__, "count %zu: element %zu is %g / %g in place, expected %g", n,
+                i, (double)y[i], (double)x[i], (double)want);
+        break;
+      }
+    }
+    free(x);
+    free(y);
+  }
+}
+
+static void allreduce_int_max_double_min(void) {
+  size_t n = 4099;
+  int32_t *a = malloc(n * sizeof(int32_t));
+  double *d = malloc(n * sizeof(double));
+  for (size_t i = 0; i < n; i++) {
+    a[i] = (int32_t)((mt_rank * 13 + (int)i * 5) % 23) - 11;
+    d[i] = (double)((mt_rank * 3 + (int)i) % 17) - 8;
+  }
+  hora_request *r1, *r2;
+  MT_OK(hora_allreduce_async("ar/i32/max", a, a, n, HORA_INT32, HORA_MAX, &r1));
+  MT_OK(hora_allreduce_async("ar/f64/min", d, d, n, HORA_FLOAT64, HORA_MIN, &r2));
+  MT_OK(hora_wait(&r1));
+  MT_OK(hora_wait(&r2));
+  for (size_t i = 0; i < n; i++) {
+    int32_t wa = -1000;
+    double wd = 1000;
+    for (int r = 0; r < mt_size; r++) {
+      int32_t v = (int32_t)((r * 13 + (int)i * 5) % 23) - 11;
+      double w = (double)((r * 3 + (int)i) % 17) - 8;
+      wa = v > wa ? v : wa;
+      wd = w < wd ? w : wd;
+    }
+    if (a[i] != wa || d[i] != wd) {
+      mt_fail(__FILE__, __LINE__, "element %zu: max %d (want %d), min %g (want %g)", i, a[i], wa,
+              d[i], wd);
+      break;
+    }
+  }
+  free(a);
+  free(d);
+}
+
+/* Several tensors at once: fused into one operation, AVERAGE included. */
+static void allreduce_fused(void) {
+  enum { T = 5 };
+  size_t n[T] = {5, 1000, 17, 1, 3000};
+  float *b[T];
+  hora_request *r[T];
+  for (int t = 0; t < T; t++) {
+    b[t] = malloc(n[t] * sizeof(float));
+    for (size_t i = 0; i < n[t]; i++) {
+      b[t][i] = (float)(mt_rank + t);
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "ar/fused/%d", t);
+    MT_OK(hora_allreduce_async(name, b[t], b[t], n[t], HORA_FLOAT32,
+                               t == 1 ? HORA_AVERAGE : HORA_SUM, &r[t]));
+  }
+  for (int t = 0; t < T; t++) {
+    MT_OK(hora_wait(&r[t]));
+    float sum = (float)(mt_size * (mt_size - 1) / 2 + mt_size * t);
+    float want = t == 1 ? sum / (float)mt_size : sum;
+    for (size_t i = 0; i < n[t]; i++) {
+      if (fabsf(b[t][i] - want) > 1e-5f * fabsf(want)) {
+        mt_fail(__FILE__, __LINE__, "tensor %d element %zu is %g, expected %g", t, i,
+                (double)b[t][i], (double)want);
+        break;
+      }
+    }
+    free(b[t]);
+  }
+}
+
+/* fp16 on the wire: close to the exact sum, and the same bits on every
+ * rank (each must have added the same operands). */
+static void allreduce_compressed(void) {
+  size_t sizes[] = {3, 257, 100000};
+  for (size_t k = 0; k < 3; k++) {
+    size_t n = sizes[k];
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+      x[i] = 0.1f * (float)(mt_rank + 1) + 0.001f * (float)(i % 100);
+    }
+    hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+    o.compression = HORA_COMPRESSION_FP16;
+    hora_request *r;
+    char name[32];
+    snprintf(name, sizeof(name), "ar/fp16/%zu", n);
+    MT_OK(hora_allreduce_async_ex(name, x, x, n, HORA_FLOAT32, HORA_SUM, &o, &r));
+    MT_OK(hora_wait(&r));
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+      float want = 0.1f * (float)(mt_size * (mt_size + 1) / 2) + 0.001f * (float)(i % 100) * mt_size;
+      if (fabsf(x[i] - want) > 2e-3f * want + 1e-3f) {
+        mt_fail(__FILE__, __LINE__, "n %zu element %zu is %g, expected about %g", n, i,
+                (double)x[i], (double)want);
+        break;
+      }
+      uint32_t bits;
+      memcpy(&bits, &x[i], sizeof(bits));
+      h = (h ^ bits) * 1099511628211ull;
+    }
+    uint64_t *all = malloc((size_t)mt_size * sizeof(uint64_t));
+    mt_allgather(&h, sizeof(h), all);
+    for (int r2 = 1; r2 < mt_size; r2++) {
+      MT_CHECK(all[r2] == all[0], "n %zu: rank %d's result differs from rank 0's", n, r2);
+    }
+    free(all);
+    free(x);
+  }
+}
+
+static void broadcast_from_roots(void) {
+  size_t sizes[] = {1, 999, 200001};
+  int roots[4] = {0, mt_size - 1, mt_size / 2, 1 % mt_size};
+  for (size_t k = 0; k < 3; k++) {
+    size_t n = sizes[k];
+    uint8_t *b = malloc(n);
+    for (int j = 0; j < 4; j++) {
+      int root = roots[j];
+      for (size_t i = 0; i < n; i++) {
+        b[i] = mt_rank == root ? (uint8_t)(mt_hash(i + (uint64_t)root) & 0xff) : 0xee;
+      }
+      char name[48];
+      snprintf(name, sizeof(name), "bc/%zu/%d/%d", n, root, j);
+      MT_OK(hora_broadcast(name, b, n, HORA_UINT8, root));
+      for (size_t i = 0; i < n; i++) {
+        if (b[i] != (uint8_t)(mt_hash(i + (uint64_t)root) & 0xff)) {
+          mt_fail(__FILE__, __LINE__, "%zu bytes from root %d: byte %zu wrong", n, root, i);
+          break;
+        }
+      }
+    }
+    free(b);
+  }
+}
+
+static void allgather_blocks(void) {
+  size_t sizes[] = {1, 13, 50001};
+  for (size_t k = 0; k < 3; k++) {
+    size_t n = sizes[k];
+    int32_t *mine = malloc(n * sizeof(int32_t));
+    int32_t *all = malloc((size_t)mt_size * n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) {
+      mine[i] = mt_rank * 100000 + (int32_t)i;
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "ag/%zu", n);
+    MT_OK(hora_allgather(name, mine, n, HORA_INT32, all));
+    for (int r = 0; r < mt_size; r++) {
+      for (size_t i = 0; i < n; i++) {
+        if (all[(size_t)r * n + i] != r * 100000 + (int32_t)i) {
+          mt_fail(__FILE__, __LINE__, "%zu per rank: rank %d's element %zu wrong", n, r, i);
+          r = mt_size;
+          break;
+        }
+      }
+    }
+    free(mine);
+    free(all);
+  }
+}
+
+static void reducescatter_blocks(void) {
+  size_t sizes[] = {1, (size_t)mt_size * 3 + 1, 100003};
+  for (size_t k = 0; k < 3; k++) {
+    size_t n = sizes[k];
+    float *x = malloc(n * sizeof(float)), *y = malloc((n + 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+      x[i] = fval(mt_rank, i);
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "rs/%zu", n);
+    MT_OK(hora_reducescatter(name, x, y, n, HORA_FLOAT32, HORA_SUM));
+    size_t first = 0;
+    for (int r = 0; r < mt_rank; r++) {
+      first += hora_reducescatter_block(n, 0, mt_size, r);
+    }
+    size_t mine = hora_reducescatter_block(n, 0, mt_size, mt_rank);
+    for (size_t i = 0; i < mine; i++) {
+      float want = 0;
+      for (int r = 0; r < mt_size; r++) {
+        want += fval(r, first + i);
+      }
+      if (y[i] != want) {
+        mt_fail(__FILE__, __LINE__, "%zu elements: block element %zu is %g, expected %g", n, i,
+                (double)y[i], (double)want);
+        break;
+      }
+    }
+    free(x);
+    free(y);
+  }
+}
+
+/* The last rank runs out of data first: the others' allreduces go on with
+ * its zeros. */
+static void with_a_joined_rank(void) {
+  enum { N = 777 };
+  float x[N];
+  if (mt_size > 1 && mt_rank == mt_size - 1) {
+    int last;
+    MT_OK(hora_join(&last));
+    MT_CHECK(last >= 0 && last != mt_size - 1, "hora_join reported rank %d as the last", last);
+    return;
+  }
+  for (int step = 0; step < 3; step++) {
+    for (int i = 0; i < N; i++) {
+      x[i] = (float)(mt_rank + 1);
+    }
+    MT_OK(hora_allreduce("join/grad", x, x, N, HORA_FLOAT32, HORA_SUM));
+    int active = mt_size > 1 ? mt_size - 1 : 1;
+    float want = (float)(active * (active + 1) / 2);
+    MT_CHECK(x[0] == want && x[N - 1] == want, "step %d: %g, expected %g", step, (double)x[0],
+             (double)want);
+  }
+  int last;
+  MT_OK(hora_join(&last));
+  /* Rank size-1 joined first, so someone else joined last. */
+  MT_CHECK(last >= 0 && last < mt_size && (last != mt_size - 1 || mt_size == 1),
+           "hora_join reported rank %d as the last to join", last);
+}
+
+/* The even ranks as a set of their own. */
+static void in_a_process_set(void) {
+  int n = (mt_size + 1) / 2, *ranks = malloc((size_t)n * sizeof(int));
+  for (int i = 0; i < n; i++) {
+    ranks[i] = 2 * i;
+  }
+  hora_process_set *ps;
+  MT_OK(hora_process_set_create(ranks, n, &ps));
+  if (mt_rank % 2 == 0) {
+    enum { N = 5001 };
+    float *x = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+      x[i] = (float)mt_rank;
+    }
+    hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+    o.process_set = ps;
+    hora_request *r;
+    MT_OK(hora_allreduce_async_ex("ps/even", x, x, N, HORA_FLOAT32, HORA_SUM, &o, &r));
+    MT_OK(hora_wait(&r));
+    float want = (float)(n * (n - 1)); /* 2 * (0 + 1 + ... + n-1) */
+    MT_CHECK(x[0] == want && x[N - 1] == want, "set of %d: %g, expected %g", n, (double)x[0],
+             (double)want);
+    free(x);
+  }
+  MT_OK(hora_process_set_destroy(ps));
+  free(ranks);
+}
+
+int main(int argc, char **argv) {
+  mt_setenv_args(argc, argv);
+  mt_init();
+  mt_run("algorithms/allreduce_float_sum_every_count", allreduce_float_sum);
+  mt_run("algorithms/allreduce_int_max_double_min", allreduce_int_max_double_min);
+  mt_run("algorithms/allreduce_fused", allreduce_fused);
+  mt_run("algorithms/allreduce_fp16_wire_same_bits", allreduce_compressed);
+  mt_run("algorithms/broadcast_from_roots", broadcast_from_roots);
+  mt_run("algorithms/allgather", allgather_blocks);
+  mt_run("algorithms/reducescatter", reducescatter_blocks);
+  mt_run("algorithms/with_a_joined_rank", with_a_joined_rank);
+  mt_run("algorithms/in_a_process_set", in_a_process_set);
+  int failures = mt_total_failures();
+  MT_OK(hora_finalize());
+  return failures ? 1 : 0;
+}
