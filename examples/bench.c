@@ -425,6 +425,21 @@ static void usage(void) {
           "float32 data; allreduce sums; broadcast from rank 0.\n");
 }
 
+/* The host algorithm hora ran and the cost model's prediction for it. */
+static void print_algorithm(enum coll c, size_t bytes) {
+  const char *kind = c == ALLREDUCE ? "allreduce" : c == BROADCAST ? "broadcast"
+                     : c == ALLGATHER ? "allgather" : c == REDUCESCATTER ? "reducescatter" : NULL;
+  const char *name;
+  double predicted;
+  if (!on_device && kind &&
+      hora_collective_algorithm(kind, c == ALLGATHER ? bytes / (size_t)size : bytes, &name,
+                                &predicted) == HORA_SUCCESS) {
+    printf(" | %12s %10.2f\n", name, predicted * 1e6);
+  } else {
+    printf(" | %12s %10s\n", "-", "-");
+  }
+}
+
 int main(int argc, char **argv) {
   size_t minb = 8, maxb = 64 << 20;
   double factor = 4;
@@ -563,8 +578,9 @@ int main(int argc, char **argv) {
       snprintf(ratio, sizeof(ratio), "hora/%s", peer);
       printf("# %s, %d ranks, float32, median of %d repetitions%s\n", coll_names[c], size, reps,
              on_device ? ", device buffers" : hora_mem ? ", buffers from hora_mem_alloc" : "");
-      printf("# %12s %10s | %10s %8s %8s | %10s %8s %8s | %7s %6s\n", "bytes", "count", "hora us",
-             "algbw", "busbw", pus, "algbw", "busbw", ratio, "errors");
+      printf("# %12s %10s | %10s %8s %8s | %10s %8s %8s | %7s %6s | %12s %10s\n", "bytes", "count",
+             "hora us", "algbw", "busbw", pus, "algbw", "busbw", ratio, "errors", "algorithm",
+             "model_us");
     }
     for (double bd = (double)minb; bd <= (double)maxb * 1.0001; bd *= factor) {
       size_t n = (size_t)bd / 4;
@@ -627,12 +643,13 @@ int main(int argc, char **argv) {
       double ah = (double)bytes / mh / 1e9, am = with_peer ? (double)bytes / mm / 1e9 : 0;
       if (rank == 0) {
         if (with_peer) {
-          printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10.2f %8.3f %8.3f | %7.2fx %6ld\n", bytes, n,
+          printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10.2f %8.3f %8.3f | %7.2fx %6ld", bytes, n,
                  mh * 1e6, ah, ah * bus, mm * 1e6, am, am * bus, ah / am, all_bad);
         } else {
-          printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10s %8s %8s | %8s %6ld\n", bytes, n,
+          printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10s %8s %8s | %8s %6ld", bytes, n,
                  mh * 1e6, ah, ah * bus, "-", "-", "-", "-", all_bad);
         }
+        print_algorithm((enum coll)c, bytes);
         if (floor && c == ALLTOALL) {
           double mf = median(tf, reps);
           printf("#   floor: %.2f us (each block copied or read once, two MPI barriers); "

@@ -481,6 +481,18 @@ HORA_EXTERN int hora_reducescatterv(const char *name, const void *sendbuf, void 
  * make no split (rank out of range, count not a multiple of rows). */
 HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size, int rank);
 
+/* ---- Collective algorithms -------------------------------------------------
+ * The host algorithm hora runs for a collective of `bytes` over every rank
+ * of the job (kind "allreduce", "broadcast", "allgather" or
+ * "reducescatter"; bytes: the whole buffer, for an allgather each rank's
+ * block): "ring", "rd", "rabenseifner", "shm", "hierarchical", "binomial",
+ * "bruck", "allreduce" (hora-info --algorithms), forced by
+ * HORA_ALGORITHM_<KIND> or chosen by the cost model, and the model's
+ * predicted seconds for its data movement (negotiation not included). *name
+ * stays valid until hora_finalize. */
+HORA_EXTERN int hora_collective_algorithm(const char *kind, size_t bytes, const char **name,
+                                          double *predicted_seconds);
+
 /* ---- Allgatherv and alltoall ---------------------------------------------------
  * Collectives whose counts differ by rank. Counts are elements, indexed by
  * rank within the set (opts->process_set), and blocks lie packed in rank

@@ -726,3 +726,37 @@ HORA_EXTERN int hora_mem_free(void *ptr) {
   hora__error_clear();
   return hora__mem_free(ptr);
 }
+
+int hora_collective_algorithm(const char *kind, size_t bytes, const char **name,
+                              double *predicted_seconds) {
+  int rc = HORA_SUCCESS;
+  if (!kind || !name || !predicted_seconds) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_collective_algorithm: NULL %s",
+                       !kind ? "kind" : !name ? "name" : "predicted_seconds");
+  }
+  int k = 0;
+  while (k < HORA_ALGO_KINDS && strcmp(kind, hora__algo_kind_name((enum hora__coll_kind)k)) != 0) {
+    k++;
+  }
+  if (k == HORA_ALGO_KINDS) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_collective_algorithm: no kind '%s' (allreduce, "
+                       "broadcast, allgather or reducescatter)", kind);
+  }
+  struct hora__runtime *rt = hora__api_running(&rc, "hora_collective_algorithm");
+  if (!rt) {
+    return rc;
+  }
+  /* The communicator's choice fields are set at its build and only read
+   * after: no lock needed. */
+  const hora__comm *c = rt->comm;
+  if (!c) {
+    return hora__api_leave(hora__error(HORA_ERR_INVALID_USAGE, "hora_collective_algorithm: the "
+                                       "job has no communicator (an elastic reset is under way)"));
+  }
+  const struct hora__algo *a = hora__algo_select(c, (enum hora__coll_kind)k, bytes);
+  struct hora__layout s;
+  hora__comm_layout(c, &s);
+  *name = a->name;
+  *predicted_seconds = a->cost(&c->model, &s, bytes);
+  return hora__api_leave(HORA_SUCCESS);
+}
