@@ -2,11 +2,14 @@
  * Called only by the coordinator thread, in the same order on every rank.
  *
  * The engine calls the dispatchers (hora__allreduce, hora__broadcast,
- * hora__allgather), which pick the algorithm by topology and settings:
- *   - one host, several ranks:  direct shared-memory collectives (shm_coll.c)
- *   - several hosts, several ranks each: hierarchical allreduce (shared
- *     memory within the host, a ring across hosts per slice)
- *   - otherwise: pipelined rings over the sockets
+ * hora__allgather, hora__reducescatter), which take each operation's
+ * algorithm from the registry (select.c): the one HORA_ALGORITHM_<KIND>
+ * forces, else the cheapest usable one by the cost model (cost_model.c):
+ *   - one host:      shared-memory collectives (shm_coll.c)
+ *   - hosts of equal rank counts: hierarchical allreduce (shared memory
+ *     within the host, a ring across hosts per slice)
+ *   - over the connections: pipelined rings (large), recursive doubling,
+ *     Rabenseifner, binomial trees and Bruck (small; recursive.c)
  * Data is given as gather (in) and scatter (out) lists over one virtual
  * buffer, so fused tensors need no extra copy where the algorithm can read
  * and write them in place. */
