@@ -143,6 +143,15 @@ const struct hora__algo *hora__algo_find(enum hora__coll_kind kind, const char *
 const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
                                          const struct hora__cost_model *m,
                                          enum hora__coll_kind kind, size_t bytes);
+/* The hierarchical allreduce's step across hosts for a slice of `bytes`:
+ * ring, rd or rabenseifner, by the model over one member per host. */
+const struct hora__algo *hora__cross_pick(const struct hora__layout *s,
+                                          const struct hora__cost_model *m, size_t bytes);
+const struct hora__algo *hora__cross_algorithm(const hora__comm *comm, size_t bytes);
+/* Runs it: buf (count elements, in place) = op over the members with this
+ * rank's local rank on every host. */
+int hora__cross_allreduce(hora__comm *comm, void *buf, size_t count, hora_dtype dtype,
+                          hora_op op, hora_dtype wire);
 /* What runs an operation of `bytes` of kind on comm: the forced one, or
  * the pick. */
 const struct hora__algo *hora__algo_select(const hora__comm *comm, enum hora__coll_kind kind,

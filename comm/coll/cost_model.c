@@ -152,12 +152,17 @@ HORA_COST_FN(allreduce_shm) {
 HORA_COST_FN(allreduce_hierarchical) {
   int H = s->hosts, L = per_host(s);
   double n = (double)bytes;
-  /* Shared memory within the host, then each local rank's slice around
-   * the ring of hosts, the L rings sharing the host's link. */
+  /* Shared memory within the host, then each local rank's slice across
+   * hosts by the cheapest algorithm, the L groups sharing the host's link. */
   double local = 2 * m->local.alpha + 2 * n * m->local.beta + n / L * m->local.gamma;
-  double cross = 2.0 * (H - 1) * m->link.alpha + 2.0 * (H - 1) / H * n * m->link.beta +
-                 (H - 1) * HORA_MIN(n / L / H, (double)s->chunk) * m->link.gamma;
-  return local + (H > 1 ? cross : 0);
+  if (H <= 1) {
+    return local;
+  }
+  struct hora__layout x = {.size = H, .hosts = H, .chunk = s->chunk};
+  struct hora__cost_model shared = *m;
+  shared.link.beta *= L;
+  const struct hora__algo *a = hora__cross_pick(s, m, bytes / (size_t)L);
+  return local + a->cost(&shared, &x, bytes / (size_t)L);
 }
 
 HORA_COST_FN(broadcast_ring) {

@@ -72,10 +72,18 @@ int hora__coll_partners(int pos, int size, int *out) {
 }
 
 int hora__comm_connect_partners(hora__comm *comm) {
-  if (comm->partners || comm->all_pairs || comm->size <= 2) {
+  if (comm->partners || comm->all_pairs || (comm->size <= 2 && !comm->hierarchical)) {
     return HORA_SUCCESS;
   }
-  int want[3 * 32], n = hora__coll_partners(comm->rank, comm->size, want);
+  int want[6 * 32], n = hora__coll_partners(comm->rank, comm->size, want);
+  if (comm->hierarchical) {
+    /* And the hierarchical allreduce's across hosts: the members with this
+     * rank's local rank. */
+    int hosts[3 * 32], nh = hora__coll_partners(comm->cross_rank, comm->cross_size, hosts);
+    for (int i = 0; i < nh; i++) {
+      n = add_partner(want, n, hora__comm_rank_on_host(comm, hosts[i]), comm->rank);
+    }
+  }
   /* An idle rank refuses connections: first every member reaches this
    * operation (the ring's allgather needs only the ring's connections). */
   char *all = hora__malloc((size_t)comm->size);
@@ -99,25 +107,41 @@ static int temp_get(hora__comm *comm, size_t bytes, char **out) {
   return HORA_SUCCESS;
 }
 
-static hora__conn *conn_to(hora__comm *comm, int peer) { return comm->proc->data[peer]; }
+/* The ranks a schedule runs over: every member (positions are ranks), or
+ * one member per host, those with this rank's local rank (positions are
+ * hosts: the hierarchical allreduce's step across hosts). */
+struct group {
+  hora__comm *comm;
+  int pos, size;
+  bool cross;
+};
 
-static int send_to(hora__comm *comm, int peer, const void *buf, size_t len) {
-  return hora__exchange_step(comm, conn_to(comm, peer), buf, len, NULL, NULL, 0);
+static struct group world_group(hora__comm *comm) {
+  return (struct group){comm, comm->rank, comm->size, false};
 }
 
-static int recv_from(hora__comm *comm, int peer, void *buf, size_t len) {
-  return hora__exchange_step(comm, NULL, NULL, 0, conn_to(comm, peer), buf, len);
+static hora__conn *conn_to(const struct group *g, int pos) {
+  return g->comm->proc->data[g->cross ? hora__comm_rank_on_host(g->comm, pos) : pos];
 }
 
-static int swap_with(hora__comm *comm, int peer, const void *send, size_t send_len, void *recv,
-                     size_t recv_len) {
-  hora__conn *c = conn_to(comm, peer);
-  return hora__exchange_step(comm, c, send, send_len, c, recv, recv_len);
+static int send_to(const struct group *g, int peer, const void *buf, size_t len) {
+  return hora__exchange_step(g->comm, conn_to(g, peer), buf, len, NULL, NULL, 0);
+}
+
+static int recv_from(const struct group *g, int peer, void *buf, size_t len) {
+  return hora__exchange_step(g->comm, NULL, NULL, 0, conn_to(g, peer), buf, len);
+}
+
+static int swap_with(const struct group *g, int peer, const void *send, size_t send_len,
+                     void *recv, size_t recv_len) {
+  hora__conn *c = conn_to(g, peer);
+  return hora__exchange_step(g->comm, c, send, send_len, c, recv, recv_len);
 }
 
 /* What the allreduces share: the fold and the buffers. */
 struct rd {
   hora__comm *comm;
+  struct group g;
   char *buf;
   size_t count, es, ws; /* elements; bytes per element in memory and on the wire */
   hora_dtype dtype, wire;
@@ -128,11 +152,13 @@ struct rd {
   char *stage; /* compressed sends: count wire elements */
 };
 
-static int rd_begin(struct rd *s, hora__comm *comm, void *buf, size_t count, hora_dtype dtype,
-                    hora_op op, hora_dtype wire) {
-  *s = (struct rd){.comm = comm, .buf = buf, .count = count, .dtype = dtype, .wire = wire,
-                   .op = op, .es = hora_dtype_size(dtype), .ws = hora_dtype_size(wire),
-                   .compressed = wire != dtype, .p2 = floor_pow2(comm->size)};
+static int rd_begin(struct rd *s, const struct group *g, void *buf, size_t count,
+                    hora_dtype dtype, hora_op op, hora_dtype wire) {
+  hora__comm *comm = g->comm;
+  *s = (struct rd){.comm = comm, .g = *g, .buf = buf, .count = count, .dtype = dtype,
+                   .wire = wire, .op = op, .es = hora_dtype_size(dtype),
+                   .ws = hora_dtype_size(wire), .compressed = wire != dtype,
+                   .p2 = floor_pow2(g->size)};
   HORA_CHECK(hora__comm_connect_partners(comm));
   char *t;
   HORA_CHECK(temp_get(comm, count * s->ws * (s->compressed ? 2 : 1), &t));
@@ -174,13 +200,13 @@ static void round_own(struct rd *s, size_t lo, size_t n) {
 /* Fold in: ranks beyond p2 hand their data over. *out: this rank sat the
  * schedule out (it takes the result in fold_out). */
 static int fold_in(struct rd *s, bool *out) {
-  int r = s->comm->rank, p = s->comm->size;
+  int r = s->g.pos, p = s->g.size;
   *out = r >= s->p2;
   if (*out) {
-    return send_to(s->comm, r - s->p2, outgoing(s, 0, s->count), s->count * s->ws);
+    return send_to(&s->g, r - s->p2, outgoing(s, 0, s->count), s->count * s->ws);
   }
   if (r + s->p2 < p) {
-    HORA_CHECK(recv_from(s->comm, r + s->p2, s->tmp, s->count * s->ws));
+    HORA_CHECK(recv_from(&s->g, r + s->p2, s->tmp, s->count * s->ws));
     reduce_in(s, 0, s->count);
   }
   return HORA_SUCCESS;
@@ -188,12 +214,12 @@ static int fold_in(struct rd *s, bool *out) {
 
 /* Fold out: the result, whole (the ranks it goes to computed nothing). */
 static int fold_out(struct rd *s, bool out) {
-  int r = s->comm->rank, p = s->comm->size;
+  int r = s->g.pos, p = s->g.size;
   if (out) {
-    return recv_from(s->comm, r - s->p2, s->buf, s->count * s->es);
+    return recv_from(&s->g, r - s->p2, s->buf, s->count * s->es);
   }
   if (r + s->p2 < p) {
-    return send_to(s->comm, r + s->p2, s->buf, s->count * s->es);
+    return send_to(&s->g, r + s->p2, s->buf, s->count * s->es);
   }
   return HORA_SUCCESS;
 }
@@ -205,19 +231,18 @@ static void take_input(const void *src, void *dst, size_t bytes) {
   }
 }
 
-int hora__rd_allreduce(hora__comm *comm, const void *src, void *buf, size_t count,
-                       hora_dtype dtype, hora_op op, hora_dtype wire) {
-  take_input(src, buf, count * hora_dtype_size(dtype));
-  if (comm->size == 1 || count == 0) {
+static int rd_run(const struct group *g, void *buf, size_t count, hora_dtype dtype, hora_op op,
+                  hora_dtype wire) {
+  if (g->size == 1 || count == 0) {
     return HORA_SUCCESS;
   }
   struct rd s;
   bool out;
-  HORA_CHECK(rd_begin(&s, comm, buf, count, dtype, op, wire));
+  HORA_CHECK(rd_begin(&s, g, buf, count, dtype, op, wire));
   HORA_CHECK(fold_in(&s, &out));
   for (int mask = 1; !out && mask < s.p2; mask *= 2) {
     round_own(&s, 0, count);
-    HORA_CHECK(swap_with(comm, comm->rank ^ mask, outgoing(&s, 0, count), count * s.ws, s.tmp,
+    HORA_CHECK(swap_with(g, g->pos ^ mask, outgoing(&s, 0, count), count * s.ws, s.tmp,
                          count * s.ws));
     reduce_in(&s, 0, count);
   }
@@ -231,28 +256,27 @@ struct halving {
   int peer;
 };
 
-int hora__rabenseifner_allreduce(hora__comm *comm, const void *src, void *buf, size_t count,
-                                 hora_dtype dtype, hora_op op, hora_dtype wire) {
-  take_input(src, buf, count * hora_dtype_size(dtype));
-  if (comm->size == 1 || count == 0) {
+static int rabenseifner_run(const struct group *g, void *buf, size_t count, hora_dtype dtype,
+                            hora_op op, hora_dtype wire) {
+  if (g->size == 1 || count == 0) {
     return HORA_SUCCESS;
   }
   struct rd s;
   bool out;
-  HORA_CHECK(rd_begin(&s, comm, buf, count, dtype, op, wire));
+  HORA_CHECK(rd_begin(&s, g, buf, count, dtype, op, wire));
   HORA_CHECK(fold_in(&s, &out));
   if (!out) {
     /* Reduce-scatter by recursive halving: keep the half this rank's bit
      * names, send the other; at the end rank r owns block r of p2. */
     struct halving steps[32];
-    int nsteps = 0, r = comm->rank;
+    int nsteps = 0, r = g->pos;
     size_t lo = 0, hi = count;
     for (int mask = s.p2 / 2; mask >= 1; mask /= 2) {
       size_t mid = lo + (hi - lo) / 2;
       bool lower = (r & mask) == 0;
       size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
       size_t slo = lower ? mid : lo, shi = lower ? hi : mid;
-      HORA_CHECK(swap_with(comm, r ^ mask, outgoing(&s, slo, shi - slo), (shi - slo) * s.ws,
+      HORA_CHECK(swap_with(g, r ^ mask, outgoing(&s, slo, shi - slo), (shi - slo) * s.ws,
                            s.tmp + klo * s.ws, (khi - klo) * s.ws));
       reduce_in(&s, klo, khi - klo);
       steps[nsteps++] = (struct halving){lo, hi, klo, khi, r ^ mask};
@@ -266,7 +290,7 @@ int hora__rabenseifner_allreduce(hora__comm *comm, const void *src, void *buf, s
       size_t olo = klo == steps[nsteps].lo ? khi : steps[nsteps].lo;
       size_t ohi = klo == steps[nsteps].lo ? steps[nsteps].hi : klo;
       void *into = s.compressed ? s.tmp + olo * s.ws : s.buf + olo * s.es;
-      HORA_CHECK(swap_with(comm, steps[nsteps].peer, outgoing(&s, klo, khi - klo),
+      HORA_CHECK(swap_with(g, steps[nsteps].peer, outgoing(&s, klo, khi - klo),
                            (khi - klo) * s.ws, into, (ohi - olo) * s.ws));
       if (s.compressed) {
         hora__decompress(dtype, s.buf + olo * s.es, wire,
@@ -277,24 +301,52 @@ int hora__rabenseifner_allreduce(hora__comm *comm, const void *src, void *buf, s
   return fold_out(&s, out);
 }
 
+int hora__rd_allreduce(hora__comm *comm, const void *src, void *buf, size_t count,
+                       hora_dtype dtype, hora_op op, hora_dtype wire) {
+  take_input(src, buf, count * hora_dtype_size(dtype));
+  struct group g = world_group(comm);
+  return rd_run(&g, buf, count, dtype, op, wire);
+}
+
+int hora__rabenseifner_allreduce(hora__comm *comm, const void *src, void *buf, size_t count,
+                                 hora_dtype dtype, hora_op op, hora_dtype wire) {
+  take_input(src, buf, count * hora_dtype_size(dtype));
+  struct group g = world_group(comm);
+  return rabenseifner_run(&g, buf, count, dtype, op, wire);
+}
+
+int hora__cross_allreduce(hora__comm *comm, void *buf, size_t count, hora_dtype dtype,
+                          hora_op op, hora_dtype wire) {
+  const struct hora__algo *a = hora__cross_algorithm(comm, count * hora_dtype_size(dtype));
+  struct group g = {comm, comm->cross_rank, comm->cross_size, true};
+  if (strcmp(a->name, "rd") == 0) {
+    return rd_run(&g, buf, count, dtype, op, wire);
+  }
+  if (strcmp(a->name, "rabenseifner") == 0) {
+    return rabenseifner_run(&g, buf, count, dtype, op, wire);
+  }
+  return hora__ring_allreduce(comm, &comm->cross_ring, buf, buf, count, dtype, op, wire);
+}
+
 int hora__binomial_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
   int p = comm->size;
   if (p == 1 || bytes == 0) {
     return HORA_SUCCESS;
   }
   HORA_CHECK(hora__comm_connect_partners(comm));
+  struct group g = world_group(comm);
   int v = (comm->rank - root + p) % p;
   int mask = 1;
   while (mask < p) {
     if (v & mask) {
-      HORA_CHECK(recv_from(comm, (v - mask + root) % p, buf, bytes));
+      HORA_CHECK(recv_from(&g, (v - mask + root) % p, buf, bytes));
       break;
     }
     mask *= 2;
   }
   for (mask /= 2; mask > 0; mask /= 2) {
     if (v + mask < p) {
-      HORA_CHECK(send_to(comm, (v + mask + root) % p, buf, bytes));
+      HORA_CHECK(send_to(&g, (v + mask + root) % p, buf, bytes));
     }
   }
   return HORA_SUCCESS;
@@ -309,6 +361,7 @@ int hora__bruck_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, v
     return HORA_SUCCESS;
   }
   HORA_CHECK(hora__comm_connect_partners(comm));
+  struct group g = world_group(comm);
   /* Gathered in temp rotated so that this rank's block is first, then put
    * in rank order. */
   char *t;
@@ -316,8 +369,8 @@ int hora__bruck_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, v
   memcpy(t, sendbuf, bytes);
   for (int k = 1; k < p; k *= 2) {
     size_t n = (size_t)HORA_MIN(k, p - k) * bytes;
-    HORA_CHECK(hora__exchange_step(comm, conn_to(comm, (r - k + p) % p), t, n,
-                                   conn_to(comm, (r + k) % p), t + (size_t)k * bytes, n));
+    HORA_CHECK(hora__exchange_step(comm, conn_to(&g, (r - k + p) % p), t, n,
+                                   conn_to(&g, (r + k) % p), t + (size_t)k * bytes, n));
   }
   for (int i = 0; i < p; i++) {
     memcpy((char *)recvbuf + (size_t)((r + i) % p) * bytes, t + (size_t)i * bytes, bytes);

@@ -12,7 +12,9 @@
  *      step 1 left free                                        (reduce-scatter)
  *      [hierarchical: the result goes to the half only, is
  *       allreduced across hosts there, over the ranks with the
- *       same local rank, and copied out in step 5]
+ *       same local rank (a ring, recursive doubling or Rabenseifner,
+ *       as the cost model picks for the slice), and copied out in
+ *       step 5]
  *   4. barrier
  *   5. each rank copies slice j of rank j's half, for every
  *      other j, into its output                                (allgather, scatter list out)
@@ -134,6 +136,11 @@ static int shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
   double prescale = opts ? opts->prescale : 1.0;
   struct iov_cursor in_cur = {in, nin, 0, 0}, out_cur = {out, nout, 0, 0};
   __atomic_fetch_add(&comm->proc->staged_bytes, (uint64_t)(count * es), __ATOMIC_RELAXED);
+  if (hierarchical) {
+    /* Made by every rank at once, whichever algorithm its slice takes
+     * across hosts (slices, and so choices, differ by local rank). */
+    HORA_CHECK(hora__comm_connect_partners(comm));
+  }
   for (size_t done = 0; done < count;) {
     size_t n = HORA_MIN(piece_elems, count - done);
     int h = (int)(comm->shm_seq++ & 1);
@@ -160,8 +167,7 @@ static int shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                        op, !hierarchical, opts);
     }
     if (hierarchical && b > a) {
-      HORA_CHECK(hora__ring_allreduce(comm, &comm->cross_ring, mine + a * es, mine + a * es,
-                                      b - a, dtype, op, wire));
+      HORA_CHECK(hora__cross_allreduce(comm, mine + a * es, b - a, dtype, op, wire));
       hora__post_apply(opts, dtype, mine + a * es, b - a);
     }
     HORA_CHECK(hora__shm_barrier(comm->proc->shm, comm->net));
