@@ -32,19 +32,24 @@
 # Medians over the repetitions; then fits of each figure against np,
 # a + b*np and a + b*log2(np), with their residuals, and values predicted
 # at 1,024 and 16,384 ranks.
+# HORA_CONNECT_TIMEOUT_SECONDS and HORA_PEER_TIMEOUT_SECONDS are set to
+# --patience (600 s; 0 keeps their defaults, 60 and 30 s): at np 128 on two
+# busy cores a rank can go unscheduled, or rank 0 unheard, for longer than
+# the defaults, and the launch then fails instead of measuring.
 # usage: scripts/bench-control-plane.sh [--nps "16 32 64 128"] [--reps 3]
-#          [--ops 50] [--small-shm 64K] [--build DIR] [--raw FILE]
-#          [--timeout 300]
+#          [--ops 50] [--small-shm 64K] [--patience 600] [--build DIR]
+#          [--raw FILE] [--timeout 900]
 set -u
 export LC_ALL=C
 srcdir=$(cd "$(dirname "$0")/.." && pwd)
-build=$srcdir reps=3 nps='16 32 64 128' ops=50 small_shm=64K raw='' tmo=300
+build=$srcdir reps=3 nps='16 32 64 128' ops=50 small_shm=64K raw='' tmo=900 patience=600
 while [ $# -gt 0 ]; do
   case $1 in
     --reps) reps=$2; shift ;;
     --nps) nps=$2; shift ;;
     --ops) ops=$2; shift ;;
     --small-shm) small_shm=$2; shift ;;
+    --patience) patience=$2; shift ;;
     --build) build=$(cd "$2" && pwd) || exit 2; shift ;;
     --raw) raw=$2; shift ;;
     --timeout) tmo=$2; shift ;;
@@ -67,7 +72,12 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt $((maxnp + 64)) ]; th
 fi
 
 unset HORA_BOOTSTRAP HORA_RENDEZVOUS HORA_RANK HORA_SIZE HORA_SECRET HORA_SECRET_FILE \
-  HORA_SHM_BUFFER_SIZE HORA_CACHE_CAPACITY HORA_TRANSPORT HORA_CYCLE_TIME
+  HORA_SHM_BUFFER_SIZE HORA_CACHE_CAPACITY HORA_TRANSPORT HORA_CYCLE_TIME \
+  HORA_CONNECT_TIMEOUT_SECONDS HORA_PEER_TIMEOUT_SECONDS
+if [ "$patience" != 0 ]; then
+  export HORA_CONNECT_TIMEOUT_SECONDS=$patience HORA_PEER_TIMEOUT_SECONDS=$patience
+fi
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -228,6 +238,7 @@ f2() { awk -v x="$1" 'BEGIN { if (x == "-" || x == "") print "-"; else printf "%
 f0() { awk -v x="$1" 'BEGIN { if (x == "-" || x == "") print "-"; else printf "%.0f", x }'; }
 
 echo "# hora control plane, one host ($(nproc) cores shared with other work: noisy), medians of $reps launches; $(date '+%b %-d %H:%M'); commit $(git -C "$srcdir" rev-parse --short HEAD 2>/dev/null || echo '?'); ulimit -n $(ulimit -n)"
+echo "# load average (1, 5, 15 min) at the start: $load0, at the end: $(cut -d' ' -f1-3 /proc/loadavg); connect and peer timeouts: $([ "$patience" != 0 ] && echo "$patience s" || echo defaults)"
 echo "# start-up: launcher's fork of rank 0 -> every rank done with hora_init and its first allreduce; rank>0: the largest over ranks 1..np-1;"
 echo "# RSS: VmRSS (HWM: VmHWM) in MiB, after the first allreduce and $((2 * ops)) more; slow: a 4-byte allreduce under a new name, cached: under a repeated one (us, median of $ops)"
 printf '%6s %10s %7s %9s %9s %7s %9s %9s %9s\n' np start-up_s r0_fds r0_RSS r0_HWM rN_fds rN_RSS slow_us cached_us
