@@ -32,10 +32,12 @@
 # Medians over the repetitions; then fits of each figure against np,
 # a + b*np and a + b*log2(np), with their residuals, and values predicted
 # at 1,024 and 16,384 ranks.
-# HORA_CONNECT_TIMEOUT_SECONDS and HORA_PEER_TIMEOUT_SECONDS are set to
-# --patience (600 s; 0 keeps their defaults, 60 and 30 s): at np 128 on two
-# busy cores a rank can go unscheduled, or rank 0 unheard, for longer than
-# the defaults, and the launch then fails instead of measuring.
+# HORA_PEER_TIMEOUT_SECONDS is set to --patience (600 s; 0 keeps the
+# default, 30 s) and HORA_CONNECT_TIMEOUT_SECONDS to 180 s (default 60): at
+# np 128 on two busy cores rank 0 can go unheard for longer than 30 s, and
+# the launch then fails instead of measuring. (Another failure seen there
+# is not a timeout: a rank whose hello to the rendezvous takes over 1 s is
+# dropped and exits; the others then wait out the connect timeout.)
 # usage: scripts/bench-control-plane.sh [--nps "16 32 64 128"] [--reps 3]
 #          [--ops 50] [--small-shm 64K] [--patience 600] [--build DIR]
 #          [--raw FILE] [--timeout 900]
@@ -75,7 +77,7 @@ unset HORA_BOOTSTRAP HORA_RENDEZVOUS HORA_RANK HORA_SIZE HORA_SECRET HORA_SECRET
   HORA_SHM_BUFFER_SIZE HORA_CACHE_CAPACITY HORA_TRANSPORT HORA_CYCLE_TIME \
   HORA_CONNECT_TIMEOUT_SECONDS HORA_PEER_TIMEOUT_SECONDS
 if [ "$patience" != 0 ]; then
-  export HORA_CONNECT_TIMEOUT_SECONDS=$patience HORA_PEER_TIMEOUT_SECONDS=$patience
+  export HORA_CONNECT_TIMEOUT_SECONDS=180 HORA_PEER_TIMEOUT_SECONDS=$patience
 fi
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -238,7 +240,7 @@ f2() { awk -v x="$1" 'BEGIN { if (x == "-" || x == "") print "-"; else printf "%
 f0() { awk -v x="$1" 'BEGIN { if (x == "-" || x == "") print "-"; else printf "%.0f", x }'; }
 
 echo "# hora control plane, one host ($(nproc) cores shared with other work: noisy), medians of $reps launches; $(date '+%b %-d %H:%M'); commit $(git -C "$srcdir" rev-parse --short HEAD 2>/dev/null || echo '?'); ulimit -n $(ulimit -n)"
-echo "# load average (1, 5, 15 min) at the start: $load0, at the end: $(cut -d' ' -f1-3 /proc/loadavg); connect and peer timeouts: $([ "$patience" != 0 ] && echo "$patience s" || echo defaults)"
+echo "# load average (1, 5, 15 min) at the start: $load0, at the end: $(cut -d' ' -f1-3 /proc/loadavg); connect and peer timeouts: $([ "$patience" != 0 ] && echo "180 and $patience s" || echo defaults)"
 echo "# start-up: launcher's fork of rank 0 -> every rank done with hora_init and its first allreduce; rank>0: the largest over ranks 1..np-1;"
 echo "# RSS: VmRSS (HWM: VmHWM) in MiB, after the first allreduce and $((2 * ops)) more; slow: a 4-byte allreduce under a new name, cached: under a repeated one (us, median of $ops)"
 printf '%6s %10s %7s %9s %9s %7s %9s %9s %9s\n' np start-up_s r0_fds r0_RSS r0_HWM rN_fds rN_RSS slow_us cached_us
