@@ -1,11 +1,14 @@
-/* The ring algorithms (ring.c, allreduce.c, broadcast.c, allgather.c) and
- * the host collectives' dispatchers on their ring path, without MPI: N
- * threads, one simulated rank each, each with its own process (struct
- * hora__proc: its progress engine and a small chunk size, so the rings
- * pipeline many chunks) and communicator, linked in a ring of mock
- * connections (rank r's next is rank r+1's prev). Every result is compared
- * with one computed here directly. A watchdog fails a ring that hangs: the
- * ranks' service hooks then fail their collectives, so the test ends. */
+/* The host algorithms (ring.c, allreduce.c, broadcast.c, allgather.c,
+ * recursive.c) and the host collectives' dispatchers with every schedule
+ * of the registry forced, without MPI: N threads, one simulated rank
+ * each, each with its own process (struct hora__proc: its progress engine
+ * and a small chunk size, so the schedules pipeline many chunks) and
+ * communicator. Every rank has a mock data connection to every other
+ * (proc->data[], as the partners' connections), and its ring's next and
+ * prev are data[r+1] and data[r-1], as communicator.c makes them. Every
+ * result is compared with one computed here directly. A watchdog fails a
+ * job that hangs: the ranks' service hooks then fail their collectives,
+ * so the test ends. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -38,6 +41,11 @@ struct sim_rank {
   int rc;        /* the broken ring's call */
   char msg[512];
   int service_calls;
+  bool closed; /* a call failed: its ends are closed, it takes no part any more */
+  /* Digests of results every rank must have bit for bit (compression),
+   * compared across the ranks when the job ends. */
+  uint64_t digest[96];
+  int ndigest;
 };
 
 struct ring_job {
@@ -49,7 +57,10 @@ struct ring_job {
   pthread_cond_t cv;
   int finished;
   atomic_bool watchdog;        /* out of time: every service hook fails */
-  int break_rank, break_after; /* that rank's hook breaks its next link on that call */
+  int break_rank, break_after; /* that rank's hook breaks a link on that call: */
+  int break_peer;              /* its data connection to this rank (-1: its ring's next) */
+  int hold_rank;               /* the broken-link tests: this rank starts after the break */
+  int which;                   /* the body's variant */
   atomic_bool broken;          /* it has */
 };
 
@@ -58,7 +69,8 @@ static int rank_service(void *arg) {
   struct ring_job *job = k->job;
   k->service_calls++;
   if (job->break_after && k->comm.rank == job->break_rank && k->service_calls == job->break_after) {
-    hora__mock_break(k->comm.world_ring.next);
+    hora__mock_break(job->break_peer >= 0 ? k->proc.data[job->break_peer]
+                                          : k->comm.world_ring.next);
     atomic_store(&job->broken, true);
   }
   if (atomic_load(&job->watchdog)) {
@@ -67,18 +79,29 @@ static int rank_service(void *arg) {
   return HORA_SUCCESS;
 }
 
+/* The ring's ends are data connections: closed with them. */
 static void close_ends(struct sim_rank *k) {
-  hora__conn **ends[2] = {&k->comm.world_ring.next, &k->comm.world_ring.prev};
-  for (int i = 0; i < 2; i++) {
-    if (*ends[i]) {
-      (*ends[i])->tp->close(*ends[i]);
-      *ends[i] = NULL;
+  for (int r = 0; k->proc.data && r < k->job->n; r++) {
+    if (k->proc.data[r]) {
+      k->proc.data[r]->tp->close(k->proc.data[r]);
+      k->proc.data[r] = NULL;
     }
   }
+  k->comm.world_ring.next = k->comm.world_ring.prev = NULL;
+  k->closed = true;
 }
 
-/* n ranks in a ring whose links move at most `piece` bytes per progress
- * call (0: any number). */
+/* Every rank forced to `name` for kind (NULL: the name is unknown). */
+static bool job_force(struct ring_job *job, enum hora__coll_kind kind, const char *name) {
+  const struct hora__algo *a = hora__algo_find(kind, name);
+  for (int r = 0; r < job->n; r++) {
+    job->ranks[r].comm.forced[kind] = a;
+  }
+  return a != NULL;
+}
+
+/* n ranks, each linked to every other, whose links move at most `piece`
+ * bytes per progress call (0: any number); the ring algorithms forced. */
 static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_bytes,
                      uint64_t service_ns) {
   memset(job, 0, sizeof(*job));
@@ -88,9 +111,17 @@ static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_by
   atomic_init(&job->broken, false);
   job->n = n;
   job->piece = piece;
+  job->break_peer = -1;
   job->ranks = calloc((size_t)n, sizeof(*job->ranks));
   if (!job->ranks) {
     return HORA_ERR_NO_MEMORY;
+  }
+  for (int r = 0; r < n; r++) {
+    job->ranks[r].job = job;
+    job->ranks[r].proc.data = calloc((size_t)n, sizeof(hora__conn *));
+    if (!job->ranks[r].proc.data) {
+      return HORA_ERR_NO_MEMORY;
+    }
   }
   for (int r = 0; r < n; r++) {
     struct sim_rank *k = &job->ranks[r];
@@ -115,17 +146,25 @@ static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_by
     c->cross_size = n;
     c->world_ring.pos = r;
     c->world_ring.size = n;
-    c->forced[HORA_COLL_ALLREDUCE] = hora__algo_find(HORA_COLL_ALLREDUCE, "ring");
-    c->forced[HORA_COLL_BROADCAST] = hora__algo_find(HORA_COLL_BROADCAST, "ring");
-    c->forced[HORA_COLL_ALLGATHER] = hora__algo_find(HORA_COLL_ALLGATHER, "ring");
-    c->forced[HORA_COLL_REDUCESCATTER] = hora__algo_find(HORA_COLL_REDUCESCATTER, "ring");
+    c->partners = true; /* every pair is linked already */
+  }
+  job_force(job, HORA_COLL_ALLREDUCE, "ring");
+  job_force(job, HORA_COLL_BROADCAST, "ring");
+  job_force(job, HORA_COLL_ALLGATHER, "ring");
+  job_force(job, HORA_COLL_REDUCESCATTER, "ring");
+  for (int a = 0; a < n; a++) {
+    for (int b = a + 1; b < n; b++) {
+      int rc = hora__mock_pair(a, b, piece, &job->ranks[a].proc.data[b],
+                               &job->ranks[b].proc.data[a]);
+      if (rc != HORA_SUCCESS) {
+        return rc;
+      }
+    }
   }
   for (int r = 0; r < n; r++) {
-    int rc = hora__mock_pair(r, (r + 1) % n, piece, &job->ranks[r].comm.world_ring.next,
-                             &job->ranks[(r + 1) % n].comm.world_ring.prev);
-    if (rc != HORA_SUCCESS) {
-      return rc;
-    }
+    hora__comm *c = &job->ranks[r].comm;
+    c->world_ring.next = job->ranks[r].proc.data[(r + 1) % n];
+    c->world_ring.prev = job->ranks[r].proc.data[(r + n - 1) % n];
   }
   return HORA_SUCCESS;
 }
@@ -134,8 +173,11 @@ static void job_end(struct ring_job *job) {
   for (int r = 0; job->ranks && r < job->n; r++) {
     struct sim_rank *k = &job->ranks[r];
     close_ends(k);
+    free(k->proc.data);
     free(k->comm.scratch);
     free(k->comm.fusion);
+    free(k->comm.temp);
+    free(k->comm.reduced);
   }
   free(job->ranks);
   job->ranks = NULL;
@@ -200,6 +242,18 @@ static const char *job_run(struct ring_job *job, void (*body)(struct sim_rank *)
   for (int r = 0; r < job->n && !why[0]; r++) {
     if (job->ranks[r].why[0]) {
       snprintf(why, why_len, "ring of %d (piece %zu): %s", job->n, job->piece, job->ranks[r].why);
+    }
+  }
+  const struct sim_rank *first = &job->ranks[0];
+  for (int r = 1; r < job->n && !why[0]; r++) {
+    const struct sim_rank *k = &job->ranks[r];
+    int d = 0;
+    while (d < first->ndigest && d < k->ndigest && k->digest[d] == first->digest[d]) {
+      d++;
+    }
+    if (d < first->ndigest || d < k->ndigest) {
+      snprintf(why, why_len, "ring of %d (piece %zu): rank %d's result %d differs from rank 0's "
+               "bits (%d and %d results)", job->n, job->piece, r, d, k->ndigest, first->ndigest);
     }
   }
   return why[0] ? why : NULL;
@@ -476,7 +530,7 @@ static void body_allreduce(struct sim_rank *k) {
     free(iin);
     free(iout);
     free(iwant);
-    if (!k->comm.world_ring.next) {
+    if (k->closed) {
       return; /* a call failed: this rank is out of the ring */
     }
   }
@@ -758,9 +812,11 @@ static void body_broken(struct sim_rank *k) {
   for (size_t i = 0; i < count; i++) {
     buf[i] = 1.0f;
   }
-  /* Rank 0 joins only after the break, so that the ring cannot finish
-   * before it (with unbounded pieces it might, in a few milliseconds). */
-  for (int waited = 0; k->comm.rank == 0 && !atomic_load(&k->job->broken); waited++) {
+  /* The held rank joins only after the break, so that the ring cannot
+   * finish before it (with unbounded pieces it might, in a few
+   * milliseconds). */
+  for (int waited = 0; k->comm.rank == k->job->hold_rank && !atomic_load(&k->job->broken);
+       waited++) {
     if (waited == 10000) {
       note(k, __LINE__, "the link did not break within 10 s");
       break;
