@@ -154,8 +154,8 @@ static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_by
   job_force(job, HORA_COLL_REDUCESCATTER, "ring");
   for (int a = 0; a < n; a++) {
     for (int b = a + 1; b < n; b++) {
-      int rc = hora__mock_pair(a, b, piece, &job->ranks[a].proc.data[b],
-                               &job->ranks[b].proc.data[a]);
+      int rc =
+          hora__mock_pair(a, b, piece, &job->ranks[a].proc.data[b], &job->ranks[b].proc.data[a]);
       if (rc != HORA_SUCCESS) {
         return rc;
       }
@@ -252,8 +252,10 @@ static const char *job_run(struct ring_job *job, void (*body)(struct sim_rank *)
       d++;
     }
     if (d < first->ndigest || d < k->ndigest) {
-      snprintf(why, why_len, "ring of %d (piece %zu): rank %d's result %d differs from rank 0's "
-               "bits (%d and %d results)", job->n, job->piece, r, d, k->ndigest, first->ndigest);
+      snprintf(why, why_len,
+               "ring of %d (piece %zu): rank %d's result %d differs from rank 0's "
+               "bits (%d and %d results)",
+               job->n, job->piece, r, d, k->ndigest, first->ndigest);
     }
   }
   return why[0] ? why : NULL;
@@ -902,13 +904,14 @@ static const struct {
     [GEN_SUM_F32] = {"float32 sum", HORA_FLOAT32, HORA_FLOAT32, HORA_SUM, 0},
     [GEN_MAX_I32] = {"int32 max", HORA_INT32, HORA_INT32, HORA_MAX, 0},
     [GEN_MIN_F64] = {"float64 min", HORA_FLOAT64, HORA_FLOAT64, HORA_MIN, 0},
-    [GEN_FRAC_F32] = {"float32 sum over float16", HORA_FLOAT32, HORA_FLOAT16, HORA_SUM,
-                      1.0 / 2048},
+    [GEN_FRAC_F32] = {"float32 sum over float16", HORA_FLOAT32, HORA_FLOAT16, HORA_SUM, 1.0 / 2048},
     [GEN_FRAC_F64] = {"float64 sum over bfloat16", HORA_FLOAT64, HORA_BFLOAT16, HORA_SUM,
                       1.0 / 256},
 };
 
-static double in_f64(int rank, size_t i) { return (double)in_i32(rank, i) / 1024.0 + rank; }
+static double in_f64(int rank, size_t i) {
+  return (double)in_i32(rank, i) / 1024.0 + rank;
+}
 
 static double in_frac(int rank, size_t i) {
   return (double)(((size_t)rank * 7919 + i * 104729) % 2001) / 1000.0 - 1.0;
@@ -997,7 +1000,7 @@ static size_t gen_check(enum gen g, int n, size_t first, size_t len, double scal
  * once per hop, the logarithmic schedules once per step and fold. */
 static int wire_rounds(const hora__comm *c) {
   return strcmp(c->forced[HORA_COLL_ALLREDUCE]->name, "ring") == 0 ? c->size + 2
-                                                                    : ceil_log2(c->size) + 3;
+                                                                   : ceil_log2(c->size) + 3;
 }
 
 /* The allreduce forced, through hora__allreduce: every dtype and op of
@@ -1042,8 +1045,7 @@ static void body_sched_allreduce(struct sim_rank *k) {
                                gens[g].wire, opts);
         }
         if (rc != HORA_SUCCESS) {
-          note(k, __LINE__, "%s failed: %s (%s)", what, hora_strerror(rc),
-               hora__error_message());
+          note(k, __LINE__, "%s failed: %s (%s)", what, hora_strerror(rc), hora__error_message());
           close_ends(k);
           tensors_free(&tin);
           tensors_free(&tout);
@@ -1115,8 +1117,8 @@ static void body_sched_broadcast(struct sim_rank *k) {
                "%s broadcast of %zu bytes in %d tensor(s) from %d: wrong bytes",
                c->forced[HORA_COLL_BROADCAST]->name, bytes, nl, root);
         EXPECT(k, tensors_guarded(&t),
-               "broadcast of %zu bytes in %d tensor(s) from %d: wrote past a tensor's end",
-               bytes, nl, root);
+               "broadcast of %zu bytes in %d tensor(s) from %d: wrote past a tensor's end", bytes,
+               nl, root);
         tensors_free(&t);
       }
     }
@@ -1181,17 +1183,16 @@ static void body_sched_reducescatter(struct sim_rank *k) {
   for (size_t unit = 1; unit <= 3; unit += 2) {
     for (size_t ri = 0; ri < HORA_ARRAY_SIZE(rows); ri++) {
       for (size_t gi = 0; gi < HORA_ARRAY_SIZE(gs); gi++) {
-        for (int explicit = 0; explicit < 2; explicit++) {
+        for (int given = 0; given < 2; given++) {
           enum gen g = gs[gi];
           const size_t count = rows[ri] * unit, es = hora_dtype_size(gens[g].dtype);
           const struct hora__coll_opts *opts = g == GEN_SUM_F32 ? &scaled : NULL;
           size_t start, len;
-          hora__block_range(count, explicit ? 1 : unit, n, explicit ? n - 1 - me : me, &start,
-                            &len);
+          hora__block_range(count, given ? 1 : unit, n, given ? n - 1 - me : me, &start, &len);
           gen_input(g, me, count, send);
           memcpy(orig, send, count * es);
           memset(recv, 0xee, (len + 1) * es);
-          if (explicit) {
+          if (given) {
             CALL(k, hora__reducescatter_at(c, send, recv, count, start, len, gens[g].dtype,
                                            gens[g].op, gens[g].wire, opts));
           } else {
@@ -1204,7 +1205,7 @@ static void body_sched_reducescatter(struct sim_rank *k) {
                  "%s reducescatter (%s) %s of %zu%s: element %zu of block [%zu, +%zu) is %.17g, "
                  "expected %.17g",
                  c->forced[HORA_COLL_REDUCESCATTER]->name, c->forced[HORA_COLL_ALLREDUCE]->name,
-                 gens[g].name, count, explicit ? " at" : "", start + d, start, len, gv, wv);
+                 gens[g].name, count, given ? " at" : "", start + d, start, len, gv, wv);
           bool guard = true;
           for (size_t b = 0; b < es; b++) {
             guard = guard && (unsigned char)recv[len * es + b] == 0xee;
@@ -1362,8 +1363,7 @@ static void body_broken(struct sim_rank *k) {
       rc = hora__bruck_allgather(c, buf, bytes, all);
       break;
     case 3:
-      rc = hora__rabenseifner_allreduce(c, buf, buf, count, HORA_FLOAT32, HORA_SUM,
-                                        HORA_FLOAT32);
+      rc = hora__rabenseifner_allreduce(c, buf, buf, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32);
       break;
   }
   fail_as_the_runtime(k, rc);
@@ -1402,8 +1402,8 @@ static void run_broken(int which, int break_peer, int hold_rank, const struct br
     for (int r = 0; r < cases[t].n && !bad; r++) {
       const struct sim_rank *k = &job.ranks[r];
       if (k->rc != HORA_ERR_PEER_LOST || !strstr(k->msg, "lost rank")) {
-        snprintf(why, sizeof(why), "%s of %d (piece %zu): rank %d returned %s (%s)",
-                 names[which], cases[t].n, cases[t].piece, r, hora_strerror(k->rc), k->msg);
+        snprintf(why, sizeof(why), "%s of %d (piece %zu): rank %d returned %s (%s)", names[which],
+                 cases[t].n, cases[t].piece, r, hora_strerror(k->rc), k->msg);
         bad = why;
       }
     }

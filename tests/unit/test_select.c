@@ -32,8 +32,7 @@ TEST(coll_partners_symmetric_and_cover_every_schedule) {
     for (int pos = 0; pos < size; pos++) {
       np[pos] = hora__coll_partners(pos, size, parts[pos]);
       if (np[pos] < 0 || np[pos] > 3 * log2 + 1) {
-        FAIL("size %d, pos %d: %d partners, at most %d expected", size, pos, np[pos],
-             3 * log2 + 1);
+        FAIL("size %d, pos %d: %d partners, at most %d expected", size, pos, np[pos], 3 * log2 + 1);
       }
       for (int i = 0; i < np[pos]; i++) {
         int q = parts[pos][i];
@@ -75,13 +74,13 @@ static const char *pick(const struct hora__layout *s, const struct hora__cost_mo
   return a ? a->name : "(none)";
 }
 
-#define ASSERT_PICK(s, m, kind, bytes, want)                                                   \
-  do {                                                                                         \
-    const char *got_ = pick((s), (m), (kind), (bytes));                                        \
-    if (strcmp(got_, (want)) != 0) {                                                           \
-      FAIL("line %d: %s of %zu bytes at %d ranks: picked %s, expected %s", __LINE__,           \
-           hora__algo_kind_name(kind), (size_t)(bytes), (s)->size, got_, (want));              \
-    }                                                                                          \
+#define ASSERT_PICK(s, m, kind, bytes, want)                                         \
+  do {                                                                               \
+    const char *got_ = pick((s), (m), (kind), (bytes));                              \
+    if (strcmp(got_, (want)) != 0) {                                                 \
+      FAIL("line %d: %s of %zu bytes at %d ranks: picked %s, expected %s", __LINE__, \
+           hora__algo_kind_name(kind), (size_t)(bytes), (s)->size, got_, (want));    \
+    }                                                                                \
   } while (0)
 
 /* The built-in tcp constants at 16 hosts of one rank: recursive doubling
@@ -104,12 +103,13 @@ TEST(selector_picks_by_the_cost_model) {
     for (size_t bytes = 1; bytes <= 64 * MiB; bytes *= 2) {
       const struct hora__algo *a = hora__algo_pick(&s, &m, (enum hora__coll_kind)kind, bytes);
       if (!a || (int)a->kind != kind || !a->usable(&s)) {
-        FAIL("%s of %zu bytes: picked %s", hora__algo_kind_name((enum hora__coll_kind)kind),
-             bytes, a ? a->name : "nothing usable");
+        FAIL("%s of %zu bytes: picked %s", hora__algo_kind_name((enum hora__coll_kind)kind), bytes,
+             a ? a->name : "nothing usable");
       }
       for (int i = 0; i < hora__nalgos; i++) {
         const struct hora__algo *b = hora__algos[i];
-        if ((int)b->kind == kind && b->usable(&s) && b->cost(&m, &s, bytes) < a->cost(&m, &s, bytes)) {
+        if ((int)b->kind == kind && b->usable(&s) &&
+            b->cost(&m, &s, bytes) < a->cost(&m, &s, bytes)) {
           FAIL("%s of %zu bytes: picked %s, but %s costs less", a->name, bytes, a->name, b->name);
         }
       }
