@@ -87,6 +87,18 @@ int test_skipped;
   X(ring_allgather_in_and_out_of_place)                                                      \
   X(host_collectives_fuse_scale_and_average_over_rings)                                      \
   X(ring_broken_link_fails_every_rank)                                                       \
+  X(schedule_allreduce_ring_every_size_dtype_and_fusion)                                     \
+  X(schedule_allreduce_rd_every_size_dtype_and_fusion)                                       \
+  X(schedule_allreduce_rabenseifner_every_size_dtype_and_fusion)                             \
+  X(schedule_broadcast_ring_every_root)                                                      \
+  X(schedule_broadcast_binomial_every_root)                                                  \
+  X(schedule_allgather_ring_every_size)                                                      \
+  X(schedule_allgather_bruck_every_size)                                                     \
+  X(schedule_reducescatter_ring_every_size)                                                  \
+  X(schedule_reducescatter_over_each_allreduce)                                              \
+  X(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner)                             \
+  X(coll_partners_symmetric_and_cover_every_schedule)                                        \
+  X(selector_picks_by_the_cost_model)                                                        \
   X(strangers_flood_never_pushes_out_a_ranks_handshake)
 
 #define DECLARE(name) void test_##name(void);

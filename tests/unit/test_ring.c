@@ -1,11 +1,14 @@
-/* The ring algorithms (ring.c, allreduce.c, broadcast.c, allgather.c) and
- * the host collectives' dispatchers on their ring path, without MPI: N
- * threads, one simulated rank each, each with its own process (struct
- * hora__proc: its progress engine and a small chunk size, so the rings
- * pipeline many chunks) and communicator, linked in a ring of mock
- * connections (rank r's next is rank r+1's prev). Every result is compared
- * with one computed here directly. A watchdog fails a ring that hangs: the
- * ranks' service hooks then fail their collectives, so the test ends. */
+/* The host algorithms (ring.c, allreduce.c, broadcast.c, allgather.c,
+ * recursive.c) and the host collectives' dispatchers with every schedule
+ * of the registry forced, without MPI: N threads, one simulated rank
+ * each, each with its own process (struct hora__proc: its progress engine
+ * and a small chunk size, so the schedules pipeline many chunks) and
+ * communicator. Every rank has a mock data connection to every other
+ * (proc->data[], as the partners' connections), and its ring's next and
+ * prev are data[r+1] and data[r-1], as communicator.c makes them. Every
+ * result is compared with one computed here directly. A watchdog fails a
+ * job that hangs: the ranks' service hooks then fail their collectives,
+ * so the test ends. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -38,6 +41,11 @@ struct sim_rank {
   int rc;        /* the broken ring's call */
   char msg[512];
   int service_calls;
+  bool closed; /* a call failed: its ends are closed, it takes no part any more */
+  /* Digests of results every rank must have bit for bit (compression),
+   * compared across the ranks when the job ends. */
+  uint64_t digest[96];
+  int ndigest;
 };
 
 struct ring_job {
@@ -49,7 +57,10 @@ struct ring_job {
   pthread_cond_t cv;
   int finished;
   atomic_bool watchdog;        /* out of time: every service hook fails */
-  int break_rank, break_after; /* that rank's hook breaks its next link on that call */
+  int break_rank, break_after; /* that rank's hook breaks a link on that call: */
+  int break_peer;              /* its data connection to this rank (-1: its ring's next) */
+  int hold_rank;               /* the broken-link tests: this rank starts after the break */
+  int which;                   /* the body's variant */
   atomic_bool broken;          /* it has */
 };
 
@@ -58,7 +69,8 @@ static int rank_service(void *arg) {
   struct ring_job *job = k->job;
   k->service_calls++;
   if (job->break_after && k->comm.rank == job->break_rank && k->service_calls == job->break_after) {
-    hora__mock_break(k->comm.world_ring.next);
+    hora__mock_break(job->break_peer >= 0 ? k->proc.data[job->break_peer]
+                                          : k->comm.world_ring.next);
     atomic_store(&job->broken, true);
   }
   if (atomic_load(&job->watchdog)) {
@@ -67,18 +79,29 @@ static int rank_service(void *arg) {
   return HORA_SUCCESS;
 }
 
+/* The ring's ends are data connections: closed with them. */
 static void close_ends(struct sim_rank *k) {
-  hora__conn **ends[2] = {&k->comm.world_ring.next, &k->comm.world_ring.prev};
-  for (int i = 0; i < 2; i++) {
-    if (*ends[i]) {
-      (*ends[i])->tp->close(*ends[i]);
-      *ends[i] = NULL;
+  for (int r = 0; k->proc.data && r < k->job->n; r++) {
+    if (k->proc.data[r]) {
+      k->proc.data[r]->tp->close(k->proc.data[r]);
+      k->proc.data[r] = NULL;
     }
   }
+  k->comm.world_ring.next = k->comm.world_ring.prev = NULL;
+  k->closed = true;
 }
 
-/* n ranks in a ring whose links move at most `piece` bytes per progress
- * call (0: any number). */
+/* Every rank forced to `name` for kind (NULL: the name is unknown). */
+static bool job_force(struct ring_job *job, enum hora__coll_kind kind, const char *name) {
+  const struct hora__algo *a = hora__algo_find(kind, name);
+  for (int r = 0; r < job->n; r++) {
+    job->ranks[r].comm.forced[kind] = a;
+  }
+  return a != NULL;
+}
+
+/* n ranks, each linked to every other, whose links move at most `piece`
+ * bytes per progress call (0: any number); the ring algorithms forced. */
 static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_bytes,
                      uint64_t service_ns) {
   memset(job, 0, sizeof(*job));
@@ -88,9 +111,17 @@ static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_by
   atomic_init(&job->broken, false);
   job->n = n;
   job->piece = piece;
+  job->break_peer = -1;
   job->ranks = calloc((size_t)n, sizeof(*job->ranks));
   if (!job->ranks) {
     return HORA_ERR_NO_MEMORY;
+  }
+  for (int r = 0; r < n; r++) {
+    job->ranks[r].job = job;
+    job->ranks[r].proc.data = calloc((size_t)n, sizeof(hora__conn *));
+    if (!job->ranks[r].proc.data) {
+      return HORA_ERR_NO_MEMORY;
+    }
   }
   for (int r = 0; r < n; r++) {
     struct sim_rank *k = &job->ranks[r];
@@ -115,17 +146,25 @@ static int job_start(struct ring_job *job, int n, size_t piece, int64_t chunk_by
     c->cross_size = n;
     c->world_ring.pos = r;
     c->world_ring.size = n;
-    c->forced[HORA_COLL_ALLREDUCE] = hora__algo_find(HORA_COLL_ALLREDUCE, "ring");
-    c->forced[HORA_COLL_BROADCAST] = hora__algo_find(HORA_COLL_BROADCAST, "ring");
-    c->forced[HORA_COLL_ALLGATHER] = hora__algo_find(HORA_COLL_ALLGATHER, "ring");
-    c->forced[HORA_COLL_REDUCESCATTER] = hora__algo_find(HORA_COLL_REDUCESCATTER, "ring");
+    c->partners = true; /* every pair is linked already */
+  }
+  job_force(job, HORA_COLL_ALLREDUCE, "ring");
+  job_force(job, HORA_COLL_BROADCAST, "ring");
+  job_force(job, HORA_COLL_ALLGATHER, "ring");
+  job_force(job, HORA_COLL_REDUCESCATTER, "ring");
+  for (int a = 0; a < n; a++) {
+    for (int b = a + 1; b < n; b++) {
+      int rc =
+          hora__mock_pair(a, b, piece, &job->ranks[a].proc.data[b], &job->ranks[b].proc.data[a]);
+      if (rc != HORA_SUCCESS) {
+        return rc;
+      }
+    }
   }
   for (int r = 0; r < n; r++) {
-    int rc = hora__mock_pair(r, (r + 1) % n, piece, &job->ranks[r].comm.world_ring.next,
-                             &job->ranks[(r + 1) % n].comm.world_ring.prev);
-    if (rc != HORA_SUCCESS) {
-      return rc;
-    }
+    hora__comm *c = &job->ranks[r].comm;
+    c->world_ring.next = job->ranks[r].proc.data[(r + 1) % n];
+    c->world_ring.prev = job->ranks[r].proc.data[(r + n - 1) % n];
   }
   return HORA_SUCCESS;
 }
@@ -134,8 +173,11 @@ static void job_end(struct ring_job *job) {
   for (int r = 0; job->ranks && r < job->n; r++) {
     struct sim_rank *k = &job->ranks[r];
     close_ends(k);
+    free(k->proc.data);
     free(k->comm.scratch);
     free(k->comm.fusion);
+    free(k->comm.temp);
+    free(k->comm.reduced);
   }
   free(job->ranks);
   job->ranks = NULL;
@@ -200,6 +242,20 @@ static const char *job_run(struct ring_job *job, void (*body)(struct sim_rank *)
   for (int r = 0; r < job->n && !why[0]; r++) {
     if (job->ranks[r].why[0]) {
       snprintf(why, why_len, "ring of %d (piece %zu): %s", job->n, job->piece, job->ranks[r].why);
+    }
+  }
+  const struct sim_rank *first = &job->ranks[0];
+  for (int r = 1; r < job->n && !why[0]; r++) {
+    const struct sim_rank *k = &job->ranks[r];
+    int d = 0;
+    while (d < first->ndigest && d < k->ndigest && k->digest[d] == first->digest[d]) {
+      d++;
+    }
+    if (d < first->ndigest || d < k->ndigest) {
+      snprintf(why, why_len,
+               "ring of %d (piece %zu): rank %d's result %d differs from rank 0's "
+               "bits (%d and %d results)",
+               job->n, job->piece, r, d, k->ndigest, first->ndigest);
     }
   }
   return why[0] ? why : NULL;
@@ -476,7 +532,7 @@ static void body_allreduce(struct sim_rank *k) {
     free(iin);
     free(iout);
     free(iwant);
-    if (!k->comm.world_ring.next) {
+    if (k->closed) {
       return; /* a call failed: this rank is out of the ring */
     }
   }
@@ -745,22 +801,514 @@ TEST(host_collectives_fuse_scale_and_average_over_rings) {
   run_rings(body_dispatch);
 }
 
-/* ---- a link that breaks in the middle ------------------------------------ */
+/* ---- every schedule of the registry, forced, through the dispatchers ------ */
 
-static void body_broken(struct sim_rank *k) {
-  const size_t count = 1u << 18; /* 1 MiB: far from done when the link breaks */
-  float *buf = malloc(count * sizeof(float));
-  if (!buf) {
-    k->rc = HORA_ERR_NO_MEMORY;
+/* A list of 1 or 3 tensors holding `count` elements of es bytes in all,
+ * unevenly split (some pieces empty for small counts), each in its own
+ * allocation followed by one element of guard bytes. */
+struct tensors {
+  struct hora__iov iov[3];
+  int n;
+  size_t es;
+};
+
+#define GUARD 0xa5
+
+static bool tensors_alloc(struct tensors *t, int n, size_t count, size_t es) {
+  size_t lens[3] = {count, 0, 0};
+  if (n == 3) {
+    lens[0] = count / 5;
+    lens[2] = count / 3;
+    lens[1] = count - lens[0] - lens[2];
+  }
+  memset(t, 0, sizeof(*t));
+  t->n = n;
+  t->es = es;
+  bool ok = true;
+  for (int i = 0; i < n; i++) {
+    t->iov[i].len = lens[i] * es;
+    t->iov[i].base = malloc(t->iov[i].len + es);
+    ok = ok && t->iov[i].base;
+  }
+  return ok;
+}
+
+static void tensors_free(struct tensors *t) {
+  for (int i = 0; i < 3; i++) {
+    free(t->iov[i].base);
+    t->iov[i].base = NULL;
+  }
+}
+
+/* The tensors = flat (NULL: 0xee bytes), guards set. */
+static void tensors_put(const struct tensors *t, const void *flat) {
+  size_t off = 0;
+  for (int i = 0; i < t->n; i++) {
+    char *b = t->iov[i].base;
+    if (flat) {
+      memcpy(b, (const char *)flat + off, t->iov[i].len);
+    } else {
+      memset(b, 0xee, t->iov[i].len);
+    }
+    memset(b + t->iov[i].len, GUARD, t->es);
+    off += t->iov[i].len;
+  }
+}
+
+static bool tensors_guarded(const struct tensors *t) {
+  for (int i = 0; i < t->n; i++) {
+    const unsigned char *g = (const unsigned char *)t->iov[i].base + t->iov[i].len;
+    for (size_t b = 0; b < t->es; b++) {
+      if (g[b] != GUARD) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+/* A result every rank must hold bit for bit. */
+static void record_digest(struct sim_rank *k, const void *p, size_t len) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < len; i++) {
+    h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+  }
+  if (k->ndigest < (int)HORA_ARRAY_SIZE(k->digest)) {
+    k->digest[k->ndigest++] = h;
+  } else {
+    note(k, __LINE__, "more results to compare than digests");
+  }
+}
+
+static int ceil_log2(int n) {
+  int l = 0;
+  while ((1 << l) < n) {
+    l++;
+  }
+  return l;
+}
+
+/* The inputs and what their reductions must give. Sums of small integers
+ * are exact in any order; max and min are exact; the compressed sums
+ * (fractions, float16 or bfloat16 on the wire) are checked against the
+ * exact sum within the wire type's rounding, once per rounding a path
+ * through the schedule can take. */
+enum gen { GEN_SUM_F32, GEN_MAX_I32, GEN_MIN_F64, GEN_FRAC_F32, GEN_FRAC_F64 };
+
+static const struct {
+  const char *name;
+  hora_dtype dtype, wire;
+  hora_op op;
+  double unit_roundoff; /* the wire type's (0: exact) */
+} gens[] = {
+    [GEN_SUM_F32] = {"float32 sum", HORA_FLOAT32, HORA_FLOAT32, HORA_SUM, 0},
+    [GEN_MAX_I32] = {"int32 max", HORA_INT32, HORA_INT32, HORA_MAX, 0},
+    [GEN_MIN_F64] = {"float64 min", HORA_FLOAT64, HORA_FLOAT64, HORA_MIN, 0},
+    [GEN_FRAC_F32] = {"float32 sum over float16", HORA_FLOAT32, HORA_FLOAT16, HORA_SUM, 1.0 / 2048},
+    [GEN_FRAC_F64] = {"float64 sum over bfloat16", HORA_FLOAT64, HORA_BFLOAT16, HORA_SUM,
+                      1.0 / 256},
+};
+
+static double in_f64(int rank, size_t i) {
+  return (double)in_i32(rank, i) / 1024.0 + rank;
+}
+
+static double in_frac(int rank, size_t i) {
+  return (double)(((size_t)rank * 7919 + i * 104729) % 2001) / 1000.0 - 1.0;
+}
+
+static void gen_input(enum gen g, int rank, size_t count, void *buf) {
+  for (size_t i = 0; i < count; i++) {
+    switch (g) {
+      case GEN_SUM_F32:
+        ((float *)buf)[i] = in_f32(rank, i);
+        break;
+      case GEN_MAX_I32:
+        ((int32_t *)buf)[i] = in_i32(rank, i);
+        break;
+      case GEN_MIN_F64:
+        ((double *)buf)[i] = in_f64(rank, i);
+        break;
+      case GEN_FRAC_F32:
+        ((float *)buf)[i] = (float)in_frac(rank, i);
+        break;
+      case GEN_FRAC_F64:
+        ((double *)buf)[i] = in_frac(rank, i);
+        break;
+    }
+  }
+}
+
+static double got_at(hora_dtype dtype, const void *p, size_t j) {
+  switch (dtype) {
+    case HORA_FLOAT32:
+      return ((const float *)p)[j];
+    case HORA_INT32:
+      return ((const int32_t *)p)[j];
+    default:
+      return ((const double *)p)[j];
+  }
+}
+
+/* The first of len elements of got (the result's elements first .. first
+ * + len over n ranks, sums times `scale`) that is wrong, or len; *gv, *wv
+ * its value and the one expected. `rounds`: how many times a compressed
+ * partial sum may have been rounded through the wire type. */
+static size_t gen_check(enum gen g, int n, size_t first, size_t len, double scale, int rounds,
+                        const void *got, double *gv, double *wv) {
+  for (size_t j = 0; j < len; j++) {
+    size_t i = first + j;
+    double want = 0, mag = 0, v = got_at(gens[g].dtype, got, j);
+    int32_t m32 = in_i32(0, i);
+    double m64 = in_f64(0, i);
+    switch (g) {
+      case GEN_SUM_F32:
+        want = (double)sum_f32(n, i) * scale;
+        break;
+      case GEN_MAX_I32:
+        for (int r = 1; r < n; r++) {
+          m32 = HORA_MAX(m32, in_i32(r, i));
+        }
+        want = m32;
+        break;
+      case GEN_MIN_F64:
+        for (int r = 1; r < n; r++) {
+          m64 = HORA_MIN(m64, in_f64(r, i));
+        }
+        want = m64;
+        break;
+      case GEN_FRAC_F32:
+      case GEN_FRAC_F64:
+        for (int r = 0; r < n; r++) {
+          double x = g == GEN_FRAC_F32 ? (double)(float)in_frac(r, i) : in_frac(r, i);
+          want += x;
+          mag += x < 0 ? -x : x;
+        }
+        break;
+    }
+    double err = v - want, tol = rounds * gens[g].unit_roundoff * mag;
+    if (gens[g].unit_roundoff ? !(err <= tol && -err <= tol) : v != want) {
+      *gv = v;
+      *wv = want;
+      return j;
+    }
+  }
+  return len;
+}
+
+/* How often a compressed partial sum can be rounded on its way: the ring
+ * once per hop, the logarithmic schedules once per step and fold. */
+static int wire_rounds(const hora__comm *c) {
+  return strcmp(c->forced[HORA_COLL_ALLREDUCE]->name, "ring") == 0 ? c->size + 2
+                                                                   : ceil_log2(c->size) + 3;
+}
+
+/* The allreduce forced, through hora__allreduce: every dtype and op of
+ * gens, in place and not, one tensor and three fused. */
+static void body_sched_allreduce(struct sim_rank *k) {
+  static const size_t counts[] = {0, 1, 2, 3, 5, 7, 13, 100, 1001, 4099};
+  const int n = k->comm.size, me = k->comm.rank;
+  hora__comm *c = &k->comm;
+  const int rounds = wire_rounds(c);
+  char *flat = malloc(4099 * 8), *orig = malloc(4099 * 8);
+  struct hora__coll_opts scaled = {.prescale = 0.5, .postscale = 4.0};
+  if (!flat || !orig) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    goto out;
+  }
+  for (size_t ci = 0; ci < HORA_ARRAY_SIZE(counts); ci++) {
+    for (int nl = 1; nl <= 3; nl += 2) {
+      for (int gi = 0; gi < (int)HORA_ARRAY_SIZE(gens); gi++) {
+        enum gen g = (enum gen)gi;
+        const size_t count = counts[ci], es = hora_dtype_size(gens[g].dtype);
+        const bool in_place = (nl == 3) == (gi % 2 == 0);
+        /* Sums of integers with the scales (exact: powers of two). */
+        const struct hora__coll_opts *opts = g == GEN_SUM_F32 ? &scaled : NULL;
+        struct tensors tin, tout;
+        memset(&tout, 0, sizeof(tout));
+        bool ok = tensors_alloc(&tin, nl, count, es);
+        ok = (in_place || tensors_alloc(&tout, nl, count, es)) && ok;
+        char what[96];
+        snprintf(what, sizeof(what), "%s %s of %zu in %d tensor(s)%s",
+                 c->forced[HORA_COLL_ALLREDUCE]->name, gens[g].name, count, nl,
+                 in_place ? " in place" : "");
+        int rc = HORA_ERR_NO_MEMORY;
+        const struct tensors *to = in_place ? &tin : &tout;
+        if (ok) {
+          gen_input(g, me, count, orig);
+          tensors_put(&tin, orig);
+          if (!in_place) {
+            tensors_put(&tout, NULL);
+          }
+          rc = hora__allreduce(c, tin.iov, nl, to->iov, nl, count, gens[g].dtype, gens[g].op,
+                               gens[g].wire, opts);
+        }
+        if (rc != HORA_SUCCESS) {
+          note(k, __LINE__, "%s failed: %s (%s)", what, hora_strerror(rc), hora__error_message());
+          close_ends(k);
+          tensors_free(&tin);
+          tensors_free(&tout);
+          goto out;
+        }
+        double gv = 0, wv = 0;
+        gather(to->iov, nl, flat);
+        size_t d = gen_check(g, n, 0, count, opts ? 2.0 : 1.0, rounds, flat, &gv, &wv);
+        EXPECT(k, d == count, "%s: element %zu is %.17g, expected %.17g", what, d, gv, wv);
+        EXPECT(k, tensors_guarded(to), "%s: wrote past a tensor's end", what);
+        if (gens[g].wire != gens[g].dtype) {
+          record_digest(k, flat, count * es);
+        }
+        if (!in_place) {
+          gather(tin.iov, nl, flat);
+          EXPECT(k, memcmp(flat, orig, count * es) == 0 && tensors_guarded(&tin),
+                 "%s: the input changed", what);
+        }
+        tensors_free(&tin);
+        tensors_free(&tout);
+      }
+    }
+  }
+out:
+  free(flat);
+  free(orig);
+}
+
+/* The broadcast forced, through hora__broadcast: every root, one tensor
+ * and three fused. */
+static void body_sched_broadcast(struct sim_rank *k) {
+  static const size_t sizes[] = {0, 1, 5, 1000, 3 * 256 + 7, 5003};
+  const int n = k->comm.size, me = k->comm.rank;
+  hora__comm *c = &k->comm;
+  struct phases ph = {0};
+  struct hora__coll_opts opts = {
+      .prescale = 1.0, .postscale = 1.0, .phase = count_phase, .phase_arg = &ph};
+  char *flat = malloc(5003);
+  if (!flat) {
+    note(k, __LINE__, "out of memory");
     close_ends(k);
     return;
   }
-  for (size_t i = 0; i < count; i++) {
-    buf[i] = 1.0f;
+  for (int root = 0; root < n; root++) {
+    for (size_t s = 0; s < HORA_ARRAY_SIZE(sizes); s++) {
+      for (int nl = 1; nl <= 3; nl += 2) {
+        const size_t bytes = sizes[s];
+        const unsigned seed = (unsigned)(root * 31 + (int)s * 3 + nl);
+        struct tensors t;
+        int rc = HORA_ERR_NO_MEMORY;
+        if (tensors_alloc(&t, nl, bytes, 1)) {
+          if (me == root) {
+            fill_bytes(flat, bytes, seed);
+            tensors_put(&t, flat);
+          } else {
+            tensors_put(&t, NULL);
+          }
+          rc = hora__broadcast(c, t.iov, nl, bytes, root, &opts);
+        }
+        if (rc != HORA_SUCCESS) {
+          note(k, __LINE__, "broadcast of %zu bytes from %d failed: %s (%s)", bytes, root,
+               hora_strerror(rc), hora__error_message());
+          close_ends(k);
+          tensors_free(&t);
+          goto out;
+        }
+        gather(t.iov, nl, flat);
+        EXPECT(k, bytes_are(flat, bytes, seed),
+               "%s broadcast of %zu bytes in %d tensor(s) from %d: wrong bytes",
+               c->forced[HORA_COLL_BROADCAST]->name, bytes, nl, root);
+        EXPECT(k, tensors_guarded(&t),
+               "broadcast of %zu bytes in %d tensor(s) from %d: wrote past a tensor's end", bytes,
+               nl, root);
+        tensors_free(&t);
+      }
+    }
   }
-  /* Rank 0 joins only after the break, so that the ring cannot finish
-   * before it (with unbounded pieces it might, in a few milliseconds). */
-  for (int waited = 0; k->comm.rank == 0 && !atomic_load(&k->job->broken); waited++) {
+  EXPECT(k, ph.begun == ph.ended && ph.begun == n * (int)HORA_ARRAY_SIZE(sizes) * 2,
+         "phases: %d begun, %d ended", ph.begun, ph.ended);
+out:
+  free(flat);
+}
+
+/* The allgather forced, through hora__allgather, in place and not. */
+static void body_sched_allgather(struct sim_rank *k) {
+  static const size_t sizes[] = {0, 1, 3, 1000, 2 * 256 + 1, 4099};
+  const int n = k->comm.size, me = k->comm.rank;
+  size_t most = 4099;
+  char *send = malloc(most), *recv = malloc((size_t)n * most + 1);
+  if (!send || !recv) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    goto out;
+  }
+  for (size_t s = 0; s < HORA_ARRAY_SIZE(sizes); s++) {
+    for (int in_place = 0; in_place < 2; in_place++) {
+      size_t bytes = sizes[s];
+      memset(recv, 0xee, (size_t)n * bytes + 1);
+      char *mine = in_place ? recv + (size_t)me * bytes : send;
+      fill_bytes(mine, bytes, (unsigned)(me * 10 + (int)s + 1));
+      CALL(k, hora__allgather(&k->comm, mine, bytes, recv));
+      for (int r = 0; r < n; r++) {
+        EXPECT(k, bytes_are(recv + (size_t)r * bytes, bytes, (unsigned)(r * 10 + (int)s + 1)),
+               "%s allgather of %zu bytes%s: rank %d's block is wrong",
+               k->comm.forced[HORA_COLL_ALLGATHER]->name, bytes, in_place ? " in place" : "", r);
+      }
+      EXPECT(k, (unsigned char)recv[(size_t)n * bytes] == 0xee,
+             "allgather of %zu bytes: wrote past the end", bytes);
+      if (!in_place) {
+        EXPECT(k, bytes_are(send, bytes, (unsigned)(me * 10 + (int)s + 1)),
+               "allgather of %zu bytes: the input changed", bytes);
+      }
+    }
+  }
+out:
+  free(send);
+  free(recv);
+}
+
+/* The reducescatter forced, through hora__reducescatter (Horovod's blocks
+ * of whole rows of 1 or 3 elements) and hora__reducescatter_at (explicit
+ * blocks, here in reverse rank order). */
+static void body_sched_reducescatter(struct sim_rank *k) {
+  static const size_t rows[] = {0, 1, 2, 3, 5, 13, 100, 334};
+  static const enum gen gs[] = {GEN_SUM_F32, GEN_MAX_I32, GEN_MIN_F64};
+  const int n = k->comm.size, me = k->comm.rank;
+  hora__comm *c = &k->comm;
+  char *send = malloc(334 * 3 * 8), *orig = malloc(334 * 3 * 8), *recv = malloc(334 * 3 * 8 + 8);
+  struct hora__coll_opts scaled = {.prescale = 0.5, .postscale = 4.0};
+  if (!send || !orig || !recv) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    goto out;
+  }
+  for (size_t unit = 1; unit <= 3; unit += 2) {
+    for (size_t ri = 0; ri < HORA_ARRAY_SIZE(rows); ri++) {
+      for (size_t gi = 0; gi < HORA_ARRAY_SIZE(gs); gi++) {
+        for (int given = 0; given < 2; given++) {
+          enum gen g = gs[gi];
+          const size_t count = rows[ri] * unit, es = hora_dtype_size(gens[g].dtype);
+          const struct hora__coll_opts *opts = g == GEN_SUM_F32 ? &scaled : NULL;
+          size_t start, len;
+          hora__block_range(count, given ? 1 : unit, n, given ? n - 1 - me : me, &start, &len);
+          gen_input(g, me, count, send);
+          memcpy(orig, send, count * es);
+          memset(recv, 0xee, (len + 1) * es);
+          if (given) {
+            CALL(k, hora__reducescatter_at(c, send, recv, count, start, len, gens[g].dtype,
+                                           gens[g].op, gens[g].wire, opts));
+          } else {
+            CALL(k, hora__reducescatter(c, send, recv, count, unit, gens[g].dtype, gens[g].op,
+                                        gens[g].wire, opts));
+          }
+          double gv = 0, wv = 0;
+          size_t d = gen_check(g, n, start, len, opts ? 2.0 : 1.0, 0, recv, &gv, &wv);
+          EXPECT(k, d == len,
+                 "%s reducescatter (%s) %s of %zu%s: element %zu of block [%zu, +%zu) is %.17g, "
+                 "expected %.17g",
+                 c->forced[HORA_COLL_REDUCESCATTER]->name, c->forced[HORA_COLL_ALLREDUCE]->name,
+                 gens[g].name, count, given ? " at" : "", start + d, start, len, gv, wv);
+          bool guard = true;
+          for (size_t b = 0; b < es; b++) {
+            guard = guard && (unsigned char)recv[len * es + b] == 0xee;
+          }
+          EXPECT(k, guard, "reducescatter %s of %zu: wrote past the block", gens[g].name, count);
+          EXPECT(k, memcmp(send, orig, count * es) == 0,
+                 "reducescatter %s of %zu: the input changed", gens[g].name, count);
+        }
+      }
+    }
+  }
+out:
+  free(send);
+  free(orig);
+  free(recv);
+}
+
+/* body at every size below, over tiny pieces with tiny chunks and over
+ * unbounded pieces with 4 KiB chunks, with the algorithms named forced
+ * (NULL: the ring's). */
+static void run_forced(void (*body)(struct sim_rank *), const char *allreduce,
+                       const char *broadcast, const char *allgather, const char *reducescatter) {
+  static const int sizes[] = {1, 2, 3, 5, 6, 7, 8, 13, 16};
+  static const struct {
+    size_t piece;
+    int64_t chunk;
+  } links[] = {{13, 256}, {0, 4096}};
+  const char *names[HORA_ALGO_KINDS] = {allreduce, broadcast, allgather, reducescatter};
+  char why[1024];
+  for (size_t s = 0; s < HORA_ARRAY_SIZE(sizes); s++) {
+    for (size_t l = 0; l < HORA_ARRAY_SIZE(links); l++) {
+      struct ring_job job;
+      int rc = job_start(&job, sizes[s], links[l].piece, links[l].chunk, 50 * MS);
+      const char *bad = NULL;
+      if (rc != HORA_SUCCESS) {
+        snprintf(why, sizeof(why), "setting up %d ranks: %s", sizes[s], hora_strerror(rc));
+        bad = why;
+      }
+      for (int kd = 0; !bad && kd < HORA_ALGO_KINDS; kd++) {
+        if (names[kd] && !job_force(&job, (enum hora__coll_kind)kd, names[kd])) {
+          snprintf(why, sizeof(why), "no %s algorithm %s",
+                   hora__algo_kind_name((enum hora__coll_kind)kd), names[kd]);
+          bad = why;
+        }
+      }
+      if (!bad) {
+        bad = job_run(&job, body, why, sizeof(why));
+      }
+      job_end(&job);
+      if (bad) {
+        FAIL("%.480s", bad);
+      }
+    }
+  }
+}
+
+TEST(schedule_allreduce_ring_every_size_dtype_and_fusion) {
+  run_forced(body_sched_allreduce, "ring", NULL, NULL, NULL);
+}
+
+TEST(schedule_allreduce_rd_every_size_dtype_and_fusion) {
+  run_forced(body_sched_allreduce, "rd", NULL, NULL, NULL);
+}
+
+TEST(schedule_allreduce_rabenseifner_every_size_dtype_and_fusion) {
+  run_forced(body_sched_allreduce, "rabenseifner", NULL, NULL, NULL);
+}
+
+TEST(schedule_broadcast_ring_every_root) {
+  run_forced(body_sched_broadcast, NULL, "ring", NULL, NULL);
+}
+
+TEST(schedule_broadcast_binomial_every_root) {
+  run_forced(body_sched_broadcast, NULL, "binomial", NULL, NULL);
+}
+
+TEST(schedule_allgather_ring_every_size) {
+  run_forced(body_sched_allgather, NULL, NULL, "ring", NULL);
+}
+
+TEST(schedule_allgather_bruck_every_size) {
+  run_forced(body_sched_allgather, NULL, NULL, "bruck", NULL);
+}
+
+TEST(schedule_reducescatter_ring_every_size) {
+  run_forced(body_sched_reducescatter, "ring", NULL, NULL, "ring");
+}
+
+TEST(schedule_reducescatter_over_each_allreduce) {
+  static const char *const allreduces[] = {"ring", "rd", "rabenseifner"};
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(allreduces); i++) {
+    run_forced(body_sched_reducescatter, allreduces[i], NULL, NULL, "allreduce");
+  }
+}
+
+/* ---- a link that breaks in the middle ------------------------------------ */
+
+/* The held rank joins only after the break, so that the others cannot
+ * finish before it (with unbounded pieces they might, in a few
+ * milliseconds). */
+static void hold_until_broken(struct sim_rank *k) {
+  for (int waited = 0; k->comm.rank == k->job->hold_rank && !atomic_load(&k->job->broken);
+       waited++) {
     if (waited == 10000) {
       note(k, __LINE__, "the link did not break within 10 s");
       break;
@@ -768,36 +1316,85 @@ static void body_broken(struct sim_rank *k) {
     struct timespec ms = {0, 1000000};
     nanosleep(&ms, NULL);
   }
-  k->rc = hora__ring_allreduce(&k->comm, &k->comm.world_ring, buf, buf, count, HORA_FLOAT32,
-                               HORA_SUM, HORA_FLOAT32);
+}
+
+/* As the runtime does after a fatal error: it tells the job first (a
+ * while, during which the others still drain the links this rank
+ * abandoned), then closes its connections, so that they see lost peers
+ * instead of waiting for it. */
+static void fail_as_the_runtime(struct sim_rank *k, int rc) {
+  k->rc = rc;
   snprintf(k->msg, sizeof(k->msg), "%s", hora__error_message());
-  /* As the runtime does after a fatal error: it tells the job first (a
-   * while, during which the neighbours still drain the links this rank
-   * abandoned), then closes its connections, so that they see lost peers
-   * instead of waiting for it. */
   struct timespec told = {0, 20000000};
   nanosleep(&told, NULL);
   close_ends(k);
-  free(buf);
 }
 
-/* Rank 2's link to its next breaks a few milliseconds into an allreduce
- * (the others but rank 0 have moved data by then): every rank's call
- * fails with a lost peer, none hangs. */
-TEST(ring_broken_link_fails_every_rank) {
-  static const struct {
-    int n;
-    size_t piece;
-  } cases[] = {{5, 13}, {3, 0}, {4, 4096}};
+/* which: 0 the ring allreduce, 1 recursive doubling, 2 Bruck's allgather,
+ * 3 Rabenseifner's allreduce. */
+static void body_broken(struct sim_rank *k) {
+  const size_t bytes = 1u << 20; /* 1 MiB: far from done when the link breaks */
+  const int n = k->comm.size;
+  const int which = k->job->which;
+  char *buf = malloc(bytes), *all = malloc(which == 2 ? (size_t)n * bytes : 1);
+  if (!buf || !all) {
+    k->rc = HORA_ERR_NO_MEMORY;
+    close_ends(k);
+    free(buf);
+    free(all);
+    return;
+  }
+  for (size_t i = 0; i < bytes / sizeof(float); i++) {
+    ((float *)(void *)buf)[i] = 1.0f;
+  }
+  hold_until_broken(k);
+  hora__comm *c = &k->comm;
+  size_t count = bytes / sizeof(float);
+  int rc = HORA_ERR_INVALID_ARG;
+  switch (which) {
+    case 0:
+      rc = hora__ring_allreduce(c, &c->world_ring, buf, buf, count, HORA_FLOAT32, HORA_SUM,
+                                HORA_FLOAT32);
+      break;
+    case 1:
+      rc = hora__rd_allreduce(c, buf, buf, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32);
+      break;
+    case 2:
+      rc = hora__bruck_allgather(c, buf, bytes, all);
+      break;
+    case 3:
+      rc = hora__rabenseifner_allreduce(c, buf, buf, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32);
+      break;
+  }
+  fail_as_the_runtime(k, rc);
+  free(buf);
+  free(all);
+}
+
+struct broken_case {
+  int n;
+  size_t piece;
+};
+
+/* Rank 2's link to break_peer (-1: its ring's next) breaks on its fifth
+ * service call while hold_rank has not started: every rank's call of the
+ * schedule `which` must fail with a lost peer, none may hang. */
+static void run_broken(int which, int break_peer, int hold_rank, const struct broken_case *cases,
+                       size_t ncases) {
+  static const char *const names[] = {"ring allreduce", "rd allreduce", "bruck allgather",
+                                      "rabenseifner allreduce"};
   char why[1024];
-  for (size_t t = 0; t < HORA_ARRAY_SIZE(cases); t++) {
+  for (size_t t = 0; t < ncases; t++) {
     struct ring_job job;
     int rc = job_start(&job, cases[t].n, cases[t].piece, 4096, 1 * MS);
     job.break_rank = 2;
     job.break_after = 5;
+    job.break_peer = break_peer;
+    job.hold_rank = hold_rank;
+    job.which = which;
     const char *bad = NULL;
     if (rc != HORA_SUCCESS) {
-      snprintf(why, sizeof(why), "setting up a ring of %d: %s", cases[t].n, hora_strerror(rc));
+      snprintf(why, sizeof(why), "setting up %d ranks: %s", cases[t].n, hora_strerror(rc));
       bad = why;
     } else {
       bad = job_run(&job, body_broken, why, sizeof(why));
@@ -805,8 +1402,8 @@ TEST(ring_broken_link_fails_every_rank) {
     for (int r = 0; r < cases[t].n && !bad; r++) {
       const struct sim_rank *k = &job.ranks[r];
       if (k->rc != HORA_ERR_PEER_LOST || !strstr(k->msg, "lost rank")) {
-        snprintf(why, sizeof(why), "ring of %d (piece %zu): rank %d returned %s (%s)", cases[t].n,
-                 cases[t].piece, r, hora_strerror(k->rc), k->msg);
+        snprintf(why, sizeof(why), "%s of %d (piece %zu): rank %d returned %s (%s)", names[which],
+                 cases[t].n, cases[t].piece, r, hora_strerror(k->rc), k->msg);
         bad = why;
       }
     }
@@ -815,4 +1412,24 @@ TEST(ring_broken_link_fails_every_rank) {
       FAIL("%.480s", bad);
     }
   }
+}
+
+/* Rank 2's link to its next breaks a few milliseconds into an allreduce
+ * (the others but rank 0 have moved data by then). */
+TEST(ring_broken_link_fails_every_rank) {
+  static const struct broken_case cases[] = {{5, 13}, {3, 0}, {4, 4096}};
+  run_broken(0, -1, 0, cases, HORA_ARRAY_SIZE(cases));
+}
+
+/* Rank 2's link to its first partner breaks while that partner has not
+ * started: every result needs the partner's data, so no rank can finish,
+ * and each must fail instead of waiting. The first partner: rank 3 in
+ * recursive doubling (2 ^ 1) and in Bruck's (2 + 1); rank 0 in
+ * Rabenseifner's halving among 4 (2 ^ 2). */
+TEST(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner) {
+  static const struct broken_case cases[] = {{5, 13}, {6, 0}, {7, 4096}, {8, 13}};
+  static const struct broken_case four[] = {{5, 13}, {6, 0}, {7, 4096}};
+  run_broken(1, 3, 3, cases, HORA_ARRAY_SIZE(cases));
+  run_broken(2, 3, 3, cases, HORA_ARRAY_SIZE(cases));
+  run_broken(3, 0, 0, four, HORA_ARRAY_SIZE(four));
 }
