@@ -16,7 +16,7 @@ for d in "${HORA_SHARED_DIR:-}" "$srcdir/../shared" /work/shared; do
     break
   fi
 done
-progs="test_collectives test_engine test_join test_exchange test_adasum"
+progs="test_collectives test_engine test_join test_exchange test_adasum test_algorithms"
 if [ "$(id -u)" -ne 0 ] || [ -z "$netns" ] || ! command -v ip >/dev/null 2>&1; then
   for p in $progs; do
     echo "SKIP netns/$p: needs root, iproute2 and ../shared/netns (set HORA_SHARED_DIR)"
@@ -41,6 +41,10 @@ printf '%s0 slots=1\n%s1 slots=1\n%s2 slots=1\n%s3 slots=1\n' "$NETNS_PREFIX" "$
   "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts41"
 printf '%s0 slots=2\n%s1 slots=2\n' "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts22"
 printf '%s0 slots=3\n%s1 slots=3\n' "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts23"
+printf '%s0 slots=2\n%s1 slots=2\n%s2 slots=2\n%s3 slots=2\n' "$NETNS_PREFIX" "$NETNS_PREFIX" \
+  "$NETNS_PREFIX" "$NETNS_PREFIX" >"$work/hosts42"
+printf '%s0 slots=2\n%s1 slots=2\n%s2 slots=2\n' "$NETNS_PREFIX" "$NETNS_PREFIX" \
+  "$NETNS_PREFIX" >"$work/hosts32"
 
 run() { # label hostfile program args...   (NP=n: other than 4 ranks)
   label=$1 hosts=$2 prog=$3
@@ -63,6 +67,13 @@ for p in $progs; do
 done
 run 2x2-flat "$work/hosts22" test_collectives HORA_HIERARCHICAL_ALLREDUCE=0
 run 4x1-3-sockets "$work/hosts41" test_collectives HORA_SOCKETS_PER_PEER=3
+# The collective algorithms across hosts: forced over every rank, and the
+# cost model's choice (the hierarchical allreduce with recursive doubling
+# or Rabenseifner across hosts for small slices; 3 hosts fold).
+run 4x1-rd "$work/hosts41" test_algorithms HORA_ALGORITHM_ALLREDUCE=rd HORA_ALGORITHM_BROADCAST=binomial HORA_ALGORITHM_ALLGATHER=bruck
+NP=8 run 4x2 "$work/hosts42" test_algorithms
+NP=8 run 4x2-rabenseifner "$work/hosts42" test_algorithms HORA_ALGORITHM_ALLREDUCE=rabenseifner HORA_ALGORITHM_REDUCESCATTER=ring
+NP=6 run 3x2 "$work/hosts32" test_algorithms
 # Process sets across hosts: one rank per host, and 2 hosts x 3 ranks, where
 # the set of the first two ranks of each host is hierarchical in itself.
 run 4x1 "$work/hosts41" test_process_sets
