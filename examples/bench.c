@@ -425,16 +425,23 @@ static void usage(void) {
           "float32 data; allreduce sums; broadcast from rank 0.\n");
 }
 
-/* The host algorithm hora ran and the cost model's prediction for it. */
-static void print_algorithm(enum coll c, size_t bytes) {
+/* The host algorithm hora ran, and the cost model's prediction for the
+ * operation: its data movement plus the negotiation, which is itself a
+ * recursive doubling of a few bytes (priced as an 8-byte allreduce).
+ * Where prediction and measurement differ by more than 25%, it says so. */
+static void print_algorithm(enum coll c, size_t bytes, double measured) {
   const char *kind = c == ALLREDUCE ? "allreduce" : c == BROADCAST ? "broadcast"
                      : c == ALLGATHER ? "allgather" : c == REDUCESCATTER ? "reducescatter" : NULL;
-  const char *name;
-  double predicted;
+  const char *name, *small;
+  double predicted, negotiation;
   if (!on_device && kind &&
       hora_collective_algorithm(kind, c == ALLGATHER ? bytes / (size_t)size : bytes, &name,
-                                &predicted) == HORA_SUCCESS) {
-    printf(" | %12s %10.2f\n", name, predicted * 1e6);
+                                &predicted) == HORA_SUCCESS &&
+      hora_collective_algorithm("allreduce", 8, &small, &negotiation) == HORA_SUCCESS) {
+    double model = predicted + (size > 1 ? negotiation : 0);
+    double off = measured / model;
+    printf(" | %12s %10.2f %s\n", name, model * 1e6,
+           off > 1.25 || off < 0.8 ? (off > 1 ? "model low" : "model high") : "");
   } else {
     printf(" | %12s %10s\n", "-", "-");
   }
@@ -649,7 +656,7 @@ int main(int argc, char **argv) {
           printf("  %12zu %10zu | %10.2f %8.3f %8.3f | %10s %8s %8s | %8s %6ld", bytes, n,
                  mh * 1e6, ah, ah * bus, "-", "-", "-", "-", all_bad);
         }
-        print_algorithm((enum coll)c, bytes);
+        print_algorithm((enum coll)c, bytes, mh);
         if (floor && c == ALLTOALL) {
           double mf = median(tf, reps);
           printf("#   floor: %.2f us (each block copied or read once, two MPI barriers); "

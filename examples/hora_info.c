@@ -30,7 +30,10 @@ static void usage(FILE *f) {
           "                  by size: --ranks N (16) --hosts H (N) --transport tcp|unix|ib\n"
           "                  --link A,B,G --local A,B,G (alpha us, beta and gamma ns/byte;\n"
           "                  default HORA_COST_MODEL or the built-in constants);\n"
-          "                  --projection: allreduce at 1,024 and 16,384 ranks\n");
+          "                  --projection: allreduce at 1,024 and 16,384 ranks;\n"
+          "                  --fit FILE: the link's constants fitted to measurements (lines\n"
+          "                  KIND ALGORITHM BYTES SECONDS, as scripts/scale-bench.sh --fit\n"
+          "                  writes them), printed as HORA_COST_MODEL\n");
 }
 
 /* The start-up hora_init would choose here (it reads the same variables). */

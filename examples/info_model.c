@@ -1,6 +1,8 @@
 /* hora-info --algorithms and --model: the registry of collective
  * algorithms, and what the cost model predicts for a layout, real or
  * projected (thousands of ranks, other networks). */
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +103,157 @@ static int projection(void) {
   return 0;
 }
 
+/* Least squares of relative errors for the link's alpha, beta, gamma: each
+ * measurement (kind, algorithm, bytes, seconds, forced) is linear in them,
+ * plus the negotiation (an 8-byte recursive doubling). */
+static void unit_costs(const struct hora__algo *a, const struct hora__layout *s,
+                       const struct hora__cost_model *base, size_t bytes, double out[3]) {
+  const struct hora__algo *rd = hora__algo_find(HORA_COLL_ALLREDUCE, "rd");
+  for (int j = 0; j < 3; j++) {
+    struct hora__cost_model m = *base;
+    m.link = (struct hora__cost){j == 0, j == 1, j == 2};
+    double base_cost;
+    struct hora__cost_model z = *base;
+    z.link = (struct hora__cost){0, 0, 0};
+    base_cost = a->cost(&z, s, bytes) + rd->cost(&z, s, 8);
+    out[j] = a->cost(&m, s, bytes) + rd->cost(&m, s, 8) - base_cost;
+  }
+}
+
+static int fit(const char *path, int ranks, int hosts, const struct hora__cost_model *base) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "hora-info --fit: cannot read %s\n", path);
+    return 2;
+  }
+  struct hora__layout s = {.size = ranks, .hosts = hosts, .shm_host = hosts == 1 && ranks > 1,
+                           .hierarchical = hosts > 1 && ranks > hosts,
+                           .chunk = (size_t)hora__params.CHUNK_SIZE};
+  enum { MAXN = 4096 };
+  static double rows[MAXN][3], fixed[MAXN], t[MAXN];
+  static const struct hora__algo *algo[MAXN];
+  static size_t size_of[MAXN];
+  char line[256], kind[32], name[32];
+  int n = 0;
+  while (fgets(line, sizeof(line), f) && n < MAXN) {
+    double sec;
+    size_t bytes;
+    if (line[0] == '#' || sscanf(line, "%31s %31s %zu %lf", kind, name, &bytes, &sec) != 4) {
+      continue;
+    }
+    int k = 0;
+    while (k < HORA_ALGO_KINDS && strcmp(kind, hora__algo_kind_name((enum hora__coll_kind)k))) {
+      k++;
+    }
+    const struct hora__algo *a = k < HORA_ALGO_KINDS ? hora__algo_find(k, name) : NULL;
+    if (!a || !a->usable(&s) || !(sec > 0)) {
+      continue;
+    }
+    struct hora__cost_model z = *base;
+    z.link = (struct hora__cost){0, 0, 0};
+    unit_costs(a, &s, base, bytes, rows[n]);
+    fixed[n] = a->cost(&z, &s, bytes) + hora__algo_find(HORA_COLL_ALLREDUCE, "rd")->cost(&z, &s, 8);
+    t[n] = sec;
+    algo[n] = a;
+    size_of[n] = bytes;
+    n++;
+  }
+  fclose(f);
+  if (n < 3) {
+    fprintf(stderr, "hora-info --fit: %s has %d usable lines (KIND ALGORITHM BYTES SECONDS); "
+                    "at least 3 are needed\n", path, n);
+    return 2;
+  }
+  /* Normal equations of sum ((rows . x + fixed - t) / t)^2, then clamp
+   * negative constants to zero and solve again without them. */
+  double x[3] = {0, 0, 0};
+  bool free_var[3] = {true, true, true};
+  for (int pass = 0; pass < 3; pass++) {
+    double A[3][3] = {{0}}, b[3] = {0};
+    for (int i = 0; i < n; i++) {
+      double w = 1 / (t[i] * t[i]);
+      for (int p = 0; p < 3; p++) {
+        b[p] += w * rows[i][p] * (t[i] - fixed[i]);
+        for (int q = 0; q < 3; q++) {
+          A[p][q] += w * rows[i][p] * rows[i][q];
+        }
+      }
+    }
+    for (int p = 0; p < 3; p++) {
+      if (!free_var[p]) {
+        for (int q = 0; q < 3; q++) {
+          A[p][q] = A[q][p] = 0;
+        }
+        A[p][p] = 1;
+        b[p] = 0;
+      }
+    }
+    /* Gaussian elimination with partial pivoting on the 3x3 system. */
+    int idx[3] = {0, 1, 2};
+    for (int c = 0; c < 3; c++) {
+      int piv = c;
+      for (int r = c + 1; r < 3; r++) {
+        if (fabs(A[r][c]) > fabs(A[piv][c])) {
+          piv = r;
+        }
+      }
+      for (int q = 0; q < 3; q++) {
+        double tmp = A[c][q];
+        A[c][q] = A[piv][q];
+        A[piv][q] = tmp;
+      }
+      double tb = b[c];
+      b[c] = b[piv];
+      b[piv] = tb;
+      if (fabs(A[c][c]) < 1e-300) {
+        continue;
+      }
+      for (int r = c + 1; r < 3; r++) {
+        double f2 = A[r][c] / A[c][c];
+        for (int q = c; q < 3; q++) {
+          A[r][q] -= f2 * A[c][q];
+        }
+        b[r] -= f2 * b[c];
+      }
+    }
+    (void)idx;
+    for (int c = 2; c >= 0; c--) {
+      double v = b[c];
+      for (int q = c + 1; q < 3; q++) {
+        v -= A[c][q] * x[q];
+      }
+      x[c] = fabs(A[c][c]) < 1e-300 ? 0 : v / A[c][c];
+    }
+    bool changed = false;
+    for (int p = 0; p < 3; p++) {
+      if (x[p] < 0) {
+        x[p] = 0;
+        free_var[p] = false;
+        changed = true;
+      }
+    }
+    if (!changed) {
+      break;
+    }
+  }
+  printf("fitted over %d measurements, %d ranks on %d host(s):\n", n, ranks, hosts);
+  printf("HORA_COST_MODEL=%.3g,%.4g,%.4g   # alpha us, beta ns/B (%.3g GB/s), gamma ns/B\n",
+         x[0] * 1e6, x[1] * 1e9, x[2] * 1e9, x[1] > 0 ? 1e-9 / x[1] : 0);
+  printf("%14s %13s %12s %12s %12s %8s\n", "kind", "algorithm", "bytes", "measured", "model",
+         "off");
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    double pred = fixed[i] + rows[i][0] * x[0] + rows[i][1] * x[1] + rows[i][2] * x[2];
+    double off = (pred - t[i]) / t[i];
+    bad += off > 0.25 || off < -0.25;
+    printf("%14s %13s %12zu %10.1fus %10.1fus %+7.0f%%%s\n",
+           hora__algo_kind_name(algo[i]->kind), algo[i]->name, size_of[i], t[i] * 1e6,
+           pred * 1e6, off * 100, off > 0.25 || off < -0.25 ? "  (more than 25%)" : "");
+  }
+  printf("%d of %d predictions within 25%% of the measurement\n", n - bad, n);
+  return 0;
+}
+
 static int parse_int(const char *opt, const char *v, int *out) {
   char *end;
   long x = strtol(v, &end, 10);
@@ -117,7 +270,7 @@ int hora_info_model(int argc, char **argv) {
   struct hora__cost_model m = {0};
   const char *tp = "tcp";
   const char *link = hora__params.COST_MODEL[0] ? hora__params.COST_MODEL : NULL;
-  const char *local = NULL;
+  const char *local = NULL, *fit_file = NULL;
   for (int i = 2; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(argv[i], "--projection") == 0) {
@@ -138,13 +291,16 @@ int hora_info_model(int argc, char **argv) {
     } else if (strcmp(argv[i], "--local") == 0 && v) {
       local = v;
       i++;
+    } else if (strcmp(argv[i], "--fit") == 0 && v) {
+      fit_file = v;
+      i++;
     } else if (strcmp(argv[i], "--transport") == 0 && v) {
       tp = v;
       i++;
     } else {
       fprintf(stderr, "hora-info --model: unknown or incomplete option '%s' (--ranks N "
                       "--hosts H --link A,B,G --local A,B,G --transport tcp|unix|ib "
-                      "--projection)\n", argv[i]);
+                      "--fit FILE --projection)\n", argv[i]);
       return 2;
     }
   }
@@ -161,6 +317,9 @@ int hora_info_model(int argc, char **argv) {
       (local && hora__cost_parse(local, &m.local) != HORA_SUCCESS)) {
     fprintf(stderr, "hora-info --model: %s\n", hora_last_error());
     return 2;
+  }
+  if (fit_file) {
+    return fit(fit_file, ranks, hosts, &m);
   }
   printf("cost model: links alpha %.1f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f ns/B (%s)\n"
          "            shared memory alpha %.1f us, beta %.4f ns/B, gamma %.4f ns/B\n\n",
