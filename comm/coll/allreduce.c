@@ -231,11 +231,11 @@ int hora__allreduce_contiguous(hora__comm *comm, hora__contiguous_allreduce_fn *
                                hora_dtype wire, const struct hora__coll_opts *opts) {
   size_t esize = hora_dtype_size(dtype);
   bool prescale = opts && opts->prescale != 1.0;
-  if (nin == 1 && nout == 1) {
+  if ((nin == 1 && nout == 1) || count == 0) { /* (empty tensors: no fusion buffer) */
     /* One tensor: reduce straight between the caller's buffers; a prescale
      * must not touch the caller's input, so it works on the output. */
     const void *src = in[0].base;
-    if (prescale) {
+    if (prescale && count) {
       if (out[0].base != in[0].base) {
         memcpy(out[0].base, in[0].base, count * esize);
       }
@@ -243,9 +243,9 @@ int hora__allreduce_contiguous(hora__comm *comm, hora__contiguous_allreduce_fn *
       src = out[0].base;
     }
     phase(opts, "ALLREDUCE");
-    int rc = fn(comm, src, out[0].base, count, dtype, op, wire);
+    int rc = count ? fn(comm, src, out[0].base, count, dtype, op, wire) : HORA_SUCCESS;
     phase(opts, NULL);
-    if (rc == HORA_SUCCESS) {
+    if (rc == HORA_SUCCESS && count) {
       hora__post_apply(opts, dtype, out[0].base, count);
     }
     return rc;

@@ -63,11 +63,11 @@ int hora__world_ring_broadcast(hora__comm *comm, void *buf, size_t bytes, int ro
 int hora__broadcast_contiguous(hora__comm *comm, hora__contiguous_broadcast_fn *fn,
                                const struct hora__iov *buf, int nbuf, size_t bytes, int root,
                                const struct hora__coll_opts *opts) {
-  if (nbuf == 1) {
+  if (nbuf == 1 || bytes == 0) { /* (empty tensors: no fusion buffer) */
     if (opts && opts->phase) {
       opts->phase(opts->phase_arg, "BROADCAST");
     }
-    int rc = fn(comm, buf[0].base, bytes, root);
+    int rc = bytes ? fn(comm, buf[0].base, bytes, root) : HORA_SUCCESS;
     if (opts && opts->phase) {
       opts->phase(opts->phase_arg, NULL);
     }

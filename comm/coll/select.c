@@ -318,16 +318,19 @@ int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *r
                                                                         recvbuf);
 }
 
-/* Over the ring, the reduce-scatter half of its allreduce (blocks of
- * Horovod's split; explicit ones, unit 0, take the allreduce below). Where shared
- * memory reduces (one host, or hierarchically across hosts), its allreduce
- * into the staging buffer, of which this rank keeps its block: the same
- * bytes cross the host's memory either way, and hierarchical allreduce
- * already sends each host's sum once around the hosts. */
+/* The registry's "ring": the reduce-scatter half of the ring allreduce
+ * (blocks of Horovod's split; explicit ones, unit 0, always take the
+ * allreduce). Its "allreduce": the chosen allreduce into the staging
+ * buffer, of which this rank keeps its block; where shared memory reduces
+ * the same bytes cross the host's memory either way, and across hosts a
+ * logarithmic allreduce beats the ring's p-1 steps for small operations. */
 static int reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                          size_t unit, size_t start, size_t len, hora_dtype dtype, hora_op op,
                          hora_dtype wire, const struct hora__coll_opts *opts) {
   size_t es = hora_dtype_size(dtype);
+  if (count == 0) {
+    return HORA_SUCCESS; /* every block is empty */
+  }
   size_t had = comm->reduced_bytes;
   HORA_CHECK(hora__comm_grow_registered(comm, &comm->reduced, &comm->reduced_bytes,
                                         &comm->reduced_reg, count * es));
