@@ -112,7 +112,14 @@ echo "# forced algorithms from: $([ -n "$algos_opt" ] && echo --algorithms ||
 work=$(mktemp -d)
 [ -n "$logs" ] && mkdir -p "$logs"
 export NETNS_PREFIX="sb$$x"
+# timeout runs mpirun in a process group of its own, out of reach of a
+# signal to ours: the run in flight is stopped through it.
+child=
 cleanup() {
+  if [ -n "$child" ]; then
+    kill -TERM "$child" 2>/dev/null
+    wait "$child" 2>/dev/null
+  fi
   "$netns/netns-cluster.sh" down >/dev/null 2>&1
   rm -rf "$work"
 }
@@ -146,8 +153,11 @@ run_ranges() {
     IFS=' '
     # shellcheck disable=SC2086
     timeout "$limit" "$netns/mpirun-netns.sh" "$hf" -np "$np" --bind-to none \
-      ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1
+      ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1 &
+    child=$!
+    wait "$child"
     rc=$?
+    child=
     if [ $rc -ne 0 ]; then
       echo "# FAILED (exit $rc): $* $rng" >>"$out"
       echo "scale-bench.sh: exit $rc: $* $rng (see the log)" >&2
@@ -249,7 +259,7 @@ for l in $layouts; do
       }
       END {
         printf "\n## %s, %d hosts x %d rank%s (%d ranks), links %s (line %.3f GB/s), us per operation\n",
-          op, h, r, r > 1 ? "s" : "", p, rate, line
+          op, h, r, (r > 1 ? "s" : ""), p, rate, line
         printf "%8s", "bytes"
         for (i = 1; i <= na; i++) printf " %10s", a[i]
         printf " %10s %10s %8s %8s %8s %6s", "auto", "OpenMPI", "auto/MPI", "vs_best", "busbw", "line%"
@@ -267,16 +277,16 @@ for l in $layouts; do
           }
           au = t["hora", "auto", s]; m = t["mpi", "auto", s]
           printf " %10s %10s", fmt(au), fmt(m)
-          printf " %8s", au != "" && m > 0 ? sprintf("%.2f", au / m) : "-"
-          printf " %8s", au != "" && best > 0 ? sprintf("%+.1f%%", 100 * (au / best - 1)) : "-"
+          printf " %8s", (au != "" && m > 0 ? sprintf("%.2f", au / m) : "-")
+          printf " %8s", (au != "" && best > 0 ? sprintf("%+.1f%%", 100 * (au / best - 1)) : "-")
           bw = au > 0 ? s / (au * 1e3) * bus : 0
-          printf " %8s %6s", au > 0 ? sprintf("%.4f", bw) : "-", au > 0 ? sprintf("%.1f", 100 * bw / line) : "-"
+          printf " %8s %6s", (au > 0 ? sprintf("%.4f", bw) : "-"), (au > 0 ? sprintf("%.1f", 100 * bw / line) : "-")
           fb = ""
           for (i = 1; i <= nf; i++) {
             x = t["floor", fn[i], s]; printf " %10s", fmt(x)
             if (x != "" && (fb == "" || x + 0 < fb)) fb = x + 0
           }
-          printf " %10s %10s%s\n", fmt(fb), fmt(t["model", "auto", s]), bad[s] ? "  WRONG RESULTS" : ""
+          printf " %10s %10s%s\n", fmt(fb), fmt(t["model", "auto", s]), (bad[s] ? "  WRONG RESULTS" : "")
         }
       }' "$rec"
   done
