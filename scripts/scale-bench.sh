@@ -1,0 +1,297 @@
+#!/bin/bash
+# scale-bench.sh - hora's collectives end to end on fake hosts (network
+# namespaces from ../shared/netns, links shaped to a line rate, TCP between
+# hosts, shared memory within one), each forced algorithm and auto side by
+# side with Open MPI's collective from the same run and with the floor:
+# hora-bench-floor's exchange patterns over plain TCP, no runtime.
+#
+# usage: scripts/scale-bench.sh [options]        (as root)
+#   --layouts "8x1 16x1 4x2"   HOSTSxRANKS_PER_HOST, one table set per layout
+#   --ops "allreduce broadcast allgather reducescatter"
+#   --sizes MIN:MAX:FACTOR     default 8:64M:8 (hora-bench's -b -e -f; MAX is
+#                              run too where the progression misses it)
+#   --reps N                   hora-bench -r and hora-bench-floor -r (default 5)
+#   --rate RATE                each fake host's egress, tc syntax (default 1gbit)
+#   --algorithms "OP:A,B ..."  the forced algorithms per op (default: hora-info
+#                              --algorithms where it exists, else ALGORITHMS below)
+#   --csv FILE                 every measured figure, one per line
+#   --logs DIR                 keep every raw output there
+#   --tree DIR                 the built tree (default: this script's)
+#   --timeout S                limit per mpirun (default 1800)
+#   --quick                    smoke run: layouts "4x1 2x2", sizes 8:256K:32, 3 reps
+# e.g. scripts/scale-bench.sh --layouts 8x1 --csv /tmp/scale8.csv
+#
+# Reps: every (layout, op, algorithm) is ONE mpirun of hora-bench with
+# -r REPS, whose figure per size is already the median of REPS timed
+# repetitions (each the mean of many back-to-back operations); the script
+# takes it as is. Starting mpirun over 16 fake hosts costs seconds, so
+# repeating whole runs would cost more for no better median. Open MPI's
+# figure in the tables comes from auto's run (same processes, same links);
+# the CSV holds the one from every run.
+#
+# Table columns: each forced algorithm's time and auto's (us), Open MPI's,
+# auto/MPI (time ratio: < 1 is hora faster), auto against the best forced
+# algorithm (%, + is slower), auto's busbw (GB/s; the nccl-tests factors:
+# allreduce 2(p-1)/p, broadcast 1, allgather and reducescatter (p-1)/p) and
+# its share of the line rate, the floor patterns' times and their best, and
+# the cost model's prediction for auto where hora-bench prints a model_us
+# column or line ("-" where it does not). hora-bench times rank 0, the
+# floor from a barrier to the last rank's finish: for broadcast, whose root
+# is rank 0, the floor is the stricter of the two.
+# Needs root and iproute2; the namespaces get a prefix of their own
+# (sb<pid>x) and are always removed at the end, also on failure.
+set -uo pipefail
+
+# Forced algorithms per collective (HORA_ALGORITHM_<OP>=name); auto is run
+# besides. Those the runtime will have (issue 36):
+#   allreduce:ring,rd,rabenseifner broadcast:ring,binomial
+#   allgather:ring,bruck reducescatter:ring,allreduce
+ALGORITHMS="allreduce:ring broadcast:ring allgather:ring reducescatter:ring"
+
+layouts="8x1 16x1 4x2" ops="allreduce broadcast allgather reducescatter"
+sizes=8:64M:8 reps=5 rate=1gbit csv= logs= tree= limit=1800 algos_opt=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --layouts) layouts=$2; shift ;;
+    --ops) ops=$2; shift ;;
+    --sizes) sizes=$2; shift ;;
+    --reps) reps=$2; shift ;;
+    --rate) rate=$2; shift ;;
+    --algorithms) algos_opt=$2; shift ;;
+    --csv) csv=$2; shift ;;
+    --logs) logs=$2; shift ;;
+    --tree) tree=$2; shift ;;
+    --timeout) limit=$2; shift ;;
+    --quick) layouts="4x1 2x2" sizes=8:256K:32 reps=3 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scale-bench.sh: unknown option $1 (--help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+[ "$(id -u)" -eq 0 ] || { echo "scale-bench.sh: needs root (network namespaces)" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+tree=$(cd "${tree:-$here/..}" && pwd)
+for prog in hora-bench hora-bench-floor; do
+  [ -x "$tree/$prog" ] || { echo "scale-bench.sh: no $tree/$prog (build the tree)" >&2; exit 2; }
+done
+netns=
+for d in "${HORA_SHARED_DIR:-}" "$tree/../shared" "$here/../../shared"; do
+  [ -n "$d" ] && [ -x "$d/netns/netns-cluster.sh" ] && { netns=$(cd "$d/netns" && pwd); break; }
+done
+[ -n "$netns" ] || { echo "scale-bench.sh: no shared/netns helpers (set HORA_SHARED_DIR)" >&2; exit 2; }
+
+# Bytes from "64M" and the like, and back.
+bytes_of() { awk -v s="$1" 'BEGIN { v = s + 0; u = toupper(substr(s, length(s)))
+  if (u == "K") v *= 1024; else if (u == "M") v *= 1048576; else if (u == "G") v *= 1073741824
+  printf "%.0f\n", v }'; }
+IFS=: read -r smin smax sfac <<<"$sizes"
+bmin=$(bytes_of "$smin") bmax=$(bytes_of "${smax:-64M}") sfac=${sfac:-8}
+# Line rate in GB/s (tc units: SI; bit, kbit, mbit, gbit).
+line=$(awk -v r="$rate" 'BEGIN { v = r + 0; s = tolower(r)
+  if (s ~ /gbit$/) v *= 1e9; else if (s ~ /mbit$/) v *= 1e6; else if (s ~ /kbit$/) v *= 1e3
+  printf "%.6f\n", v / 8 / 1e9 }')
+
+# The forced algorithms of op: --algorithms, else hora-info --algorithms
+# (lines "OP NAME ..."), else ALGORITHMS.
+info_algos=
+if [ -z "$algos_opt" ] && info_out=$("$tree/hora-info" --algorithms 2>/dev/null); then
+  info_algos=$(printf '%s\n' "$info_out" | awk '
+    { k = $1; sub(/:$/, "", k) }
+    k ~ /^(allreduce|broadcast|allgather|reducescatter)$/ && $2 ~ /^[a-z][a-z0-9_-]*$/ && $2 != "auto" {
+      a[k] = a[k] (a[k] == "" ? "" : ",") $2 }
+    END { for (k in a) printf "%s:%s ", k, a[k] }')
+fi
+algos_of() {
+  local spec
+  for spec in ${algos_opt:-${info_algos:-$ALGORITHMS}}; do
+    [ "${spec%%:*}" = "$1" ] && { echo "${spec#*:}" | tr , ' '; return; }
+  done
+}
+echo "# forced algorithms from: $([ -n "$algos_opt" ] && echo --algorithms ||
+  { [ -n "$info_algos" ] && echo 'hora-info --algorithms'; } || echo 'ALGORITHMS (script)')"
+
+work=$(mktemp -d)
+[ -n "$logs" ] && mkdir -p "$logs"
+export NETNS_PREFIX="sb$$x"
+# timeout runs mpirun in a process group of its own, out of reach of a
+# signal to ours: the run in flight is stopped through it.
+child=
+cleanup() {
+  if [ -n "$child" ]; then
+    kill -TERM "$child" 2>/dev/null
+    wait "$child" 2>/dev/null
+  fi
+  "$netns/netns-cluster.sh" down >/dev/null 2>&1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+export OMPI_MCA_mpi_yield_when_idle=1 HWLOC_COMPONENTS=-pci,-linuxio
+
+maxhosts=0
+for l in $layouts; do
+  h=${l%x*} r=${l#*x}
+  case $h$r in *[!0-9]* | '') echo "scale-bench.sh: bad layout $l (HOSTSxRANKS)" >&2; exit 2 ;; esac
+  [ "$h" -gt "$maxhosts" ] && maxhosts=$h
+done
+"$netns/netns-cluster.sh" up "$maxhosts" "$rate" >"$work/up.log" 2>&1 ||
+  { cat "$work/up.log" >&2; echo "scale-bench.sh: netns-cluster.sh up failed" >&2; exit 1; }
+
+# hora-bench's sizes go b, b*f, ... up to MAX; MAX itself gets a run of its
+# own where they miss it.
+ranges="-b $bmin -e $bmax -f $sfac"
+last=$(awk -v b="$bmin" -v e="$bmax" -v f="$sfac" 'BEGIN { for (x = b; x <= e * 1.0001; x *= f) l = x; printf "%.0f", l }')
+[ "$last" != "$bmax" ] && ranges="$ranges;-b $bmax -e $bmax -f 2"
+
+# Runs PROG under mpirun on the layout's hosts for each range; output appended to $2.
+# usage: run_ranges HOSTFILE OUT NP ENV-VAR-OR-- PROG ARGS...
+failed=0
+run_ranges() {
+  local hf=$1 out=$2 np=$3 var=$4 rng rc
+  shift 4
+  local IFS=';'
+  for rng in $ranges; do
+    IFS=' '
+    # shellcheck disable=SC2086
+    timeout "$limit" "$netns/mpirun-netns.sh" "$hf" -np "$np" --bind-to none \
+      ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1 &
+    child=$!
+    wait "$child"
+    rc=$?
+    child=
+    if [ $rc -ne 0 ]; then
+      echo "# FAILED (exit $rc): $* $rng" >>"$out"
+      echo "scale-bench.sh: exit $rc: $* $rng (see the log)" >&2
+      failed=1
+    fi
+  done
+}
+
+# Records "op source algorithm bytes time_us errors" from hora-bench (source
+# hora, mpi, model) and hora-bench-floor (source floor) output. Header names
+# like "hora us" are joined to "hora_us", so the columns are found by name.
+parse_bench() { # op algorithm
+  awk -v op="$1" -v alg="$2" '
+    /^#/ && / bytes / && / count / {
+      h = $0; sub(/^#/, "", h); gsub(/ us/, "_us", h); n = split(h, f, " ")
+      ih = im = ie = imod = 0
+      for (i = 1; i <= n; i++) {
+        if (f[i] == "hora_us") ih = i; if (f[i] == "MPI_us") im = i
+        if (f[i] == "errors") ie = i; if (f[i] == "model_us") imod = i
+      }
+      next
+    }
+    $1 ~ /^[0-9]+$/ && ih {
+      e = ie ? $ie : 0; last = $1
+      printf "%s hora %s %s %s %s\n", op, alg, $1, $ih, e
+      if (im && $im != "-") printf "%s mpi %s %s %s %s\n", op, alg, $1, $im, e
+      if (imod && $imod != "-") printf "%s model %s %s %s -\n", op, alg, $1, $imod
+      next
+    }
+    /model_us/ && last != "" {
+      for (i = 1; i < NF; i++) if ($i ~ /model_us/) { v = $(i + 1) + 0; break }
+      if (v > 0) printf "%s model %s %s %s -\n", op, alg, last, v
+    }'
+}
+parse_floor() { # op
+  awk -v op="$1" '
+    /^#/ && / bytes / && / count / {
+      n = split($0, f, " "); k = 0; ie = 0
+      for (i = 2; i <= n; i++) {
+        if (f[i] ~ /_us$/ && f[i] != "floor_us") { k++; col[k] = i - 1; name[k] = f[i]; sub(/_us$/, "", name[k]) }
+        if (f[i] == "errors") ie = i - 1
+      }
+      next
+    }
+    $1 ~ /^[0-9]+$/ && k { for (j = 1; j <= k; j++) printf "%s floor %s %s %s %s\n", op, name[j], $1, $col[j], $ie }'
+}
+
+[ -n "$csv" ] && echo "layout,hosts,ranks_per_host,ranks,op,bytes,source,algorithm,time_us,busbw_GBps,line_pct,errors" >"$csv"
+
+for l in $layouts; do
+  h=${l%x*} r=${l#*x} np=$((${l%x*} * ${l#*x}))
+  hf=$work/hosts.$l
+  for ((i = 0; i < h; i++)); do echo "${NETNS_PREFIX}$i slots=$r"; done >"$hf"
+  rec=$work/rec.$l
+  : >"$rec"
+  for op in $ops; do
+    var=HORA_ALGORITHM_$(echo "$op" | tr '[:lower:]' '[:upper:]')
+    for alg in $(algos_of "$op") auto; do
+      echo "# $l $op $alg ..." >&2
+      raw=$work/raw.$l.$op.$alg
+      : >"$raw"
+      export "$var=$alg"
+      run_ranges "$hf" "$raw" "$np" "$var" "$tree/hora-bench" -o "$op"
+      unset "$var"
+      parse_bench "$op" "$alg" <"$raw" >>"$rec"
+      [ -n "$logs" ] && cp "$raw" "$logs/"
+    done
+    echo "# $l $op floor ..." >&2
+    raw=$work/raw.$l.$op.floor
+    : >"$raw"
+    run_ranges "$hf" "$raw" "$np" "" "$tree/hora-bench-floor" -i eth0 -o "$op"
+    parse_floor "$op" <"$raw" >>"$rec"
+    [ -n "$logs" ] && cp "$raw" "$logs/"
+  done
+  [ -n "$logs" ] && cp "$rec" "$logs/"
+  awk '$6 != "-" && $6 + 0 > 0' "$rec" | grep -q . && { echo "scale-bench.sh: wrong results in $l (see the tables)" >&2; failed=1; }
+
+  for op in $ops; do
+    awk -v op="$op" -v algs="$(algos_of "$op")" -v p="$np" -v line="$line" -v l="$l" \
+      -v h="$h" -v r="$r" -v rate="$rate" -v csv="$csv" '
+      function human(b) {
+        return b >= 1048576 && b % 1048576 == 0 ? b / 1048576 "M" : b >= 1024 && b % 1024 == 0 ? b / 1024 "K" : b
+      }
+      function fmt(v) { return v == "" ? "-" : sprintf("%.1f", v) }
+      BEGIN {
+        bus = op == "allreduce" ? 2 * (p - 1) / p : op == "broadcast" ? 1 : (p - 1) / p
+        na = split(algs, a, " ")
+      }
+      $1 == op {
+        key = $2 SUBSEP $3 SUBSEP $4
+        t[key] = $5; sz[$4] = 1
+        if ($2 == "floor" && !($3 in fl)) { fl[$3] = 1; fn[++nf] = $3 }
+        if ($6 != "-" && $6 + 0 > 0) bad[$4] = 1
+        if (csv != "") {
+          bw = $5 > 0 ? $4 / ($5 * 1e3) * bus : 0
+          printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%.4f,%.1f,%s\n", l, h, r, p, op, $4, $2, $3, $5, bw,
+            100 * bw / line, $6 >> csv
+        }
+      }
+      END {
+        printf "\n## %s, %d hosts x %d rank%s (%d ranks), links %s (line %.3f GB/s), us per operation\n",
+          op, h, r, (r > 1 ? "s" : ""), p, rate, line
+        printf "%8s", "bytes"
+        for (i = 1; i <= na; i++) printf " %10s", a[i]
+        printf " %10s %10s %8s %8s %8s %6s", "auto", "OpenMPI", "auto/MPI", "vs_best", "busbw", "line%"
+        for (i = 1; i <= nf; i++) printf " %10s", "fl_" fn[i]
+        printf " %10s %10s\n", "floor", "model"
+        ns = 0
+        for (s in sz) v[++ns] = s + 0
+        for (i = 1; i <= ns; i++) for (j = i + 1; j <= ns; j++) if (v[j] < v[i]) { x = v[i]; v[i] = v[j]; v[j] = x }
+        for (k = 1; k <= ns; k++) {
+          s = v[k]; best = ""
+          printf "%8s", human(s)
+          for (i = 1; i <= na; i++) {
+            x = t["hora", a[i], s]; printf " %10s", fmt(x)
+            if (x != "" && (best == "" || x + 0 < best)) best = x + 0
+          }
+          au = t["hora", "auto", s]; m = t["mpi", "auto", s]
+          printf " %10s %10s", fmt(au), fmt(m)
+          printf " %8s", (au != "" && m > 0 ? sprintf("%.2f", au / m) : "-")
+          printf " %8s", (au != "" && best > 0 ? sprintf("%+.1f%%", 100 * (au / best - 1)) : "-")
+          bw = au > 0 ? s / (au * 1e3) * bus : 0
+          printf " %8s %6s", (au > 0 ? sprintf("%.4f", bw) : "-"), (au > 0 ? sprintf("%.1f", 100 * bw / line) : "-")
+          fb = ""
+          for (i = 1; i <= nf; i++) {
+            x = t["floor", fn[i], s]; printf " %10s", fmt(x)
+            if (x != "" && (fb == "" || x + 0 < fb)) fb = x + 0
+          }
+          printf " %10s %10s%s\n", fmt(fb), fmt(t["model", "auto", s]), (bad[s] ? "  WRONG RESULTS" : "")
+        }
+      }' "$rec"
+  done
+done
+[ $failed -eq 0 ] || echo "# some runs failed or gave wrong results (see above)" >&2
+exit $failed
