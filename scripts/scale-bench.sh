@@ -93,19 +93,29 @@ line=$(awk -v r="$rate" 'BEGIN { v = r + 0; s = tolower(r)
   printf "%.6f\n", v / 8 / 1e9 }')
 
 # The forced algorithms of op: --algorithms, else hora-info --algorithms
-# (lines "OP NAME ..."), else ALGORITHMS.
+# (a line "KIND:" then one indented line per algorithm), else ALGORITHMS.
+# shm needs one host and hierarchical several ranks per host: layouts that
+# cannot run them leave them out (algos_of's second argument: ranks per host).
 info_algos=
 if [ -z "$algos_opt" ] && info_out=$("$tree/hora-info" --algorithms 2>/dev/null); then
   info_algos=$(printf '%s\n' "$info_out" | awk '
-    { k = $1; sub(/:$/, "", k) }
-    k ~ /^(allreduce|broadcast|allgather|reducescatter)$/ && $2 ~ /^[a-z][a-z0-9_-]*$/ && $2 != "auto" {
-      a[k] = a[k] (a[k] == "" ? "" : ",") $2 }
+    /^[a-z]+:$/ { k = $1; sub(/:$/, "", k); next }
+    /^  [a-z]/ && k ~ /^(allreduce|broadcast|allgather|reducescatter)$/ && $1 != "shm" {
+      a[k] = a[k] (a[k] == "" ? "" : ",") $1 }
     END { for (k in a) printf "%s:%s ", k, a[k] }')
 fi
 algos_of() {
   local spec
   for spec in ${algos_opt:-${info_algos:-$ALGORITHMS}}; do
-    [ "${spec%%:*}" = "$1" ] && { echo "${spec#*:}" | tr , ' '; return; }
+    if [ "${spec%%:*}" = "$1" ]; then
+      local a out=
+      for a in $(echo "${spec#*:}" | tr , ' '); do
+        [ "$a" = hierarchical ] && [ "${2:-1}" -le 1 ] && continue
+        out="$out $a"
+      done
+      echo $out
+      return
+    fi
   done
 }
 echo "# forced algorithms from: $([ -n "$algos_opt" ] && echo --algorithms ||
@@ -217,7 +227,7 @@ for l in $layouts; do
   : >"$rec"
   for op in $ops; do
     var=HORA_ALGORITHM_$(echo "$op" | tr '[:lower:]' '[:upper:]')
-    for alg in $(algos_of "$op") auto; do
+    for alg in $(algos_of "$op" "$r") auto; do
       echo "# $l $op $alg ..." >&2
       raw=$work/raw.$l.$op.$alg
       : >"$raw"
@@ -238,7 +248,7 @@ for l in $layouts; do
   awk '$6 != "-" && $6 + 0 > 0' "$rec" | grep -q . && { echo "scale-bench.sh: wrong results in $l (see the tables)" >&2; failed=1; }
 
   for op in $ops; do
-    awk -v op="$op" -v algs="$(algos_of "$op")" -v p="$np" -v line="$line" -v l="$l" \
+    awk -v op="$op" -v algs="$(algos_of "$op" "$r")" -v p="$np" -v line="$line" -v l="$l" \
       -v h="$h" -v r="$r" -v rate="$rate" -v csv="$csv" '
       function human(b) {
         return b >= 1048576 && b % 1048576 == 0 ? b / 1048576 "M" : b >= 1024 && b % 1024 == 0 ? b / 1024 "K" : b
