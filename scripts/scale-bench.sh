@@ -18,6 +18,11 @@
 #   --logs DIR                 keep every raw output there
 #   --tree DIR                 the built tree (default: this script's)
 #   --timeout S                limit per mpirun (default 1800)
+#   --fit                      after the runs, fit the cost model's link constants
+#                              to each layout's forced-algorithm times (hora-info
+#                              --model --fit) and print HORA_COST_MODEL and every
+#                              prediction's error (those over 25% marked)
+#   --fit-only CSV             the same from a CSV of an earlier run, nothing run
 #   --quick                    smoke run: layouts "4x1 2x2", sizes 8:256K:32, 3 reps
 # e.g. scripts/scale-bench.sh --layouts 8x1 --csv /tmp/scale8.csv
 #
@@ -49,7 +54,7 @@ set -uo pipefail
 ALGORITHMS="allreduce:ring broadcast:ring allgather:ring reducescatter:ring"
 
 layouts="8x1 16x1 4x2" ops="allreduce broadcast allgather reducescatter"
-sizes=8:64M:8 reps=5 rate=1gbit csv= logs= tree= limit=1800 algos_opt=
+sizes=8:64M:8 reps=5 rate=1gbit csv= logs= tree= limit=1800 algos_opt= fit=0 fit_only=
 while [ $# -gt 0 ]; do
   case $1 in
     --layouts) layouts=$2; shift ;;
@@ -59,6 +64,8 @@ while [ $# -gt 0 ]; do
     --rate) rate=$2; shift ;;
     --algorithms) algos_opt=$2; shift ;;
     --csv) csv=$2; shift ;;
+    --fit) fit=1 ;;
+    --fit-only) fit_only=$2; shift ;;
     --logs) logs=$2; shift ;;
     --tree) tree=$2; shift ;;
     --timeout) limit=$2; shift ;;
@@ -122,6 +129,27 @@ echo "# forced algorithms from: $([ -n "$algos_opt" ] && echo --algorithms ||
   { [ -n "$info_algos" ] && echo 'hora-info --algorithms'; } || echo 'ALGORITHMS (script)')"
 
 work=$(mktemp -d)
+# Fits the model to the forced algorithms' times of each layout in CSV
+# (hora's own figures; auto, MPI and the floor left out).
+fit_model() { # csv
+  local lay
+  for lay in $(awk -F, 'NR > 1 { print $1 }' "$1" | sort -u); do
+    awk -F, -v l="$lay" 'NR > 1 && $1 == l && $7 == "hora" && $8 != "auto" && $9 > 0 {
+      printf "%s %s %s %.9f\n", $5, $8, $6, $9 / 1e6 }' "$1" >"$work/fit.$lay"
+    local hh=${lay%x*} rr=${lay#*x}
+    echo
+    echo "## cost model fitted to $lay ($1)"
+    "$tree/hora-info" --model --ranks $((hh * rr)) --hosts "$hh" --fit "$work/fit.$lay"
+  done
+}
+
+if [ -n "$fit_only" ]; then
+  fit_model "$fit_only"
+  rc=$?
+  rm -rf "$work"
+  exit $rc
+fi
+
 [ -n "$logs" ] && mkdir -p "$logs"
 export NETNS_PREFIX="sb$$x"
 # timeout runs mpirun in a process group of its own, out of reach of a
@@ -303,5 +331,12 @@ for l in $layouts; do
       }' "$rec"
   done
 done
+if [ $fit = 1 ]; then
+  if [ -n "$csv" ]; then
+    fit_model "$csv"
+  else
+    echo "# --fit needs --csv FILE (the figures it fits)" >&2
+  fi
+fi
 [ $failed -eq 0 ] || echo "# some runs failed or gave wrong results (see above)" >&2
 exit $failed
