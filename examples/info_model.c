@@ -97,7 +97,12 @@ static int projection(void) {
       print_us(ring->cost(&m, &s, sizes[j]));
       print_us(a->cost(&m, &s, sizes[j]));
       print_us(bound);
-      printf(" %s\n", a->name);
+      if (strcmp(a->name, "hierarchical") == 0) {
+        printf(" hierarchical (%s across hosts)\n",
+               hora__cross_pick(&s, &m, sizes[j] / 8)->name);
+      } else {
+        printf(" %s\n", a->name);
+      }
     }
   }
   return 0;
