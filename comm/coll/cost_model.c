@@ -20,11 +20,13 @@
 
 /* Built-in constants (alpha s, beta s/B, gamma s/B). Sockets between
  * hosts: a 10 Gbit/s class link and a poll wake-up per message; Unix
- * sockets within a host; RDMA; the host's shared segment. */
+ * sockets within a host (two copies through the kernel per byte, so never
+ * cheaper than the shared segment); RDMA; the host's shared segment (one
+ * copy in, one out, or the kernel's single copy). */
 static const struct hora__cost builtin_tcp = {60e-6, 1.0e-9, 0.25e-9};
-static const struct hora__cost builtin_unix = {25e-6, 0.25e-9, 0.25e-9};
+static const struct hora__cost builtin_unix = {25e-6, 0.6e-9, 0.25e-9};
 static const struct hora__cost builtin_ib = {8e-6, 0.1e-9, 0.25e-9};
-static const struct hora__cost builtin_shm = {6e-6, 0.15e-9, 0.25e-9};
+static const struct hora__cost builtin_shm = {6e-6, 0.1e-9, 0.25e-9};
 
 int hora__cost_parse(const char *text, struct hora__cost *c) {
   double a, b, g;
@@ -204,8 +206,8 @@ HORA_COST_FN(allgather_bruck) {
 }
 
 HORA_COST_FN(allgather_shm) {
-  return (double)per_host(s) * m->local.alpha +
-         2 * (double)s->size * (double)bytes * m->local.beta;
+  /* Per piece: each rank's block into its half, a barrier, every block out. */
+  return 2 * m->local.alpha + (double)(s->size + 1) * (double)bytes * m->local.beta;
 }
 
 HORA_COST_FN(reducescatter_ring) {

@@ -80,6 +80,11 @@ static bool on_one_host(const struct hora__layout *s) { return s->shm_host; }
 
 static bool across_hosts(const struct hora__layout *s) { return s->hierarchical; }
 
+/* The ring's reduce-scatter over sockets, where shared memory does not
+ * already reduce (there the allreduce in the segment moves the same bytes
+ * through memory once). */
+static bool without_shm(const struct hora__layout *s) { return !s->shm_host && !s->hierarchical; }
+
 #define ALGO(ident, nm, k, sum, use, field, fn)                                                   \
   static const struct hora__algo ident = {.name = nm,                                           \
                                           .kind = k,                                           \
@@ -119,7 +124,8 @@ ALGO(allgather_bruck, "bruck", HORA_COLL_ALLGATHER,
      "Bruck: ceil(log2 p) steps of doubling block counts, any p", always, allgather,
      hora__bruck_allgather);
 ALGO(reducescatter_ring, "ring", HORA_COLL_REDUCESCATTER,
-     "the ring allreduce's reduce-scatter half: p-1 steps", always, ring_scatter, true);
+     "the ring allreduce's reduce-scatter half: p-1 steps (no shared memory)", without_shm,
+     ring_scatter, true);
 ALGO(reducescatter_allreduce, "allreduce", HORA_COLL_REDUCESCATTER,
      "the chosen allreduce, of which each rank keeps its block", always, ring_scatter, false);
 
