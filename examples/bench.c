@@ -43,6 +43,7 @@
 
 #include "config.h"
 #include "hora.h"
+#include "bench_common.h"
 #if HORA_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -72,32 +73,6 @@ static void allgatherv_split(size_t n) {
     v_idispls[r] = (int)at;
     at += v_counts[r];
   }
-}
-
-/* About 0.2 s of work per repetition at 1 GB/s, between 2 and 1000 ops. */
-#define HORA_CLAMP_ITERS(bytes) \
-  ((bytes) >= (size_t)100e6 ? 2 : (bytes) <= 200000 ? 1000 : (size_t)200e6 / (bytes))
-
-static size_t parse_size(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return (size_t)v;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(double), cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void fail(const char *what) {

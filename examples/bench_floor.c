@@ -37,6 +37,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "bench_common.h"
+
 enum coll { ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, NCOLLS };
 static const char *const coll_names[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
 
@@ -411,31 +413,6 @@ static size_t check(enum coll c, const float *buf, size_t n, int salt) {
 
 /* ---- the driver ---------------------------------------------------------------- */
 
-#define CLAMP_ITERS(bytes) \
-  ((bytes) >= (size_t)100e6 ? 2 : (bytes) <= 200000 ? 1000 : (size_t)200e6 / (bytes))
-
-static size_t parse_size(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return (size_t)v;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(double), cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* From a common start to the last rank's finish: a broadcast's root alone
  * could return long before the others have its data. */
 static double timed(const struct pattern *pt, float *buf, size_t n, int iters) {
@@ -551,7 +528,7 @@ int main(int argc, char **argv) {
         continue;
       }
       size_t bytes = n * 4, bad = 0;
-      int iters = fixed_iters ? fixed_iters : (int)CLAMP_ITERS(bytes);
+      int iters = fixed_iters ? fixed_iters : (int)HORA_CLAMP_ITERS(bytes);
       double med[NPATTERNS], best = 0;
       for (int k = 0; k < np; k++) {
         for (int r = 0; r < reps + 1; r++) { /* the first is a warm-up */

@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "hora.h"
+#include "bench_common.h"
 
 #define MAX_TENSORS 200
 
@@ -82,16 +83,6 @@ static void resnet50_shapes(void) {
   }
   add(1000 * 2048);
   add(1000);
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(double), cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* A "Name:   N kB" line of /proc/self/status, in KiB. */

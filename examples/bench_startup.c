@@ -64,6 +64,7 @@
 #include <unistd.h>
 
 #include "hora.h"
+#include "bench_common.h"
 
 static double seconds(clockid_t clock) {
   struct timespec t;
@@ -115,16 +116,6 @@ static void print_resources(int rank, const char *at) {
          "rssshmem_kib=%ld\n",
          rank, at, r.fds, r.vmrss_kib, r.vmhwm_kib, r.rssanon_kib, r.rssshmem_kib);
   fflush(stdout);
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* The floor: the same shapes of exchange as the control plane's, over

@@ -99,7 +99,7 @@ static int projection(void) {
       print_us(bound);
       if (strcmp(a->name, "hierarchical") == 0) {
         printf(" hierarchical (%s across hosts)\n",
-               hora__cross_pick(&s, &m, sizes[j] / 8)->name);
+               hora__cross_pick(&s, &m, sizes[j] / 8, NULL)->name);
       } else {
         printf(" %s\n", a->name);
       }
@@ -111,17 +111,19 @@ static int projection(void) {
 /* Least squares of relative errors for the link's alpha, beta, gamma: each
  * measurement (kind, algorithm, bytes, seconds, forced) is linear in them,
  * plus the negotiation (an 8-byte recursive doubling). */
-static void unit_costs(const struct hora__algo *a, const struct hora__layout *s,
-                       const struct hora__cost_model *base, size_t bytes, double out[3]) {
+/* The prediction of a measurement (algorithm a at `bytes`, plus the
+ * negotiation as an 8-byte recursive doubling) is linear in the link's
+ * constants: *fixed + coef . (alpha, beta, gamma). */
+static void linear_terms(const struct hora__algo *a, const struct hora__layout *s,
+                         const struct hora__cost_model *base, size_t bytes, double coef[3],
+                         double *fixed) {
   const struct hora__algo *rd = hora__algo_find(HORA_COLL_ALLREDUCE, "rd");
+  struct hora__cost_model m = *base;
+  m.link = (struct hora__cost){0, 0, 0};
+  *fixed = a->cost(&m, s, bytes) + rd->cost(&m, s, 8);
   for (int j = 0; j < 3; j++) {
-    struct hora__cost_model m = *base;
     m.link = (struct hora__cost){j == 0, j == 1, j == 2};
-    double base_cost;
-    struct hora__cost_model z = *base;
-    z.link = (struct hora__cost){0, 0, 0};
-    base_cost = a->cost(&z, s, bytes) + rd->cost(&z, s, 8);
-    out[j] = a->cost(&m, s, bytes) + rd->cost(&m, s, 8) - base_cost;
+    coef[j] = a->cost(&m, s, bytes) + rd->cost(&m, s, 8) - *fixed;
   }
 }
 
@@ -154,10 +156,7 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
     if (!a || !a->usable(&s) || !(sec > 0)) {
       continue;
     }
-    struct hora__cost_model z = *base;
-    z.link = (struct hora__cost){0, 0, 0};
-    unit_costs(a, &s, base, bytes, rows[n]);
-    fixed[n] = a->cost(&z, &s, bytes) + hora__algo_find(HORA_COLL_ALLREDUCE, "rd")->cost(&z, &s, 8);
+    linear_terms(a, &s, base, bytes, rows[n], &fixed[n]);
     t[n] = sec;
     algo[n] = a;
     size_of[n] = bytes;
@@ -194,7 +193,6 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
       }
     }
     /* Gaussian elimination with partial pivoting on the 3x3 system. */
-    int idx[3] = {0, 1, 2};
     for (int c = 0; c < 3; c++) {
       int piv = c;
       for (int r = c + 1; r < 3; r++) {
@@ -221,7 +219,6 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
         b[r] -= f2 * b[c];
       }
     }
-    (void)idx;
     for (int c = 2; c >= 0; c--) {
       double v = b[c];
       for (int q = c + 1; q < 3; q++) {

@@ -144,9 +144,11 @@ const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
                                          const struct hora__cost_model *m,
                                          enum hora__coll_kind kind, size_t bytes);
 /* The hierarchical allreduce's step across hosts for a slice of `bytes`:
- * ring, rd or rabenseifner, by the model over one member per host. */
+ * ring, rd or rabenseifner, by the model over one member per host, and
+ * (cost: may be NULL) its predicted seconds. */
 const struct hora__algo *hora__cross_pick(const struct hora__layout *s,
-                                          const struct hora__cost_model *m, size_t bytes);
+                                          const struct hora__cost_model *m, size_t bytes,
+                                          double *cost);
 const struct hora__algo *hora__cross_algorithm(const hora__comm *comm, size_t bytes);
 /* Runs it: buf (count elements, in place) = op over the members with this
  * rank's local rank on every host. */
@@ -275,6 +277,10 @@ int hora__exchange_records(hora__comm *comm, const uint64_t *record, size_t widt
  * (the same connection or not), pipelined in chunks; either may be 0. */
 int hora__exchange_step(hora__comm *comm, hora__conn *to, const void *send, size_t send_len,
                         hora__conn *from, void *recv, size_t recv_len);
+/* Returns once every member has reached this point of its collectives
+ * (a one-byte ring allgather): before a connection plan, which an idle
+ * rank would refuse. */
+int hora__comm_all_arrived(hora__comm *comm);
 /* hora__comm_connect_peers, first making sure every member has reached
  * the operation (a collective over comm's existing connections). */
 int hora__comm_connect_peers_agreed(hora__comm *comm);

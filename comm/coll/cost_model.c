@@ -160,11 +160,9 @@ HORA_COST_FN(allreduce_hierarchical) {
   if (H <= 1) {
     return local;
   }
-  struct hora__layout x = {.size = H, .hosts = H, .chunk = s->chunk};
-  struct hora__cost_model shared = *m;
-  shared.link.beta *= L;
-  const struct hora__algo *a = hora__cross_pick(s, m, bytes / (size_t)L);
-  return local + a->cost(&shared, &x, bytes / (size_t)L);
+  double cross;
+  hora__cross_pick(s, m, bytes / (size_t)L, &cross);
+  return local + cross;
 }
 
 HORA_COST_FN(broadcast_ring) {

@@ -76,20 +76,28 @@ static void offsets(const size_t *bytes, int p, size_t *at) {
   }
 }
 
-int hora__comm_connect_peers_agreed(hora__comm *comm) {
-  if (comm->all_pairs || comm->size == 1) {
-    return HORA_SUCCESS;
-  }
-  /* An idle rank refuses connections: first make sure every member has
-   * reached this operation. */
+int hora__comm_all_arrived(hora__comm *comm) {
+  /* Over the ring's own connections, whichever algorithm the registry
+   * would pick for an allgather (some need the very connections this
+   * precedes). */
   char *all = hora__malloc((size_t)comm->size);
   if (!all) {
     return HORA_ERR_NO_MEMORY;
   }
   char one = 1;
-  int rc = hora__allgather(comm, &one, 1, all);
+  int rc = hora__ring_allgather(comm, &comm->world_ring, &one, 1, all);
   free(all);
-  return rc == HORA_SUCCESS ? hora__comm_connect_peers(comm) : rc;
+  return rc;
+}
+
+int hora__comm_connect_peers_agreed(hora__comm *comm) {
+  if (comm->all_pairs || comm->size == 1) {
+    return HORA_SUCCESS;
+  }
+  /* An idle rank refuses connections: first every member reaches this
+   * operation. */
+  HORA_CHECK(hora__comm_all_arrived(comm));
+  return hora__comm_connect_peers(comm);
 }
 
 /* ---- the rings ------------------------------------------------------------ */

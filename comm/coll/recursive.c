@@ -85,15 +85,8 @@ int hora__comm_connect_partners(hora__comm *comm) {
     }
   }
   /* An idle rank refuses connections: first every member reaches this
-   * operation (the ring's allgather needs only the ring's connections). */
-  char *all = hora__malloc((size_t)comm->size);
-  if (!all) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  char one = 1;
-  int rc = hora__ring_allgather(comm, &comm->world_ring, &one, 1, all);
-  free(all);
-  HORA_CHECK(rc);
+   * operation. */
+  HORA_CHECK(hora__comm_all_arrived(comm));
   HORA_CHECK(hora__comm_connect_ranks(comm, want, n));
   comm->partners = true;
   return HORA_SUCCESS;

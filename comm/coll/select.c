@@ -180,20 +180,25 @@ const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
 }
 
 const struct hora__algo *hora__cross_pick(const struct hora__layout *s,
-                                          const struct hora__cost_model *m, size_t bytes) {
+                                          const struct hora__cost_model *m, size_t bytes,
+                                          double *cost) {
   /* One member per host; the L local ranks' groups run at once, sharing
    * each host's link. */
   int L = HORA_MAX(s->size / HORA_MAX(s->hosts, 1), 1);
   struct hora__layout x = {.size = s->hosts, .hosts = s->hosts, .chunk = s->chunk};
   struct hora__cost_model shared = *m;
   shared.link.beta *= L;
-  return hora__algo_pick(&x, &shared, HORA_COLL_ALLREDUCE, bytes);
+  const struct hora__algo *a = hora__algo_pick(&x, &shared, HORA_COLL_ALLREDUCE, bytes);
+  if (cost) {
+    *cost = a->cost(&shared, &x, bytes);
+  }
+  return a;
 }
 
 const struct hora__algo *hora__cross_algorithm(const hora__comm *comm, size_t bytes) {
   struct hora__layout s;
   hora__comm_layout(comm, &s);
-  return hora__cross_pick(&s, &comm->model, bytes);
+  return hora__cross_pick(&s, &comm->model, bytes, NULL);
 }
 
 const struct hora__algo *hora__algo_select(const hora__comm *comm, enum hora__coll_kind kind,
