@@ -120,14 +120,16 @@ static int take_step(struct hora__set *set, int peer, int step, bool *got) {
   return HORA_SUCCESS;
 }
 
-/* Where waits sleep (more ranks than cores), a partner's cycle that reaches
- * a rank between two operations (its caller just woke, and submits next)
- * would end with nothing ready and need a second one: such a rank, with
- * nothing in flight, waits a little for its own submission first. */
+/* Ranks finish an operation at slightly different times, and the first to
+ * submit the next one asks its partners before their callers have: a cycle
+ * joined at once would end with nothing ready and need a second one (every
+ * small operation across hosts took two). So a rank with nothing in flight
+ * waits a little for its own submission first, whether its waits spin or
+ * sleep: the cycle could schedule nothing without it anyway. */
 #define JOIN_DEFER_NS (300 * 1000ull)
 
 static bool defer_join(struct hora__set *set) {
-  if (set->comm->net->spin_us > 0 || set->nwaiting > 0 || set->join_pending) {
+  if (set->nwaiting > 0 || set->join_pending) {
     return false;
   }
   struct hora__runtime *rt = set->e->rt;

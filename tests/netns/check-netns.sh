@@ -74,6 +74,23 @@ run 4x1-rd "$work/hosts41" test_algorithms HORA_ALGORITHM_ALLREDUCE=rd HORA_ALGO
 NP=8 run 4x2 "$work/hosts42" test_algorithms
 NP=8 run 4x2-rabenseifner "$work/hosts42" test_algorithms HORA_ALGORITHM_ALLREDUCE=rabenseifner HORA_ALGORITHM_REDUCESCATTER=ring
 NP=6 run 3x2 "$work/hosts32" test_algorithms
+# One negotiation cycle per small cached operation across hosts: ranks
+# finish an operation at different times, and a partner asked before its
+# own submission waits for it instead of ending the cycle empty (each such
+# operation once took two cycles where waits spin: one rank per host).
+if [ -x "$builddir/hora-bench" ]; then
+  timeout -k 10 300 "$netns/mpirun-netns.sh" "$work/hosts41" -np 4 -x HORA_SPIN_TIME_US=50 \
+    "$builddir/hora-bench" -o allreduce -b 8 -e 8 -n 200 -r 3 --no-mpi --stages </dev/null >"$work/out" 2>&1
+  cycles=$(sed -n 's/.*; \([0-9.]*\) cycles per operation.*/\1/p' "$work/out" | tail -n 1)
+  if [ -n "$cycles" ] && awk -v c="$cycles" 'BEGIN {exit !(c < 1.25)}'; then
+    echo "PASS netns-4x1/one_cycle_per_small_operation ($cycles cycles per 8-byte allreduce, waits spinning)"
+  else
+    echo "FAIL netns-4x1/one_cycle_per_small_operation ('$cycles' cycles per 8-byte allreduce; 1 expected)"
+    tail -n 5 "$work/out"
+  fi
+else
+  echo "SKIP netns-4x1/one_cycle_per_small_operation: no hora-bench in this build"
+fi
 # Process sets across hosts: one rank per host, and 2 hosts x 3 ranks, where
 # the set of the first two ranks of each host is hierarchical in itself.
 run 4x1 "$work/hosts41" test_process_sets
