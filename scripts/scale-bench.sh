@@ -18,6 +18,11 @@
 #   --logs DIR                 keep every raw output there
 #   --tree DIR                 the built tree (default: this script's)
 #   --timeout S                limit per mpirun (default 1800)
+#   --spin-us N                HORA_SPIN_TIME_US for hora's ranks (default 0:
+#                              each fake host sees this machine's cores as its
+#                              own and would spin, while all hosts share them;
+#                              on a real host hora spins only where its ranks
+#                              have cores to spare, and here none do)
 #   --fit                      after the runs, fit the cost model's link constants
 #                              to each layout's forced-algorithm times (hora-info
 #                              --model --fit) and print HORA_COST_MODEL and every
@@ -54,7 +59,7 @@ set -uo pipefail
 ALGORITHMS="allreduce:ring broadcast:ring allgather:ring reducescatter:ring"
 
 layouts="8x1 16x1 4x2" ops="allreduce broadcast allgather reducescatter"
-sizes=8:64M:8 reps=5 rate=1gbit csv= logs= tree= limit=1800 algos_opt= fit=0 fit_only=
+sizes=8:64M:8 reps=5 rate=1gbit csv= logs= tree= limit=1800 algos_opt= fit=0 fit_only= spin=0
 while [ $# -gt 0 ]; do
   case $1 in
     --layouts) layouts=$2; shift ;;
@@ -69,6 +74,7 @@ while [ $# -gt 0 ]; do
     --logs) logs=$2; shift ;;
     --tree) tree=$2; shift ;;
     --timeout) limit=$2; shift ;;
+    --spin-us) spin=$2; shift ;;
     --quick) layouts="4x1 2x2" sizes=8:256K:32 reps=3 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale-bench.sh: unknown option $1 (--help)" >&2; exit 2 ;;
@@ -193,7 +199,7 @@ run_ranges() {
     IFS=' '
     # shellcheck disable=SC2086
     timeout "$limit" "$netns/mpirun-netns.sh" "$hf" -np "$np" --bind-to none \
-      ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1 &
+      -x HORA_SPIN_TIME_US="$spin" ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1 &
     child=$!
     wait "$child"
     rc=$?
