@@ -45,9 +45,9 @@
 # allreduce 2(p-1)/p, broadcast 1, allgather and reducescatter (p-1)/p) and
 # its share of the line rate, the floor patterns' times and their best, and
 # the cost model's prediction for auto where hora-bench prints a model_us
-# column or line ("-" where it does not). hora-bench times rank 0, the
-# floor from a barrier to the last rank's finish: for broadcast, whose root
-# is rank 0, the floor is the stricter of the two.
+# column or line ("-" where it does not). hora-bench (hora's and Open
+# MPI's loops) and the floor both time from a barrier to the last rank's
+# finish.
 # Needs root and iproute2; the namespaces get a prefix of their own
 # (sb<pid>x) and are always removed at the end, also on failure.
 set -uo pipefail
