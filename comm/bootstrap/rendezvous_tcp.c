@@ -7,8 +7,14 @@
  *           the secret, claim their rank, then send and receive records
  *
  *   client -> rank 0   [handshake]  claim  { len, record } ...
- *   rank 0 -> client   frame { status, len, bytes }: welcome, records, or
- *                      an error's text, which the client then fails with
+ *   rank 0 -> client   frame { status, len, bytes }: the claim taken, the
+ *                      welcome, records, or an error's text, which the
+ *                      client then fails with
+ *
+ * A connection rank 0 closes before taking the claim (it proved nothing
+ * within HELLO_DEADLINE_NS: a rank slowed down by a loaded host, or a
+ * stranger) is retried by the client, as the bootstrap's are: only the
+ * acknowledgement says a rank is registered.
  *
  * Connections that do not prove the secret (or, with none, do not speak
  * the protocol) are dropped and logged; a bad claim (a rank out of range,
@@ -35,7 +41,7 @@
 #include "comm/transport/socket.h"
 
 #define CLAIM_MAGIC 0x56445248u /* "HRDV" */
-#define CLAIM_VERSION 1u
+#define CLAIM_VERSION 2u /* 2: the claim is acknowledged */
 #define CLAIM_SIZE 96
 #define STRANGERS_MAX 64
 #define FRAME_MAX (64u << 20) /* the biggest exchange rank 0 answers */
@@ -220,6 +226,8 @@ static void take_claim(struct server *s, int i) {
     }
     fail_all(s, HORA_ERR_INVALID_ARG, "two processes claim %s=%d: %s and %s", sp->rank_var, r,
              other, who);
+  } else if (send_frame(c->fd, 0, NULL, 0, now_ns() + 2000000000ull) != HORA_SUCCESS) {
+    drop(s, i, "closed before its claim was acknowledged"); /* it retries */
   } else {
     s->t->fd[r] = c->fd;
     s->t->claims[r] = c->claim;
@@ -358,7 +366,7 @@ static int serve_registration(struct server *s) {
     }
     for (int i = s->ncl - 1; i >= 0; i--) {
       if (s->cl[i].state != C_READY && s->cl[i].since && t - s->cl[i].since > HELLO_DEADLINE_NS) {
-        drop(s, i, "nothing proved within 1 s");
+        drop(s, i, "nothing proved within 1 s (a rank that was only slow connects again)");
       }
     }
     struct pollfd *np = realloc(pfd, (size_t)(s->ncl + 1) * sizeof(*pfd));
@@ -577,6 +585,33 @@ static int recv_frame(struct tcp_rdv *t, void *buf, size_t want, uint64_t deadli
   return want ? move_all(t->fd[0], buf, want, false, deadline, what) : HORA_SUCCESS;
 }
 
+/* Rank 0's first frame on a new connection: the claim taken (0), or its
+ * error; -1: the connection closed first (rank 0 dropped it: connect again). */
+static int await_ack(struct tcp_rdv *t, uint64_t deadline, char *why, size_t whyn) {
+  uint32_t h[2];
+  char what[480];
+  snprintf(what, sizeof(what), "the rendezvous (rank 0 at %s)", t->where);
+  if (move_all(t->fd[0], h, sizeof(h), false, deadline, what) != HORA_SUCCESS) {
+    snprintf(why, whyn, "rank 0 closed the connection before taking the claim (%s)",
+             hora__error_message());
+    close(t->fd[0]);
+    t->fd[0] = -1;
+    return -1;
+  }
+  uint32_t status = ntohl(h[0]), len = ntohl(h[1]);
+  if (status == 0 && len == 0) {
+    return HORA_SUCCESS;
+  }
+  char msg[1024] = "";
+  size_t n = HORA_MIN((size_t)len, sizeof(msg) - 1);
+  if (status != 0 && move_all(t->fd[0], msg, n, false, deadline, what) == HORA_SUCCESS) {
+    msg[n] = '\0';
+  }
+  return status != 0 ? hora__error(status < 64 ? (int)status : HORA_ERR_SYSTEM, "%s", msg)
+                     : hora__error(HORA_ERR_SYSTEM, "the rendezvous acknowledged the claim "
+                                   "with %u bytes where none were expected", len);
+}
+
 static int open_client(const struct hora__rdv_tcp_spec *sp, struct tcp_rdv *t) {
   uint8_t key[HORA_SECRET_LEN];
   if (sp->key) {
@@ -585,10 +620,13 @@ static int open_client(const struct hora__rdv_tcp_spec *sp, struct tcp_rdv *t) {
   uint64_t start = now_ns();
   uint64_t deadline = start + (uint64_t)(sp->timeout_s * 1e9);
   uint64_t backoff = RETRY_MIN_NS;
-  char why[256] = "";
+  char why[512] = "";
   int rc = HORA_SUCCESS;
   for (;;) {
     int r = try_connect(sp, sp->key ? key : NULL, deadline, &t->fd[0], why, sizeof(why));
+    if (r == 0) {
+      r = await_ack(t, deadline, why, sizeof(why));
+    }
     if (r >= 0) {
       rc = r;
       break;

@@ -40,6 +40,7 @@ int test_skipped;
   X(rendezvous_bad_variables_are_named)                                                      \
   X(slurm_first_node_of_a_node_list)                                                         \
   X(a_connection_to_itself_is_no_peer)                                                       \
+  X(rendezvous_rank_dropped_before_its_claim_connects_again)                                 \
   X(connections_of_another_epoch_are_refused)                                                \
   X(table_put_get_remove_grow)                                                               \
   X(table_reuses_removed_entries)                                                            \

@@ -1,10 +1,12 @@
 /* Start-up without MPI, the parts that need no second process: the
- * choice of rendezvous from the environment and Slurm's node lists (the
- * connection keys of memberships are tested with the handshake, in
- * test_message.c). */
+ * choice of rendezvous from the environment, Slurm's node lists, and the
+ * tcp rendezvous between two threads behind a slow proxy (the connection
+ * keys of memberships are tested with the handshake, in test_message.c). */
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -156,4 +158,125 @@ TEST(a_connection_to_itself_is_no_peer) {
   ASSERT(!hora__socket_is_self_connected(c));
   close(c);
   close(l);
+}
+
+/* ---- a rank dropped before its claim connects again ---------------------- */
+
+/* A TCP proxy in front of rank 0's rendezvous that holds the first
+ * connection's bytes back for 1.5 s, as a loaded host holds a slow rank:
+ * rank 0 drops it (nothing proved within 1 s), and only the client's
+ * retry can register the rank. */
+struct slow_proxy {
+  int lfd, server_port, accepted;
+  volatile int stop;
+};
+
+static int listen_loopback(int *port, int flags) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | flags, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, 16) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+    return -1;
+  }
+  *port = ntohs(sa.sin_port);
+  return fd;
+}
+
+static void forward(int a, int b) {
+  char buf[4096];
+  struct pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+  for (;;) {
+    if (poll(p, 2, 100) < 0) {
+      return;
+    }
+    for (int i = 0; i < 2; i++) {
+      if (!p[i].revents) {
+        continue;
+      }
+      ssize_t n = recv(p[i].fd, buf, sizeof(buf), 0);
+      if (n <= 0 || send(p[1 - i].fd, buf, (size_t)n, MSG_NOSIGNAL) != n) {
+        return;
+      }
+    }
+  }
+}
+
+static void *proxy_main(void *arg) {
+  struct slow_proxy *px = arg;
+  while (!px->stop) {
+    struct pollfd p = {px->lfd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) {
+      continue;
+    }
+    int c = accept(px->lfd, NULL, NULL);
+    if (c < 0) {
+      continue;
+    }
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)px->server_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (s >= 0 && connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+      if (px->accepted++ == 0) {
+        usleep(1500 * 1000);
+      }
+      forward(c, s);
+    }
+    if (s >= 0) {
+      close(s);
+    }
+    close(c);
+  }
+  return NULL;
+}
+
+struct rdv_side {
+  struct hora__rdv_tcp_spec spec;
+  int rc, gathered[2];
+};
+
+static void *rdv_side_main(void *arg) {
+  struct rdv_side *side = arg;
+  struct hora__rdv *r = NULL;
+  side->rc = hora__rdv_open_tcp(&side->spec, &r);
+  if (side->rc == HORA_SUCCESS) {
+    int mine = 100 + side->spec.rank;
+    side->rc = hora__rdv_allgather(r, &mine, sizeof(mine), side->gathered);
+    hora__rdv_close(r);
+  }
+  return NULL;
+}
+
+TEST(rendezvous_rank_dropped_before_its_claim_connects_again) {
+  int server_port = 0, proxy_port = 0;
+  int sfd = listen_loopback(&server_port, SOCK_NONBLOCK);
+  struct slow_proxy px = {.lfd = listen_loopback(&proxy_port, 0), .server_port = server_port};
+  ASSERT(sfd >= 0 && px.lfd >= 0);
+  struct rdv_side side[2];
+  for (int r = 0; r < 2; r++) {
+    side[r] = (struct rdv_side){.spec = {.host = "127.0.0.1", .port = r ? proxy_port : server_port,
+                                         .rank = r, .size = 2, .listen_fd = r ? -1 : sfd,
+                                         .timeout_s = 8, .where = "the test's rendezvous",
+                                         .rank_var = "HORA_RANK", .size_var = "HORA_SIZE"},
+                                .rc = -1};
+  }
+  pthread_t proxy, th[2];
+  ASSERT(pthread_create(&proxy, NULL, proxy_main, &px) == 0);
+  for (int r = 0; r < 2; r++) {
+    ASSERT(pthread_create(&th[r], NULL, rdv_side_main, &side[r]) == 0);
+  }
+  for (int r = 0; r < 2; r++) {
+    pthread_join(th[r], NULL);
+  }
+  px.stop = 1;
+  pthread_join(proxy, NULL);
+  close(px.lfd);
+  ASSERT_EQ_INT(side[0].rc, HORA_SUCCESS);
+  ASSERT_EQ_INT(side[1].rc, HORA_SUCCESS);
+  ASSERT(px.accepted >= 2); /* the first connection was dropped */
+  for (int r = 0; r < 2; r++) {
+    ASSERT_EQ_INT(side[r].gathered[0], 100);
+    ASSERT_EQ_INT(side[r].gathered[1], 101);
+  }
 }
