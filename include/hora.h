@@ -324,6 +324,8 @@ typedef struct hora_stats {
   uint64_t staged_operations;
   double stage_submit_seconds, stage_handoff_seconds, stage_negotiate_seconds;
   double stage_run_seconds, stage_complete_seconds, stage_wake_seconds;
+  uint64_t eager_allreduces; /* allreduces whose data travelled with the negotiation cycle
+                                that scheduled them (HORA_EAGER_THRESHOLD; added later) */
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */

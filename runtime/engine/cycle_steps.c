@@ -8,6 +8,7 @@
 
 #include "base/log.h"
 #include "base/params.h"
+#include "comm/reduce/reduce.h"
 #include "comm/shm/shm.h"
 #include "runtime/engine/engine.h"
 #include "runtime/negotiate/fusion.h"
@@ -22,11 +23,123 @@ static struct hora__cycle_inbox *inbox_of(struct hora__set *set, uint64_t cycle,
 
 static bool bit_set(const uint8_t *v, uint32_t s) { return (v[s / 8] >> (s % 8)) & 1u; }
 
+/* ---- eager allreduces ---------------------------------------------------------
+ * A small allreduce that ran before is one bit of the cycle, and its data
+ * can travel with that bit: each rank adds its tensor (prescaled) to its
+ * contribution, and each step reduces the data of the slots both sides
+ * carry (the eager vector is ANDed, so a slot's data at the end is every
+ * rank's). Partners of a step hold the same two operands and the kernels
+ * are commutative, so every rank ends with the same bits, as after any
+ * other allreduce. Slots whose data did not come from everyone (a joined
+ * rank stands in, a rank over its byte budget) run as usual. */
+
+static size_t eager_bytes(const struct hora__op_meta *m) {
+  return (size_t)m->count * hora_dtype_size((hora_dtype)m->dtype);
+}
+
+/* What may travel eagerly: decided from the cached operation alone, which
+ * every rank has alike. */
+static bool eager_kind(const struct hora__op_meta *m) {
+  return m->kind == HORA_KIND_ALLREDUCE && !m->device && m->op != HORA_ADASUM &&
+         m->compression == HORA_COMPRESSION_NONE && m->group == 0 &&
+         eager_bytes(m) <= (size_t)hora__params.EAGER_THRESHOLD;
+}
+
+static int eager_room(uint8_t **buf, size_t *cap, size_t need) {
+  if (need <= *cap) {
+    return HORA_SUCCESS;
+  }
+  uint8_t *b = hora__realloc(*buf, need);
+  if (!b) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  *buf = b;
+  *cap = need;
+  return HORA_SUCCESS;
+}
+
+/* Our own data for the slots we can send, within the budget. */
+static int eager_contribute(struct hora__set *set, uint8_t *eager, uint32_t used) {
+  set->eager_len = 0;
+  if (hora__params.EAGER_THRESHOLD <= 0 || hora__params.VERIFY || set->comm->size < 2) {
+    return HORA_SUCCESS;
+  }
+  size_t budget = (size_t)hora__params.EAGER_THRESHOLD;
+  for (uint32_t s = 0; s < used; s++) {
+    struct hora_request *q = set->waiting[s];
+    const struct hora__op_meta *m = &set->cache.e[s].meta;
+    if (!q || !set->cache.e[s].used || !eager_kind(m) || !hora__meta_equal(m, &q->meta)) {
+      continue;
+    }
+    size_t b = eager_bytes(m);
+    if (set->eager_len + b > budget) {
+      break;
+    }
+    HORA_CHECK(eager_room(&set->eager, &set->eager_cap, set->eager_len + b + 1));
+    uint8_t *dst = set->eager + set->eager_len;
+    memcpy(dst, q->sendbuf, b);
+    if (m->prescale != 1.0) {
+      hora__scale((hora_dtype)m->dtype, dst, (size_t)m->count, m->prescale);
+    }
+    set->eager_len += b;
+    eager[s / 8] |= (uint8_t)(1u << (s % 8));
+  }
+  return HORA_SUCCESS;
+}
+
+/* Folds a partner's eager data into ours: the slots both carry, reduced. */
+static int eager_fold(struct hora__set *set, const uint8_t *theirs_bits, const uint8_t *theirs,
+                      size_t theirs_len, uint32_t nb, int peer) {
+  uint8_t *mine_bits = set->acc + 3 * (size_t)nb;
+  size_t mo = 0, to = 0, out = 0;
+  HORA_CHECK(eager_room(&set->eager_tmp, &set->eager_tmp_cap, set->eager_len + 1));
+  for (uint32_t s = 0; s < nb * 8; s++) {
+    bool m = bit_set(mine_bits, s), t = bit_set(theirs_bits, s);
+    if (!m && !t) {
+      continue;
+    }
+    const struct hora__cache_entry *ce = hora__cache_entry(&set->cache, (int32_t)s);
+    if (!ce || !eager_kind(&ce->meta)) {
+      return hora__error(HORA_ERR_PROTOCOL, "rank %d sent eager data for cache slot %u, which "
+                         "holds no small allreduce here: the ranks' caches are out of step",
+                         peer, s);
+    }
+    size_t b = eager_bytes(&ce->meta);
+    if ((t && to + b > theirs_len) || (m && mo + b > set->eager_len)) {
+      return hora__error(HORA_ERR_PROTOCOL, "rank %d's eager data is shorter (%zu bytes) than "
+                         "its slots need", peer, theirs_len);
+    }
+    if (m && t) {
+      hora__reduce((hora_dtype)ce->meta.dtype, (hora_op)ce->meta.op, set->eager_tmp + out,
+                   set->eager + mo, theirs + to, (size_t)ce->meta.count);
+      out += b;
+    }
+    mo += m ? b : 0;
+    to += t ? b : 0;
+  }
+  if (to != theirs_len) {
+    return hora__error(HORA_ERR_PROTOCOL, "rank %d's eager data is longer (%zu bytes) than its "
+                       "slots need (%zu)", peer, theirs_len, to);
+  }
+  for (uint32_t i = 0; i < nb; i++) {
+    mine_bits[i] &= theirs_bits[i];
+  }
+  uint8_t *t = set->eager;
+  size_t c = set->eager_cap;
+  set->eager = set->eager_tmp;
+  set->eager_cap = set->eager_tmp_cap;
+  set->eager_tmp = t;
+  set->eager_tmp_cap = c;
+  set->eager_len = out;
+  return HORA_SUCCESS;
+}
+
 /* Our part of the next cycle, against the cache as every rank has it. */
-static void contribute(struct hora__set *set, bool joined) {
+static int contribute(struct hora__set *set, bool joined) {
   uint32_t used = set->cache.used, nb = (used + 7) / 8;
   uint8_t *ready = set->acc, *submitted = ready + nb, *evict = submitted + nb;
-  memset(set->acc, 0, 3 * (size_t)nb);
+  uint8_t *eager = evict + nb;
+  memset(set->acc, 0, HORA_CYCLE_VECTORS * (size_t)nb);
   for (uint32_t s = 0; s < used; s++) {
     uint8_t b = (uint8_t)(1u << (s % 8));
     if (set->waiting[s]) {
@@ -36,6 +149,7 @@ static void contribute(struct hora__set *set, bool joined) {
       ready[s / 8] |= b; /* stands in with zeros */
     }
   }
+  int rc = eager_contribute(set, eager, used);
   if (nb) {
     memcpy(evict, set->evict_wish, nb);
     memset(set->evict_wish, 0, nb);
@@ -50,6 +164,7 @@ static void contribute(struct hora__set *set, bool joined) {
   set->new_hits = 0;
   set->cycle_started_ns = hora__now_ns();
   set->stuck_reported = false;
+  return rc;
 }
 
 int hora__engine_lost_partner(struct hora__engine *e, int peer) {
@@ -69,7 +184,9 @@ static int send_step(struct hora__set *set, int peer, int step) {
                               .flags = ask ? 0 : set->acc_flags,
                               .frames = ask ? 0 : set->acc_frames,
                               .nbytes = ask ? 0 : set->cycle_nbytes,
-                              .vec = set->acc};
+                              .vec = set->acc,
+                              .eager_len = ask ? 0 : (uint32_t)set->eager_len,
+                              .eager = set->eager};
   hora__encode_cycle(&set->e->wbuf, &m);
   if (set->e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding a cycle message");
@@ -104,12 +221,18 @@ static int take_step(struct hora__set *set, int peer, int step, bool *got) {
   hora__cycle_take(set->inbox, set->cycles + 1, step);
   if (step == STEP_FOLD_OUT) {
     if (nb) { /* without a cache the vectors are empty (and vec may be NULL) */
-      memcpy(set->acc, in->vec, 3 * (size_t)nb);
+      memcpy(set->acc, in->vec, HORA_CYCLE_VECTORS * (size_t)nb);
     }
+    HORA_CHECK(eager_room(&set->eager, &set->eager_cap, in->eager_len + 1));
+    if (in->eager_len) {
+      memcpy(set->eager, in->eager, in->eager_len);
+    }
+    set->eager_len = in->eager_len;
     set->acc_frames = in->frames;
     set->acc_flags = in->flags;
     return HORA_SUCCESS;
   }
+  HORA_CHECK(eager_fold(set, in->vec + 3 * (size_t)nb, in->eager, in->eager_len, nb, peer));
   for (uint32_t i = 0; i < nb; i++) {
     set->acc[i] &= in->vec[i];
     set->acc[nb + i] |= in->vec[nb + i];
@@ -123,18 +246,21 @@ static int take_step(struct hora__set *set, int peer, int step, bool *got) {
 /* Ranks finish an operation at slightly different times, and the first to
  * submit the next one asks its partners before their callers have: a cycle
  * joined at once would end with nothing ready and need a second one (every
- * small operation across hosts took two). So a rank with nothing in flight
- * waits a little for its own submission first, whether its waits spin or
- * sleep: the cycle could schedule nothing without it anyway. */
+ * small operation across hosts took two). So a rank that has nothing for
+ * the cycle (no cached request waiting, no submission queued, none of rank
+ * 0's frames to apply, no join) waits a little for its own submission
+ * first, whether its waits spin or sleep, and even while it still runs
+ * the last cycle's operations: the cycle could schedule nothing of
+ * this rank's without it anyway. */
 #define JOIN_DEFER_NS (300 * 1000ull)
 
 static bool defer_join(struct hora__set *set) {
-  if (set->nwaiting > 0 || set->join_pending) {
+  if (set->nwaiting > 0 || set->join_pending || set->frames_got > set->frames_applied) {
     return false;
   }
   struct hora__runtime *rt = set->e->rt;
   pthread_mutex_lock(&rt->mu);
-  bool idle = rt->inflight.count == 0 && !rt->queue_head;
+  bool idle = !rt->queue_head;
   pthread_mutex_unlock(&rt->mu);
   if (!idle) {
     return false;
@@ -167,7 +293,7 @@ int hora__engine_cycle_advance(struct hora__set *set, bool *progressed) {
     HORA_TRACE("cycle %llu: starting (%s; %llu new cached requests)",
                (unsigned long long)(set->cycles + 1), asked ? "asked" : "our own",
                (unsigned long long)set->new_hits);
-    contribute(set, joined);
+    HORA_CHECK(contribute(set, joined));
     *progressed = true;
     set->cycle_round = 0;
     set->round_sent = false;
@@ -279,10 +405,18 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
   }
   uint32_t nb = set->cycle_nbytes;
   const uint8_t *ready = set->acc, *submitted = ready + nb, *evict = submitted + nb;
+  const uint8_t *eager = evict + nb;
   struct hora__response *head = NULL, **tail = &head;
+  struct hora__response *ehead = NULL, **etail = &ehead; /* eager: nothing left to fuse */
   int rc = HORA_SUCCESS;
+  size_t eoff = 0;
   for (uint32_t s = 0; s < nb * 8 && rc == HORA_SUCCESS; s++) {
+    bool is_eager = bit_set(eager, s);
     if (!bit_set(ready, s) || !bit_set(submitted, s)) {
+      if (is_eager) {
+        rc = hora__error(HORA_ERR_PROTOCOL, "cycle %llu carried eager data for cache slot %u, "
+                         "which it did not schedule", (unsigned long long)(set->cycles + 1), s);
+      }
       continue;
     }
     const struct hora__cache_entry *ce = hora__cache_entry(&set->cache, (int32_t)s);
@@ -294,8 +428,26 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
                             (unsigned long long)(set->cycles + 1), s);
       break;
     }
-    *tail = r;
-    tail = &r->next;
+    if (is_eager) {
+      size_t b = eager_kind(&ce->meta) ? eager_bytes(&ce->meta) : SIZE_MAX;
+      r->eager = b <= set->eager_len - eoff ? hora__malloc(b + 1) : NULL;
+      if (!r->eager) {
+        rc = b == SIZE_MAX || b > set->eager_len - eoff
+                 ? hora__error(HORA_ERR_PROTOCOL, "cycle %llu's eager data does not match its "
+                               "slots (%zu bytes)", (unsigned long long)(set->cycles + 1),
+                               set->eager_len)
+                 : HORA_ERR_NO_MEMORY;
+        hora__response_free(r);
+        break;
+      }
+      memcpy(r->eager, set->eager + eoff, b);
+      eoff += b;
+      *etail = r;
+      etail = &r->next;
+    } else {
+      *tail = r;
+      tail = &r->next;
+    }
     int32_t noted;
     struct hora__op_meta m = ce->meta;
     rc = hora__cache_note(&set->cache, r->tensors[0].key, r->tensors[0].key_len, &m, &noted);
@@ -305,8 +457,17 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
     }
     timeline_cached(r, set->comm->size);
   }
+  if (rc == HORA_SUCCESS && eoff != set->eager_len) {
+    rc = hora__error(HORA_ERR_PROTOCOL, "cycle %llu's eager data does not match its slots "
+                     "(%zu bytes, %zu used)", (unsigned long long)(set->cycles + 1),
+                     set->eager_len, eoff);
+  }
   if (rc == HORA_SUCCESS) {
     rc = hora__responses_fuse(head, &tail, hora__params.FUSION_THRESHOLD);
+  }
+  *tail = ehead; /* queued even on failure, so they are freed */
+  if (ehead) {
+    tail = etail;
   }
   for (uint32_t s = 0; s < nb * 8 && rc == HORA_SUCCESS; s++) {
     if (bit_set(evict, s) && !(bit_set(ready, s) && bit_set(submitted, s))) {

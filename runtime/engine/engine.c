@@ -68,6 +68,8 @@ void hora__engine_set_free(struct hora__set *s, bool failed) {
   free(s->waiting);
   free(s->evict_wish);
   free(s->acc);
+  free(s->eager);
+  free(s->eager_tmp);
   hora__cycle_inbox_free(s->inbox);
   free(s->stuck_cycle);
   free(s->stuck_since_ns);
@@ -118,7 +120,7 @@ int hora__engine_set_create(struct hora__engine *e, hora__comm *comm, struct hor
   hora__cycle_partners(comm->rank, comm->size, &s->partners);
   s->waiting = hora__calloc((size_t)s->cache.capacity + 1, sizeof(*s->waiting));
   s->evict_wish = hora__calloc(bitmap + 1, 1);
-  s->acc = hora__calloc(3 * bitmap + 1, 1);
+  s->acc = hora__calloc(HORA_CYCLE_VECTORS * bitmap + 1, 1);
   s->inbox = hora__calloc(2 * INBOX_STEPS, sizeof(*s->inbox));
   s->stuck_cycle = hora__calloc((size_t)comm->size, sizeof(uint64_t));
   s->stuck_since_ns = hora__calloc((size_t)comm->size, sizeof(uint64_t));

@@ -75,7 +75,11 @@ struct hora__set {
   int cycle_phase;       /* CYCLE_IDLE, or where the one in progress stands */
   int cycle_round;
   bool round_sent;
-  uint8_t *acc;          /* ready, submitted, evict: 3 x cycle_nbytes */
+  uint8_t *acc;          /* ready, submitted, evict, eager: 4 x cycle_nbytes */
+  /* The eager slots' data (the acc's eager bits, in slot order), reduced so
+   * far; eager_tmp is where a partner's step is folded in. */
+  uint8_t *eager, *eager_tmp;
+  size_t eager_len, eager_cap, eager_tmp_cap;
   uint32_t cycle_nbytes;
   uint64_t acc_frames;
   uint8_t acc_flags;

@@ -23,6 +23,7 @@ void hora__cycle_inbox_free(struct hora__cycle_inbox *inbox) {
   if (inbox) {
     for (int i = 0; i < 2 * HORA_INBOX_STEPS; i++) {
       free(inbox[i].vec);
+      free(inbox[i].eager);
     }
   }
   free(inbox);
@@ -44,7 +45,7 @@ int hora__cycle_accept(struct hora__cycle_inbox *inbox, const struct hora__cycle
                        "(at cycle %llu) does not expect from it", from, m.step,
                        (unsigned long long)m.cycle, (unsigned long long)cycles);
   }
-  if (m.nbytes > max_nbytes || (m.step == HORA_STEP_ASK && m.nbytes != 0)) {
+  if (m.nbytes > max_nbytes || (m.step == HORA_STEP_ASK && (m.nbytes != 0 || m.eager_len != 0))) {
     return hora__error(HORA_ERR_PROTOCOL, "rank %d sent %u bytes of cache bits in step %u of "
                        "cycle %llu; this rank's cache has %u", from, m.nbytes, m.step,
                        (unsigned long long)m.cycle, max_nbytes);
@@ -54,7 +55,7 @@ int hora__cycle_accept(struct hora__cycle_inbox *inbox, const struct hora__cycle
     return hora__error(HORA_ERR_PROTOCOL, "rank %d sent step %u of cycle %llu twice", from,
                        m.step, (unsigned long long)m.cycle);
   }
-  size_t need = 3 * (size_t)m.nbytes;
+  size_t need = HORA_CYCLE_VECTORS * (size_t)m.nbytes;
   if (need > in->cap) {
     uint8_t *v = hora__realloc(in->vec, need);
     if (!v) {
@@ -66,6 +67,18 @@ int hora__cycle_accept(struct hora__cycle_inbox *inbox, const struct hora__cycle
   if (need) {
     memcpy(in->vec, m.vec, need);
   }
+  if (m.eager_len > in->eager_cap) {
+    uint8_t *v = hora__realloc(in->eager, m.eager_len);
+    if (!v) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    in->eager = v;
+    in->eager_cap = m.eager_len;
+  }
+  if (m.eager_len) {
+    memcpy(in->eager, m.eager, m.eager_len);
+  }
+  in->eager_len = m.eager_len;
   in->has = true;
   in->cycle = m.cycle;
   in->flags = m.flags;

@@ -33,8 +33,10 @@ struct hora__cycle_inbox {
   uint8_t flags;
   uint64_t frames;
   uint32_t nbytes;
-  uint8_t *vec; /* 3 x nbytes */
+  uint8_t *vec; /* HORA_CYCLE_VECTORS x nbytes */
   size_t cap;
+  uint8_t *eager; /* eager_len bytes: the eager slots' data */
+  size_t eager_len, eager_cap;
 };
 
 /* inbox has 2 * HORA_INBOX_STEPS entries: at most the next two cycles can

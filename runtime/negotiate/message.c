@@ -226,7 +226,9 @@ void hora__encode_cycle(struct hora__wbuf *w, const struct hora__cycle_msg *m) {
   hora__wbuf_u8(w, m->flags);
   hora__wbuf_u64(w, m->frames);
   hora__wbuf_u32(w, m->nbytes);
-  hora__wbuf_put(w, m->vec, 3 * (size_t)m->nbytes);
+  hora__wbuf_put(w, m->vec, HORA_CYCLE_VECTORS * (size_t)m->nbytes);
+  hora__wbuf_u32(w, m->eager_len);
+  hora__wbuf_put(w, m->eager, m->eager_len);
 }
 
 int hora__decode_cycle(const uint8_t *p, size_t n, struct hora__cycle_msg *m) {
@@ -236,11 +238,18 @@ int hora__decode_cycle(const uint8_t *p, size_t n, struct hora__cycle_msg *m) {
   m->flags = hora__rbuf_u8(&r);
   m->frames = hora__rbuf_u64(&r);
   m->nbytes = hora__rbuf_u32(&r);
-  if (r.bad || m->nbytes > MAX_CACHE_BITMAP || 3 * (size_t)m->nbytes != hora__rbuf_left(&r) ||
+  size_t vecs = HORA_CYCLE_VECTORS * (size_t)m->nbytes;
+  if (r.bad || m->nbytes > MAX_CACHE_BITMAP || vecs + 4 > hora__rbuf_left(&r) ||
       (m->flags & ~HORA_CYCLE_FLAGS_ALL) != 0) {
     return hora__error(HORA_ERR_INVALID_ARG, "malformed cycle message (%zu bytes)", n);
   }
   m->vec = p + r.off;
+  r.off += vecs;
+  m->eager_len = hora__rbuf_u32(&r);
+  if (r.bad || m->eager_len != hora__rbuf_left(&r) || m->eager_len > HORA_CYCLE_EAGER_MAX) {
+    return hora__error(HORA_ERR_INVALID_ARG, "malformed cycle message (%zu bytes)", n);
+  }
+  m->eager = p + r.off;
   return HORA_SUCCESS;
 }
 
@@ -295,6 +304,7 @@ void hora__response_free(struct hora__response *r) {
   }
   free(r->tensors);
   free(r->error_msg);
+  free(r->eager);
   free(r);
 }
 

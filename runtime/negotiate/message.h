@@ -54,9 +54,14 @@ int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request
 
 /* ---- cycles ------------------------------------------------------------------
  * One step of a cycle's allreduce of cache bit vectors (engine/cycle_steps.c):
- * three vectors of nbytes each, ready (AND), submitted (OR) and evict (OR),
- * the count of response frames rank 0 had sent (MAX) and flags (OR). */
+ * four vectors of nbytes each, ready (AND), submitted (OR), evict (OR) and
+ * eager (AND: slots whose data travels with the cycle), the count of
+ * response frames rank 0 had sent (MAX), flags (OR), and the eager slots'
+ * data, reduced, in slot order (each slot's size is its cached operation's,
+ * which the decoder does not know: the cycle checks it). */
 #define HORA_CYCLE_JOINED 1u /* some rank has a join in flight */
+#define HORA_CYCLE_VECTORS 4
+#define HORA_CYCLE_EAGER_MAX (1u << 20) /* bytes of eager data a cycle may carry */
 #define HORA_CYCLE_FLAGS_ALL HORA_CYCLE_JOINED
 
 struct hora__cycle_msg {
@@ -65,7 +70,9 @@ struct hora__cycle_msg {
   uint8_t flags;
   uint64_t frames;
   uint32_t nbytes;
-  const uint8_t *vec; /* 3 * nbytes; points into the decoded frame */
+  const uint8_t *vec; /* 4 * nbytes; points into the decoded frame */
+  uint32_t eager_len;
+  const uint8_t *eager; /* eager_len bytes; points into the decoded frame */
 };
 
 void hora__encode_cycle(struct hora__wbuf *w, const struct hora__cycle_msg *m);
@@ -99,6 +106,9 @@ struct hora__response {
   char *error_msg;     /* ERROR */
   uint32_t ntensors, tensors_cap; /* tensors in use, and room for */
   struct hora__resp_tensor *tensors;
+  /* An allreduce of one tensor whose result came with the cycle that
+   * scheduled it (engine/cycle_steps.c): left to copy out, or NULL. */
+  uint8_t *eager;
 };
 
 struct hora__response *hora__response_new(uint8_t kind, uint32_t ntensors);

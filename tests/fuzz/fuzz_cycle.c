@@ -42,8 +42,10 @@ static int on_frame(void *arg, uint16_t type, const uint8_t *p, size_t n) {
   bool partner = t->from == cp->fold ||
                  (m.step >= 1 && m.step <= cp->nrounds && cp->round[m.step - 1] == t->from);
   struct hora__cycle_inbox *in = hora__cycle_inbox_of(t->inbox, m.cycle, m.step);
-  if (!partner || !in->has || in->nbytes != m.nbytes || in->cap < 3 * (size_t)m.nbytes ||
-      (m.nbytes && memcmp(in->vec, m.vec, 3 * (size_t)m.nbytes) != 0)) {
+  size_t vecs = HORA_CYCLE_VECTORS * (size_t)m.nbytes;
+  if (!partner || !in->has || in->nbytes != m.nbytes || in->cap < vecs ||
+      (m.nbytes && memcmp(in->vec, m.vec, vecs) != 0) || in->eager_len != m.eager_len ||
+      (m.eager_len && memcmp(in->eager, m.eager, m.eager_len) != 0)) {
     __builtin_trap();
   }
   /* Every third step ends the next cycle, which spends its inbox. */
@@ -85,11 +87,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                   .flags = data[i + 3] & 3u,
                                   .frames = data[i + 4],
                                   .nbytes = nb};
-      uint8_t vec[24] = {0};
-      memcpy(vec, data + i + 7, HORA_MIN(3 * (size_t)nb, size - (i + 7)));
+      uint8_t vec[HORA_CYCLE_VECTORS * 8 + 8] = {0};
+      size_t vecs = HORA_CYCLE_VECTORS * (size_t)nb, eager = data[i + 3] >> 5; /* 0-7 bytes */
+      memcpy(vec, data + i + 7, HORA_MIN(vecs + eager, size - (i + 7)));
       m.vec = vec;
+      m.eager = vec + vecs;
+      m.eager_len = (uint32_t)eager;
       uint8_t at = data[i + 5], val = data[i + 6];
-      i += 7 + 3 * nb;
+      i += 7 + vecs + eager;
       hora__encode_cycle(&w, &m);
       if (w.failed || len + 8 + w.len > cap) {
         uint8_t *p = realloc(stream, cap = 2 * (len + 8 + w.len));

@@ -12,7 +12,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   struct hora__cycle_msg m;
   if (hora__decode_cycle(data, size, &m) == HORA_SUCCESS) {
-    if (3 * (size_t)m.nbytes != size - 22 || (m.flags & ~HORA_CYCLE_FLAGS_ALL)) {
+    if (HORA_CYCLE_VECTORS * (size_t)m.nbytes + m.eager_len != size - 26 ||
+        m.eager != m.vec + HORA_CYCLE_VECTORS * (size_t)m.nbytes + 4 ||
+        (m.flags & ~HORA_CYCLE_FLAGS_ALL)) {
       __builtin_trap();
     }
   }

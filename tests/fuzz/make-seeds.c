@@ -90,9 +90,9 @@ int main(int argc, char **argv) {
   hora__encode_abort(&w, 5, HORA_ERR_PEER_LOST, "lost rank 5 (host h1, pid 99)");
   snprintf(dir, sizeof(dir), "%s/fuzz_small", root);
   put(dir, "abort", w.data, w.len);
-  uint8_t vec[6] = {0x05, 0x01, 0xff, 0x03, 0x00, 0x10};
+  uint8_t vec[8 + 4] = {0x05, 0x01, 0xff, 0x03, 0x00, 0x10, 0x01, 0x00, 1, 2, 3, 4};
   struct hora__cycle_msg cyc = {.cycle = 12, .step = 1, .flags = HORA_CYCLE_JOINED, .frames = 3,
-                                .nbytes = 2, .vec = vec};
+                                .nbytes = 2, .vec = vec, .eager_len = 4, .eager = vec + 8};
   hora__encode_cycle(&w, &cyc);
   put(dir, "cycle", w.data, w.len);
   /* frames: a heartbeat and a small message back to back */

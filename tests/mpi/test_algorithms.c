@@ -7,6 +7,8 @@
  * process set. Values are small integers, so results are exact. Lean on
  * purpose: it runs at up to 32 ranks on two cores. */
 #include <math.h>
+#include <stdbool.h>
+#include <string.h>
 
 #include "mpitest.h"
 
@@ -284,6 +286,126 @@ static void in_a_process_set(void) {
   free(ranks);
 }
 
+/* Small allreduces that ran before travel with the negotiation cycle that
+ * schedules them (HORA_EAGER_THRESHOLD, 16K by default): dtypes and ops,
+ * prescale, postscale and AVERAGE, in place and not, several in one
+ * cycle, beside one too big to go that way. Float sums of values that
+ * round must give every rank the same bits. The count of eager ones is
+ * exact: every cached small one goes, unless the setting is 0 (as the
+ * testlist line passes it) or there is one rank. */
+static void allreduce_eager(void) {
+  enum { ITERS = 4, NSMALL = 5, BIG = 5000 };
+  const char *env = getenv("HORA_EAGER_THRESHOLD");
+  bool eager_on = mt_size > 1 && !(env && strcmp(env, "0") == 0);
+  hora_stats s0 = {.struct_size = sizeof(s0)}, s1 = {.struct_size = sizeof(s1)};
+  MT_OK(hora_get_stats(&s0));
+  float f[7], fin[7], avg[33], avg_in[33], *big = malloc(BIG * sizeof(float));
+  int32_t imax[3];
+  double dmin[1];
+  int64_t prod[2], prod_out[2];
+  for (int it = 0; it < ITERS; it++) {
+    for (int i = 0; i < 7; i++) {
+      fin[i] = 1.0f / (float)(mt_rank + 3 + i) + (float)it;
+    }
+    for (int i = 0; i < 33; i++) {
+      avg_in[i] = (float)(mt_rank + i + it);
+    }
+    for (int i = 0; i < 3; i++) {
+      imax[i] = (mt_rank * 5 + i + it) % 7;
+    }
+    dmin[0] = (double)(mt_rank - it);
+    for (int i = 0; i < 2; i++) {
+      prod[i] = mt_rank % 2 ? 2 : 1;
+    }
+    for (int i = 0; i < BIG; i++) {
+      big[i] = (float)((mt_rank + i) % 5);
+    }
+    hora_allreduce_options scaled = HORA_ALLREDUCE_OPTIONS_INIT;
+    scaled.prescale = 0.5;
+    scaled.postscale = 4.0;
+    hora_request *q[NSMALL + 1] = {NULL};
+    MT_OK(hora_allreduce_async_ex("eager/f32", fin, f, 7, HORA_FLOAT32, HORA_SUM, NULL, &q[0]));
+    MT_OK(hora_allreduce_async_ex("eager/i32/inplace", imax, imax, 3, HORA_INT32, HORA_MAX, NULL,
+                                  &q[1]));
+    MT_OK(hora_allreduce_async_ex("eager/f64", dmin, dmin, 1, HORA_FLOAT64, HORA_MIN, NULL, &q[2]));
+    MT_OK(hora_allreduce_async_ex("eager/avg", avg_in, avg, 33, HORA_FLOAT32, HORA_AVERAGE,
+                                  &scaled, &q[3]));
+    MT_OK(hora_allreduce_async_ex("eager/i64", prod, prod_out, 2, HORA_INT64, HORA_PRODUCT, NULL,
+                                  &q[4]));
+    MT_OK(hora_allreduce_async_ex("eager/big", big, big, BIG, HORA_FLOAT32, HORA_SUM, NULL, &q[5]));
+    for (int k = 0; k <= NSMALL; k++) {
+      MT_OK(hora_wait(&q[k]));
+    }
+    for (int i = 0; i < 7; i++) {
+      double want = 0;
+      for (int r = 0; r < mt_size; r++) {
+        want += 1.0 / (double)(r + 3 + i) + it;
+      }
+      if (fabs(f[i] - want) > 1e-4 * fabs(want)) {
+        mt_fail(__FILE__, __LINE__, "iteration %d: float32 sum %d is %.9g, expected %.9g", it, i,
+                (double)f[i], want);
+      }
+    }
+    float *all = malloc((size_t)mt_size * sizeof(f));
+    mt_allgather(f, sizeof(f), all);
+    for (int r = 1; r < mt_size; r++) {
+      if (memcmp(all, all + 7 * r, sizeof(f)) != 0) {
+        mt_fail(__FILE__, __LINE__, "iteration %d: rank %d's float32 sums differ in their bits "
+                "from rank 0's", it, r);
+      }
+    }
+    free(all);
+    for (int i = 0; i < 33; i++) {
+      double sum = 0;
+      for (int r = 0; r < mt_size; r++) {
+        sum += 0.5 * (r + i + it);
+      }
+      double want = 4.0 * sum / mt_size;
+      if (fabs(avg[i] - want) > 1e-4 * fabs(want) + 1e-6) {
+        mt_fail(__FILE__, __LINE__, "iteration %d: scaled average %d is %g, expected %g", it, i,
+                (double)avg[i], want);
+      }
+    }
+    for (int i = 0; i < 3; i++) {
+      int32_t want = 0;
+      for (int r = 0; r < mt_size; r++) {
+        int32_t v = (r * 5 + i + it) % 7;
+        want = v > want ? v : want;
+      }
+      if (imax[i] != want) {
+        mt_fail(__FILE__, __LINE__, "iteration %d: int32 max %d is %d, expected %d", it, i,
+                imax[i], want);
+      }
+    }
+    int64_t want_prod = (int64_t)1 << (mt_size / 2);
+    if (dmin[0] != (double)-it || prod_out[0] != want_prod || prod_out[1] != want_prod) {
+      mt_fail(__FILE__, __LINE__, "iteration %d: float64 min %g (expected %d), int64 product "
+              "%lld %lld (expected %lld)", it, dmin[0], -it, (long long)prod_out[0],
+              (long long)prod_out[1], (long long)want_prod);
+    }
+    for (int i = 0; i < BIG; i++) {
+      float want = 0;
+      for (int r = 0; r < mt_size; r++) {
+        want += (float)((r + i) % 5);
+      }
+      if (big[i] != want) {
+        mt_fail(__FILE__, __LINE__, "iteration %d: the big tensor's element %d is %g, expected %g",
+                it, i, (double)big[i], (double)want);
+        break;
+      }
+    }
+  }
+  free(big);
+  MT_OK(hora_get_stats(&s1));
+  uint64_t eager = s1.eager_allreduces - s0.eager_allreduces;
+  uint64_t want = eager_on ? (uint64_t)(ITERS - 1) * NSMALL : 0;
+  if (eager != want) {
+    mt_fail(__FILE__, __LINE__, "%llu allreduces travelled with their cycle, expected %llu "
+            "(the first of each name goes through rank 0, the big one never)",
+            (unsigned long long)eager, (unsigned long long)want);
+  }
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
@@ -296,6 +418,7 @@ int main(int argc, char **argv) {
   mt_run("algorithms/reducescatter", reducescatter_blocks);
   mt_run("algorithms/with_a_joined_rank", with_a_joined_rank);
   mt_run("algorithms/in_a_process_set", in_a_process_set);
+  mt_run("algorithms/allreduce_eager", allreduce_eager);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;

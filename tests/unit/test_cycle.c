@@ -20,7 +20,7 @@ TEST(cycle_steps_are_checked_on_arrival) {
   struct hora__cycle_inbox *inbox = calloc(2 * HORA_INBOX_STEPS, sizeof(*inbox));
   ASSERT(inbox);
   struct hora__wbuf w = {0};
-  const uint8_t vec[6] = {1, 2, 3, 4, 5, 6};
+  const uint8_t vec[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   int rc[8];
   char msg[8][160];
   size_t n = encode(&w, 6, 1, 2, vec);
@@ -37,7 +37,7 @@ TEST(cycle_steps_are_checked_on_arrival) {
   rc[5] = hora__cycle_accept(inbox, &cp, 5, 2, 2, w.data, n - 1); /* truncated */
   rc[6] = hora__cycle_accept(inbox, &cp, 5, 2, 2, w.data, n); /* fine */
   struct hora__cycle_inbox *in = hora__cycle_inbox_of(inbox, 6, 1);
-  int kept = in->has && in->nbytes == 2 && in->frames == 4 && memcmp(in->vec, vec, 6) == 0;
+  int kept = in->has && in->nbytes == 2 && in->frames == 4 && memcmp(in->vec, vec, 8) == 0;
   hora__cycle_inbox_free(inbox);
   hora__wbuf_free(&w);
   ASSERT_EQ_INT(rc[0], HORA_SUCCESS);
@@ -62,7 +62,7 @@ TEST(cycle_step_sent_again_after_it_was_taken_is_refused) {
   struct hora__cycle_inbox *inbox = calloc(2 * HORA_INBOX_STEPS, sizeof(*inbox));
   ASSERT(inbox);
   struct hora__wbuf w = {0};
-  const uint8_t vec[3] = {1, 2, 3};
+  const uint8_t vec[4] = {1, 2, 3, 4};
   size_t n = encode(&w, 1, 1, 1, vec);
   int rc0 = hora__cycle_accept(inbox, &cp, 0, 1, 0, w.data, n);
   struct hora__cycle_inbox *in = hora__cycle_take(inbox, 1, 1);

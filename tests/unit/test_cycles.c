@@ -429,6 +429,7 @@ static void params_for_cycles(int64_t fusion_threshold) {
   hora__params.CACHE_CAPACITY = CAPACITY;
   hora__params.FUSION_THRESHOLD = fusion_threshold;
   hora__params.CYCLE_TIME = 0; /* rank 0 sends ready responses at once */
+  hora__params.EAGER_THRESHOLD = 0; /* no data here: what the cycles schedule, not run */
 }
 
 static void params_restore(void) { hora__params = saved_params; }
@@ -1045,10 +1046,11 @@ static bool far_recv_step(struct lone *l, int peer, struct hora__cycle_msg *m, u
   uint32_t len = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
   uint16_t type = (uint16_t)(h[4] | h[5] << 8);
   if (len > sizeof(body) || !read_exact(l->far[peer], body, len, 2000) || type != HORA_MSG_CYCLE ||
-      hora__decode_cycle(body, len, m) != HORA_SUCCESS || 3 * (size_t)m->nbytes > vec_cap) {
+      hora__decode_cycle(body, len, m) != HORA_SUCCESS ||
+      HORA_CYCLE_VECTORS * (size_t)m->nbytes > vec_cap) {
     return false;
   }
-  memcpy(vec, m->vec, 3 * (size_t)m->nbytes);
+  memcpy(vec, m->vec, HORA_CYCLE_VECTORS * (size_t)m->nbytes);
   m->vec = vec;
   return true;
 }
@@ -1128,7 +1130,7 @@ static const struct refusal refusals[] = {
  * has ended, its steps again or steps of a cycle too far ahead. */
 TEST(cycle_steps_from_the_wrong_rank_or_cycle_fail_naming_it) {
   char why[4096] = "";
-  const uint8_t vec[3 * (CAPACITY / 8 + 1)] = {0};
+  const uint8_t vec[HORA_CYCLE_VECTORS * (CAPACITY / 8 + 1)] = {0};
   params_for_cycles(64 << 20);
   for (size_t i = 0; i < HORA_ARRAY_SIZE(refusals) && !why[0]; i++) {
     const struct refusal *f = &refusals[i];
@@ -1153,7 +1155,7 @@ TEST(cycle_steps_from_the_wrong_rank_or_cycle_fail_naming_it) {
   /* Rank 1 of 4, its partners played by the test: rank 0 in round 1, rank 3
    * in round 2. Its requests wait on slots 0 and 1. */
   struct hora__cycle_msg m;
-  uint8_t got[3 * 8];
+  uint8_t got[HORA_CYCLE_VECTORS * 8];
   struct lone l;
   bool made = !why[0];
   int rc = made ? lone_init(&l, 1, 4, 3) : HORA_SUCCESS;
@@ -1174,7 +1176,7 @@ TEST(cycle_steps_from_the_wrong_rank_or_cycle_fail_naming_it) {
   if (!why[0]) {
     /* Rank 0 sends its step twice, both there before the rank reads: the
      * second is refused, the first kept. */
-    const uint8_t v0[3] = {0x01, 0x01, 0x04}; /* ready: slot 0; evict: slot 2 */
+    const uint8_t v0[4] = {0x01, 0x01, 0x04, 0x00}; /* ready: slot 0; evict: slot 2 */
     bool sent = far_step(&l, 0, 1, 1, 1, v0, SIZE_MAX) && far_step(&l, 0, 1, 1, 1, v0, SIZE_MAX);
     rc = sent ? lone_turn(&l) : -1;
     if (rc != HORA_ERR_PROTOCOL ||
@@ -1191,7 +1193,7 @@ TEST(cycle_steps_from_the_wrong_rank_or_cycle_fail_naming_it) {
   if (!why[0]) {
     /* Round 2 goes to rank 3 with what rank 0 added; rank 3's step ends the
      * cycle: slot 0 runs, slot 2 is emptied, slot 1 still waits. */
-    const uint8_t v3[3] = {0x03, 0x02, 0x00};
+    const uint8_t v3[4] = {0x03, 0x02, 0x00, 0x00};
     bool out = far_recv_step(&l, 3, &m, got, sizeof(got)) && m.cycle == 1 && m.step == 2 &&
                m.nbytes == 1 && got[0] == 0x01 && got[1] == 0x03 && got[2] == 0x04;
     rc = out && far_step(&l, 3, 1, 2, 1, v3, SIZE_MAX) ? lone_run(&l, cycle_1_done, 2000) : -1;
@@ -1219,7 +1221,7 @@ TEST(cycle_steps_from_the_wrong_rank_or_cycle_fail_naming_it) {
       {3, 2, 2, "rank 3 sent step 2 of cycle 2 twice"},
   };
   for (size_t i = 0; i < HORA_ARRAY_SIZE(after) && !why[0]; i++) {
-    const uint8_t v[3] = {0, 0, 0};
+    const uint8_t v[4] = {0, 0, 0, 0};
     rc = far_step(&l, after[i].from, after[i].cycle, after[i].step, 1, v, SIZE_MAX)
              ? lone_turn(&l)
              : -1;
@@ -1236,7 +1238,7 @@ TEST(cycle_steps_from_the_wrong_rank_or_cycle_fail_naming_it) {
     /* Rank 3's step of cycle 2 started cycle 2 (it asks this rank to take
      * part): it went to rank 0 first; rank 0's answer claims 2 bytes of bits
      * against our 1: the caches are out of step. */
-    const uint8_t v[6] = {0};
+    const uint8_t v[8] = {0};
     bool out = far_recv_step(&l, 0, &m, got, sizeof(got)) && m.cycle == 2 && m.step == 1;
     rc = out && far_step(&l, 0, 2, 1, 2, v, SIZE_MAX) ? lone_run(&l, NULL, 2000) : -1;
     if (!out || rc != HORA_ERR_PROTOCOL ||
@@ -1328,7 +1330,7 @@ TEST(cycle_partner_lost_mid_cycle_fails_with_peer_lost) {
       rc = rc == HORA_ERR_TIMEOUT ? HORA_SUCCESS : rc; /* started, waiting */
     }
     if (rc == HORA_SUCCESS && f->feed_from >= 0) {
-      const uint8_t v[3] = {1, 1, 0};
+      const uint8_t v[4] = {1, 1, 0, 0};
       rc = far_step(&l, f->feed_from, 1, f->feed_step, 1, v, SIZE_MAX) ? lone_turn(&l) : -1;
     }
     int phase = l.k.set ? l.k.set->cycle_phase : -1;
