@@ -12,6 +12,10 @@
 #include "comm/coll/collectives.h"
 
 int hora_info_algorithms(void) {
+  int w = 0;
+  for (int i = 0; i < hora__nalgos; i++) {
+    w = (int)HORA_MAX((size_t)w, strlen(hora__algos[i]->name));
+  }
   printf("collective algorithms (force one with HORA_ALGORITHM_<KIND>=NAME; auto: the cost "
          "model)\n");
   for (int k = 0; k < HORA_ALGO_KINDS; k++) {
@@ -19,22 +23,30 @@ int hora_info_algorithms(void) {
     for (int i = 0; i < hora__nalgos; i++) {
       const struct hora__algo *a = hora__algos[i];
       if ((int)a->kind == k) {
-        printf("  %-13s %s\n", a->name, a->summary);
+        printf("  %-*s %s\n", w, a->name, a->summary);
       }
     }
   }
   return 0;
 }
 
-static void print_us(double s) {
+/* Seconds in a column of `width` (at least 12) characters. */
+static void print_us_in(double s, int width) {
+  char t[32];
   if (s >= 1.0) {
-    printf(" %10.2fs ", s);
+    snprintf(t, sizeof(t), "%.2fs ", s);
   } else if (s >= 1e-3) {
-    printf(" %9.2fms ", s * 1e3);
+    snprintf(t, sizeof(t), "%.2fms ", s * 1e3);
   } else {
-    printf(" %9.1fus ", s * 1e6);
+    snprintf(t, sizeof(t), "%.1fus ", s * 1e6);
   }
+  printf(" %*s", width - 1, t);
 }
+
+static void print_us(double s) { print_us_in(s, 12); }
+
+/* An algorithm's column in the tables: as wide as its name. */
+static int column(const struct hora__algo *a) { return (int)HORA_MAX(strlen(a->name) + 1, 12); }
 
 static void size_name(size_t b, char *out, size_t n) {
   if (b >= (1u << 20) && b % (1u << 20) == 0) {
@@ -53,7 +65,7 @@ static void table(const struct hora__layout *s, const struct hora__cost_model *m
          "bytes");
   for (int i = 0; i < hora__nalgos; i++) {
     if (hora__algos[i]->kind == kind && hora__algos[i]->usable(s)) {
-      printf(" %12s", hora__algos[i]->name);
+      printf(" %*s", column(hora__algos[i]), hora__algos[i]->name);
     }
   }
   printf("  chosen\n");
@@ -63,7 +75,7 @@ static void table(const struct hora__layout *s, const struct hora__cost_model *m
     printf("%10s", name);
     for (int i = 0; i < hora__nalgos; i++) {
       if (hora__algos[i]->kind == kind && hora__algos[i]->usable(s)) {
-        print_us(hora__algos[i]->cost(m, s, sizes[j]));
+        print_us_in(hora__algos[i]->cost(m, s, sizes[j]), column(hora__algos[i]) + 1);
       }
     }
     printf("  %s\n", hora__algo_pick(s, m, kind, sizes[j])->name);

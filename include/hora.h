@@ -470,7 +470,9 @@ HORA_EXTERN int hora_reducescatter(const char *name, const void *sendbuf, void *
 /* The v variant: rank j keeps recv_counts[j] elements (one count per rank
  * of the set; sendbuf holds their sum, and every rank must pass the same
  * counts: HORA_ERR_MISMATCH otherwise). It runs as an allreduce of which
- * each rank keeps its block; a joined rank adds zeros and keeps nothing. */
+ * each rank keeps its block, or by recursive halving after an allgather of
+ * every rank's block (HORA_ALGORITHM_REDUCESCATTER=halving, or the cost
+ * model's choice); a joined rank adds zeros and keeps nothing. */
 HORA_EXTERN int hora_reducescatterv_async(const char *name, const void *sendbuf, void *recvbuf,
                                           const size_t *recv_counts, hora_dtype dtype, hora_op op,
                                           const hora_allreduce_options *opts,
@@ -488,7 +490,8 @@ HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size,
  * of the job (kind "allreduce", "broadcast", "allgather" or
  * "reducescatter"; bytes: the whole buffer, for an allgather each rank's
  * block): "ring", "rd", "rabenseifner", "shm", "hierarchical", "binomial",
- * "bruck", "allreduce" (hora-info --algorithms), forced by
+ * "scatter_allgather", "bruck", "halving", "allreduce" (hora-info
+ * --algorithms), forced by
  * HORA_ALGORITHM_<KIND> or chosen by the cost model, and the model's
  * predicted seconds for its data movement (negotiation not included). *name
  * stays valid until hora_finalize. */

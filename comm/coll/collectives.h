@@ -9,7 +9,9 @@
  *   - hosts of equal rank counts: hierarchical allreduce (shared memory
  *     within the host, a ring across hosts per slice)
  *   - over the connections: pipelined rings (large), recursive doubling,
- *     Rabenseifner, binomial trees and Bruck (small; recursive.c)
+ *     Rabenseifner, binomial trees and Bruck (small), the scatter +
+ *     allgather broadcast and the recursive halving reduce-scatter
+ *     (recursive.c)
  * Data is given as gather (in) and scatter (out) lists over one virtual
  * buffer, so fused tensors need no extra copy where the algorithm can read
  * and write them in place. */
@@ -129,9 +131,12 @@ struct hora__algo {
   hora__allreduce_fn *allreduce;
   hora__broadcast_fn *broadcast;
   hora__allgather_fn *allgather;
-  /* reducescatter: true runs the ring's reduce-scatter, false the
-   * selected allreduce of which each rank keeps its block. */
-  bool ring_scatter;
+  /* reducescatter: how it runs (select.c). */
+  enum hora__scatter {
+    HORA_SCATTER_ALLREDUCE, /* the selected allreduce, of which each rank keeps its block */
+    HORA_SCATTER_RING,      /* the ring's reduce-scatter */
+    HORA_SCATTER_HALVING    /* recursive halving */
+  } scatter;
 };
 
 /* Every registered algorithm, and their number. */
@@ -188,16 +193,19 @@ HORA_COST_FN(allreduce_rabenseifner);
 HORA_COST_FN(broadcast_shm);
 HORA_COST_FN(broadcast_ring);
 HORA_COST_FN(broadcast_binomial);
+HORA_COST_FN(broadcast_scatter_allgather);
 HORA_COST_FN(allgather_shm);
 HORA_COST_FN(allgather_ring);
 HORA_COST_FN(allgather_bruck);
 HORA_COST_FN(reducescatter_ring);
 HORA_COST_FN(reducescatter_allreduce);
+HORA_COST_FN(reducescatter_halving);
 
 /* ---- point-to-point schedules (recursive.c) --------------------------------
  * The algorithms that talk to partners other than the ring neighbours:
- * recursive doubling and Rabenseifner's allreduce, the binomial broadcast
- * and Bruck's allgather. Their partners (r +- 2^k, r ^ 2^k, the fold r +-
+ * recursive doubling and Rabenseifner's allreduce, the binomial and the
+ * scatter + allgather broadcasts, Bruck's allgather and the recursive
+ * halving reduce-scatter. Their partners (r +- 2^k, r ^ 2^k, the fold r +-
  * p2) get data connections at the first use, collectively. */
 int hora__comm_connect_partners(hora__comm *comm);
 /* The partners of `pos` among `size`: at most 3 * 32 ranks into out,
@@ -212,13 +220,22 @@ hora__contiguous_allreduce_fn hora__rd_allreduce, hora__rabenseifner_allreduce,
     hora__world_ring_allreduce;
 /* A broadcast of one contiguous buffer. */
 typedef int hora__contiguous_broadcast_fn(hora__comm *comm, void *buf, size_t bytes, int root);
-hora__contiguous_broadcast_fn hora__binomial_broadcast, hora__world_ring_broadcast;
+hora__contiguous_broadcast_fn hora__binomial_broadcast, hora__world_ring_broadcast,
+    hora__scatter_allgather_broadcast;
 /* A broadcast over an iov list by fn (several fused through the fusion
  * buffer). */
 int hora__broadcast_contiguous(hora__comm *comm, hora__contiguous_broadcast_fn *fn,
                                const struct hora__iov *buf, int nbuf, size_t bytes, int root,
                                const struct hora__coll_opts *opts);
 int hora__bruck_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
+/* recvbuf = this rank's block of the reduction of every rank's sendbuf
+ * (recursive halving); rank j's block is lens[j] elements at starts[j]
+ * (the same arrays on every rank: blocks anywhere, in any order, not
+ * overlapping). prescale multiplies this rank's input first. recvbuf may
+ * be sendbuf. */
+int hora__halving_reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf,
+                                const size_t *starts, const size_t *lens, double prescale,
+                                hora_dtype dtype, hora_op op, hora_dtype wire);
 /* An allreduce over iov lists by fn: one tensor between the caller's
  * buffers, several fused through the fusion buffer, with opts' scales
  * and phases. */
@@ -248,11 +265,16 @@ int hora__reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, si
                         size_t unit, hora_dtype dtype, hora_op op, hora_dtype wire,
                         const struct hora__coll_opts *opts);
 /* The same, each rank's block given (start, len elements; split by explicit
- * counts): the allreduce of which each rank keeps its block. */
+ * counts): the allreduce of which each rank keeps its block, or the
+ * recursive halving after an allgather of every rank's (start, len). */
 int hora__reducescatter_at(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                            size_t start, size_t len, hora_dtype dtype, hora_op op,
                            hora_dtype wire, const struct hora__coll_opts *opts);
 
+/* The ring allgather of blocks of bytes[r] bytes at at[r] of recvbuf
+ * (sendbuf: this rank's), over the connections; exchange.c. */
+int hora__ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
+                          void *recvbuf, const size_t *at);
 /* recvbuf = every rank's block in rank order, rank r's of bytes[r] bytes
  * (every rank passes the same bytes[]); exchange.c. */
 int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes, void *recvbuf,

@@ -184,6 +184,21 @@ HORA_COST_FN(broadcast_binomial) {
   return t;
 }
 
+HORA_COST_FN(broadcast_scatter_allgather) {
+  int p = s->size;
+  if (p == 1) {
+    return 0;
+  }
+  double n = (double)bytes, t = 0;
+  /* The tree's longest path carries what the root sends: at distance d,
+   * the blocks of d ranks (fewer in the last, partial subtree). */
+  for (long d = 1; d < p; d *= 2) {
+    t += step(m, s, d, n * (double)HORA_MIN(d, (long)p - d) / p);
+  }
+  /* The ring's allgather of the p blocks. */
+  return t + (p - 1) * (m->link.alpha + n / p * m->link.beta);
+}
+
 HORA_COST_FN(broadcast_shm) {
   (void)s;
   return 2 * m->local.alpha + 2 * (double)bytes * m->local.beta;
@@ -221,4 +236,21 @@ HORA_COST_FN(reducescatter_ring) {
 HORA_COST_FN(reducescatter_allreduce) {
   const struct hora__algo *a = hora__algo_pick(s, m, HORA_COLL_ALLREDUCE, bytes);
   return a->cost(m, s, bytes) + (double)bytes * m->local.beta; /* and the copy of one block */
+}
+
+HORA_COST_FN(reducescatter_halving) {
+  int p = s->size, p2 = floor_pow2(p);
+  if (p == 1) {
+    return 0;
+  }
+  double n = (double)bytes, t = n * m->local.beta; /* the input copied in the halving's order */
+  if (p2 != p) {
+    /* The fold: the whole in, one block out. */
+    t += step(m, s, p2, n) + n * m->link.gamma + step(m, s, p2, n / p);
+  }
+  for (long d = p2 / 2; d >= 1; d /= 2) {
+    double moved = n * (double)d / p2;
+    t += step(m, s, d, moved) + moved * m->link.gamma;
+  }
+  return t;
 }

@@ -135,8 +135,8 @@ static void gv_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scrat
   *len = g->recv[i].len;
 }
 
-static int ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
-                           void *recvbuf, size_t *at) {
+int hora__ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
+                          void *recvbuf, const size_t *at) {
   const struct hora__ring_view *v = &comm->world_ring;
   int p = v->size, me = v->pos;
   char *out = recvbuf;
@@ -369,7 +369,7 @@ int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
   }
   if (rc == HORA_SUCCESS && !done) {
     rc = on_shm(comm) ? shm_allgatherv(comm, sendbuf, bytes, recvbuf, at)
-                      : ring_allgatherv(comm, sendbuf, bytes, recvbuf, at);
+                      : hora__ring_allgatherv(comm, sendbuf, bytes, recvbuf, at);
   }
   free(at);
   return rc;

@@ -10,8 +10,15 @@
  *     v - lowbit(v) and sends to v + 2^j for each 2^j below lowbit(v).
  *   Bruck (allgather): in step k rank r sends the 2^k blocks it has to
  *     r - 2^k and receives as many from r + 2^k; any p, ceil(log2 p) steps.
+ *   scatter + allgather (broadcast, van de Geijn): the root's buffer cut
+ *     into p blocks goes down the binomial tree, each subtree's blocks in
+ *     one piece, so that every rank ends with its own block; then the
+ *     ring allgathers the blocks. About 2n bytes per rank, where the tree
+ *     moves n per step.
+ *   recursive halving (reducescatter): Rabenseifner's first half, its
+ *     split at the blocks' bounds so that each rank ends with its own.
  *
- * Rank counts that are not powers of two fold for the allreduces: with p2
+ * Rank counts that are not powers of two fold for the reductions: with p2
  * the largest power of two <= p, rank r >= p2 hands its data to r - p2
  * and takes the result back from it, so p2 ranks run the schedule:
  *
@@ -145,6 +152,8 @@ struct rd {
   char *stage; /* compressed sends: count wire elements */
 };
 
+/* buf NULL: the buffer is count elements of temp's own, in front of the
+ * receive and staging space. */
 static int rd_begin(struct rd *s, const struct group *g, void *buf, size_t count,
                     hora_dtype dtype, hora_op op, hora_dtype wire) {
   hora__comm *comm = g->comm;
@@ -154,9 +163,13 @@ static int rd_begin(struct rd *s, const struct group *g, void *buf, size_t count
                    .p2 = floor_pow2(g->size)};
   HORA_CHECK(hora__comm_connect_partners(comm));
   char *t;
-  HORA_CHECK(temp_get(comm, count * s->ws * (s->compressed ? 2 : 1), &t));
-  s->tmp = t;
-  s->stage = t + count * s->ws;
+  size_t own = buf ? 0 : count * s->es;
+  HORA_CHECK(temp_get(comm, own + count * s->ws * (s->compressed ? 2 : 1), &t));
+  if (!buf) {
+    s->buf = t;
+  }
+  s->tmp = t + own;
+  s->stage = s->tmp + count * s->ws;
   return HORA_SUCCESS;
 }
 
@@ -249,6 +262,35 @@ struct halving {
   int peer;
 };
 
+/* Reduce-scatter by recursive halving among the p2 ranks of the schedule:
+ * each step keeps the half of the range both partners hold that this
+ * rank's bit names and sends the other. Rank r ends with part r complete:
+ * elements [at[r], at[r + 1]) (at: p2 + 1 bounds), or with at NULL the
+ * r-th of halves of halves. steps (may be NULL): each step, for the way
+ * back, *nsteps of them; [*lo, *hi): the part. */
+static int halve(struct rd *s, const size_t *at, struct halving *steps, int *nsteps, size_t *lo,
+                 size_t *hi) {
+  int r = s->g.pos, first = 0; /* the first rank of the range's half of the group */
+  *lo = 0;
+  *hi = s->count;
+  for (int mask = s->p2 / 2; mask >= 1; mask /= 2) {
+    size_t mid = at ? at[first + mask] : *lo + (*hi - *lo) / 2;
+    bool lower = (r & mask) == 0;
+    size_t klo = lower ? *lo : mid, khi = lower ? mid : *hi;
+    size_t slo = lower ? mid : *lo, shi = lower ? *hi : mid;
+    HORA_CHECK(swap_with(&s->g, r ^ mask, outgoing(s, slo, shi - slo), (shi - slo) * s->ws,
+                         s->tmp + klo * s->ws, (khi - klo) * s->ws));
+    reduce_in(s, klo, khi - klo);
+    if (steps) {
+      steps[(*nsteps)++] = (struct halving){*lo, *hi, klo, khi, r ^ mask};
+    }
+    first += lower ? 0 : mask;
+    *lo = klo;
+    *hi = khi;
+  }
+  return HORA_SUCCESS;
+}
+
 static int rabenseifner_run(const struct group *g, void *buf, size_t count, hora_dtype dtype,
                             hora_op op, hora_dtype wire) {
   if (g->size == 1 || count == 0) {
@@ -259,23 +301,12 @@ static int rabenseifner_run(const struct group *g, void *buf, size_t count, hora
   HORA_CHECK(rd_begin(&s, g, buf, count, dtype, op, wire));
   HORA_CHECK(fold_in(&s, &out));
   if (!out) {
-    /* Reduce-scatter by recursive halving: keep the half this rank's bit
-     * names, send the other; at the end rank r owns block r of p2. */
+    /* Reduce-scatter by recursive halving: at the end rank r owns block r
+     * of p2. */
     struct halving steps[32];
-    int nsteps = 0, r = g->pos;
-    size_t lo = 0, hi = count;
-    for (int mask = s.p2 / 2; mask >= 1; mask /= 2) {
-      size_t mid = lo + (hi - lo) / 2;
-      bool lower = (r & mask) == 0;
-      size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
-      size_t slo = lower ? mid : lo, shi = lower ? hi : mid;
-      HORA_CHECK(swap_with(g, r ^ mask, outgoing(&s, slo, shi - slo), (shi - slo) * s.ws,
-                           s.tmp + klo * s.ws, (khi - klo) * s.ws));
-      reduce_in(&s, klo, khi - klo);
-      steps[nsteps++] = (struct halving){lo, hi, klo, khi, r ^ mask};
-      lo = klo;
-      hi = khi;
-    }
+    int nsteps = 0;
+    size_t lo, hi;
+    HORA_CHECK(halve(&s, NULL, steps, &nsteps, &lo, &hi));
     /* Allgather by recursive doubling, retracing the halving. */
     round_own(&s, lo, hi - lo);
     while (nsteps-- > 0) {
@@ -292,6 +323,65 @@ static int rabenseifner_run(const struct group *g, void *buf, size_t count, hora
     }
   }
   return fold_out(&s, out);
+}
+
+int hora__halving_reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf,
+                                const size_t *starts, const size_t *lens, double prescale,
+                                hora_dtype dtype, hora_op op, hora_dtype wire) {
+  int p = comm->size, me = comm->rank, p2 = floor_pow2(p);
+  size_t es = hora_dtype_size(dtype);
+  /* Rank q < p2 reduces, in one piece, its block and that of q + p2, which
+   * folds into it: the input is laid out in that order (part q of the
+   * halving: elements [at[q], at[q + 1])), so blocks in any place and of
+   * any size split where they end, and nothing else is reduced. */
+  size_t *at = hora__malloc(((size_t)p2 + 1) * sizeof(*at));
+  if (!at) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  at[0] = 0;
+  for (int q = 0; q < p2; q++) {
+    at[q + 1] = at[q] + lens[q] + (q + p2 < p ? lens[q + p2] : 0);
+  }
+  int rc = HORA_SUCCESS;
+  struct rd s;
+  struct group g = world_group(comm);
+  bool out = false;
+  if (at[p2] == 0) {
+    goto done; /* every block is empty */
+  }
+  rc = rd_begin(&s, &g, NULL, at[p2], dtype, op, wire);
+  if (rc != HORA_SUCCESS) {
+    goto done;
+  }
+  for (int q = 0; q < p2; q++) {
+    const char *in = sendbuf;
+    memcpy(s.buf + at[q] * es, in + starts[q] * es, lens[q] * es);
+    if (q + p2 < p) {
+      memcpy(s.buf + (at[q] + lens[q]) * es, in + starts[q + p2] * es, lens[q + p2] * es);
+    }
+  }
+  if (prescale != 1.0) {
+    hora__scale(dtype, s.buf, at[p2], prescale);
+  }
+  rc = fold_in(&s, &out);
+  if (rc == HORA_SUCCESS && !out) {
+    size_t lo, hi;
+    rc = halve(&s, at, NULL, NULL, &lo, &hi);
+  }
+  /* Fold out: only the folded rank's block, in full precision. */
+  if (rc == HORA_SUCCESS && out) {
+    rc = recv_from(&g, me - p2, recvbuf, lens[me] * es);
+  } else if (rc == HORA_SUCCESS) {
+    if (me + p2 < p) {
+      rc = send_to(&g, me + p2, s.buf + (at[me] + lens[me]) * es, lens[me + p2] * es);
+    }
+    if (rc == HORA_SUCCESS && lens[me]) {
+      memcpy(recvbuf, s.buf + at[me] * es, lens[me] * es);
+    }
+  }
+done:
+  free(at);
+  return rc;
 }
 
 int hora__rd_allreduce(hora__comm *comm, const void *src, void *buf, size_t count,
@@ -369,4 +459,57 @@ int hora__bruck_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, v
     memcpy((char *)recvbuf + (size_t)((r + i) % p) * bytes, t + (size_t)i * bytes, bytes);
   }
   return HORA_SUCCESS;
+}
+
+/* Start of relative block b of bytes split among p (b = p: the end). */
+static size_t block_at(size_t bytes, int p, int b) {
+  size_t start, len;
+  if (b >= p) {
+    return bytes;
+  }
+  hora__block_range(bytes, 1, p, b, &start, &len);
+  return start;
+}
+
+int hora__scatter_allgather_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
+  int p = comm->size;
+  if (p == 1 || bytes == 0) {
+    return HORA_SUCCESS;
+  }
+  HORA_CHECK(hora__comm_connect_partners(comm));
+  struct group g = world_group(comm);
+  char *b = buf;
+  /* The binomial tree of the broadcast, each edge carrying the blocks of
+   * the subtree below it (relative ranks v .. v + mask - 1: one piece). */
+  int v = (comm->rank - root + p) % p;
+  long mask = 1;
+  while (mask < p) {
+    if (v & mask) {
+      size_t lo = block_at(bytes, p, v), hi = block_at(bytes, p, (int)HORA_MIN(v + mask, p));
+      HORA_CHECK(recv_from(&g, (int)((v - mask + root) % p), b + lo, hi - lo));
+      break;
+    }
+    mask *= 2;
+  }
+  for (mask /= 2; mask > 0; mask /= 2) {
+    if (v + mask < p) {
+      size_t lo = block_at(bytes, p, (int)(v + mask));
+      size_t hi = block_at(bytes, p, (int)HORA_MIN(v + 2 * mask, p));
+      HORA_CHECK(send_to(&g, (int)((v + mask + root) % p), b + lo, hi - lo));
+    }
+  }
+  /* The ring's allgather: rank r holds relative block r - root. */
+  size_t *len = hora__malloc(2 * (size_t)p * sizeof(*len));
+  if (!len) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  size_t *at = len + p;
+  for (int r = 0; r < p; r++) {
+    int rel = (r - root + p) % p;
+    at[r] = block_at(bytes, p, rel);
+    len[r] = block_at(bytes, p, rel + 1) - at[r];
+  }
+  int rc = hora__ring_allgatherv(comm, b + at[comm->rank], len, b, at);
+  free(len);
+  return rc;
 }

@@ -1,6 +1,8 @@
 /* The registry of host algorithms, the selector, and the entry points that
  * go through it. Nothing else decides between shared memory, rings, the
  * logarithmic schedules and the device data plane. */
+#include <stdlib.h>
+
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/coll/collectives.h"
@@ -51,6 +53,13 @@ static int ring_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbu
 static int binomial_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf,
                               size_t bytes, int root, const struct hora__coll_opts *opts) {
   return hora__broadcast_contiguous(comm, hora__binomial_broadcast, buf, nbuf, bytes, root, opts);
+}
+
+static int scatter_allgather_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf,
+                                       size_t bytes, int root,
+                                       const struct hora__coll_opts *opts) {
+  return hora__broadcast_contiguous(comm, hora__scatter_allgather_broadcast, buf, nbuf, bytes,
+                                    root, opts);
 }
 
 static int shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
@@ -116,6 +125,9 @@ ALGO(broadcast_ring, "ring", HORA_COLL_BROADCAST,
 ALGO(broadcast_binomial, "binomial", HORA_COLL_BROADCAST,
      "binomial tree from the root: ceil(log2 p) steps (small operations)", always, broadcast,
      binomial_broadcast);
+ALGO(broadcast_scatter_allgather, "scatter_allgather", HORA_COLL_BROADCAST,
+     "binomial scatter of p blocks, then the ring's allgather of them (large operations)",
+     always, broadcast, scatter_allgather_broadcast);
 ALGO(allgather_shm, "shm", HORA_COLL_ALLGATHER, "one host: through the shared segment",
      on_one_host, allgather, hora__shm_allgather);
 ALGO(allgather_ring, "ring", HORA_COLL_ALLGATHER, "ring: p-1 steps, one block each", always,
@@ -125,15 +137,20 @@ ALGO(allgather_bruck, "bruck", HORA_COLL_ALLGATHER,
      hora__bruck_allgather);
 ALGO(reducescatter_ring, "ring", HORA_COLL_REDUCESCATTER,
      "the ring allreduce's reduce-scatter half: p-1 steps (no shared memory)", without_shm,
-     ring_scatter, true);
+     scatter, HORA_SCATTER_RING);
 ALGO(reducescatter_allreduce, "allreduce", HORA_COLL_REDUCESCATTER,
-     "the chosen allreduce, of which each rank keeps its block", always, ring_scatter, false);
+     "the chosen allreduce, of which each rank keeps its block", always, scatter,
+     HORA_SCATTER_ALLREDUCE);
+ALGO(reducescatter_halving, "halving", HORA_COLL_REDUCESCATTER,
+     "recursive halving: log2 p steps of halving sizes (no shared memory)", without_shm,
+     scatter, HORA_SCATTER_HALVING);
 
 const struct hora__algo *const hora__algos[] = {
-    &allreduce_shm,      &allreduce_hierarchical, &allreduce_ring,     &allreduce_rd,
-    &allreduce_rabenseifner, &broadcast_shm,      &broadcast_ring,     &broadcast_binomial,
-    &allgather_shm,      &allgather_ring,         &allgather_bruck,    &reducescatter_ring,
-    &reducescatter_allreduce,
+    &allreduce_shm,          &allreduce_hierarchical,       &allreduce_ring,
+    &allreduce_rd,           &allreduce_rabenseifner,       &broadcast_shm,
+    &broadcast_ring,         &broadcast_binomial,           &broadcast_scatter_allgather,
+    &allgather_shm,          &allgather_ring,               &allgather_bruck,
+    &reducescatter_ring,     &reducescatter_allreduce,      &reducescatter_halving,
 };
 const int hora__nalgos = (int)(sizeof(hora__algos) / sizeof(hora__algos[0]));
 
@@ -329,18 +346,75 @@ int hora__allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *r
                                                                         recvbuf);
 }
 
+/* The recursive halving, which needs every rank's block: Horovod's split
+ * computed here, explicit counts (unit 0) exchanged first, since the
+ * operation carries only this rank's (a joined rank's is empty). */
+static int halving_reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf,
+                                 size_t count, size_t unit, size_t start, size_t len,
+                                 hora_dtype dtype, hora_op op, hora_dtype wire,
+                                 const struct hora__coll_opts *opts) {
+  int p = comm->size, rc = HORA_SUCCESS;
+  size_t *starts = hora__malloc(2 * (size_t)p * sizeof(*starts));
+  uint64_t *all = hora__malloc(2 * (size_t)p * sizeof(*all));
+  if (!starts || !all) {
+    free(starts);
+    free(all);
+    return HORA_ERR_NO_MEMORY;
+  }
+  size_t *lens = starts + p;
+  if (unit > 0) {
+    for (int j = 0; j < p; j++) {
+      hora__block_range(count, unit, p, j, &starts[j], &lens[j]);
+    }
+  } else {
+    uint64_t mine[2] = {start, len};
+    rc = hora__allgather(comm, mine, sizeof(mine), all);
+    for (int j = 0; rc == HORA_SUCCESS && j < p; j++) {
+      starts[j] = (size_t)all[2 * j];
+      lens[j] = (size_t)all[2 * j + 1];
+      if (all[2 * j] > count || all[2 * j + 1] > count - all[2 * j]) {
+        /* (Every rank sees the same records: all fail alike.) */
+        rc = hora__error(HORA_ERR_INVALID_ARG, "reducescatter: rank %d's block [%zu, +%zu) of "
+                         "%zu elements", j, starts[j], lens[j], count);
+      }
+    }
+  }
+  if (rc == HORA_SUCCESS) {
+    if (opts && opts->phase) {
+      opts->phase(opts->phase_arg, "REDUCESCATTER");
+    }
+    rc = hora__halving_reducescatter(comm, sendbuf, recvbuf, starts, lens,
+                                     opts ? opts->prescale : 1.0, dtype, op, wire);
+    if (opts && opts->phase) {
+      opts->phase(opts->phase_arg, NULL);
+    }
+  }
+  if (rc == HORA_SUCCESS && len) {
+    hora__post_apply(opts, dtype, recvbuf, len);
+  }
+  free(starts);
+  free(all);
+  return rc;
+}
+
 /* The registry's "ring": the reduce-scatter half of the ring allreduce
- * (blocks of Horovod's split; explicit ones, unit 0, always take the
- * allreduce). Its "allreduce": the chosen allreduce into the staging
- * buffer, of which this rank keeps its block; where shared memory reduces
- * the same bytes cross the host's memory either way, and across hosts a
- * logarithmic allreduce beats the ring's p-1 steps for small operations. */
+ * (blocks of Horovod's split; explicit ones, unit 0, take the allreduce).
+ * Its "allreduce": the chosen allreduce into the staging buffer, of which
+ * this rank keeps its block; where shared memory reduces the same bytes
+ * cross the host's memory either way, and across hosts a logarithmic
+ * allreduce beats the ring's p-1 steps for small operations. "halving":
+ * above. */
 static int reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                          size_t unit, size_t start, size_t len, hora_dtype dtype, hora_op op,
                          hora_dtype wire, const struct hora__coll_opts *opts) {
   size_t es = hora_dtype_size(dtype);
   if (count == 0) {
     return HORA_SUCCESS; /* every block is empty */
+  }
+  const struct hora__algo *a = hora__algo_select(comm, HORA_COLL_REDUCESCATTER, count * es);
+  if (a->scatter == HORA_SCATTER_HALVING) {
+    return halving_reducescatter(comm, sendbuf, recvbuf, count, unit, start, len, dtype, op, wire,
+                                 opts);
   }
   size_t had = comm->reduced_bytes;
   HORA_CHECK(hora__comm_grow_registered(comm, &comm->reduced, &comm->reduced_bytes,
@@ -352,7 +426,7 @@ static int reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf, s
   }
   char *f = comm->reduced;
   int rc;
-  if (unit > 0 && hora__algo_select(comm, HORA_COLL_REDUCESCATTER, count * es)->ring_scatter) {
+  if (unit > 0 && a->scatter == HORA_SCATTER_RING) {
     const void *src = sendbuf;
     if (opts && opts->prescale != 1.0) {
       memcpy(f, sendbuf, count * es);

@@ -3,9 +3,12 @@
  * of two and not: allreduce of awkward counts (0, 1, below and above the
  * rank count) in several dtypes and ops, in place and not, fused batches,
  * wire compression (every rank must hold the same bits), broadcast from
- * several roots, allgather, reducescatter, a rank that has joined, and a
- * process set. Values are small integers, so results are exact. Lean on
- * purpose: it runs at up to 32 ranks on two cores. */
+ * several roots (0 bytes, fewer bytes than ranks, uneven blocks),
+ * allgather, reducescatter (uneven blocks, rows, explicit counts, ops,
+ * average, fp16 on the wire), a rank that has joined, and a process set.
+ * Values are small integers, so results are exact (but for fp16 on the
+ * wire and averages). Lean on purpose: it runs at up to 32 ranks on two
+ * cores. */
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -148,11 +151,11 @@ static void allreduce_compressed(void) {
 }
 
 static void broadcast_from_roots(void) {
-  size_t sizes[] = {1, 999, 200001};
+  size_t sizes[] = {0, 1, (size_t)mt_size + 3, 999, 200001};
   int roots[4] = {0, mt_size - 1, mt_size / 2, 1 % mt_size};
-  for (size_t k = 0; k < 3; k++) {
+  for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
     size_t n = sizes[k];
-    uint8_t *b = malloc(n);
+    uint8_t *b = malloc(n + 1);
     for (int j = 0; j < 4; j++) {
       int root = roots[j];
       for (size_t i = 0; i < n; i++) {
@@ -228,6 +231,95 @@ static void reducescatter_blocks(void) {
     free(x);
     free(y);
   }
+}
+
+/* Rows of 3 elements (blocks of whole rows, uneven) with int32 max,
+ * explicit counts (some 0, uneven) with int32 min, and an average of
+ * float32 with fp16 on the wire. */
+static void reducescatter_rows_counts_ops(void) {
+  enum { ROWS = 41, W = 3 };
+  size_t n = ROWS * W;
+  int32_t *x = malloc(n * sizeof(int32_t)), *y = malloc((n + 1) * sizeof(int32_t));
+  for (size_t i = 0; i < n; i++) {
+    x[i] = (int32_t)((mt_rank * 13 + (int)i * 5) % 23) - 11;
+  }
+  int64_t dims[2] = {ROWS, W};
+  hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+  o.ndims = 2;
+  o.dims = dims;
+  hora_request *r;
+  MT_OK(hora_reducescatter_async_ex("rs/rows/max", x, y, n, HORA_INT32, HORA_MAX, &o, &r));
+  MT_OK(hora_wait(&r));
+  size_t first = 0;
+  for (int q = 0; q < mt_rank; q++) {
+    first += hora_reducescatter_block(n, ROWS, mt_size, q);
+  }
+  size_t mine = hora_reducescatter_block(n, ROWS, mt_size, mt_rank);
+  MT_CHECK(mine % W == 0, "rows: block of %zu elements", mine);
+  for (size_t i = 0; i < mine; i++) {
+    int32_t want = -1000;
+    for (int q = 0; q < mt_size; q++) {
+      int32_t v = (int32_t)((q * 13 + (int)(first + i) * 5) % 23) - 11;
+      want = v > want ? v : want;
+    }
+    if (y[i] != want) {
+      mt_fail(__FILE__, __LINE__, "rows: block element %zu is %d, expected %d", i, y[i], want);
+      break;
+    }
+  }
+  /* Explicit counts: rank j keeps (j * 5) % 7 elements. */
+  size_t *kept = malloc((size_t)mt_size * sizeof(size_t)), total = 0;
+  first = 0;
+  for (int q = 0; q < mt_size; q++) {
+    kept[q] = (size_t)(q * 5 % 7);
+    first += q < mt_rank ? kept[q] : 0;
+    total += kept[q];
+  }
+  int32_t *v = malloc((total + 1) * sizeof(int32_t)), *w = malloc((total + 1) * sizeof(int32_t));
+  for (size_t i = 0; i < total; i++) {
+    v[i] = (int32_t)((mt_rank * 3 + (int)i) % 17) - 8;
+  }
+  MT_OK(hora_reducescatterv("rs/counts/min", v, w, kept, HORA_INT32, HORA_MIN, NULL));
+  for (size_t i = 0; i < kept[mt_rank]; i++) {
+    int32_t want = 1000;
+    for (int q = 0; q < mt_size; q++) {
+      int32_t e = (int32_t)((q * 3 + (int)(first + i)) % 17) - 8;
+      want = e < want ? e : want;
+    }
+    if (w[i] != want) {
+      mt_fail(__FILE__, __LINE__, "counts: block element %zu is %d, expected %d", i, w[i], want);
+      break;
+    }
+  }
+  /* Average over fp16: close to the exact mean. */
+  size_t m = 10007;
+  float *f = malloc(m * sizeof(float)), *g = malloc((m + 1) * sizeof(float));
+  for (size_t i = 0; i < m; i++) {
+    f[i] = 0.25f * (float)(mt_rank + 1) + 0.01f * (float)(i % 50);
+  }
+  hora_allreduce_options c = HORA_ALLREDUCE_OPTIONS_INIT;
+  c.compression = HORA_COMPRESSION_FP16;
+  MT_OK(hora_reducescatter_async_ex("rs/avg/fp16", f, g, m, HORA_FLOAT32, HORA_AVERAGE, &c, &r));
+  MT_OK(hora_wait(&r));
+  first = 0;
+  for (int q = 0; q < mt_rank; q++) {
+    first += hora_reducescatter_block(m, 0, mt_size, q);
+  }
+  for (size_t i = 0; i < hora_reducescatter_block(m, 0, mt_size, mt_rank); i++) {
+    float want = 0.25f * (float)(mt_size + 1) / 2 + 0.01f * (float)((first + i) % 50);
+    if (fabsf(g[i] - want) > 4e-3f * want + 1e-3f) {
+      mt_fail(__FILE__, __LINE__, "average: block element %zu is %g, expected about %g", i,
+              (double)g[i], (double)want);
+      break;
+    }
+  }
+  free(x);
+  free(y);
+  free(kept);
+  free(v);
+  free(w);
+  free(f);
+  free(g);
 }
 
 /* The last rank runs out of data first: the others' allreduces go on with
@@ -416,6 +508,7 @@ int main(int argc, char **argv) {
   mt_run("algorithms/broadcast_from_roots", broadcast_from_roots);
   mt_run("algorithms/allgather", allgather_blocks);
   mt_run("algorithms/reducescatter", reducescatter_blocks);
+  mt_run("algorithms/reducescatter_rows_counts_ops", reducescatter_rows_counts_ops);
   mt_run("algorithms/with_a_joined_rank", with_a_joined_rank);
   mt_run("algorithms/in_a_process_set", in_a_process_set);
   mt_run("algorithms/allreduce_eager", allreduce_eager);

@@ -93,9 +93,11 @@ int test_skipped;
   X(schedule_allreduce_rabenseifner_every_size_dtype_and_fusion)                             \
   X(schedule_broadcast_ring_every_root)                                                      \
   X(schedule_broadcast_binomial_every_root)                                                  \
+  X(schedule_broadcast_scatter_allgather_every_root)                                         \
   X(schedule_allgather_ring_every_size)                                                      \
   X(schedule_allgather_bruck_every_size)                                                     \
   X(schedule_reducescatter_ring_every_size)                                                  \
+  X(schedule_reducescatter_halving_every_size)                                               \
   X(schedule_reducescatter_over_each_allreduce)                                              \
   X(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner)                             \
   X(coll_partners_symmetric_and_cover_every_schedule)                                        \

@@ -1167,12 +1167,20 @@ out:
 
 /* The reducescatter forced, through hora__reducescatter (Horovod's blocks
  * of whole rows of 1 or 3 elements) and hora__reducescatter_at (explicit
- * blocks, here in reverse rank order). */
+ * blocks, here in reverse rank order; or so, rank 0 keeping nothing, as a
+ * joined rank: its elements are nobody's). Exact dtypes and ops, and
+ * float16 on the wire; every other one in place (the block at the start
+ * of the input). */
 static void body_sched_reducescatter(struct sim_rank *k) {
   static const size_t rows[] = {0, 1, 2, 3, 5, 13, 100, 334};
-  static const enum gen gs[] = {GEN_SUM_F32, GEN_MAX_I32, GEN_MIN_F64};
+  static const enum gen gs[] = {GEN_SUM_F32, GEN_MAX_I32, GEN_MIN_F64, GEN_FRAC_F32};
   const int n = k->comm.size, me = k->comm.rank;
   hora__comm *c = &k->comm;
+  /* Compressed partial sums are rounded once per hop of the ring, per
+   * step (and fold) of the halving, or as the allreduce rounds them. */
+  const int rounds = strcmp(c->forced[HORA_COLL_REDUCESCATTER]->name, "allreduce") == 0
+                         ? wire_rounds(c)
+                         : n + 2;
   char *send = malloc(334 * 3 * 8), *orig = malloc(334 * 3 * 8), *recv = malloc(334 * 3 * 8 + 8);
   struct hora__coll_opts scaled = {.prescale = 0.5, .postscale = 4.0};
   if (!send || !orig || !recv) {
@@ -1183,36 +1191,50 @@ static void body_sched_reducescatter(struct sim_rank *k) {
   for (size_t unit = 1; unit <= 3; unit += 2) {
     for (size_t ri = 0; ri < HORA_ARRAY_SIZE(rows); ri++) {
       for (size_t gi = 0; gi < HORA_ARRAY_SIZE(gs); gi++) {
-        for (int given = 0; given < 2; given++) {
+        for (int given = 0; given < 3; given++) {
           enum gen g = gs[gi];
           const size_t count = rows[ri] * unit, es = hora_dtype_size(gens[g].dtype);
           const struct hora__coll_opts *opts = g == GEN_SUM_F32 ? &scaled : NULL;
+          const bool in_place = (ri + gi + (size_t)given) % 2 == 1;
+          char *into = in_place ? send : recv;
           size_t start, len;
           hora__block_range(count, given ? 1 : unit, n, given ? n - 1 - me : me, &start, &len);
+          if (given == 2 && me == 0) {
+            start = len = 0;
+          }
           gen_input(g, me, count, send);
           memcpy(orig, send, count * es);
           memset(recv, 0xee, (len + 1) * es);
           if (given) {
-            CALL(k, hora__reducescatter_at(c, send, recv, count, start, len, gens[g].dtype,
+            CALL(k, hora__reducescatter_at(c, send, into, count, start, len, gens[g].dtype,
                                            gens[g].op, gens[g].wire, opts));
           } else {
-            CALL(k, hora__reducescatter(c, send, recv, count, unit, gens[g].dtype, gens[g].op,
+            CALL(k, hora__reducescatter(c, send, into, count, unit, gens[g].dtype, gens[g].op,
                                         gens[g].wire, opts));
           }
           double gv = 0, wv = 0;
-          size_t d = gen_check(g, n, start, len, opts ? 2.0 : 1.0, 0, recv, &gv, &wv);
+          size_t d = gen_check(g, n, start, len, opts ? 2.0 : 1.0, rounds, into, &gv, &wv);
           EXPECT(k, d == len,
-                 "%s reducescatter (%s) %s of %zu%s: element %zu of block [%zu, +%zu) is %.17g, "
-                 "expected %.17g",
+                 "%s reducescatter (%s) %s of %zu%s%s: element %zu of block [%zu, +%zu) is "
+                 "%.17g, expected %.17g",
                  c->forced[HORA_COLL_REDUCESCATTER]->name, c->forced[HORA_COLL_ALLREDUCE]->name,
-                 gens[g].name, count, given ? " at" : "", start + d, start, len, gv, wv);
-          bool guard = true;
-          for (size_t b = 0; b < es; b++) {
-            guard = guard && (unsigned char)recv[len * es + b] == 0xee;
+                 gens[g].name, count, given ? " at" : "", in_place ? " in place" : "", start + d,
+                 start, len, gv, wv);
+          if (!in_place) {
+            bool guard = true;
+            for (size_t b = 0; b < es; b++) {
+              guard = guard && (unsigned char)recv[len * es + b] == 0xee;
+            }
+            EXPECT(k, guard, "reducescatter %s of %zu: wrote past the block", gens[g].name,
+                   count);
+            EXPECT(k, memcmp(send, orig, count * es) == 0,
+                   "reducescatter %s of %zu: the input changed", gens[g].name, count);
+          } else {
+            /* In place: only the block at the start is written. */
+            EXPECT(k, memcmp(send + len * es, orig + len * es, (count - len) * es) == 0,
+                   "reducescatter %s of %zu in place: wrote past the block", gens[g].name,
+                   count);
           }
-          EXPECT(k, guard, "reducescatter %s of %zu: wrote past the block", gens[g].name, count);
-          EXPECT(k, memcmp(send, orig, count * es) == 0,
-                 "reducescatter %s of %zu: the input changed", gens[g].name, count);
         }
       }
     }
@@ -1289,6 +1311,10 @@ TEST(schedule_broadcast_binomial_every_root) {
   run_forced(body_sched_broadcast, NULL, "binomial", NULL, NULL);
 }
 
+TEST(schedule_broadcast_scatter_allgather_every_root) {
+  run_forced(body_sched_broadcast, NULL, "scatter_allgather", NULL, NULL);
+}
+
 TEST(schedule_allgather_ring_every_size) {
   run_forced(body_sched_allgather, NULL, NULL, "ring", NULL);
 }
@@ -1299,6 +1325,10 @@ TEST(schedule_allgather_bruck_every_size) {
 
 TEST(schedule_reducescatter_ring_every_size) {
   run_forced(body_sched_reducescatter, "ring", NULL, NULL, "ring");
+}
+
+TEST(schedule_reducescatter_halving_every_size) {
+  run_forced(body_sched_reducescatter, "ring", NULL, NULL, "halving");
 }
 
 TEST(schedule_reducescatter_over_each_allreduce) {

@@ -16,8 +16,9 @@ static bool has(const int *set, int n, int v) {
 /* Every size 1..64 and every position: the set is symmetric (a connection
  * is made by both ends), holds no self and no duplicates, and names every
  * partner the schedules talk to: r ^ 2^k below the largest power of two
- * (recursive doubling, Rabenseifner), r +- 2^k (Bruck, the binomial tree
- * from any root) and the fold partner r +- p2. */
+ * (recursive doubling, Rabenseifner, recursive halving), r +- 2^k (Bruck,
+ * the binomial tree and the scatter + allgather from any root) and the
+ * fold partner r +- p2. */
 TEST(coll_partners_symmetric_and_cover_every_schedule) {
   static int parts[64][3 * 32];
   static int np[64];
@@ -85,8 +86,10 @@ static const char *pick(const struct hora__layout *s, const struct hora__cost_mo
 
 /* The built-in tcp constants at 16 hosts of one rank: recursive doubling
  * for small allreduces, the ring for the largest (Rabenseifner between),
- * the binomial tree and Bruck for small broadcasts and allgathers; the
- * cheapest usable one always, never one that cannot run. */
+ * the binomial tree and Bruck for small broadcasts and allgathers, the
+ * scatter + allgather for mid-sized broadcasts, recursive halving for all
+ * but the largest reducescatters; the cheapest usable one always, never
+ * one that cannot run. */
 TEST(selector_picks_by_the_cost_model) {
   const struct hora__cost_model m = {.link = {60e-6, 1e-9, 0.25e-9},
                                      .local = {6e-6, 0.15e-9, 0.25e-9}};
@@ -96,7 +99,11 @@ TEST(selector_picks_by_the_cost_model) {
   ASSERT_PICK(&s, &m, HORA_COLL_ALLREDUCE, 1 * MiB, "rabenseifner");
   ASSERT_PICK(&s, &m, HORA_COLL_ALLREDUCE, 64 * MiB, "ring");
   ASSERT_PICK(&s, &m, HORA_COLL_BROADCAST, 8, "binomial");
+  ASSERT_PICK(&s, &m, HORA_COLL_BROADCAST, 2 * MiB, "scatter_allgather");
   ASSERT_PICK(&s, &m, HORA_COLL_BROADCAST, 64 * MiB, "ring");
+  ASSERT_PICK(&s, &m, HORA_COLL_REDUCESCATTER, 8, "halving");
+  ASSERT_PICK(&s, &m, HORA_COLL_REDUCESCATTER, 2 * MiB, "halving");
+  ASSERT_PICK(&s, &m, HORA_COLL_REDUCESCATTER, 64 * MiB, "ring");
   ASSERT_PICK(&s, &m, HORA_COLL_ALLGATHER, 8, "bruck");
   ASSERT_PICK(&s, &m, HORA_COLL_ALLGATHER, 16 * MiB, "ring");
   for (int kind = 0; kind < HORA_ALGO_KINDS; kind++) {
@@ -125,6 +132,7 @@ TEST(selector_picks_by_the_cost_model) {
   struct hora__layout one = {.size = 8, .hosts = 1, .shm_host = true, .chunk = 512 * 1024};
   ASSERT_PICK(&one, &m, HORA_COLL_ALLREDUCE, 8, "shm");
   ASSERT_PICK(&one, &m, HORA_COLL_BROADCAST, 8, "shm");
+  ASSERT_PICK(&one, &m, HORA_COLL_REDUCESCATTER, 8, "allreduce");
   /* The forced one wins whatever the model says; the pick otherwise. */
   struct hora__proc proc = {.chunk_bytes = 512 * 1024};
   hora__comm c = {.proc = &proc, .size = 16, .cross_size = 16, .model = m};
