@@ -3,8 +3,8 @@
  * of two and not: allreduce of awkward counts (0, 1, below and above the
  * rank count) in several dtypes and ops, in place and not, fused batches,
  * wire compression (every rank must hold the same bits), broadcast from
- * several roots, allgather, reducescatter, a rank that has joined, and a
- * process set. Values are small integers, so results are exact. Lean on
+ * several roots, allgather, reducescatter, a rank that has joined, a
+ * process set, and the same picks by the cost model on every rank. Values are small integers, so results are exact. Lean on
  * purpose: it runs at up to 32 ranks on two cores. */
 #include <math.h>
 
@@ -284,6 +284,45 @@ static void in_a_process_set(void) {
   free(ranks);
 }
 
+/* Every rank chooses by rank 0's cost model (with HORA_COST_MODEL=calibrate
+ * its measurement, which no other rank could repeat to the bit): each
+ * kind's pick and predicted seconds at a few sizes are the same on every
+ * rank. */
+static void every_rank_predicts_alike(void) {
+  static const char *const kinds[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
+  static const size_t sizes[] = {8, 65536, (size_t)4 << 20};
+  enum { N = 4 * 3 };
+  struct {
+    double seconds[N];
+    char names[N][24];
+  } mine, *all = calloc((size_t)mt_size, sizeof(mine));
+  memset(&mine, 0, sizeof(mine));
+  for (int k = 0; k < 4; k++) {
+    for (int j = 0; j < 3; j++) {
+      const char *name = "";
+      double t = -1;
+      MT_OK(hora_collective_algorithm(kinds[k], sizes[j], &name, &t));
+      MT_CHECK(mt_size == 1 || (t > 0 && t < 1e3), "%s of %zu bytes: predicted %g s", kinds[k],
+               sizes[j], t);
+      mine.seconds[k * 3 + j] = t;
+      snprintf(mine.names[k * 3 + j], sizeof(mine.names[0]), "%s", name);
+    }
+  }
+  mt_allgather(&mine, sizeof(mine), all);
+  for (int r = 1; r < mt_size; r++) {
+    for (int i = 0; i < N; i++) {
+      if (all[r].seconds[i] != all[0].seconds[i] || strcmp(all[r].names[i], all[0].names[i])) {
+        mt_fail(__FILE__, __LINE__, "%s of %zu bytes: rank %d picks %s (%.9g s), rank 0 %s (%.9g s)",
+                kinds[i / 3], sizes[i % 3], r, all[r].names[i], all[r].seconds[i],
+                all[0].names[i], all[0].seconds[i]);
+        r = mt_size;
+        break;
+      }
+    }
+  }
+  free(all);
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
@@ -296,6 +335,7 @@ int main(int argc, char **argv) {
   mt_run("algorithms/reducescatter", reducescatter_blocks);
   mt_run("algorithms/with_a_joined_rank", with_a_joined_rank);
   mt_run("algorithms/in_a_process_set", in_a_process_set);
+  mt_run("algorithms/every_rank_predicts_alike", every_rank_predicts_alike);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;
