@@ -1,7 +1,8 @@
 /* hora-info: what this build of hora has and how it is configured, in the
  * spirit of ompi_info. `--settings-md` prints the settings table that
  * README.md carries; `--horovod` the Horovod variables hora ignores;
- * `--elastic` how to launch an elastic job here. */
+ * `--elastic` how to launch an elastic job here; `--calibrate`, run as a
+ * job, measures the cost model's constants. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,12 +12,15 @@
 #include "hora.h"
 #include "base/params.h"
 #include "comm/bootstrap/rendezvous.h"
+#include "comm/coll/collectives.h"
 #include "info_model.h"
+#include "runtime/runtime.h"
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: hora-info [--settings-md | --settings | --horovod | --bootstrap | --elastic |\n"
-          "                  --algorithms | --model [OPTIONS] | --help]\n"
+          "                  --algorithms | --model [OPTIONS] | --calibrate [--save FILE] |\n"
+          "                  --help]\n"
           "  (no option)     version, optional components, start-up, current settings\n"
           "  --bootstrap     how hora_init would start in this environment, and why\n"
           "  --elastic       how to launch an elastic job (HORA_ELASTIC=1) with this launcher so\n"
@@ -33,7 +37,13 @@ static void usage(FILE *f) {
           "                  --projection: allreduce at 1,024 and 16,384 ranks;\n"
           "                  --fit FILE: the link's constants fitted to measurements (lines\n"
           "                  KIND ALGORITHM BYTES SECONDS, as scripts/scale-bench.sh --fit\n"
-          "                  writes them), printed as HORA_COST_MODEL\n");
+          "                  writes them), printed as HORA_COST_MODEL\n"
+          "  --calibrate     as a job of 2 or more processes (mpirun -np 2 hora-info\n"
+          "                  --calibrate): measures the links' constants as\n"
+          "                  HORA_COST_MODEL=calibrate does at start-up, between rank 0 and the\n"
+          "                  first rank on another host (else rank 1), and prints them as\n"
+          "                  HORA_COST_MODEL; --save FILE writes them for\n"
+          "                  HORA_COST_MODEL=file:FILE\n");
 }
 
 /* The start-up hora_init would choose here (it reads the same variables). */
@@ -298,6 +308,59 @@ static int print_elastic(void) {
   return 0;
 }
 
+/* --calibrate [--save FILE]: a job whose start-up calibrates (the same
+ * code as HORA_COST_MODEL=calibrate); rank 0 reports. */
+static int calibrate(int argc, char **argv) {
+  const char *save = NULL;
+  for (int i = 2; i < argc; i++) {
+    if (strcmp(argv[i], "--save") == 0 && i + 1 < argc) {
+      save = argv[++i];
+    } else {
+      fprintf(stderr, "hora-info --calibrate: unknown or incomplete option '%s' (--save FILE)\n",
+              argv[i]);
+      return 2;
+    }
+  }
+  if (setenv("HORA_COST_MODEL", "calibrate", 1) != 0 || hora_init() != HORA_SUCCESS) {
+    fprintf(stderr, "hora-info --calibrate: %s\n", hora_last_error());
+    return 1;
+  }
+  int rc = 0;
+  if (hora_size() < 2) {
+    fprintf(stderr, "hora-info --calibrate: a job of one process measures no link; run it with "
+                    "2 or more (mpirun -np 2 hora-info --calibrate, or across hosts)\n");
+    rc = 2;
+  } else if (hora_rank() == 0) {
+    int arc = HORA_SUCCESS;
+    struct hora__runtime *rt = hora__api_running(&arc, "hora-info --calibrate");
+    if (!rt || !rt->comm) {
+      fprintf(stderr, "hora-info --calibrate: %s\n", hora_last_error());
+      rc = 1;
+    } else {
+      struct hora__cost_model m = rt->comm->model;
+      hora__api_leave(HORA_SUCCESS);
+      char nums[96];
+      hora__cost_format(&m.link, nums, sizeof(nums));
+      printf("HORA_COST_MODEL=%s\n", nums);
+      printf("latency %.1f us, bandwidth %.3g GB/s, reduction %.3g GB/s (float32 sum); %s\n",
+             m.link.alpha * 1e6, 1e-9 / m.link.beta, 1e-9 / m.link.gamma, m.source);
+      if (save) {
+        if (hora__cost_save(save, &m.link, m.source) != HORA_SUCCESS) {
+          fprintf(stderr, "hora-info --calibrate: %s\n", hora_last_error());
+          rc = 1;
+        } else {
+          printf("saved to %s: use it with HORA_COST_MODEL=file:%s\n", save, save);
+        }
+      }
+    }
+  }
+  if (hora_finalize() != HORA_SUCCESS) {
+    fprintf(stderr, "hora-info --calibrate: %s\n", hora_last_error());
+    rc = rc ? rc : 1;
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--help") == 0) {
     usage(stdout);
@@ -320,6 +383,9 @@ int main(int argc, char **argv) {
       return 1;
     }
     return hora_info_model(argc, argv);
+  }
+  if (argc > 1 && strcmp(argv[1], "--calibrate") == 0) {
+    return calibrate(argc, argv);
   }
   bool bootstrap = argc > 1 && strcmp(argv[1], "--bootstrap") == 0;
   bool elastic = argc > 1 && strcmp(argv[1], "--elastic") == 0;

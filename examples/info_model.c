@@ -326,11 +326,18 @@ int hora_info_model(int argc, char **argv) {
             hosts);
     return 2;
   }
+  bool calibrate = false;
   if (hora__cost_builtin(tp, &m) != HORA_SUCCESS ||
-      (link && hora__cost_parse(link, &m.link) != HORA_SUCCESS) ||
-      (local && hora__cost_parse(local, &m.local) != HORA_SUCCESS)) {
+      (link && hora__cost_parse(link, &m.link, &calibrate) != HORA_SUCCESS) ||
+      (local && hora__cost_parse(local, &m.local, NULL) != HORA_SUCCESS)) {
     fprintf(stderr, "hora-info --model: %s\n", hora_last_error());
     return 2;
+  }
+  if (calibrate) {
+    /* Measured only in a job: show the built-in ones, and say so. */
+    printf("HORA_COST_MODEL=calibrate: the link is measured at start-up (mpirun -np 2 "
+           "hora-info --calibrate prints what it measures); the built-in constants below\n");
+    link = NULL;
   }
   if (fit_file) {
     return fit(fit_file, ranks, hosts, &m);
@@ -338,7 +345,10 @@ int hora_info_model(int argc, char **argv) {
   printf("cost model: links alpha %.1f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f ns/B (%s)\n"
          "            shared memory alpha %.1f us, beta %.4f ns/B, gamma %.4f ns/B\n\n",
          m.link.alpha * 1e6, m.link.beta * 1e9, m.link.beta > 0 ? 1e-9 / m.link.beta : 0,
-         m.link.gamma * 1e9, link ? "given" : m.source, m.local.alpha * 1e6, m.local.beta * 1e9,
+         m.link.gamma * 1e9,
+         !link                              ? m.source
+         : strncmp(link, "file:", 5) == 0 ? link + 5
+                                            : "given", m.local.alpha * 1e6, m.local.beta * 1e9,
          m.local.gamma * 1e9);
   struct hora__layout s = {.size = ranks, .hosts = hosts, .shm_host = hosts == 1 && ranks > 1,
                            .hierarchical = hosts > 1 && ranks > hosts,

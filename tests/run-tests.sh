@@ -274,6 +274,48 @@ if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "train-elasti
   sh "$srcdir/tests/launch/check-train-elastic.sh" "$builddir" $el_mode | tally ""
 fi
 
+if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "calibrate" | grep -Eq "$HORA_TEST_ONLY"; }; then
+  section "cost model: hora-info --calibrate, saved and used (HORA_COST_MODEL=file:)"
+  # Measured between two ranks, printed as HORA_COST_MODEL (three positive
+  # numbers) and saved; a job given the file starts with exactly those
+  # constants (rank 0 logs its model at info level).
+  cal="$work/cost-model"
+  timeout -k 10 120 "$MPIEXEC" $(launcher_flags) -np 2 "$builddir/hora-info" --calibrate \
+    --save "$cal" </dev/null >"$work/out" 2>"$work/err"
+  rc=$?
+  nums=$(sed -n 's/^HORA_COST_MODEL=//p' "$work/out")
+  if [ $rc -eq 0 ] && [ -n "$nums" ] &&
+     echo "$nums" | awk -F, 'NF == 3 && $1 > 0 && $2 > 0 && $3 > 0 { ok = 1 } END { exit !ok }' &&
+     grep -q "^latency .* us, bandwidth .* GB/s, .*calibrated at start-up in .* ms: rank 0 (.*) with rank 1 (" "$work/out" &&
+     [ "$(grep -v '^#' "$cal" 2>/dev/null)" = "$nums" ]; then
+    echo "PASS np=2 cost_model/calibrate_prints_positive_constants_and_saves_them" | tee -a "$results"
+  else
+    echo "FAIL np=2 cost_model/calibrate_prints_positive_constants_and_saves_them: exit status $rc" | tee -a "$results"
+    tail -n 20 "$work/out" "$work/err"
+    cat "$cal" 2>/dev/null
+  fi
+  HORA_COST_MODEL="file:$cal" HORA_LOG_LEVEL=info timeout -k 10 120 "$MPIEXEC" $(launcher_flags) \
+    -np 2 "$builddir/tests/mpi/test_contract" </dev/null >"$work/out" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && [ -n "$nums" ] && grep -q "^PASS contract/np2" "$work/out" &&
+     grep -qF "cost model: HORA_COST_MODEL=$nums, file $cal" "$work/out"; then
+    echo "PASS np=2 cost_model/saved_file_used_by_a_job" | tee -a "$results"
+  else
+    echo "FAIL np=2 cost_model/saved_file_used_by_a_job: exit status $rc, expected rank 0 to log 'cost model: HORA_COST_MODEL=$nums, file $cal'" | tee -a "$results"
+    grep -E "cost model|FAIL|rror" "$work/out" | tail -n 20
+  fi
+  # One process measures no link: a clear error, not a made-up model.
+  env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u SLURM_PROCID timeout 60 \
+    "$builddir/hora-info" --calibrate </dev/null >"$work/out" 2>&1
+  rc=$?
+  if [ $rc -eq 2 ] && grep -q "2 or more (mpirun -np 2 hora-info --calibrate" "$work/out"; then
+    echo "PASS cost_model/calibrate_alone_says_it_needs_two_processes" | tee -a "$results"
+  else
+    echo "FAIL cost_model/calibrate_alone_says_it_needs_two_processes: exit status $rc" | tee -a "$results"
+    tail -n 5 "$work/out"
+  fi
+fi
+
 if [ -z "${HORA_TEST_ONLY:-}" ] || echo "python-elastic" | grep -Eq "$HORA_TEST_ONLY"; then
   section "python: hvd.elastic through a killed rank and newcomers (tests/python/elastic_train.py)"
   # Its own launcher (no MPI): one rank SIGKILLed mid-training; then a

@@ -173,14 +173,30 @@ const char *hora__algo_kind_name(enum hora__coll_kind kind);
 int hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical);
 
 /* ---- the alpha-beta-gamma cost model (cost_model.c; struct in comm.h) --- */
-/* This process's model for comm's links: HORA_COST_MODEL if set, else the
- * built-in constants of the transport comm uses between hosts (or between
- * its ranks, on one host without shared memory). */
-int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m);
+/* This process's model for comm's links: rank 0's HORA_COST_MODEL if set
+ * (other ranks take rank 0's model), else the built-in constants of the
+ * transport comm uses between hosts (or between its ranks, on one host
+ * without shared memory). *calibrate: HORA_COST_MODEL=calibrate, so
+ * hora__cost_calibrate is to measure the link's constants. */
+int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m, bool *calibrate);
+/* Measures the link's constants, collectively over comm: rank 0 and its
+ * partner (the first rank on another host, else rank 1) ping-pong over
+ * their data connection (made here if missing) for alpha and beta, and
+ * rank 0 times the float32 sum for gamma. Rank 0's m->link gets the
+ * results (m->local stays as it is, so that a file of the link's
+ * constants gives the same model); the other ranks' m is left for rank
+ * 0's to be broadcast. A fraction of a second. */
+int hora__cost_calibrate(hora__comm *comm, struct hora__cost_model *m);
 /* The built-in constants for transport "tcp", "unix" or "ib". */
 int hora__cost_builtin(const char *transport, struct hora__cost_model *m);
-/* Parses "alpha_us,beta_ns_per_byte,gamma_ns_per_byte" into c. */
-int hora__cost_parse(const char *text, struct hora__cost *c);
+/* HORA_COST_MODEL's forms into c: "alpha_us,beta_ns_per_byte,gamma_ns_per_byte",
+ * "file:PATH" (those numbers read from PATH) or, where calibrate is not
+ * NULL, "calibrate" (*calibrate set, c left as it is). */
+int hora__cost_parse(const char *text, struct hora__cost *c, bool *calibrate);
+/* c as HORA_COST_MODEL's numbers, "alpha_us,beta_ns,gamma_ns" (4 digits). */
+void hora__cost_format(const struct hora__cost *c, char *out, size_t n);
+/* Writes c to path as file: reads it, under a comment line. */
+int hora__cost_save(const char *path, const struct hora__cost *c, const char *comment);
 /* Each algorithm's predicted seconds (the registry's cost functions). */
 #define HORA_COST_FN(ident)                                                                  \
   double hora__cost_##ident(const struct hora__cost_model *m, const struct hora__layout *s,   \

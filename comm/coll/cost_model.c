@@ -7,16 +7,20 @@
  * other hosts at once shares the host's link: its bytes cost L * beta;
  * steps between ranks of one host cost the local constants.
  *
- * The constants: HORA_COST_MODEL (measured by scripts/scale-bench.sh
- * --fit, or by hand), else built-in ones per transport, measured on a
- * small cluster of this project's test machines; rank 0's are used by all
- * (communicator.c), so that every rank chooses alike. */
+ * The constants: HORA_COST_MODEL (numbers measured by scripts/scale-bench.sh
+ * --fit or by hand, a file hora-info --calibrate --save wrote, or
+ * `calibrate`: measured at start-up by hora__cost_calibrate), else built-in
+ * ones per transport, measured on a small cluster of this project's test
+ * machines; rank 0's are used by all (communicator.c), so that every rank
+ * chooses alike. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "base/params.h"
 #include "comm/coll/collectives.h"
+#include "comm/reduce/reduce.h"
 
 /* Built-in constants (alpha s, beta s/B, gamma s/B). Sockets between
  * hosts: a 10 Gbit/s class link and a poll wake-up per message; Unix
@@ -28,17 +32,104 @@ static const struct hora__cost builtin_unix = {25e-6, 0.6e-9, 0.25e-9};
 static const struct hora__cost builtin_ib = {8e-6, 0.1e-9, 0.25e-9};
 static const struct hora__cost builtin_shm = {6e-6, 0.1e-9, 0.25e-9};
 
-int hora__cost_parse(const char *text, struct hora__cost *c) {
+#define COST_FORMS                                                                      \
+  "alpha_us,beta_ns_per_byte,gamma_ns_per_byte (three numbers >= 0, e.g. 60,8,0.25), " \
+  "calibrate (measured at start-up) or file:PATH (as hora-info --calibrate --save "    \
+  "writes it)"
+
+/* Exactly three numbers >= 0, in us and ns per byte. */
+static bool parse_numbers(const char *text, struct hora__cost *c) {
   double a, b, g;
   char extra;
   if (sscanf(text, "%lf,%lf,%lf %c", &a, &b, &g, &extra) != 3 || !(a >= 0) || !(b >= 0) ||
       !(g >= 0) || !isfinite(a) || !isfinite(b) || !isfinite(g)) {
-    return hora__error(HORA_ERR_INVALID_ARG,
-                       "HORA_COST_MODEL='%s': expected alpha_us,beta_ns_per_byte,"
-                       "gamma_ns_per_byte (three numbers >= 0, e.g. 60,8,0.25)",
-                       text);
+    return false;
   }
   *c = (struct hora__cost){a * 1e-6, b * 1e-9, g * 1e-9};
+  return true;
+}
+
+void hora__cost_format(const struct hora__cost *c, char *out, size_t n) {
+  snprintf(out, n, "%.4g,%.4g,%.4g", c->alpha * 1e6, c->beta * 1e9, c->gamma * 1e9);
+}
+
+/* The file's one line of numbers; '#' lines and blank ones are skipped. */
+static int read_file(const char *path, struct hora__cost *c) {
+  if (!path[0]) {
+    return hora__error(HORA_ERR_INVALID_ARG, "HORA_COST_MODEL='file:' names no file (file:PATH)");
+  }
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    return hora__error_errno(HORA_ERR_INVALID_ARG,
+                             "HORA_COST_MODEL=file:%s: cannot read the file (hora-info "
+                             "--calibrate --save %s writes one)",
+                             path, path);
+  }
+  char line[256];
+  struct hora__cost read = {0};
+  int lineno = 0, found = 0, rc = HORA_SUCCESS;
+  while (rc == HORA_SUCCESS && fgets(line, sizeof(line), f)) {
+    lineno++;
+    line[strcspn(line, "\r\n")] = '\0';
+    const char *t = line + strspn(line, " \t");
+    if (t[0] == '#' || t[0] == '\0') {
+      continue;
+    }
+    if (found++ || !parse_numbers(t, &read)) {
+      rc = hora__error(HORA_ERR_INVALID_ARG,
+                       "HORA_COST_MODEL=file:%s: line %d is '%.80s'; expected one line "
+                       "alpha_us,beta_ns_per_byte,gamma_ns_per_byte (three numbers >= 0), as "
+                       "hora-info --calibrate --save writes it",
+                       path, lineno, t);
+    }
+  }
+  if (rc == HORA_SUCCESS && ferror(f)) {
+    rc = hora__error_errno(HORA_ERR_INVALID_ARG, "HORA_COST_MODEL=file:%s: reading it", path);
+  }
+  fclose(f);
+  if (rc == HORA_SUCCESS && !found) {
+    rc = hora__error(HORA_ERR_INVALID_ARG,
+                     "HORA_COST_MODEL=file:%s: no constants in it; expected a line "
+                     "alpha_us,beta_ns_per_byte,gamma_ns_per_byte, as hora-info --calibrate "
+                     "--save writes it",
+                     path);
+  }
+  if (rc == HORA_SUCCESS) {
+    *c = read; /* nothing changes on an error */
+  }
+  return rc;
+}
+
+int hora__cost_parse(const char *text, struct hora__cost *c, bool *calibrate) {
+  if (calibrate) {
+    *calibrate = false;
+  }
+  if (strcmp(text, "calibrate") == 0 && calibrate) {
+    *calibrate = true;
+    return HORA_SUCCESS;
+  }
+  if (strncmp(text, "file:", 5) == 0) {
+    return read_file(text + 5, c);
+  }
+  if (!parse_numbers(text, c)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "HORA_COST_MODEL='%s': expected " COST_FORMS,
+                       text);
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__cost_save(const char *path, const struct hora__cost *c, const char *comment) {
+  char nums[96];
+  hora__cost_format(c, nums, sizeof(nums));
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "cannot write the cost model to %s", path);
+  }
+  fprintf(f, "# %s\n# alpha_us,beta_ns_per_byte,gamma_ns_per_byte: HORA_COST_MODEL=file:%s\n%s\n",
+          comment, path, nums);
+  if (fclose(f) != 0) {
+    return hora__error_errno(HORA_ERR_SYSTEM, "cannot write the cost model to %s", path);
+  }
   return HORA_SUCCESS;
 }
 
@@ -59,15 +150,175 @@ int hora__cost_builtin(const char *transport, struct hora__cost_model *m) {
   return HORA_SUCCESS;
 }
 
-int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m) {
+int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m, bool *calibrate) {
   const char *tp = comm->cross_size > 1 ? (comm->proc->ib_remote ? "ib" : "tcp")
                    : comm->proc->ib_all ? "ib"
                    : strcmp(hora__params.TRANSPORT, "tcp") == 0 ? "tcp"
                                                                  : "unix";
+  *calibrate = false;
   HORA_CHECK(hora__cost_builtin(tp, m));
-  if (hora__params.COST_MODEL[0]) {
-    HORA_CHECK(hora__cost_parse(hora__params.COST_MODEL, &m->link));
-    snprintf(m->source, sizeof(m->source), "HORA_COST_MODEL");
+  /* Only rank 0's setting counts (communicator.c broadcasts its model), so
+   * only its host need hold the file. */
+  const char *set = hora__params.COST_MODEL;
+  if (comm->rank == 0 && set[0]) {
+    HORA_CHECK(hora__cost_parse(set, &m->link, calibrate));
+    if (strncmp(set, "file:", 5) == 0) {
+      snprintf(m->source, sizeof(m->source), "file %s (HORA_COST_MODEL)", set + 5);
+    } else if (!*calibrate) {
+      snprintf(m->source, sizeof(m->source), "HORA_COST_MODEL");
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+/* ---- calibration -------------------------------------------------------------- */
+
+/* Sizes and repetitions: well under a second even on a 1 Gbit/s link
+ * (the large swaps dominate there: about 17 ms each). */
+#define SMALL_BYTES 8
+#define SMALL_WARMUP 20
+#define SMALL_BATCHES 5
+#define SMALL_ROUNDS 40
+#define LARGE_BYTES ((size_t)2 << 20)
+#define LARGE_BATCHES 2
+#define LARGE_ROUNDS 3
+#define REDUCE_FLOATS ((size_t)1 << 20) /* 4 MiB per operand */
+#define REDUCE_ROUNDS 5
+
+/* Rank 0's partner: the first rank on another host where there are
+ * several (the link between hosts is the one worth measuring), else rank
+ * 1; -1 alone. */
+static int calibration_partner(const hora__comm *c) {
+  if (c->size < 2) {
+    return -1;
+  }
+  if (c->cross_size > 1 && c->net->peers) {
+    for (int r = 1; r < c->size; r++) {
+      if (c->net->peers[r].host_index != c->net->peers[0].host_index) {
+        return r;
+      }
+    }
+  }
+  return 1;
+}
+
+/* Rank 0's seconds per round, the best of `batches` batches of `rounds`.
+ * A round is, with swap, len bytes each way at once over c (as every step
+ * of the algorithms over connections moves them); without, a round trip:
+ * rank 0 sends, the partner echoes. */
+static int time_rounds(hora__comm *comm, hora__conn *c, bool first, bool swap, char *out,
+                       char *in, size_t len, int batches, int rounds, double *best) {
+  *best = INFINITY;
+  for (int b = 0; b < batches; b++) {
+    uint64_t t0 = hora__now_ns();
+    for (int i = 0; i < rounds; i++) {
+      if (swap) {
+        HORA_CHECK(hora__exchange_step(comm, c, out, len, c, in, len));
+      } else if (first) {
+        HORA_CHECK(hora__exchange_step(comm, c, out, len, NULL, NULL, 0));
+        HORA_CHECK(hora__exchange_step(comm, NULL, NULL, 0, c, in, len));
+      } else {
+        HORA_CHECK(hora__exchange_step(comm, NULL, NULL, 0, c, in, len));
+        HORA_CHECK(hora__exchange_step(comm, c, out, len, NULL, NULL, 0));
+      }
+    }
+    *best = HORA_MIN(*best, (double)(hora__now_ns() - t0) * 1e-9 / rounds);
+  }
+  return HORA_SUCCESS;
+}
+
+/* Seconds per byte of hora's float32 sum over REDUCE_FLOATS, in place as
+ * the rings reduce: the best of REDUCE_ROUNDS after a warm-up. */
+static int time_reduction(double *gamma) {
+  size_t n = REDUCE_FLOATS;
+  float *a = hora__malloc(n * sizeof(float)), *b = hora__malloc(n * sizeof(float));
+  if (!a || !b) {
+    free(a);
+    free(b);
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (size_t i = 0; i < n; i++) {
+    a[i] = (float)(i % 7);
+    b[i] = 1.0f;
+  }
+  double best = INFINITY;
+  for (int r = 0; r <= REDUCE_ROUNDS; r++) {
+    uint64_t t0 = hora__now_ns();
+    hora__reduce(HORA_FLOAT32, HORA_SUM, a, a, b, n);
+    if (r > 0) { /* the first touches the pages */
+      best = HORA_MIN(best, (double)(hora__now_ns() - t0) * 1e-9);
+    }
+  }
+  free(a);
+  free(b);
+  *gamma = best / (double)(n * sizeof(float));
+  return HORA_SUCCESS;
+}
+
+static double clamp(double v, double lo, double hi) { return !(v >= lo) ? lo : v > hi ? hi : v; }
+
+int hora__cost_calibrate(hora__comm *comm, struct hora__cost_model *m) {
+  int partner = calibration_partner(comm);
+  bool first = comm->rank == 0;
+  if (!first && comm->rank != partner) {
+    return HORA_SUCCESS; /* rank 0's result comes in the broadcast that follows */
+  }
+  uint64_t t0 = hora__now_ns();
+  struct hora__cost link = m->link;
+  if (partner > 0) {
+    int peer = first ? partner : 0;
+    if (!comm->proc->data[peer]) {
+      /* Both ends ask (the partner computes the same pair). */
+      HORA_CHECK(hora__comm_connect_ranks(comm, &peer, 1));
+    }
+    hora__conn *c = comm->proc->data[peer];
+    char *out = hora__malloc(2 * LARGE_BYTES);
+    if (!out) {
+      return HORA_ERR_NO_MEMORY;
+    }
+    char *in = out + LARGE_BYTES;
+    memset(out, 0, 2 * LARGE_BYTES);
+    /* Alpha: half a small round trip. Beta: large swaps, not round trips:
+     * a link moving both ways at once (two kernel copies on each end, over
+     * a Unix socket) can be several times slower per byte than one way,
+     * and the algorithms' steps move both ways. Warm-ups first (the large
+     * one grows the socket buffers). */
+    double warm, small, large;
+    int rc = time_rounds(comm, c, first, false, out, in, SMALL_BYTES, 1, SMALL_WARMUP, &warm);
+    if (rc == HORA_SUCCESS) {
+      rc = time_rounds(comm, c, first, false, out, in, SMALL_BYTES, SMALL_BATCHES, SMALL_ROUNDS,
+                       &small);
+    }
+    if (rc == HORA_SUCCESS) {
+      rc = time_rounds(comm, c, first, true, out, in, LARGE_BYTES, 1, 1, &warm);
+    }
+    if (rc == HORA_SUCCESS) {
+      rc = time_rounds(comm, c, first, true, out, in, LARGE_BYTES, LARGE_BATCHES, LARGE_ROUNDS,
+                       &large);
+    }
+    free(out);
+    HORA_CHECK(rc);
+    if (!first) {
+      return HORA_SUCCESS;
+    }
+    link.alpha = small / 2;
+    link.beta = (large - link.alpha) / (double)LARGE_BYTES;
+  }
+  HORA_CHECK(time_reduction(&link.gamma));
+  /* Sane positives whatever the clock said: 0.1 us to 1 s a message,
+   * 1 TB/s to 1 MB/s. */
+  m->link.alpha = clamp(link.alpha, 1e-7, 1.0);
+  m->link.beta = clamp(link.beta, 1e-12, 1e-6);
+  m->link.gamma = clamp(link.gamma, 1e-12, 1e-6);
+  double ms = (double)(hora__now_ns() - t0) * 1e-6;
+  if (partner > 0) {
+    const struct hora__peer_info *p = comm->net->peers;
+    snprintf(m->source, sizeof(m->source),
+             "calibrated at start-up in %.0f ms: rank 0 (%.40s) with rank %d (%.40s)", ms,
+             p ? p[0].host : "?", partner, p ? p[partner].host : "?");
+  } else {
+    snprintf(m->source, sizeof(m->source),
+             "calibrated at start-up in %.0f ms: the reduction only (one rank)", ms);
   }
   return HORA_SUCCESS;
 }

@@ -99,12 +99,26 @@ static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int
   c->proc->chunk_bytes = hora__params.CHUNK_SIZE;
   HORA_CHECK(hora__rdv_agree(rdv, hora__coll_choose(c, c->proc->shm != NULL, hierarchical),
                              "algorithms"));
-  /* Every rank chooses by rank 0's constants, so all choose alike. */
-  struct hora__cost_model model;
-  HORA_CHECK(hora__rdv_agree(rdv, hora__cost_model_init(c, &model), "cost model"));
-  HORA_CHECK(hora__rdv_bcast(rdv, 0, &model, sizeof(model)));
-  model.source[sizeof(model.source) - 1] = '\0';
-  c->model = model;
+  /* Every rank chooses by rank 0's constants, so all choose alike. Rank 0
+   * says whether to calibrate (its HORA_COST_MODEL alone counts); then it
+   * and its partner measure here, where every rank is in the build and
+   * the data connections stand, while the others wait in the broadcast
+   * of the result. */
+  struct {
+    struct hora__cost_model m;
+    int calibrate;
+  } cm;
+  memset(&cm, 0, sizeof(cm));
+  bool calibrate = false;
+  HORA_CHECK(hora__rdv_agree(rdv, hora__cost_model_init(c, &cm.m, &calibrate), "cost model"));
+  cm.calibrate = calibrate;
+  HORA_CHECK(hora__rdv_bcast(rdv, 0, &cm, sizeof(cm)));
+  if (cm.calibrate) {
+    HORA_CHECK(hora__rdv_agree(rdv, hora__cost_calibrate(c, &cm.m), "cost model calibration"));
+    HORA_CHECK(hora__rdv_bcast(rdv, 0, &cm.m, sizeof(cm.m)));
+  }
+  cm.m.source[sizeof(cm.m.source) - 1] = '\0';
+  c->model = cm.m;
   c->proc->local_transport = c->local_size == 1 ? "none"
                              : c->proc->shm     ? "shm"
                              : forced_ib        ? "ib"

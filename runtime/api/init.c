@@ -287,6 +287,9 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
   if (set_id == 0) {
     if (rt->rank == 0) {
       hora__params_log();
+      char nums[96];
+      hora__cost_format(&rt->comm->model.link, nums, sizeof(nums));
+      HORA_INFO("cost model: HORA_COST_MODEL=%s, %s", nums, rt->comm->model.source);
       if (hora__params.TIMELINE[0]) {
         HORA_CHECK_GOTO(hora__timeline_open(hora__params.TIMELINE,
                                             hora__params.TIMELINE_MARK_CYCLES, "HORA_TIMELINE"),

@@ -5,10 +5,11 @@
  * wire compression (every rank must hold the same bits), broadcast from
  * several roots (0 bytes, fewer bytes than ranks, uneven blocks),
  * allgather, reducescatter (uneven blocks, rows, explicit counts, ops,
- * average, fp16 on the wire), a rank that has joined, and a process set.
- * Values are small integers, so results are exact (but for fp16 on the
- * wire and averages). Lean on purpose: it runs at up to 32 ranks on two
- * cores. */
+ * average, fp16 on the wire), a rank that has joined, a process set, the
+ * same picks by the cost model on every rank, and small allreduces that
+ * travel with their negotiation cycle. Values are small integers, so
+ * results are exact (but for fp16 on the wire and averages). Lean on
+ * purpose: it runs at up to 32 ranks on two cores. */
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -498,6 +499,45 @@ static void allreduce_eager(void) {
   }
 }
 
+/* Every rank chooses by rank 0's cost model (with HORA_COST_MODEL=calibrate
+ * its measurement, which no other rank could repeat to the bit): each
+ * kind's pick and predicted seconds at a few sizes are the same on every
+ * rank. */
+static void every_rank_predicts_alike(void) {
+  static const char *const kinds[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
+  static const size_t sizes[] = {8, 65536, (size_t)4 << 20};
+  enum { N = 4 * 3 };
+  struct {
+    double seconds[N];
+    char names[N][24];
+  } mine, *all = calloc((size_t)mt_size, sizeof(mine));
+  memset(&mine, 0, sizeof(mine));
+  for (int k = 0; k < 4; k++) {
+    for (int j = 0; j < 3; j++) {
+      const char *name = "";
+      double t = -1;
+      MT_OK(hora_collective_algorithm(kinds[k], sizes[j], &name, &t));
+      MT_CHECK(mt_size == 1 || (t > 0 && t < 1e3), "%s of %zu bytes: predicted %g s", kinds[k],
+               sizes[j], t);
+      mine.seconds[k * 3 + j] = t;
+      snprintf(mine.names[k * 3 + j], sizeof(mine.names[0]), "%s", name);
+    }
+  }
+  mt_allgather(&mine, sizeof(mine), all);
+  for (int r = 1; r < mt_size; r++) {
+    for (int i = 0; i < N; i++) {
+      if (all[r].seconds[i] != all[0].seconds[i] || strcmp(all[r].names[i], all[0].names[i])) {
+        mt_fail(__FILE__, __LINE__, "%s of %zu bytes: rank %d picks %s (%.9g s), rank 0 %s (%.9g s)",
+                kinds[i / 3], sizes[i % 3], r, all[r].names[i], all[r].seconds[i],
+                all[0].names[i], all[0].seconds[i]);
+        r = mt_size;
+        break;
+      }
+    }
+  }
+  free(all);
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
@@ -512,6 +552,7 @@ int main(int argc, char **argv) {
   mt_run("algorithms/with_a_joined_rank", with_a_joined_rank);
   mt_run("algorithms/in_a_process_set", in_a_process_set);
   mt_run("algorithms/allreduce_eager", allreduce_eager);
+  mt_run("algorithms/every_rank_predicts_alike", every_rank_predicts_alike);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;

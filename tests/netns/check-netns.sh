@@ -4,7 +4,8 @@
 # (hierarchical allreduce: shared memory within a host, TCP across), also
 # elastic training losing a whole host of 3 x 2,
 # with the flat ring forced; process sets on 4 x 1 and 2 x 3; hierarchical
-# Adasum on 2 x 2 and 2 x 3. Prints PASS/FAIL/SKIP lines.
+# Adasum on 2 x 2 and 2 x 3; the cost model's calibration on links shaped
+# to 1 Gbit/s. Prints PASS/FAIL/SKIP lines.
 # usage: check-netns.sh BUILDDIR
 set -u
 builddir=$(cd "$1" && pwd)
@@ -91,6 +92,39 @@ if [ -x "$builddir/hora-bench" ]; then
 else
   echo "SKIP netns-4x1/one_cycle_per_small_operation: no hora-bench in this build"
 fi
+# The cost model's calibration across hosts: on links shaped to 1 Gbit/s
+# (8 ns a byte) it measures beta within 0.5x-2x of that (8.2-8.3 seen), and
+# pairs rank 0 with the first rank on another host. On 2 x 2 that rank (2)
+# is no ring neighbour of rank 0: its connection is made for the
+# measurement, and every rank must still choose by rank 0's result.
+if "$netns/netns-cluster.sh" shape 1gbit >"$work/shape.log" 2>&1; then
+  timeout -k 10 120 "$netns/mpirun-netns.sh" "$work/hosts41" -np 4 "$builddir/hora-info" --calibrate \
+    </dev/null >"$work/out" 2>"$work/err"
+  rc=$?
+  nums=$(sed -n 's/^HORA_COST_MODEL=//p' "$work/out")
+  if [ $rc -eq 0 ] && [ -n "$nums" ] &&
+     echo "$nums" | awk -F, 'NF == 3 && $1 > 0 && $2 >= 4 && $2 <= 16 && $3 > 0 { ok = 1 } END { exit !ok }' &&
+     grep -q "rank 0 (${NETNS_PREFIX}0) with rank 1 (${NETNS_PREFIX}1)" "$work/out"; then
+    echo "PASS netns-4x1/calibrate_measures_a_1gbit_link (HORA_COST_MODEL=$nums: alpha us, beta ns/B, gamma ns/B)"
+  else
+    echo "FAIL netns-4x1/calibrate_measures_a_1gbit_link: exit status $rc; beta (ns/B) expected 4-16 on a 1 Gbit/s link"
+    tail -n 10 "$work/out" "$work/err"
+  fi
+  timeout -k 10 120 "$netns/mpirun-netns.sh" "$work/hosts22" -np 4 "$builddir/hora-info" --calibrate \
+    </dev/null >"$work/out" 2>"$work/err"
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "rank 0 (${NETNS_PREFIX}0) with rank 2 (${NETNS_PREFIX}1)" "$work/out"; then
+    echo "PASS netns-2x2/calibrate_pairs_rank_0_with_another_host ($(grep '^HORA_COST_MODEL=' "$work/out"))"
+  else
+    echo "FAIL netns-2x2/calibrate_pairs_rank_0_with_another_host: exit status $rc"
+    tail -n 10 "$work/out" "$work/err"
+  fi
+  "$netns/netns-cluster.sh" shape none >>"$work/shape.log" 2>&1
+else
+  echo "FAIL netns-4x1/calibrate_measures_a_1gbit_link: could not shape the links"
+  tail -n 5 "$work/shape.log"
+fi
+run 2x2-calibrate "$work/hosts22" test_algorithms HORA_COST_MODEL=calibrate
 # Process sets across hosts: one rank per host, and 2 hosts x 3 ranks, where
 # the set of the first two ranks of each host is hierarchical in itself.
 run 4x1 "$work/hosts41" test_process_sets

@@ -102,6 +102,9 @@ int test_skipped;
   X(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner)                             \
   X(coll_partners_symmetric_and_cover_every_schedule)                                        \
   X(selector_picks_by_the_cost_model)                                                        \
+  X(cost_model_setting_numbers_calibrate_and_file)                                          \
+  X(cost_model_init_reads_rank_0s_setting_only)                                              \
+  X(cost_calibrate_over_mock_links)                                                          \
   X(strangers_flood_never_pushes_out_a_ranks_handshake)
 
 #define DECLARE(name) void test_##name(void);

@@ -1470,3 +1470,77 @@ TEST(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner) {
   run_broken(2, 3, 3, cases, HORA_ARRAY_SIZE(cases));
   run_broken(3, 0, 0, four, HORA_ARRAY_SIZE(four));
 }
+
+/* ---- the cost model's calibration (cost_model.c) -------------------------- */
+
+static struct hora__cost_model calib_in, calib_out[8];
+
+static void body_calibrate(struct sim_rank *k) {
+  struct hora__cost_model m = calib_in;
+  int rc = hora__cost_calibrate(&k->comm, &m);
+  if (rc != HORA_SUCCESS) {
+    note(k, __LINE__, "hora__cost_calibrate failed: %s (%s)", hora_strerror(rc),
+         hora__error_message());
+    close_ends(k);
+  }
+  calib_out[k->comm.rank] = m;
+}
+
+/* Over mock links: rank 0 measures with its partner (the first rank on
+ * another host: rank 2 of two hosts of two ranks; rank 1 where no host is
+ * known), positive constants within the clamps, the shared segment's
+ * left built in; every other rank's model is left for the broadcast. A
+ * partner chosen differently at the two ends would leave rank 0 waiting
+ * (the watchdog fails it). */
+TEST(cost_calibrate_over_mock_links) {
+  static struct hora__peer_info peers[4];
+  for (int r = 0; r < 4; r++) {
+    peers[r] = (struct hora__peer_info){.local_rank = r % 2, .host_index = r / 2};
+    snprintf(peers[r].host, sizeof(peers[r].host), "host%c", 'A' + r / 2);
+  }
+  ASSERT_EQ_INT(hora__cost_builtin("tcp", &calib_in), HORA_SUCCESS);
+  static const struct {
+    int n;
+    bool hosts;
+    const char *with;
+  } cases[] = {{4, true, "with rank 2 (hostB)"}, {3, false, "with rank 1"}};
+  char why[1024];
+  for (size_t t = 0; t < HORA_ARRAY_SIZE(cases); t++) {
+    struct ring_job job;
+    int n = cases[t].n;
+    int rc = job_start(&job, n, 0, 64 * 1024, 50 * MS);
+    for (int r = 0; rc == HORA_SUCCESS && r < n && cases[t].hosts; r++) {
+      hora__comm *c = &job.ranks[r].comm;
+      c->net->peers = peers;
+      c->local_rank = r % 2;
+      c->local_size = 2;
+      c->cross_rank = r / 2;
+      c->cross_size = 2;
+    }
+    memset(calib_out, 0, sizeof(calib_out));
+    const char *bad = rc != HORA_SUCCESS ? "setting up the ranks failed"
+                                         : job_run(&job, body_calibrate, why, sizeof(why));
+    job_end(&job);
+    if (bad) {
+      FAIL("%d ranks: %.480s", n, bad);
+    }
+    const struct hora__cost_model *m = &calib_out[0];
+    const struct hora__cost *l = &m->link;
+    if (!(l->alpha >= 1e-7 && l->alpha <= 1.0 && l->beta >= 1e-12 && l->beta <= 1e-6 &&
+          l->gamma >= 1e-12 && l->gamma <= 1e-6)) {
+      FAIL("%d ranks: rank 0 measured alpha %g s, beta %g s/B, gamma %g s/B", n, l->alpha,
+           l->beta, l->gamma);
+    }
+    ASSERT_STR_CONTAINS(m->source, "calibrated at start-up");
+    ASSERT_STR_CONTAINS(m->source, cases[t].with);
+    if (memcmp(&m->local, &calib_in.local, sizeof(m->local)) != 0) {
+      FAIL("%d ranks: the shared segment's constants changed", n);
+    }
+    for (int r = 1; r < n; r++) {
+      if (memcmp(&calib_out[r], &calib_in, sizeof(calib_in)) != 0) {
+        FAIL("%d ranks: rank %d's model changed (%s); only rank 0's is measured", n, r,
+             calib_out[r].source);
+      }
+    }
+  }
+}

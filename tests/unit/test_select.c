@@ -1,6 +1,13 @@
 /* The registry's choices without a job: the point-to-point schedules'
  * partner sets (recursive.c), which the data connections are made for,
- * and the selector's picks by the cost model (select.c, cost_model.c). */
+ * the selector's picks by the cost model (select.c, cost_model.c) and the
+ * forms of HORA_COST_MODEL. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "base/params.h"
 #include "comm/coll/collectives.h"
 #include "../runner.h"
 
@@ -149,4 +156,129 @@ TEST(selector_picks_by_the_cost_model) {
   ASSERT(hora__algo_find(HORA_COLL_BROADCAST, "rd") == NULL);
   ASSERT(hora__algo_find(HORA_COLL_ALLGATHER, "binomial") == NULL);
   ASSERT(hora__algo_find(HORA_COLL_REDUCESCATTER, "rabenseifner") == NULL);
+}
+
+/* ---- HORA_COST_MODEL's forms (cost_model.c) -------------------------------- */
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+    FAIL("cannot write %s", path);
+  }
+}
+
+/* The call fails with HORA_ERR_INVALID_ARG and a message holding each of
+ * the needles (NULL ends them). */
+#define ASSERT_SETTING_FAILS(text, ...)                                              \
+  do {                                                                               \
+    struct hora__cost c_ = {1, 2, 3};                                                \
+    bool cal_ = false;                                                               \
+    int rc_ = hora__cost_parse((text), &c_, &cal_);                                  \
+    if (rc_ != HORA_ERR_INVALID_ARG) {                                               \
+      FAIL("line %d: '%s' gave %s, expected invalid argument", __LINE__, (text),     \
+           hora_strerror(rc_));                                                      \
+    }                                                                                \
+    const char *needles_[] = {__VA_ARGS__, NULL};                                    \
+    for (int i_ = 0; needles_[i_]; i_++) {                                           \
+      ASSERT_STR_CONTAINS(hora__error_message(), needles_[i_]);                      \
+    }                                                                                \
+    ASSERT(!cal_ && c_.alpha == 1 && c_.beta == 2 && c_.gamma == 3);                 \
+  } while (0)
+
+/* Numbers, `calibrate`, and `file:PATH` as hora-info --calibrate --save
+ * writes it (read back to the same constants); a missing file, a malformed
+ * one, an empty one and unknown words fail naming the path or the value. */
+TEST(cost_model_setting_numbers_calibrate_and_file) {
+  struct hora__cost c = {0};
+  bool cal = true;
+  ASSERT_EQ_INT(hora__cost_parse("60,8,0.25", &c, &cal), HORA_SUCCESS);
+  ASSERT(!cal && fabs(c.alpha - 60e-6) < 1e-15 && fabs(c.beta - 8e-9) < 1e-20 &&
+         fabs(c.gamma - 0.25e-9) < 1e-20);
+  struct hora__cost before = c;
+  ASSERT_EQ_INT(hora__cost_parse("calibrate", &c, &cal), HORA_SUCCESS);
+  ASSERT(cal && memcmp(&c, &before, sizeof(c)) == 0);
+  /* Where no measurement can follow (hora-info --model --local), calibrate
+   * is no value. */
+  ASSERT_EQ_INT(hora__cost_parse("calibrate", &c, NULL), HORA_ERR_INVALID_ARG);
+
+  char dir[] = "/tmp/hora-cost-XXXXXX";
+  if (!mkdtemp(dir)) {
+    FAIL("mkdtemp: %s", strerror(errno));
+  }
+  char good[128], bad[128], two[128], empty[128], missing[128], setting[160];
+  snprintf(good, sizeof(good), "%s/good", dir);
+  snprintf(bad, sizeof(bad), "%s/bad", dir);
+  snprintf(two, sizeof(two), "%s/two", dir);
+  snprintf(empty, sizeof(empty), "%s/empty", dir);
+  snprintf(missing, sizeof(missing), "%s/missing", dir);
+  const struct hora__cost saved = {3.25e-6, 0.1234e-9, 0.0677e-9};
+  ASSERT_EQ_INT(hora__cost_save(good, &saved, "a unit test"), HORA_SUCCESS);
+  snprintf(setting, sizeof(setting), "file:%s", good);
+  ASSERT_EQ_INT(hora__cost_parse(setting, &c, &cal), HORA_SUCCESS);
+  char want[96], got[96];
+  hora__cost_format(&saved, want, sizeof(want));
+  hora__cost_format(&c, got, sizeof(got));
+  if (cal || strcmp(want, got) != 0 || strcmp(got, "3.25,0.1234,0.0677") != 0) {
+    FAIL("saved %s, read back %s%s", want, got, cal ? " (and calibrate)" : "");
+  }
+  /* Written by hand: comments, blank lines and spaces around the numbers. */
+  write_text(two, "# measured by hand\n\n  5,1,0.5  \n");
+  snprintf(setting, sizeof(setting), "file:%s", two);
+  ASSERT_EQ_INT(hora__cost_parse(setting, &c, &cal), HORA_SUCCESS);
+  ASSERT(fabs(c.alpha - 5e-6) < 1e-15 && fabs(c.beta - 1e-9) < 1e-20);
+
+  snprintf(setting, sizeof(setting), "file:%s", missing);
+  ASSERT_SETTING_FAILS(setting, missing, "cannot read", "hora-info --calibrate --save");
+  write_text(bad, "# ok\n60,8\n");
+  snprintf(setting, sizeof(setting), "file:%s", bad);
+  ASSERT_SETTING_FAILS(setting, bad, "line 2 is '60,8'", "alpha_us,beta_ns_per_byte");
+  write_text(bad, "60,8,0.25\n61,8,0.25\n");
+  ASSERT_SETTING_FAILS(setting, bad, "line 2", "one line");
+  write_text(bad, "60,-8,0.25\n");
+  ASSERT_SETTING_FAILS(setting, bad, "line 1");
+  write_text(empty, "# nothing\n\n");
+  snprintf(setting, sizeof(setting), "file:%s", empty);
+  ASSERT_SETTING_FAILS(setting, empty, "no constants");
+  ASSERT_SETTING_FAILS("file:", "names no file");
+  ASSERT_SETTING_FAILS("calibrat", "'calibrat'", "calibrate", "file:PATH");
+  ASSERT_SETTING_FAILS("60,8", "'60,8'", "three numbers");
+  ASSERT_SETTING_FAILS("60,8,0.25,1", "'60,8,0.25,1'");
+  unlink(good);
+  unlink(bad);
+  unlink(two);
+  unlink(empty);
+  rmdir(dir);
+}
+
+/* Rank 0's setting alone is read: there `calibrate` asks for the
+ * measurement and a file is read; elsewhere the built-in constants stand
+ * (rank 0's model replaces them), so a file need exist on rank 0's host
+ * only. */
+TEST(cost_model_init_reads_rank_0s_setting_only) {
+  const char *saved = hora__params.COST_MODEL;
+  struct hora__proc proc = {.chunk_bytes = 512 * 1024};
+  hora__comm c0 = {.proc = &proc, .rank = 0, .size = 2, .cross_size = 2};
+  hora__comm c1 = c0;
+  c1.rank = 1;
+  struct hora__cost_model m;
+  bool cal = false;
+  hora__params.COST_MODEL = "calibrate";
+  int rc0 = hora__cost_model_init(&c0, &m, &cal);
+  bool cal0 = cal;
+  int rc1 = hora__cost_model_init(&c1, &m, &cal);
+  bool cal1 = cal;
+  char src1[sizeof(m.source)];
+  snprintf(src1, sizeof(src1), "%s", m.source);
+  hora__params.COST_MODEL = "file:/nonexistent/hora-cost";
+  int rc2 = hora__cost_model_init(&c1, &m, &cal);
+  int rc3 = hora__cost_model_init(&c0, &m, &cal);
+  char msg3[300];
+  snprintf(msg3, sizeof(msg3), "%s", hora__error_message());
+  hora__params.COST_MODEL = saved;
+  ASSERT(rc0 == HORA_SUCCESS && cal0);
+  ASSERT(rc1 == HORA_SUCCESS && !cal1);
+  ASSERT_STR_CONTAINS(src1, "built-in (tcp)");
+  ASSERT_EQ_INT(rc2, HORA_SUCCESS);
+  ASSERT_EQ_INT(rc3, HORA_ERR_INVALID_ARG);
+  ASSERT_STR_CONTAINS(msg3, "/nonexistent/hora-cost");
 }
