@@ -558,20 +558,29 @@ TEST(cache_forget_empties_a_slot) {
   hora__cache_free(&c);
 }
 
-/* A cycle message survives the wire; malformed ones are refused. */
+/* A cycle message survives the wire, its eager data too; malformed ones
+ * (any truncation, an eager length that disagrees, an unknown flag) are
+ * refused. */
 TEST(message_cycle_roundtrip) {
-  uint8_t vec[6] = {0xff, 0x01, 0x10, 0x20, 0x00, 0x80};
+  uint8_t vec[8] = {0xff, 0x01, 0x10, 0x20, 0x00, 0x80, 0x01, 0x00};
+  const uint8_t eager[5] = {1, 2, 3, 4, 5};
   struct hora__cycle_msg m = {.cycle = 1ull << 40, .step = 3, .flags = HORA_CYCLE_JOINED,
-                              .frames = 77, .nbytes = 2, .vec = vec};
+                              .frames = 77, .nbytes = 2, .vec = vec, .eager_len = 5,
+                              .eager = eager};
   struct hora__wbuf w = {0};
   hora__encode_cycle(&w, &m);
   struct hora__cycle_msg out;
   ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_SUCCESS);
   ASSERT(out.cycle == m.cycle && out.step == 3 && out.flags == HORA_CYCLE_JOINED);
-  ASSERT(out.frames == 77 && out.nbytes == 2 && memcmp(out.vec, vec, 6) == 0);
+  ASSERT(out.frames == 77 && out.nbytes == 2 && memcmp(out.vec, vec, 8) == 0);
+  ASSERT(out.eager_len == 5 && memcmp(out.eager, eager, 5) == 0);
   for (size_t n = 0; n < w.len; n++) {
     ASSERT(hora__decode_cycle(w.data, n, &out) == HORA_ERR_INVALID_ARG);
   }
+  w.data[22 + 8] = 4; /* the eager length, one short of what follows */
+  ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_ERR_INVALID_ARG);
+  w.data[22 + 8] = 5;
+  ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_SUCCESS);
   w.data[9] = 0x80; /* an unknown flag */
   ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_ERR_INVALID_ARG);
   hora__wbuf_free(&w);
