@@ -37,6 +37,10 @@ static size_t eager_bytes(const struct hora__op_meta *m) {
   return (size_t)m->count * hora_dtype_size((hora_dtype)m->dtype);
 }
 
+/* Each tensor's data starts at a multiple of 8 bytes, so that the kernels
+ * read every dtype aligned (the buffers themselves come from malloc). */
+static size_t eager_align(size_t off) { return (off + 7) & ~(size_t)7; }
+
 /* What may travel eagerly: decided from the cached operation alone, which
  * every rank has alike. */
 static bool eager_kind(const struct hora__op_meta *m) {
@@ -71,17 +75,18 @@ static int eager_contribute(struct hora__set *set, uint8_t *eager, uint32_t used
     if (!q || !set->cache.e[s].used || !eager_kind(m) || !hora__meta_equal(m, &q->meta)) {
       continue;
     }
-    size_t b = eager_bytes(m);
-    if (set->eager_len + b > budget) {
+    size_t b = eager_bytes(m), at = eager_align(set->eager_len);
+    if (at + b > budget) {
       break;
     }
-    HORA_CHECK(eager_room(&set->eager, &set->eager_cap, set->eager_len + b + 1));
-    uint8_t *dst = set->eager + set->eager_len;
+    HORA_CHECK(eager_room(&set->eager, &set->eager_cap, at + b + 1));
+    memset(set->eager + set->eager_len, 0, at - set->eager_len); /* (sent: no stray bytes) */
+    uint8_t *dst = set->eager + at;
     memcpy(dst, q->sendbuf, b);
     if (m->prescale != 1.0) {
       hora__scale((hora_dtype)m->dtype, dst, (size_t)m->count, m->prescale);
     }
-    set->eager_len += b;
+    set->eager_len = at + b;
     eager[s / 8] |= (uint8_t)(1u << (s % 8));
   }
   return HORA_SUCCESS;
@@ -105,14 +110,18 @@ static int eager_fold(struct hora__set *set, const uint8_t *theirs_bits, const u
                          peer, s);
     }
     size_t b = eager_bytes(&ce->meta);
+    mo = m ? eager_align(mo) : mo;
+    to = t ? eager_align(to) : to;
     if ((t && to + b > theirs_len) || (m && mo + b > set->eager_len)) {
       return hora__error(HORA_ERR_PROTOCOL, "rank %d's eager data is shorter (%zu bytes) than "
                          "its slots need", peer, theirs_len);
     }
     if (m && t) {
-      hora__reduce((hora_dtype)ce->meta.dtype, (hora_op)ce->meta.op, set->eager_tmp + out,
+      size_t at = eager_align(out);
+      memset(set->eager_tmp + out, 0, at - out);
+      hora__reduce((hora_dtype)ce->meta.dtype, (hora_op)ce->meta.op, set->eager_tmp + at,
                    set->eager + mo, theirs + to, (size_t)ce->meta.count);
-      out += b;
+      out = at + b;
     }
     mo += m ? b : 0;
     to += t ? b : 0;
@@ -429,10 +438,12 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
       break;
     }
     if (is_eager) {
+      eoff = eager_align(eoff);
       size_t b = eager_kind(&ce->meta) ? eager_bytes(&ce->meta) : SIZE_MAX;
-      r->eager = b <= set->eager_len - eoff ? hora__malloc(b + 1) : NULL;
+      bool fits = eoff <= set->eager_len && b <= set->eager_len - eoff;
+      r->eager = fits ? hora__malloc(b + 1) : NULL;
       if (!r->eager) {
-        rc = b == SIZE_MAX || b > set->eager_len - eoff
+        rc = !fits
                  ? hora__error(HORA_ERR_PROTOCOL, "cycle %llu's eager data does not match its "
                                "slots (%zu bytes)", (unsigned long long)(set->cycles + 1),
                                set->eager_len)
