@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -168,7 +169,7 @@ TEST(a_connection_to_itself_is_no_peer) {
  * retry can register the rank. */
 struct slow_proxy {
   int lfd, server_port, accepted;
-  volatile int stop;
+  atomic_int stop;
 };
 
 static int listen_loopback(int *port, int flags) {
@@ -205,7 +206,7 @@ static void forward(int a, int b) {
 
 static void *proxy_main(void *arg) {
   struct slow_proxy *px = arg;
-  while (!px->stop) {
+  while (!atomic_load(&px->stop)) {
     struct pollfd p = {px->lfd, POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) {
       continue;
@@ -269,7 +270,7 @@ TEST(rendezvous_rank_dropped_before_its_claim_connects_again) {
   for (int r = 0; r < 2; r++) {
     pthread_join(th[r], NULL);
   }
-  px.stop = 1;
+  atomic_store(&px.stop, 1);
   pthread_join(proxy, NULL);
   close(px.lfd);
   ASSERT_EQ_INT(side[0].rc, HORA_SUCCESS);
