@@ -561,12 +561,17 @@ static int try_connect(const struct hora__rdv_tcp_spec *sp, const uint8_t *hs_ke
   return 0;
 }
 
-/* Reads one frame from rank 0; a status other than 0 is rank 0's error. */
-static int recv_frame(struct tcp_rdv *t, void *buf, size_t want, uint64_t deadline) {
+/* Reads one frame from rank 0; a status other than 0 is rank 0's error.
+ * *no_header (may be NULL): the connection ended before the frame began. */
+static int recv_frame(struct tcp_rdv *t, void *buf, size_t want, uint64_t deadline,
+                      bool *no_header) {
   uint32_t h[2];
   char what[480];
   snprintf(what, sizeof(what), "the rendezvous (rank 0 at %s)", t->where);
   int rc = move_all(t->fd[0], h, sizeof(h), false, deadline, what);
+  if (no_header) {
+    *no_header = rc != HORA_SUCCESS;
+  }
   if (rc != HORA_SUCCESS) {
     return rc;
   }
@@ -588,28 +593,16 @@ static int recv_frame(struct tcp_rdv *t, void *buf, size_t want, uint64_t deadli
 /* Rank 0's first frame on a new connection: the claim taken (0), or its
  * error; -1: the connection closed first (rank 0 dropped it: connect again). */
 static int await_ack(struct tcp_rdv *t, uint64_t deadline, char *why, size_t whyn) {
-  uint32_t h[2];
-  char what[480];
-  snprintf(what, sizeof(what), "the rendezvous (rank 0 at %s)", t->where);
-  if (move_all(t->fd[0], h, sizeof(h), false, deadline, what) != HORA_SUCCESS) {
+  bool closed;
+  int rc = recv_frame(t, NULL, 0, deadline, &closed);
+  if (closed) {
     snprintf(why, whyn, "rank 0 closed the connection before taking the claim (%s)",
              hora__error_message());
     close(t->fd[0]);
     t->fd[0] = -1;
     return -1;
   }
-  uint32_t status = ntohl(h[0]), len = ntohl(h[1]);
-  if (status == 0 && len == 0) {
-    return HORA_SUCCESS;
-  }
-  char msg[1024] = "";
-  size_t n = HORA_MIN((size_t)len, sizeof(msg) - 1);
-  if (status != 0 && move_all(t->fd[0], msg, n, false, deadline, what) == HORA_SUCCESS) {
-    msg[n] = '\0';
-  }
-  return status != 0 ? hora__error(status < 64 ? (int)status : HORA_ERR_SYSTEM, "%s", msg)
-                     : hora__error(HORA_ERR_SYSTEM, "the rendezvous acknowledged the claim "
-                                   "with %u bytes where none were expected", len);
+  return rc;
 }
 
 static int open_client(const struct hora__rdv_tcp_spec *sp, struct tcp_rdv *t) {
@@ -645,7 +638,7 @@ static int open_client(const struct hora__rdv_tcp_spec *sp, struct tcp_rdv *t) {
   OPENSSL_cleanse(key, sizeof(key));
   if (rc == HORA_SUCCESS) {
     /* Rank 0 waits for the last rank up to its own timeout, then answers. */
-    rc = recv_frame(t, NULL, 0, deadline + 10000000000ull);
+    rc = recv_frame(t, NULL, 0, deadline + 10000000000ull, NULL);
   }
   return rc;
 }
@@ -666,7 +659,7 @@ static int tcp_allgather(struct hora__rdv *r, const void *mine, size_t len, void
     if (len) {
       HORA_CHECK(move_all(t->fd[0], (void *)mine, len, true, deadline, what));
     }
-    return recv_frame(t, all, len * (size_t)r->size, deadline + 10000000000ull);
+    return recv_frame(t, all, len * (size_t)r->size, deadline + 10000000000ull, NULL);
   }
   memcpy(all, mine, len);
   int rc = HORA_SUCCESS;

@@ -49,22 +49,16 @@ static bool eager_kind(const struct hora__op_meta *m) {
          eager_bytes(m) <= (size_t)hora__params.EAGER_THRESHOLD;
 }
 
-static int eager_room(uint8_t **buf, size_t *cap, size_t need) {
-  if (need <= *cap) {
-    return HORA_SUCCESS;
-  }
-  uint8_t *b = hora__realloc(*buf, need);
-  if (!b) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  *buf = b;
-  *cap = need;
-  return HORA_SUCCESS;
+/* Zeros up to the next tensor's start (they are sent: no stray bytes). */
+static void eager_pad(struct hora__wbuf *w) {
+  static const uint8_t zeros[8];
+  hora__wbuf_put(w, zeros, eager_align(w->len) - w->len);
 }
 
 /* Our own data for the slots we can send, within the budget. */
 static int eager_contribute(struct hora__set *set, uint8_t *eager, uint32_t used) {
-  set->eager_len = 0;
+  struct hora__wbuf *w = &set->eager;
+  hora__wbuf_reset(w);
   if (hora__params.EAGER_THRESHOLD <= 0 || hora__params.VERIFY || set->comm->size < 2) {
     return HORA_SUCCESS;
   }
@@ -75,18 +69,18 @@ static int eager_contribute(struct hora__set *set, uint8_t *eager, uint32_t used
     if (!q || !set->cache.e[s].used || !eager_kind(m) || !hora__meta_equal(m, &q->meta)) {
       continue;
     }
-    size_t b = eager_bytes(m), at = eager_align(set->eager_len);
-    if (at + b > budget) {
+    size_t b = eager_bytes(m);
+    if (eager_align(w->len) + b > budget) {
       break;
     }
-    HORA_CHECK(eager_room(&set->eager, &set->eager_cap, at + b + 1));
-    memset(set->eager + set->eager_len, 0, at - set->eager_len); /* (sent: no stray bytes) */
-    uint8_t *dst = set->eager + at;
-    memcpy(dst, q->sendbuf, b);
-    if (m->prescale != 1.0) {
-      hora__scale((hora_dtype)m->dtype, dst, (size_t)m->count, m->prescale);
+    eager_pad(w);
+    hora__wbuf_put(w, q->sendbuf, b);
+    if (w->failed) {
+      return HORA_ERR_NO_MEMORY;
     }
-    set->eager_len = at + b;
+    if (m->prescale != 1.0) {
+      hora__scale((hora_dtype)m->dtype, w->data + w->len - b, (size_t)m->count, m->prescale);
+    }
     eager[s / 8] |= (uint8_t)(1u << (s % 8));
   }
   return HORA_SUCCESS;
@@ -96,9 +90,15 @@ static int eager_contribute(struct hora__set *set, uint8_t *eager, uint32_t used
 static int eager_fold(struct hora__set *set, const uint8_t *theirs_bits, const uint8_t *theirs,
                       size_t theirs_len, uint32_t nb, int peer) {
   uint8_t *mine_bits = set->acc + 3 * (size_t)nb;
-  size_t mo = 0, to = 0, out = 0;
-  HORA_CHECK(eager_room(&set->eager_tmp, &set->eager_tmp_cap, set->eager_len + 1));
+  const struct hora__wbuf *mine = &set->eager;
+  struct hora__wbuf *out = &set->eager_tmp;
+  hora__wbuf_reset(out);
+  size_t mo = 0, to = 0;
   for (uint32_t s = 0; s < nb * 8; s++) {
+    if (!(mine_bits[s / 8] | theirs_bits[s / 8])) {
+      s |= 7; /* a byte of slots neither side carries */
+      continue;
+    }
     bool m = bit_set(mine_bits, s), t = bit_set(theirs_bits, s);
     if (!m && !t) {
       continue;
@@ -112,16 +112,19 @@ static int eager_fold(struct hora__set *set, const uint8_t *theirs_bits, const u
     size_t b = eager_bytes(&ce->meta);
     mo = m ? eager_align(mo) : mo;
     to = t ? eager_align(to) : to;
-    if ((t && to + b > theirs_len) || (m && mo + b > set->eager_len)) {
+    if ((t && to + b > theirs_len) || (m && mo + b > mine->len)) {
       return hora__error(HORA_ERR_PROTOCOL, "rank %d's eager data is shorter (%zu bytes) than "
                          "its slots need", peer, theirs_len);
     }
     if (m && t) {
-      size_t at = eager_align(out);
-      memset(set->eager_tmp + out, 0, at - out);
-      hora__reduce((hora_dtype)ce->meta.dtype, (hora_op)ce->meta.op, set->eager_tmp + at,
-                   set->eager + mo, theirs + to, (size_t)ce->meta.count);
-      out = at + b;
+      eager_pad(out);
+      hora__wbuf_put(out, mine->data + mo, b);
+      if (out->failed) {
+        return HORA_ERR_NO_MEMORY;
+      }
+      uint8_t *dst = out->data + out->len - b;
+      hora__reduce((hora_dtype)ce->meta.dtype, (hora_op)ce->meta.op, dst, dst, theirs + to,
+                   (size_t)ce->meta.count);
     }
     mo += m ? b : 0;
     to += t ? b : 0;
@@ -133,13 +136,9 @@ static int eager_fold(struct hora__set *set, const uint8_t *theirs_bits, const u
   for (uint32_t i = 0; i < nb; i++) {
     mine_bits[i] &= theirs_bits[i];
   }
-  uint8_t *t = set->eager;
-  size_t c = set->eager_cap;
-  set->eager = set->eager_tmp;
-  set->eager_cap = set->eager_tmp_cap;
-  set->eager_tmp = t;
-  set->eager_tmp_cap = c;
-  set->eager_len = out;
+  struct hora__wbuf folded = *out;
+  *out = set->eager;
+  set->eager = folded;
   return HORA_SUCCESS;
 }
 
@@ -194,8 +193,8 @@ static int send_step(struct hora__set *set, int peer, int step) {
                               .frames = ask ? 0 : set->acc_frames,
                               .nbytes = ask ? 0 : set->cycle_nbytes,
                               .vec = set->acc,
-                              .eager_len = ask ? 0 : (uint32_t)set->eager_len,
-                              .eager = set->eager};
+                              .eager_len = ask ? 0 : (uint32_t)set->eager.len,
+                              .eager = set->eager.data};
   hora__encode_cycle(&set->e->wbuf, &m);
   if (set->e->wbuf.failed) {
     return hora__error(HORA_ERR_NO_MEMORY, "out of memory encoding a cycle message");
@@ -232,11 +231,11 @@ static int take_step(struct hora__set *set, int peer, int step, bool *got) {
     if (nb) { /* without a cache the vectors are empty (and vec may be NULL) */
       memcpy(set->acc, in->vec, HORA_CYCLE_VECTORS * (size_t)nb);
     }
-    HORA_CHECK(eager_room(&set->eager, &set->eager_cap, in->eager_len + 1));
-    if (in->eager_len) {
-      memcpy(set->eager, in->eager, in->eager_len);
+    hora__wbuf_reset(&set->eager);
+    hora__wbuf_put(&set->eager, in->eager, in->eager_len);
+    if (set->eager.failed) {
+      return HORA_ERR_NO_MEMORY;
     }
-    set->eager_len = in->eager_len;
     set->acc_frames = in->frames;
     set->acc_flags = in->flags;
     return HORA_SUCCESS;
@@ -440,18 +439,20 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
     if (is_eager) {
       eoff = eager_align(eoff);
       size_t b = eager_kind(&ce->meta) ? eager_bytes(&ce->meta) : SIZE_MAX;
-      bool fits = eoff <= set->eager_len && b <= set->eager_len - eoff;
+      bool fits = eoff <= set->eager.len && b <= set->eager.len - eoff;
       r->eager = fits ? hora__malloc(b + 1) : NULL;
       if (!r->eager) {
         rc = !fits
                  ? hora__error(HORA_ERR_PROTOCOL, "cycle %llu's eager data does not match its "
                                "slots (%zu bytes)", (unsigned long long)(set->cycles + 1),
-                               set->eager_len)
+                               set->eager.len)
                  : HORA_ERR_NO_MEMORY;
         hora__response_free(r);
         break;
       }
-      memcpy(r->eager, set->eager + eoff, b);
+      if (b) {
+        memcpy(r->eager, set->eager.data + eoff, b);
+      }
       eoff += b;
       *etail = r;
       etail = &r->next;
@@ -468,10 +469,10 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
     }
     timeline_cached(r, set->comm->size);
   }
-  if (rc == HORA_SUCCESS && eoff != set->eager_len) {
+  if (rc == HORA_SUCCESS && eoff != set->eager.len) {
     rc = hora__error(HORA_ERR_PROTOCOL, "cycle %llu's eager data does not match its slots "
                      "(%zu bytes, %zu used)", (unsigned long long)(set->cycles + 1),
-                     set->eager_len, eoff);
+                     set->eager.len, eoff);
   }
   if (rc == HORA_SUCCESS) {
     rc = hora__responses_fuse(head, &tail, hora__params.FUSION_THRESHOLD);

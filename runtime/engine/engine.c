@@ -68,8 +68,8 @@ void hora__engine_set_free(struct hora__set *s, bool failed) {
   free(s->waiting);
   free(s->evict_wish);
   free(s->acc);
-  free(s->eager);
-  free(s->eager_tmp);
+  hora__wbuf_free(&s->eager);
+  hora__wbuf_free(&s->eager_tmp);
   hora__cycle_inbox_free(s->inbox);
   free(s->stuck_cycle);
   free(s->stuck_since_ns);

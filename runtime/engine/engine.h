@@ -78,8 +78,7 @@ struct hora__set {
   uint8_t *acc;          /* ready, submitted, evict, eager: 4 x cycle_nbytes */
   /* The eager slots' data (the acc's eager bits, in slot order), reduced so
    * far; eager_tmp is where a partner's step is folded in. */
-  uint8_t *eager, *eager_tmp;
-  size_t eager_len, eager_cap, eager_tmp_cap;
+  struct hora__wbuf eager, eager_tmp;
   uint32_t cycle_nbytes;
   uint64_t acc_frames;
   uint8_t acc_flags;

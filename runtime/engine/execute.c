@@ -338,39 +338,19 @@ static int run_op(struct hora__set *set, const struct hora__response *r, size_t 
 }
 
 /* An allreduce whose sum came with its cycle (cycle_steps.c): the result
- * is copied out and scaled as the collective would have. */
-static int run_eager(struct hora__set *set, const struct hora__response *r) {
-  bool joined;
-  HORA_CHECK(gather_requests(set, r, &joined));
-  struct hora_request *q = set->reqs[0];
-  if (!q) { /* every rank sent its data: a stand-in never reaches here */
-    return missing_tensor(set->e, r, &r->tensors[0]);
-  }
-  size_t count = r->tensors[0].count;
-  struct hora__coll_opts opts = {
-      .prescale = r->prescale,
-      .divisor = r->op == HORA_AVERAGE ? set->comm->size : 0,
-      .postscale = r->postscale,
-  };
-  set->current = r;
-  set->copy_ns = 0;
-  timeline_all(r, NULL); /* QUEUE ends */
-  uint64_t start = hora__now_ns();
+ * is copied out and scaled as the collective would have (a stand-in never
+ * gets here: every rank sent its data). */
+static int copy_eager(struct hora__set *set, const struct hora__response *r, size_t count,
+                      const struct hora__coll_opts *opts) {
   hora__engine_phase(set, "ALLREDUCE");
-  memcpy(q->recvbuf, r->eager, count * hora_dtype_size((hora_dtype)r->dtype));
-  hora__post_apply(&opts, (hora_dtype)r->dtype, q->recvbuf, count);
+  memcpy(set->iov_out[0].base, r->eager, set->iov_out[0].len);
+  hora__post_apply(opts, (hora_dtype)r->dtype, set->iov_out[0].base, count);
   hora__engine_phase(set, NULL);
-  set->current = NULL;
-  account(set, r, start, hora__now_ns() - start);
   atomic_fetch_add(&set->e->rt->stats.eager, 1);
-  hora__engine_complete(set->e, set->reqs, 1, HORA_SUCCESS, NULL);
   return HORA_SUCCESS;
 }
 
 static int run_collective(struct hora__set *set, const struct hora__response *r) {
-  if (r->eager) {
-    return run_eager(set, r);
-  }
   hora__comm *c = set->comm;
   size_t esize = hora_dtype_size((hora_dtype)r->dtype);
   bool joined;
@@ -420,7 +400,7 @@ static int run_collective(struct hora__set *set, const struct hora__response *r)
   set->copy_ns = 0;
   timeline_all(r, NULL); /* QUEUE ends */
   uint64_t start = hora__now_ns();
-  int rc = run_op(set, r, total, bytes, &opts);
+  int rc = r->eager ? copy_eager(set, r, total, &opts) : run_op(set, r, total, bytes, &opts);
   set->current = NULL;
   HORA_CHECK(rc);
   account(set, r, start, hora__now_ns() - start);
