@@ -17,8 +17,8 @@ quick=no
 [ "${1:-}" = --quick ] && quick=yes
 
 scripts/install-deps.sh || exit 1
-summary=$(mktemp)
-trap 'rm -f "$summary"' EXIT
+summary=$(mktemp) log=$(mktemp) statusf=$(mktemp)
+trap 'rm -f "$summary" "$log" "$statusf"' EXIT
 status=0
 
 # Stage headers, each closing the previous stage with its wall time.
@@ -31,6 +31,7 @@ note() {
   [ $# -gt 0 ] && printf '\n==== %s\n' "$*"
 }
 
+stages() {
 # The plain build lives in the source tree, as the README builds it.
 note "plain build: $src"
 if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt Makefile.in ]; then
@@ -119,5 +120,17 @@ fi
 
 note
 echo "==== (whole suite: $(($(date +%s) - suite_start)) s)"
+echo $status >"$statusf"
+}
+
+# Everything goes to the log too, so that the failures, wherever in the
+# suite they were, are named again beside the final count (CI keeps the tail).
+stages 2>&1 | tee "$log"
+status=$(cat "$statusf")
+[ -n "$status" ] || status=1
+if grep -q '^FAIL' "$log"; then
+  printf '\n==== what failed\n'
+  awk '/^==== [^(]/ { stage = substr($0, 6) } /^FAIL/ { print "[" stage "] " $0 }' "$log" | head -n 40
+fi
 awk '{p+=$1; f+=$2; s+=$3} END {printf "\n%d passed, %d failed, %d skipped\n", p, f, s}' "$summary"
 exit $status
