@@ -454,12 +454,17 @@ int hora__params_load(void) {
   } nonnegative[] = {{SRC(CYCLE_TIME), p.CYCLE_TIME},
                      {SRC(STALL_CHECK_TIME_SECONDS), p.STALL_CHECK_TIME_SECONDS},
                      {SRC(STALL_SHUTDOWN_TIME_SECONDS), p.STALL_SHUTDOWN_TIME_SECONDS},
+                     {SRC(STRAGGLER_REPORT_SECONDS), p.STRAGGLER_REPORT_SECONDS},
                      {SRC(SPIN_TIME_US), (double)p.SPIN_TIME_US}};
   for (size_t i = 0; i < HORA_ARRAY_SIZE(nonnegative); i++) {
     if (nonnegative[i].v < 0) {
       return hora__error(HORA_ERR_INVALID_ARG, "%s=%g must not be negative", nonnegative[i].var,
                          nonnegative[i].v);
     }
+  }
+  if (!(p.STRAGGLER_SHARE > 0 && p.STRAGGLER_SHARE <= 1)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "%s=%g is outside (0, 1]: a share of the time, "
+                       "e.g. 0.05", SRC(STRAGGLER_SHARE), p.STRAGGLER_SHARE);
   }
   if (p.CONNECT_TIMEOUT_SECONDS <= 0) {
     return hora__error(HORA_ERR_INVALID_ARG, "%s=%g must be positive", SRC(CONNECT_TIMEOUT_SECONDS),

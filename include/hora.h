@@ -326,10 +326,43 @@ typedef struct hora_stats {
   double stage_run_seconds, stage_complete_seconds, stage_wake_seconds;
   uint64_t eager_allreduces; /* allreduces whose data travelled with the negotiation cycle
                                 that scheduled them (HORA_EAGER_THRESHOLD; added later) */
+  uint64_t bus_bytes; /* what the collectives moved on the busiest link (hora_step_stats'
+                         bus_bytes; added later): divided by communicate_seconds, the bus
+                         bandwidth of nccl-tests */
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */
 HORA_EXTERN int hora_get_stats(hora_stats *stats);
+
+/* ---- Steps -------------------------------------------------------------------
+ * A trainer calls hora_step_mark() once per iteration (hora.torch's
+ * DistributedOptimizer.step() calls it by itself): each call ends a step
+ * and starts the next; the first only starts one. Within a step, the time
+ * in which some thread of this process waited in hora_wait (hora.torch's
+ * synchronize) is its exposed communication; the rest is compute. With
+ * HORA_TIMELINE, rank 0 writes an instant event STEP per step. Callable
+ * from any thread after hora_init. */
+HORA_EXTERN int hora_step_mark(void);
+
+typedef struct hora_step_stats {
+  size_t struct_size;     /* sizeof(hora_step_stats) */
+  uint64_t steps;         /* steps ended since hora_init */
+  double seconds;         /* their wall time, summed */
+  double wait_seconds;    /* of which waiting in hora_wait: exposed communication */
+  double compute_seconds; /* the rest (seconds - wait_seconds) */
+  uint64_t bytes;         /* bytes of the collectives completed within them (hora_stats' bytes) */
+  double communicate_seconds; /* coordinator time in those collectives */
+  double bus_bytes;       /* what those collectives moved on the busiest link, as in
+                             nccl-tests: allreduce 2(p-1)/p x bytes, allgather (p-1) x the
+                             rank's block, reducescatter and alltoall (p-1)/p, broadcast 1x */
+  /* The last step alone. */
+  double last_seconds, last_wait_seconds, last_compute_seconds;
+  uint64_t last_bytes;
+  double last_bus_bandwidth; /* bus bytes per second of collective time (0: none ran) */
+} hora_step_stats;
+
+/* Fills *stats (set stats->struct_size first). Callable from any thread. */
+HORA_EXTERN int hora_get_step_stats(hora_step_stats *stats);
 
 /* ---- Build information ------------------------------------------------------
  * 1 when this library was built with `feature`: "mpi", "cuda", "nccl" or

@@ -631,6 +631,7 @@ void hora__stats_add(hora_stats *s, struct hora__runtime *rt) {
   s->cycles += atomic_load(&rt->stats.cycles);
   s->sent_in_full += atomic_load(&rt->stats.sent_in_full);
   s->eager_allreduces += atomic_load(&rt->stats.eager);
+  s->bus_bytes += atomic_load(&rt->stats.bus_bytes);
   s->negotiate_seconds += (double)atomic_load(&rt->stats.negotiate_ns) * 1e-9;
   s->communicate_seconds += (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
   s->copy_seconds += (double)atomic_load(&rt->stats.copy_ns) * 1e-9;

@@ -19,6 +19,7 @@
 #include "base/params.h"
 #include "runtime/negotiate/cycle.h"
 #include "runtime/runtime.h"
+#include "runtime/observe/steps.h"
 #include "runtime/observe/timeline.h"
 
 /* The running runtime, or NULL. Published after it is fully set up. */
@@ -239,6 +240,8 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
   atomic_init(&rt->refs, 1);
   if (set_id > 0) {
     snprintf(rt->label, sizeof(rt->label), "process set %d: ", set_id);
+  } else {
+    hora__steps_reset(); /* the steps of this hora_init's runtime */
   }
   pthread_mutex_init(&rt->mu, NULL);
   pthread_mutex_init(&rt->progress_mu, NULL);

@@ -11,6 +11,7 @@
 
 #include "comm/gpu/gpu.h"
 #include "base/log.h"
+#include "runtime/observe/steps.h"
 #include "runtime/runtime.h"
 
 /* ---- requests -------------------------------------------------------------------- */
@@ -221,6 +222,11 @@ int hora__request_finish(hora_request **req) {
 
 /* Until the coordinator has completed r. */
 void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r) {
+  /* Time waited counts as the step's exposed communication (steps.h). */
+  bool waits = !atomic_load_explicit(&r->done, memory_order_acquire);
+  if (waits) {
+    hora__steps_wait_begin();
+  }
   /* A short bounded poll catches fast completions without a sleep and a
    * wake-up; oversubscribed hosts skip it (spin_us is 0 there). */
   int spin_us = rt ? rt->spin_us : 0;
@@ -241,6 +247,9 @@ void hora__request_wait_done(struct hora__runtime *rt, struct hora_request *r) {
       pthread_cond_wait(&rt->done_cv, &rt->mu);
     }
     pthread_mutex_unlock(&rt->mu);
+  }
+  if (waits) {
+    hora__steps_wait_end();
   }
 }
 

@@ -168,6 +168,7 @@ static int contribute(struct hora__set *set, bool joined) {
   set->frames_told = set->acc_frames;
   set->acc_flags = joined ? HORA_CYCLE_JOINED : 0;
   set->our_joined_flag = joined;
+  hora__engine_late_contribute(set);
   hora__timeline_cycle(set->cycles + 1);
   set->new_hits = 0;
   set->cycle_started_ns = hora__now_ns();
@@ -193,6 +194,7 @@ static int send_step(struct hora__set *set, int peer, int step) {
                               .frames = ask ? 0 : set->acc_frames,
                               .nbytes = ask ? 0 : set->cycle_nbytes,
                               .vec = set->acc,
+                              .late = set->acc_late,
                               .eager_len = ask ? 0 : (uint32_t)set->eager.len,
                               .eager = set->eager.data};
   hora__encode_cycle(&set->e->wbuf, &m);
@@ -238,6 +240,7 @@ static int take_step(struct hora__set *set, int peer, int step, bool *got) {
     }
     set->acc_frames = in->frames;
     set->acc_flags = in->flags;
+    set->acc_late = in->late;
     return HORA_SUCCESS;
   }
   HORA_CHECK(eager_fold(set, in->vec + 3 * (size_t)nb, in->eager, in->eager_len, nb, peer));
@@ -248,6 +251,7 @@ static int take_step(struct hora__set *set, int peer, int step, bool *got) {
   }
   set->acc_frames = HORA_MAX(set->acc_frames, in->frames);
   set->acc_flags |= in->flags;
+  hora__engine_late_fold(set, &in->late);
   return HORA_SUCCESS;
 }
 
@@ -416,8 +420,12 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
   const uint8_t *eager = evict + nb;
   struct hora__response *head = NULL, **tail = &head;
   struct hora__response *ehead = NULL, **etail = &ehead; /* eager: nothing left to fuse */
-  int rc = HORA_SUCCESS;
+  uint64_t now = hora__now_ns();
+  int rc = hora__engine_late_cycle_end(set, now);
   size_t eoff = 0;
+  /* Our wait for what this cycle schedules (lateness.c). */
+  uint64_t late_ops = 0, earliest = UINT64_MAX;
+  bool late_valid = true;
   for (uint32_t s = 0; s < nb * 8 && rc == HORA_SUCCESS; s++) {
     bool is_eager = bit_set(eager, s);
     if (!bit_set(ready, s) || !bit_set(submitted, s)) {
@@ -463,12 +471,16 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
     int32_t noted;
     struct hora__op_meta m = ce->meta;
     rc = hora__cache_note(&set->cache, r->tensors[0].key, r->tensors[0].key_len, &m, &noted);
+    late_ops++;
+    late_valid &= set->waiting[s] != NULL;
     if (set->waiting[s]) {
+      earliest = HORA_MIN(earliest, set->waiting[s]->submit_ns);
       set->waiting[s] = NULL;
       set->nwaiting--;
     }
     timeline_cached(r, set->comm->size);
   }
+  hora__engine_late_measured(set, late_ops, late_valid, earliest, now);
   if (rc == HORA_SUCCESS && eoff != set->eager.len) {
     rc = hora__error(HORA_ERR_PROTOCOL, "cycle %llu's eager data does not match its slots "
                      "(%zu bytes, %zu used)", (unsigned long long)(set->cycles + 1),

@@ -64,6 +64,10 @@ void hora__engine_set_free(struct hora__set *s, bool failed) {
     return;
   }
   hora__controller_destroy(s->ctl);
+  if (s->late) {
+    hora__stragglers_free(s->late);
+    free(s->late);
+  }
   hora__cache_free(&s->cache);
   free(s->waiting);
   free(s->evict_wish);
@@ -138,6 +142,11 @@ int hora__engine_set_create(struct hora__engine *e, hora__comm *comm, struct hor
     }
     if (e->rt) {
       hora__controller_name(s->ctl, e->rt->global_ranks, e->rt->label);
+    }
+    rc = hora__engine_late_start(s);
+    if (rc != HORA_SUCCESS) {
+      hora__engine_set_free(s, false);
+      return rc;
     }
   }
   *out = s;

@@ -14,6 +14,7 @@
 #include "runtime/negotiate/cycle.h"
 #include "runtime/negotiate/message.h"
 #include "runtime/negotiate/negotiate.h"
+#include "runtime/negotiate/stragglers.h"
 #include "runtime/runtime.h"
 
 /* Cycle steps on the wire (negotiate/cycle.h). */
@@ -97,6 +98,16 @@ struct hora__set {
   uint64_t frames_told;  /* rank 0: the count in its last contribution */
   bool shutdown_seen;    /* a frame holds SHUTDOWN: peers may close now */
   void **ready, **done;  /* per tensor of a device response */
+  /* Stragglers (negotiate/stragglers.h): this rank's wait for the
+   * operations the last cycle scheduled, told with the next cycle, and the
+   * reduction of everyone's so far (acc_late). The set's first rank keeps
+   * the notes (late) and reports them. */
+  struct hora__cycle_late acc_late;
+  uint64_t late_ops, late_wait_ns;
+  bool late_valid;
+  uint64_t late_prev_ns; /* the end of the last cycle that scheduled anything */
+  struct hora__stragglers *late;
+  uint64_t next_late_report_ns;
   uint32_t events_cap;
 };
 
@@ -203,6 +214,19 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed);
  * with it or, after a normal stop, with HORA_ERR_ABORTED; after an error
  * the device data plane is aborted. */
 void hora__engine_fail_all(struct hora__engine *e, int rc);
+
+/* lateness.c: who the others wait for (negotiate/stragglers.h). The set's
+ * first rank starts the notes; each cycle tells the last one's waits
+ * (contribute), folds the partners' (fold), and at its end notes the
+ * straggler, then measures this rank's own wait for what it scheduled: ops
+ * operations, the earliest submitted at earliest_ns, and whether this rank
+ * submitted each of them (valid) or stood in for some. */
+int hora__engine_late_start(struct hora__set *set);
+void hora__engine_late_contribute(struct hora__set *set);
+void hora__engine_late_fold(struct hora__set *set, const struct hora__cycle_late *theirs);
+int hora__engine_late_cycle_end(struct hora__set *set, uint64_t now_ns);
+void hora__engine_late_measured(struct hora__set *set, uint64_t ops, bool valid,
+                                uint64_t earliest_ns, uint64_t now_ns);
 
 /* stall.c: stall reports */
 void hora__engine_scan_waiting(struct hora__set *set);

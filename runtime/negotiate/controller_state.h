@@ -30,6 +30,7 @@ struct pending_op {
   int nhave;
   int nhave_joined; /* submitters that have also joined */
   uint64_t first_ns;
+  uint64_t arrived_sum_ns; /* the submitters' arrival times, summed */
 };
 
 /* A group (hora_group_start/end) some of whose members are decided: the
@@ -61,6 +62,8 @@ struct hora__controller {
   uint64_t ready_bytes;    /* payload of the fusable responses in `ready` */
   bool ready_urgent;       /* `ready` holds something that must not wait */
   uint64_t next_stall_warn_ns;
+  struct hora__stragglers *late; /* or NULL */
+  uint64_t late_prev_ns;         /* when the last operation noted there came whole */
 };
 
 /* negotiate.c */

@@ -79,6 +79,7 @@ int hora__cycle_accept(struct hora__cycle_inbox *inbox, const struct hora__cycle
     memcpy(in->eager, m.eager, m.eager_len);
   }
   in->eager_len = m.eager_len;
+  in->late = m.late;
   in->has = true;
   in->cycle = m.cycle;
   in->flags = m.flags;

@@ -34,6 +34,7 @@ struct hora__cycle_inbox {
   uint64_t frames;
   uint32_t nbytes;
   uint8_t *vec; /* HORA_CYCLE_VECTORS x nbytes */
+  struct hora__cycle_late late;
   size_t cap;
   uint8_t *eager; /* eager_len bytes: the eager slots' data */
   size_t eager_len, eager_cap;

@@ -11,7 +11,9 @@
  *                u32 ntensors, ntensors x { str key, u64 count, u64 shape } }
  *   ABORT     := i32 origin_rank, u16 code, str message
  *   CYCLE     := u64 cycle, u8 step, u8 flags, u64 frames, u32 nbytes,
- *                3 x nbytes (ready, submitted, evict bit vectors)
+ *                4 x nbytes (ready, submitted, evict, eager bit vectors),
+ *                late := u64 ops, u64 min_ns, u64 sum_ns, u32 min_rank,
+ *                u32 ranks, u32 eager_len, eager_len bytes
  *   STUCK     := u64 cycle, u32 waited_ms, str key (may be empty)
  *   str       := u16 length, bytes;  f64 := IEEE bits as u64
  * All little-endian. A request's dims must hold its count; rank 0 derives
@@ -219,6 +221,17 @@ int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request
 
 /* ---- cycles ----------------------------------------------------------------- */
 
+void hora__cycle_late_fold(struct hora__cycle_late *a, const struct hora__cycle_late *b) {
+  if (b->ranks > 0 && (a->ranks == 0 || b->min_ns < a->min_ns ||
+                       (b->min_ns == a->min_ns && b->min_rank < a->min_rank))) {
+    a->min_ns = b->min_ns;
+    a->min_rank = b->min_rank;
+  }
+  a->ops = HORA_MAX(a->ops, b->ops);
+  a->sum_ns += b->sum_ns;
+  a->ranks += b->ranks;
+}
+
 void hora__encode_cycle(struct hora__wbuf *w, const struct hora__cycle_msg *m) {
   hora__wbuf_reset(w);
   hora__wbuf_u64(w, m->cycle);
@@ -227,6 +240,11 @@ void hora__encode_cycle(struct hora__wbuf *w, const struct hora__cycle_msg *m) {
   hora__wbuf_u64(w, m->frames);
   hora__wbuf_u32(w, m->nbytes);
   hora__wbuf_put(w, m->vec, HORA_CYCLE_VECTORS * (size_t)m->nbytes);
+  hora__wbuf_u64(w, m->late.ops);
+  hora__wbuf_u64(w, m->late.min_ns);
+  hora__wbuf_u64(w, m->late.sum_ns);
+  hora__wbuf_u32(w, m->late.min_rank);
+  hora__wbuf_u32(w, m->late.ranks);
   hora__wbuf_u32(w, m->eager_len);
   hora__wbuf_put(w, m->eager, m->eager_len);
 }
@@ -239,12 +257,17 @@ int hora__decode_cycle(const uint8_t *p, size_t n, struct hora__cycle_msg *m) {
   m->frames = hora__rbuf_u64(&r);
   m->nbytes = hora__rbuf_u32(&r);
   size_t vecs = HORA_CYCLE_VECTORS * (size_t)m->nbytes;
-  if (r.bad || m->nbytes > MAX_CACHE_BITMAP || vecs + 4 > hora__rbuf_left(&r) ||
+  if (r.bad || m->nbytes > MAX_CACHE_BITMAP || vecs + HORA_CYCLE_LATE_BYTES + 4 > hora__rbuf_left(&r) ||
       (m->flags & ~HORA_CYCLE_FLAGS_ALL) != 0) {
     return hora__error(HORA_ERR_INVALID_ARG, "malformed cycle message (%zu bytes)", n);
   }
   m->vec = p + r.off;
   r.off += vecs;
+  m->late.ops = hora__rbuf_u64(&r);
+  m->late.min_ns = hora__rbuf_u64(&r);
+  m->late.sum_ns = hora__rbuf_u64(&r);
+  m->late.min_rank = hora__rbuf_u32(&r);
+  m->late.ranks = hora__rbuf_u32(&r);
   m->eager_len = hora__rbuf_u32(&r);
   if (r.bad || m->eager_len != hora__rbuf_left(&r) || m->eager_len > HORA_CYCLE_EAGER_MAX) {
     return hora__error(HORA_ERR_INVALID_ARG, "malformed cycle message (%zu bytes)", n);

@@ -56,13 +56,27 @@ int hora__decode_requests(const uint8_t *p, size_t n, const struct hora__request
  * One step of a cycle's allreduce of cache bit vectors (engine/cycle_steps.c):
  * four vectors of nbytes each, ready (AND), submitted (OR), evict (OR) and
  * eager (AND: slots whose data travels with the cycle), the count of
- * response frames rank 0 had sent (MAX), flags (OR), and the eager slots'
- * data, reduced, in slot order (each slot's size is its cached operation's,
- * which the decoder does not know: the cycle checks it). */
+ * response frames rank 0 had sent (MAX), flags (OR), the lateness of the
+ * cycle before (below), and the eager slots' data, reduced, in slot order
+ * (each slot's size is its cached operation's, which the decoder does not
+ * know: the cycle checks it). */
 #define HORA_CYCLE_JOINED 1u /* some rank has a join in flight */
 #define HORA_CYCLE_VECTORS 4
 #define HORA_CYCLE_EAGER_MAX (1u << 20) /* bytes of eager data a cycle may carry */
 #define HORA_CYCLE_FLAGS_ALL HORA_CYCLE_JOINED
+
+/* How long each rank had waited for the operations the cycle before
+ * scheduled, reduced: the least wait and its rank (the one that came last;
+ * ties to the lowest rank), the sum, and how many ranks told it (those
+ * that stood in for none of them). ops: how many operations (the same
+ * everywhere; MAX). */
+struct hora__cycle_late {
+  uint64_t ops, min_ns, sum_ns;
+  uint32_t min_rank, ranks;
+};
+#define HORA_CYCLE_LATE_BYTES 32
+/* Folds b into a. */
+void hora__cycle_late_fold(struct hora__cycle_late *a, const struct hora__cycle_late *b);
 
 struct hora__cycle_msg {
   uint64_t cycle;
@@ -71,6 +85,7 @@ struct hora__cycle_msg {
   uint64_t frames;
   uint32_t nbytes;
   const uint8_t *vec; /* 4 * nbytes; points into the decoded frame */
+  struct hora__cycle_late late;
   uint32_t eager_len;
   const uint8_t *eager; /* eager_len bytes; points into the decoded frame */
 };

@@ -16,6 +16,7 @@
 #include "base/table.h"
 #include "runtime/negotiate/controller_state.h"
 #include "runtime/negotiate/fusion.h"
+#include "runtime/negotiate/stragglers.h"
 #include "runtime/observe/timeline.h"
 
 int hora__controller_create(int size, struct hora__controller **out) {
@@ -138,6 +139,25 @@ void hora__format_ranks_named(const uint8_t *set, int size, bool want, const int
 
 void hora__format_ranks(const uint8_t *set, int size, bool want, char *buf, size_t n) {
   hora__format_ranks_named(set, size, want, NULL, buf, n);
+}
+
+void hora__controller_watch_late(struct hora__controller *c, struct hora__stragglers *late) {
+  c->late = late;
+}
+
+/* The request that completes an operation came last: the others waited
+ * from their mean arrival (or the last such completion, if later: no wait
+ * counted twice) until now. */
+static void note_late(struct hora__controller *c, struct pending_op *op, int rank) {
+  uint64_t now = hora__now_ns();
+  op->arrived_sum_ns += now;
+  if (!c->late || c->size < 2 || op->nhave != c->size) {
+    return;
+  }
+  uint64_t others = (op->arrived_sum_ns - now) / (uint64_t)(c->size - 1);
+  uint64_t from = HORA_MAX(others, c->late_prev_ns);
+  hora__stragglers_note(c->late, rank, 1, now > from ? now - from : 0);
+  c->late_prev_ns = now;
 }
 
 void hora__controller_name(struct hora__controller *c, const int *names, const char *label) {
@@ -485,6 +505,7 @@ int hora__controller_submit(struct hora__controller *c, int rank,
   add_variant(op, rank, &m, req->shape);
   op->have[rank] = 1;
   op->nhave++;
+  note_late(c, op, rank);
   if (c->joined[rank]) {
     op->nhave_joined++;
   }

@@ -46,5 +46,9 @@ void hora__format_ranks_named(const uint8_t *set, int size, bool want, const int
 /* Messages name rank r as names[r] and start with label (a process set's;
  * both stay the caller's). */
 void hora__controller_name(struct hora__controller *c, const int *names, const char *label);
+/* Notes, for each operation negotiated here in full, the rank whose
+ * request came last and the others' mean wait for it (stragglers.h). */
+struct hora__stragglers;
+void hora__controller_watch_late(struct hora__controller *c, struct hora__stragglers *late);
 
 #endif

@@ -273,26 +273,48 @@ void hora__timeline_mark(const char *key, size_t len, const char *what) {
   event(key, len, "i", what);
 }
 
-void hora__timeline_cycle(uint64_t cycle) {
+/* A global instant event with its args (a JSON object's members); when
+ * `cycle_mark`, only if cycles are marked. */
+static void global_event(const char *name, const char *args, bool cycle_mark) {
   if (!hora__timeline_enabled()) {
     return;
   }
   pthread_mutex_lock(&mu);
   struct timeline *tl = installed;
-  if (tl && !tl->stopped && tl->mark_cycles) {
-    /* A global instant event, as Horovod's mark_cycles writes. */
+  if (tl && !tl->stopped && (!cycle_mark || tl->mark_cycles)) {
     event_start(tl);
-    char buf[160];
-    int n = snprintf(buf, sizeof(buf), "{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\","
-                     "\"pid\":0,\"ts\":%.3f,\"args\":{\"cycle\":%llu}}", now_us(tl),
-                     (unsigned long long)cycle);
-    hora__wbuf_put(&tl->buf, buf, (size_t)n);
+    char buf[320];
+    int n = snprintf(buf, sizeof(buf), "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"g\","
+                     "\"pid\":0,\"ts\":%.3f,\"args\":{%s}}", name, now_us(tl), args);
+    hora__wbuf_put(&tl->buf, buf, (size_t)HORA_MIN(n, (int)sizeof(buf) - 1));
     if (tl->buf.len >= FLUSH_BYTES) {
       flush(tl);
       update_enabled();
     }
   }
   pthread_mutex_unlock(&mu);
+}
+
+void hora__timeline_cycle(uint64_t cycle) {
+  /* As Horovod's mark_cycles writes. */
+  char args[48];
+  snprintf(args, sizeof(args), "\"cycle\":%llu", (unsigned long long)cycle);
+  global_event("CYCLE_START", args, true);
+}
+
+void hora__timeline_step(uint64_t step, double seconds, double wait_seconds, uint64_t bytes) {
+  char args[200];
+  snprintf(args, sizeof(args), "\"step\":%llu,\"seconds\":%.6f,\"compute_seconds\":%.6f,"
+           "\"wait_seconds\":%.6f,\"bytes\":%llu", (unsigned long long)step, seconds,
+           seconds - wait_seconds, wait_seconds, (unsigned long long)bytes);
+  global_event("STEP", args, false);
+}
+
+void hora__timeline_last_rank(int rank, double waited_seconds, uint64_t operations) {
+  char args[120];
+  snprintf(args, sizeof(args), "\"rank\":%d,\"waited_seconds\":%.6f,\"operations\":%llu",
+           rank, waited_seconds, (unsigned long long)operations);
+  global_event("LAST_RANK", args, false);
 }
 
 /* Ends the phases still open on a row, so the file is balanced. */

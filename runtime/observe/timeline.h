@@ -29,6 +29,12 @@ void hora__timeline_end(const char *key, size_t len);
 void hora__timeline_mark(const char *key, size_t len, const char *what);
 /* An instant event CYCLE_START with the cycle's number, if asked for. */
 void hora__timeline_cycle(uint64_t cycle);
+/* Global instant events: STEP at each hora_step_mark (the step's seconds,
+ * compute and wait seconds, bytes), and LAST_RANK for each negotiation
+ * that waited on one rank last (its job rank, the others' mean wait for
+ * it, the operations it held up). */
+void hora__timeline_step(uint64_t step, double seconds, double wait_seconds, uint64_t bytes);
+void hora__timeline_last_rank(int rank, double waited_seconds, uint64_t operations);
 /* The calling thread works for process set `set_id` (0: the world): its
  * events go on rows of that set's own, labelled with it. */
 void hora__timeline_thread_set(int set_id);

@@ -55,6 +55,9 @@ int test_skipped;
   X(cache_lru_and_versions)                                                                  \
   X(cache_forget_empties_a_slot)                                                             \
   X(message_cycle_roundtrip)                                                                 \
+  X(cycle_late_fold_any_order)                                                               \
+  X(stragglers_name_the_late_rank)                                                           \
+  X(stragglers_name_a_slow_host_and_not_an_even_run)                                         \
   X(compression_roundtrip_and_reduce)                                                        \
   X(compression_matches_scalar_conversions)                                                  \
   X(message_minimal_sizes)                                                                   \
@@ -62,7 +65,7 @@ int test_skipped;
   X(path_tuner_size_classes)                                                                 \
   X(path_tuner_runs_both_then_keeps_the_faster)                                              \
   X(path_tuner_decides_by_best_time_after_warm_up)                                           \
-  X(path_tuner_counts_trials_in_flight)                                                       \
+  X(path_tuner_counts_trials_in_flight)                                                      \
   X(ctrl_read_is_bounded_while_the_peer_streams)                                             \
   X(ctrl_frames_arrive_whole_in_pieces)                                                      \
   X(ctrl_refuses_malformed_headers)                                                          \
@@ -102,7 +105,7 @@ int test_skipped;
   X(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner)                             \
   X(coll_partners_symmetric_and_cover_every_schedule)                                        \
   X(selector_picks_by_the_cost_model)                                                        \
-  X(cost_model_setting_numbers_calibrate_and_file)                                          \
+  X(cost_model_setting_numbers_calibrate_and_file)                                           \
   X(cost_model_init_reads_rank_0s_setting_only)                                              \
   X(cost_calibrate_over_mock_links)                                                          \
   X(strangers_flood_never_pushes_out_a_ranks_handshake)

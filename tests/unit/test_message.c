@@ -558,15 +558,17 @@ TEST(cache_forget_empties_a_slot) {
   hora__cache_free(&c);
 }
 
-/* A cycle message survives the wire, its eager data too; malformed ones
- * (any truncation, an eager length that disagrees, an unknown flag) are
- * refused. */
+/* A cycle message survives the wire, its lateness record and eager data
+ * too; malformed ones (any truncation, an eager length that disagrees, an
+ * unknown flag) are refused. */
 TEST(message_cycle_roundtrip) {
   uint8_t vec[8] = {0xff, 0x01, 0x10, 0x20, 0x00, 0x80, 0x01, 0x00};
   const uint8_t eager[5] = {1, 2, 3, 4, 5};
   struct hora__cycle_msg m = {.cycle = 1ull << 40, .step = 3, .flags = HORA_CYCLE_JOINED,
                               .frames = 77, .nbytes = 2, .vec = vec, .eager_len = 5,
-                              .eager = eager};
+                              .eager = eager,
+                              .late = {.ops = 9, .min_ns = 1234, .sum_ns = 1ull << 50,
+                                       .min_rank = 70000, .ranks = 3}};
   struct hora__wbuf w = {0};
   hora__encode_cycle(&w, &m);
   struct hora__cycle_msg out;
@@ -574,16 +576,36 @@ TEST(message_cycle_roundtrip) {
   ASSERT(out.cycle == m.cycle && out.step == 3 && out.flags == HORA_CYCLE_JOINED);
   ASSERT(out.frames == 77 && out.nbytes == 2 && memcmp(out.vec, vec, 8) == 0);
   ASSERT(out.eager_len == 5 && memcmp(out.eager, eager, 5) == 0);
+  ASSERT(out.late.ops == 9 && out.late.min_ns == 1234 && out.late.sum_ns == 1ull << 50 &&
+         out.late.min_rank == 70000 && out.late.ranks == 3);
   for (size_t n = 0; n < w.len; n++) {
     ASSERT(hora__decode_cycle(w.data, n, &out) == HORA_ERR_INVALID_ARG);
   }
-  w.data[22 + 8] = 4; /* the eager length, one short of what follows */
+  size_t eager_at = 22 + 8 + HORA_CYCLE_LATE_BYTES;
+  w.data[eager_at] = 4; /* the eager length, one short of what follows */
   ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_ERR_INVALID_ARG);
-  w.data[22 + 8] = 5;
+  w.data[eager_at] = 5;
   ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_SUCCESS);
   w.data[9] = 0x80; /* an unknown flag */
   ASSERT(hora__decode_cycle(w.data, w.len, &out) == HORA_ERR_INVALID_ARG);
   hora__wbuf_free(&w);
+}
+
+/* Lateness records fold to the least wait (ties to the lowest rank), the
+ * sum and the count, whatever the order; a record from no rank is neutral. */
+TEST(cycle_late_fold_any_order) {
+  const struct hora__cycle_late r[4] = {{.ops = 2, .min_ns = 50, .sum_ns = 50, .min_rank = 0, .ranks = 1},
+                                        {.ops = 2, .min_ns = 7, .sum_ns = 7, .min_rank = 3, .ranks = 1},
+                                        {.ops = 2, .min_ns = 7, .sum_ns = 7, .min_rank = 1, .ranks = 1},
+                                        {.ops = 2, .min_ns = 0, .sum_ns = 0, .min_rank = 2, .ranks = 0}};
+  const int orders[3][4] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {2, 0, 3, 1}};
+  for (int o = 0; o < 3; o++) {
+    struct hora__cycle_late a = r[orders[o][0]];
+    for (int i = 1; i < 4; i++) {
+      hora__cycle_late_fold(&a, &r[orders[o][i]]);
+    }
+    ASSERT(a.ops == 2 && a.min_ns == 7 && a.min_rank == 1 && a.sum_ns == 64 && a.ranks == 3);
+  }
 }
 
 TEST(cache_lru_and_versions) {
