@@ -274,6 +274,11 @@ if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "train-elasti
   sh "$srcdir/tests/launch/check-train-elastic.sh" "$builddir" $el_mode | tally ""
 fi
 
+if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "stragglers" | grep -Eq "$HORA_TEST_ONLY"; }; then
+  section "stragglers and steps: a late rank named, exposed communication per step"
+  sh "$srcdir/tests/stragglers/check-stragglers.sh" "$builddir" | tally ""
+fi
+
 if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "calibrate" | grep -Eq "$HORA_TEST_ONLY"; }; then
   section "cost model: hora-info --calibrate, saved and used (HORA_COST_MODEL=file:)"
   # Measured between two ranks, printed as HORA_COST_MODEL (three positive

@@ -137,10 +137,10 @@ bool hora__stragglers_report(struct hora__stragglers *s, uint64_t now_ns, uint64
   double base = (double)(nsteps > 0 ? nstep_ns : elapsed) * 1e-9;
   bool said = false;
   if (worst >= 0 && s->win_ops > 0 && base > 0 && s->size > 1) {
-    /* A host whose ranks share the lateness is named as the host: its
-     * ranks together made the others wait clearly longer than any one. */
+    /* A host whose ranks share the lateness is named as the host: no one
+     * rank of it holds 90% of the wait the others had for it. */
     bool by_host = s->nhosts > 1 && s->nhosts < s->size &&
-                   (double)s->host_waited[worst_host] > 1.5 * (double)s->win_waited[worst];
+                   (double)s->win_waited[worst] < 0.9 * (double)s->host_waited[worst_host];
     double waited = (double)(by_host ? s->host_waited[worst_host] : s->win_waited[worst]) * 1e-9;
     uint64_t last = by_host ? s->host_last[worst_host] : s->win_last[worst];
     if (waited > share * base) {

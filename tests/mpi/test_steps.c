@@ -1,12 +1,14 @@
 /* Steps (hora_step_mark, hora_get_step_stats) and stragglers.
  *
- *   test_steps [late|even]
+ *   test_steps [late|late-host]
  *
  * Every rank computes (sleeps) 20 ms per step, then allreduces 1 KiB and
  * waits for it, and marks the step. With `late`, one rank (2, or the last
- * with fewer than 3) also sleeps 20 ms more before it submits: the others'
- * wait (exposed communication) grows by about that, its own does not. The
- * straggler report itself is read from the ranks' log by run-tests.sh. */
+ * with fewer than 3) also sleeps 20 ms more before it submits, with
+ * `late-host` the upper half of the ranks (a host, on fake hosts of equal
+ * size): the others' wait (exposed communication) grows by about that,
+ * the late ranks' does not. The straggler report itself is read from the
+ * ranks' log by tests/stragglers/check-stragglers.sh. */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -16,9 +18,14 @@
 
 enum { STEPS = 40, COUNT = 256 };
 
-static bool late_mode;
+static bool late_mode, late_host;
 
-static int late_rank(void) { return mt_size >= 3 ? 2 : mt_size - 1; }
+static bool is_late(int rank) {
+  if (!late_mode || mt_size < 2) {
+    return false;
+  }
+  return late_host ? rank >= mt_size / 2 : rank == (mt_size >= 3 ? 2 : mt_size - 1);
+}
 
 static void sleep_ms(int ms) {
   struct timespec t = {0, ms * 1000000L};
@@ -35,7 +42,7 @@ static void steps_split_compute_and_wait(void) {
   static float buf[COUNT];
   MT_OK(hora_step_mark()); /* starts the first step (or ends an earlier test's) */
   hora_step_stats before = step_stats();
-  bool me_late = late_mode && mt_rank == late_rank() && mt_size > 1;
+  bool me_late = is_late(mt_rank);
   for (int step = 0; step < STEPS; step++) {
     sleep_ms(me_late ? 40 : 20);
     for (int i = 0; i < COUNT; i++) {
@@ -96,14 +103,16 @@ static void before_init_fails(void) {
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   for (int i = 1; i < argc; i++) {
-    late_mode |= strcmp(argv[i], "late") == 0;
+    late_host |= strcmp(argv[i], "late-host") == 0;
+    late_mode |= strcmp(argv[i], "late") == 0 || late_host;
   }
   hora_step_stats s = {.struct_size = sizeof(s)};
   rc_before_init = hora_get_step_stats(&s);
   mt_init();
   char name[80];
   mt_run("steps/before_init_fails", before_init_fails);
-  snprintf(name, sizeof(name), "steps%s/steps_split_compute_and_wait", late_mode ? "-late" : "");
+  snprintf(name, sizeof(name), "steps%s/steps_split_compute_and_wait",
+           late_host ? "-late-host" : late_mode ? "-late" : "");
   mt_run(name, steps_split_compute_and_wait);
   mt_run("steps/step_stats_contract", step_stats_contract);
   int failures = mt_total_failures();

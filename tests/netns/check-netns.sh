@@ -5,7 +5,8 @@
 # elastic training losing a whole host of 3 x 2,
 # with the flat ring forced; process sets on 4 x 1 and 2 x 3; hierarchical
 # Adasum on 2 x 2 and 2 x 3; the cost model's calibration on links shaped
-# to 1 Gbit/s. Prints PASS/FAIL/SKIP lines.
+# to 1 Gbit/s; a slow host named by the straggler report. Prints
+# PASS/FAIL/SKIP lines.
 # usage: check-netns.sh BUILDDIR
 set -u
 builddir=$(cd "$1" && pwd)
@@ -125,6 +126,15 @@ else
   tail -n 5 "$work/shape.log"
 fi
 run 2x2-calibrate "$work/hosts22" test_algorithms HORA_COST_MODEL=calibrate
+# A slow host: both ranks of the second of 2 x 2 fake hosts come 20 ms late
+# to every step; rank 0's report names that host, not one of its ranks.
+run 2x2-late-host "$work/hosts22" test_steps late-host HORA_STRAGGLER_REPORT_SECONDS=0.5
+if grep -qE "host ${NETNS_PREFIX}1 \(ranks 2-3\) was last in (8[0-9]|9[0-9]|100)% of the last" "$work/err"; then
+  echo "PASS netns-2x2/slow_host_is_named ($(grep -m1 'was last in' "$work/err" | sed 's/.*hora WARN //'))"
+else
+  echo "FAIL netns-2x2/slow_host_is_named: no report names host ${NETNS_PREFIX}1 (ranks 2-3)"
+  grep "was last in" "$work/err" | head -n 3
+fi
 # Process sets across hosts: one rank per host, and 2 hosts x 3 ranks, where
 # the set of the first two ranks of each host is hierarchical in itself.
 run 4x1 "$work/hosts41" test_process_sets
