@@ -482,7 +482,29 @@ struct exchange {
   double wait_seconds;
   int rc;             /* the first failed submission of this step, reported by wait_all */
   char error[1024];   /* its hora_last_error(), which the calls after it replace */
+  hora_step_stats epoch_start; /* hora's step figures when the epoch began */
 };
+
+/* hora's figures for the epoch's steps (each ended by hora_step_mark). */
+static void epoch_steps_begin(struct exchange *x) {
+  x->epoch_start = (hora_step_stats){.struct_size = sizeof(hora_step_stats)};
+  (void)hora_get_step_stats(&x->epoch_start);
+}
+
+static void print_epoch_steps(const struct exchange *x, long long epoch) {
+  hora_step_stats s = {.struct_size = sizeof(s)};
+  const hora_step_stats *b = &x->epoch_start;
+  if (hora_get_step_stats(&s) != HORA_SUCCESS || s.steps <= b->steps) {
+    return;
+  }
+  double n = (double)(s.steps - b->steps), seconds = s.seconds - b->seconds;
+  double wait = s.wait_seconds - b->wait_seconds, comm = s.communicate_seconds - b->communicate_seconds;
+  printf("epoch %lld  %.0f steps of %.1f ms: %.1f ms compute, %.1f ms exposed communication "
+         "(%.0f%%); %.0f KiB reduced per step at %.2f GB/s bus bandwidth\n",
+         epoch, n, 1e3 * seconds / n, 1e3 * (seconds - wait) / n, 1e3 * wait / n,
+         seconds > 0 ? 100 * wait / seconds : 0, (double)(s.bytes - b->bytes) / n / 1024,
+         comm > 0 ? (s.bus_bytes - b->bus_bytes) / comm * 1e-9 : 0);
+}
 
 static void exchange_failed(struct exchange *x, int rc) {
   if (rc != HORA_SUCCESS && x->rc == HORA_SUCCESS) {
@@ -986,6 +1008,7 @@ static int el_step(struct model *m, struct elastic *e, const struct options *o,
     e->t_epoch = now();
     e->samples = 0;
     x->wait_seconds = 0;
+    epoch_steps_begin(x);
   }
   const long n = train->n, global = (long)o->batch * nranks;
   const double lr = el_lr(e, o, train->n);
@@ -1033,6 +1056,7 @@ static int el_step(struct model *m, struct elastic *e, const struct options *o,
     }
   }
   sgd_step(m, lr, o->momentum);
+  (void)hora_step_mark();
   e->at.step++;
   if (rank == 0 && e->at.step <= o->print_steps) {
     printf("step %lld loss %.9g\n", (long long)e->at.step, gloss);
@@ -1049,6 +1073,7 @@ static int el_step(struct model *m, struct elastic *e, const struct options *o,
              (long long)e->at.epoch + 1,
              e->at.loss_count ? e->at.loss_sum / (double)e->at.loss_count : 0, e->accuracy,
              (double)e->samples / seconds, 100 * x->wait_seconds / seconds);
+      print_epoch_steps(x, (long long)e->at.epoch + 1);
       fflush(stdout);
       save_checkpoint(m, o->checkpoint, (int32_t)e->at.epoch + 1, e->at.step);
     }
@@ -1191,6 +1216,7 @@ static double train_plain(struct model *m, const struct options *o, const struct
     int loss_count = 0, micro = 0;
     long samples = 0;
     x.wait_seconds = 0;
+    epoch_steps_begin(&x);
     for (int at = 0; at < train->n; at += global) {
       /* This rank's shard of the global batch; the last one is uneven. */
       int begin = at + rank * o->batch;
@@ -1227,6 +1253,7 @@ static double train_plain(struct model *m, const struct options *o, const struct
       long s = (long)epoch * steps_per_epoch + (at / global) / o->accum_steps;
       sgd_step(m, learning_rate(peak_lr, s, o->warmup_steps, (long)o->epochs * steps_per_epoch),
                o->momentum);
+      (void)hora_step_mark();
       step++;
       if (rank == 0 && step <= o->print_steps) {
         printf("step %lld loss %.9g\n", (long long)step, gloss);
@@ -1258,6 +1285,7 @@ static double train_plain(struct model *m, const struct options *o, const struct
              "communication %.0f%% of step time\n",
              epoch + 1, loss_count ? loss_sum / loss_count : 0, accuracy,
              (double)all_samples / seconds, 100 * mean_share);
+      print_epoch_steps(&x, epoch + 1);
       fflush(stdout);
       save_checkpoint(m, o->checkpoint, epoch + 1, step);
     }

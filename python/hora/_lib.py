@@ -121,6 +121,7 @@ class Library:
         self._proto("hora_wait", i, [req_p])
         self._proto("hora_test", i, [req_p, ctypes.POINTER(ctypes.c_int)])
         self._proto("hora_barrier", i, [])
+        self._proto("hora_step_mark", i, [])
         self._proto("hora_join", i, [ctypes.POINTER(ctypes.c_int)])
         self._proto("hora_broadcast_async_ex", i,
                     [ch, P, sz, i, i, ctypes.POINTER(OpOptions), req_p])

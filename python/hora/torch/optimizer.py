@@ -266,7 +266,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        try:
+            return super(self.__class__, self).step(closure)
+        finally:
+            _mark_step()
 
     def zero_grad(self, *args, **kwargs):
         if self._handles:
@@ -367,7 +370,10 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         if not self._reduces:
-            return super(self.__class__, self).step(closure)
+            try:
+                return super(self.__class__, self).step(closure)
+            finally:
+                _mark_step()
         loss = closure() if closure is not None else None
         # Parameters backprop did not reach, or reached fewer than
         # backward_passes_per_step times, step now, in name order (the same
@@ -381,6 +387,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                 p.copy_(self._starts.pop(p) + delta)
                 self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()
+        _mark_step()
         return loss
 
     def zero_grad(self, *args, **kwargs):
@@ -389,6 +396,12 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def _mark_step():
+    """Ends a step of hora's step figures (hora_step_mark: compute against
+    exposed communication); its result never fails the caller's step."""
+    mpi_ops._lib.hora_step_mark()
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
