@@ -18,6 +18,11 @@
  *
  *   mpirun -np 2 hora-bench -b 1M -e 256M -f 2 -o allreduce
  *
+ * With --csv FILE ('-': stdout, the tables then going to stderr) rank 0
+ * also writes one row per op, size and implementation (hora, MPI or NCCL):
+ *   op,bytes,count,ranks,impl,time_us,algbw_gbps,busbw_gbps,errors
+ * for scripts/plot-bench.py to draw.
+ *
  * With --hora-mem the buffers come from hora_mem_alloc, and MPI's
  * collectives use the same buffers.
  *
@@ -404,7 +409,9 @@ static void usage(void) {
           "  --floor   alltoall on one host: also the kernel-copy floor (no runtime)\n"
           "  --hora-mem  buffers from hora_mem_alloc (host-shared; MPI uses them too)\n"
           "  --device cpu|cuda  where the buffers live (default cpu); cuda: device memory,\n"
-          "            with a plain NCCL loop on the same buffers beside hora (CUDA builds)\n"
+          "            with a plain NCCL loop on the same buffers beside hora (CUDA builds)\n"          "  --csv FILE  rank 0 also writes the results as CSV, one row per op, size and\n"
+          "            implementation: op,bytes,count,ranks,impl,time_us,algbw_gbps,\n"
+          "            busbw_gbps,errors ('-': to stdout, the tables to stderr)\n"
           "float32 data; allreduce sums; broadcast from rank 0.\n");
 }
 
@@ -435,6 +442,7 @@ int main(int argc, char **argv) {
   double factor = 4;
   int reps = 5, fixed_iters = 0, with_mpi = 1, hora_mem = 0, stages = 0, floor = 0;
   int colls[NCOLLS] = {1, 1, 1, 1, 1, 1};
+  const char *csv_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-b") && i + 1 < argc) {
@@ -461,6 +469,8 @@ int main(int argc, char **argv) {
       floor = 1;
     } else if (!strcmp(a, "--hora-mem")) {
       hora_mem = 1;
+    } else if (!strcmp(a, "--csv") && i + 1 < argc) {
+      csv_path = argv[++i];
     } else if (!strcmp(a, "--device") && i + 1 < argc) {
       const char *d = argv[++i];
       if (!strcmp(d, "cuda")) {
@@ -547,6 +557,20 @@ int main(int argc, char **argv) {
     memset(out, 0, maxn * 4);
   }
   const char *peer = on_device ? "NCCL" : "MPI";
+  FILE *csv = NULL;
+  if (csv_path && rank == 0) {
+    if (!strcmp(csv_path, "-")) {
+      /* The CSV alone on stdout: the tables go to stderr. */
+      int csv_fd = dup(STDOUT_FILENO);
+      if (csv_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0 || !(csv = fdopen(csv_fd, "w"))) {
+        fail("--csv -: cannot set up stdout");
+      }
+    } else if (!(csv = fopen(csv_path, "w"))) {
+      fprintf(stderr, "hora-bench: --csv: cannot create %s\n", csv_path);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    fprintf(csv, "op,bytes,count,ranks,impl,time_us,algbw_gbps,busbw_gbps,errors\n");
+  }
   if (floor && (on_device || hora_mem || !colls[ALLTOALL] || !floor_setup(buf))) {
     if (rank == 0) {
       printf("# no floor: it needs -o alltoall, malloc'd host buffers and every rank on one host\n");
@@ -640,6 +664,15 @@ int main(int argc, char **argv) {
                  mh * 1e6, ah, ah * bus, "-", "-", "-", "-", all_bad);
         }
         print_algorithm((enum coll)c, bytes, mh);
+        if (csv) {
+          fprintf(csv, "%s,%zu,%zu,%d,hora,%.3f,%.6f,%.6f,%ld\n", coll_names[c], bytes, n, size,
+                  mh * 1e6, ah, ah * bus, all_bad);
+          if (with_peer) {
+            fprintf(csv, "%s,%zu,%zu,%d,%s,%.3f,%.6f,%.6f,%ld\n", coll_names[c], bytes, n, size,
+                    peer, mm * 1e6, am, am * bus, all_bad);
+          }
+          fflush(csv);
+        }
         if (floor && c == ALLTOALL) {
           double mf = median(tf, reps);
           printf("#   floor: %.2f us (each block copied or read once, two MPI barriers); "
@@ -654,6 +687,10 @@ int main(int argc, char **argv) {
   }
   if (rank == 0) {
     printf("# %s: %ld wrong results\n", errors ? "FAILED" : "results checked", errors);
+  }
+  if (csv && fclose(csv) != 0) {
+    fprintf(stderr, "hora-bench: --csv: write failed\n");
+    errors++;
   }
   if (on_device) {
 #if HORA_HAVE_CUDA

@@ -15,6 +15,7 @@ PACKAGES="
   clang libclang-rt-14-dev
   iproute2 procps psmisc python3 valgrind
   python3-torch python3-torchvision python3-pytest python3-cloudpickle python3-mpi4py
+  python3-matplotlib
   qemu-system-x86 kmod xz-utils util-linux
 "
 

@@ -347,6 +347,11 @@ if [ -z "${HORA_TEST_ONLY:-}" ] || echo "python-elastic" | grep -Eq "$HORA_TEST_
   fi
 fi
 
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "reports" | grep -Eq "$HORA_TEST_ONLY"; then
+  section "reports: hora-report and hora-bench --csv (tests/reports/check-reports.sh)"
+  sh "$srcdir/tests/reports/check-reports.sh" "$builddir" | tally ""
+fi
+
 if [ -z "${HORA_TEST_ONLY:-}" ] && [ $without_mpi = yes ]; then
   section "the sections that need MPI"
   for s in settings faults rdma netns timeline python trainer examples install; do

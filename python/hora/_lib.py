@@ -90,6 +90,24 @@ class Received(ctypes.Structure):
     ]
 
 
+_U64, _F64 = ctypes.c_uint64, ctypes.c_double
+
+
+class Stats(ctypes.Structure):
+    """hora_stats: the runtime's counters (hora_get_stats fills what our
+    struct_size covers, so a newer libhora's added fields are left out)."""
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [
+        (n, _U64) for n in ("operations", "allreduces", "broadcasts", "allgathers", "bytes",
+                            "fused_batches", "fused_tensors", "cache_hits", "cache_misses")
+    ] + [(n, _F64) for n in ("negotiate_seconds", "communicate_seconds", "copy_seconds")] + [
+        (n, _U64) for n in ("direct_bytes", "cycles", "sent_in_full", "kernel_bytes",
+                            "staged_bytes", "reducescatters", "alltoalls", "staged_operations")
+    ] + [(n, _F64) for n in ("stage_submit_seconds", "stage_handoff_seconds",
+                             "stage_negotiate_seconds", "stage_run_seconds",
+                             "stage_complete_seconds", "stage_wake_seconds")] + [
+        ("eager_allreduces", _U64)]
+
+
 class Library:
     """The loaded library, its path and which optional calls it has."""
 
@@ -155,6 +173,7 @@ class Library:
         self._proto("hora_elastic_commit", i, [ctypes.POINTER(i)], optional=True)
         self._proto("hora_elastic_joined", i, [], optional=True)
         self._proto("hora_elastic_epoch", i, [], optional=True)
+        self._proto("hora_get_stats", i, [ctypes.POINTER(Stats)])
         self._proto("hora_start_timeline", i, [ch, i])
         self._proto("hora_stop_timeline", i, [])
         self._proto("hora_built", i, [ch])

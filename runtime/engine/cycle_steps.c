@@ -368,7 +368,9 @@ static void timeline_cached(const struct hora__response *r, int size) {
     return;
   }
   const struct hora__resp_tensor *t = &r->tensors[0];
-  hora__timeline_begin(t->key, t->key_len, hora__negotiate_phase(r->kind));
+  /* Marked cached: its marks come all at once, saying nothing of who was late. */
+  hora__timeline_begin_args(t->key, t->key_len, hora__negotiate_phase(r->kind),
+                            "{\"cached\":true}");
   for (int rank = 0; rank < size; rank++) {
     char mark[32];
     snprintf(mark, sizeof(mark), "rank %d ready", rank);

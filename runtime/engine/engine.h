@@ -49,6 +49,7 @@ struct hora__set {
   struct hora__iov *iov_in, *iov_out; /* one entry per tensor of a response */
   uint32_t iov_cap;
   const struct hora__response *current; /* being executed, for on_phase */
+  uint64_t timeline_batch; /* current's number on the timeline (0: none yet) */
   uint64_t phase_ns, copy_ns;
   bool phase_is_copy;
   struct hora_request **reqs;

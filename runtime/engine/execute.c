@@ -185,6 +185,37 @@ static void account(struct hora__set *set, const struct hora__response *r, uint6
   }
 }
 
+/* Runs of responses, numbered for the timeline: a fused batch's tensors
+ * share the number (hora-report counts batches and their sizes by it). */
+static atomic_uint_fast64_t timeline_batches;
+
+/* Begins `phase` on every row of the response running, the args saying
+ * which batch it is, its kind, size and rank count, and the tensor's bytes. */
+static void timeline_phase(struct hora__set *set, const char *phase) {
+  const struct hora__response *r = set->current;
+  if (!hora__timeline_enabled() || !r) {
+    return;
+  }
+  if (set->timeline_batch == 0) {
+    set->timeline_batch = atomic_fetch_add(&timeline_batches, 1) + 1;
+  }
+  size_t esize = hora_dtype_size((hora_dtype)r->dtype);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    total += r->tensors[i].count * esize;
+  }
+  for (uint32_t i = 0; i < r->ntensors; i++) {
+    char args[256];
+    snprintf(args, sizeof(args),
+             "{\"batch\":%llu,\"op\":\"%s\",\"tensors\":%u,\"bytes\":%llu,"
+             "\"batch_bytes\":%llu,\"ranks\":%d,\"dtype\":\"%s\"}",
+             (unsigned long long)set->timeline_batch, hora__kind_name(r->kind), r->ntensors,
+             (unsigned long long)(r->tensors[i].count * esize), (unsigned long long)total,
+             set->comm->size, hora_dtype_name((hora_dtype)r->dtype));
+    hora__timeline_begin_args(r->tensors[i].key, r->tensors[i].key_len, phase, args);
+  }
+}
+
 /* The algorithms report their phases: timeline rows, and the copy time. */
 void hora__engine_phase(void *arg, const char *name) {
   struct hora__set *set = arg;
@@ -195,7 +226,11 @@ void hora__engine_phase(void *arg, const char *name) {
     set->copy_ns += hora__now_ns() - set->phase_ns;
     set->phase_is_copy = false;
   }
-  timeline_all(set->current, name);
+  if (name) {
+    timeline_phase(set, name);
+  } else {
+    timeline_all(set->current, NULL);
+  }
 }
 
 static int grow_iovs(struct hora__set *set, uint32_t n) {
@@ -404,6 +439,7 @@ static int run_collective(struct hora__set *set, const struct hora__response *r)
       .phase_arg = set,
   };
   set->current = r;
+  set->timeline_batch = 0;
   set->copy_ns = 0;
   timeline_all(r, NULL); /* QUEUE ends */
   uint64_t start = hora__now_ns();

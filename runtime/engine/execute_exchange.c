@@ -346,6 +346,7 @@ int hora__engine_run_exchange(struct hora__set *set, const struct hora__response
   x.width = (x.alltoall ? (size_t)x.p : 1) + 1;
   HORA_CHECK(find_request(set, r, &x.q));
   set->current = r;
+  set->timeline_batch = 0;
   set->copy_ns = 0;
   if (hora__timeline_enabled()) {
     hora__timeline_end(r->tensors[0].key, r->tensors[0].key_len); /* QUEUE ends */

@@ -230,7 +230,8 @@ static double now_us(const struct timeline *tl) {
   return (double)(hora__now_ns() - tl->t0_ns) / 1000.0;
 }
 
-static void put_event(struct timeline *tl, int row, const char *ph, const char *name) {
+static void put_event(struct timeline *tl, int row, const char *ph, const char *name,
+                      const char *args) {
   event_start(tl);
   char buf[160];
   int n = snprintf(buf, sizeof(buf), "{\"ph\":\"%s\",\"pid\":0,\"tid\":%d,\"ts\":%.3f", ph, row,
@@ -243,13 +244,18 @@ static void put_event(struct timeline *tl, int row, const char *ph, const char *
   if (ph[0] == 'i') {
     hora__wbuf_put(&tl->buf, ",\"s\":\"t\"", 8);
   }
+  if (args) {
+    hora__wbuf_put(&tl->buf, ",\"args\":", 8);
+    hora__wbuf_put(&tl->buf, args, strlen(args));
+  }
   hora__wbuf_u8(&tl->buf, '}');
   if (tl->buf.len >= FLUSH_BYTES) {
     flush(tl);
   }
 }
 
-static void event(const char *key, size_t len, const char *ph, const char *name) {
+static void event(const char *key, size_t len, const char *ph, const char *name,
+                  const char *args) {
   pthread_mutex_lock(&mu);
   struct timeline *tl = installed;
   struct row *row = tl && !tl->stopped ? row_of(tl, key, len) : NULL;
@@ -257,20 +263,25 @@ static void event(const char *key, size_t len, const char *ph, const char *name)
    * file started at run time stays balanced. */
   if (row && (ph[0] != 'E' || row->depth > 0)) {
     row->depth += ph[0] == 'B' ? 1 : ph[0] == 'E' ? -1 : 0;
-    put_event(tl, row->id, ph, name);
+    put_event(tl, row->id, ph, name, args);
     update_enabled();
   }
   pthread_mutex_unlock(&mu);
 }
 
 void hora__timeline_begin(const char *key, size_t len, const char *phase) {
-  event(key, len, "B", phase);
+  event(key, len, "B", phase, NULL);
 }
 
-void hora__timeline_end(const char *key, size_t len) { event(key, len, "E", NULL); }
+void hora__timeline_begin_args(const char *key, size_t len, const char *phase,
+                               const char *args) {
+  event(key, len, "B", phase, args);
+}
+
+void hora__timeline_end(const char *key, size_t len) { event(key, len, "E", NULL, NULL); }
 
 void hora__timeline_mark(const char *key, size_t len, const char *what) {
-  event(key, len, "i", what);
+  event(key, len, "i", what, NULL);
 }
 
 /* A global instant event with its args (a JSON object's members); when
@@ -324,7 +335,7 @@ static void end_open(void *arg, const char *key, size_t len, void *value) {
   struct timeline *tl = arg;
   struct row *row = value;
   for (; row->depth > 0 && !tl->stopped; row->depth--) {
-    put_event(tl, row->id, "E", NULL);
+    put_event(tl, row->id, "E", NULL, NULL);
   }
 }
 

@@ -24,6 +24,10 @@ bool hora__timeline_enabled(void);
 #define HORA_PHASE_UNPACK "MEMCPY_OUT_FUSION_BUFFER"
 
 void hora__timeline_begin(const char *key, size_t len, const char *phase);
+/* As hora__timeline_begin, with `args` (a JSON object's text, or NULL) as
+ * the event's args: what hora-report reads (sizes, fused batches). */
+void hora__timeline_begin_args(const char *key, size_t len, const char *phase,
+                               const char *args);
 void hora__timeline_end(const char *key, size_t len);
 /* An instant mark on the tensor's row, e.g. "rank 3 ready". */
 void hora__timeline_mark(const char *key, size_t len, const char *what);

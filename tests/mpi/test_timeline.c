@@ -8,6 +8,9 @@
  * while an operation is half submitted until hora_stop_timeline while
  * another is, then argv[1].2, then argv[1].3 replaces it without a stop.
  * With "horovod", as the default but HOROVOD_TIMELINE=argv[1] names the file.
+ * With "report", 12 steps with 20 ms of idle "compute" between them, and
+ * rank 0 prints its hora_get_stats as one "STATS name=value ..." line:
+ * tests/reports/check-reports.sh compares hora-report's figures with it.
  * tests/timeline/check-timeline.sh runs it and parses the files. */
 #include <signal.h>
 #include <sys/resource.h>
@@ -46,13 +49,13 @@ static int start_first(void) {
   return hora_start_timeline(mt_rank == 0 ? path : mine, 1);
 }
 
-static void workload(bool die);
+static void workload(bool die, int steps, int idle_us);
 
 static void runtime_start_stop(void) {
   MT_FAILS(hora_start_timeline(NULL, 0), HORA_ERR_INVALID_ARG, "path is NULL");
   MT_OK(hora_stop_timeline()); /* none is being written: nothing to do */
   half_submitted("tl/inflight", start_first);
-  workload(false);
+  workload(false, 3, 0);
   half_submitted("tl/open", hora_stop_timeline);
   sum("tl/between"); /* written nowhere */
   char second[512], third[512];
@@ -81,7 +84,7 @@ static void runtime_start_stop(void) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_timeline PATH finalize|horovod|die|full|runtime\n");
+    fprintf(stderr, "usage: test_timeline PATH finalize|horovod|die|full|runtime|report\n");
     return 2;
   }
   path = argv[1];
@@ -113,7 +116,18 @@ int main(int argc, char **argv) {
     signal(SIGXFSZ, SIG_IGN); /* writes past the limit fail with EFBIG instead */
     setrlimit(RLIMIT_FSIZE, &lim);
   }
-  workload(die);
+  bool report = strcmp(argv[2], "report") == 0;
+  workload(die, report ? 12 : 3, report ? 20000 : 0);
+  if (report && mt_rank == 0) {
+    hora_stats st = {.struct_size = sizeof(st)};
+    MT_OK(hora_get_stats(&st));
+    printf("STATS operations=%llu allreduces=%llu broadcasts=%llu allgathers=%llu bytes=%llu "
+           "fused_batches=%llu fused_tensors=%llu\n",
+           (unsigned long long)st.operations, (unsigned long long)st.allreduces,
+           (unsigned long long)st.broadcasts, (unsigned long long)st.allgathers,
+           (unsigned long long)st.bytes, (unsigned long long)st.fused_batches,
+           (unsigned long long)st.fused_tensors);
+  }
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   if (mt_rank == 0) {
@@ -122,12 +136,15 @@ int main(int argc, char **argv) {
   return failures ? 1 : 0;
 }
 
-/* Fused allreduces, a lone allreduce, a broadcast and an allgather; with
- * "die", rank 0 is killed after the second step. */
-static void workload(bool die) {
+/* Fused allreduces, a lone allreduce, a broadcast and an allgather, each
+ * step after idle_us; with "die", rank 0 is killed after the second step. */
+static void workload(bool die, int steps, int idle_us) {
   enum { N = 8 };
   float g[N][64];
-  for (int step = 0; step < 3; step++) {
+  for (int step = 0; step < steps; step++) {
+    if (idle_us) {
+      usleep((useconds_t)idle_us);
+    }
     hora_request *r[N];
     for (int k = N - 1; k >= 0; k--) {
       for (int i = 0; i < 64; i++) {

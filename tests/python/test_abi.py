@@ -23,7 +23,7 @@ HEADERS = ["hora.h", "hora_mpi.h", "hora_cuda.h"]
 ENUMS = ["hora_dtype", "hora_op", "hora_compression"]
 # ctypes Structure in _lib.py -> the C struct it mirrors.
 STRUCTS = {"AllreduceOptions": "hora_allreduce_options", "OpOptions": "hora_op_options",
-           "Received": "hora_received"}
+           "Received": "hora_received", "Stats": "hora_stats"}
 
 
 def need(cond, msg):
@@ -233,7 +233,7 @@ def _py_kind(t):
         return "size"
     if t is ctypes.c_int:
         return "int"
-    if t is ctypes.c_int64:
+    if t in (ctypes.c_int64, ctypes.c_uint64):
         return "i64"
     if t in (ctypes.c_double, ctypes.c_float):
         return "float"

@@ -37,7 +37,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
-    "ccl_built", "ddl_built", "start_timeline", "stop_timeline",
+    "ccl_built", "ddl_built", "start_timeline", "stop_timeline", "metrics",
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_",
     "reducescatter", "reducescatter_async", "sparse_allreduce_async",
@@ -503,6 +503,17 @@ def start_timeline(file_path, mark_cycles=False):
 
 def stop_timeline():
     L.check(_lib.hora_stop_timeline(), "hora.torch.stop_timeline")
+
+
+def metrics():
+    """This process's counters from libhora (hora_get_stats, include/hora.h),
+    as a dict of plain ints and floats keyed by the C field names: e.g.
+    "operations", "allreduces", "bytes" (of the callers' buffers the
+    collectives covered), "fused_batches", "negotiate_seconds". They count
+    from init(), in every process set, and only grow."""
+    st = L.Stats(struct_size=ctypes.sizeof(L.Stats))
+    L.check(_lib.hora_get_stats(ctypes.byref(st)), "hora.torch.metrics")
+    return {name: getattr(st, name) for name, _ in L.Stats._fields_ if name != "struct_size"}
 
 
 # ---- names and tensor checks ------------------------------------------------------
