@@ -26,6 +26,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import hora.torch as hvd  # noqa: E402  (was: import horovod.torch as hvd)
 
 
+def print_steps(epoch, before, after):
+    """hora's figures for the epoch's optimizer steps (hvd.step_stats(), not
+    in Horovod): compute against exposed communication."""
+    n = after["steps"] - before["steps"]
+    if n <= 0:
+        return
+    seconds = after["seconds"] - before["seconds"]
+    wait = after["wait_seconds"] - before["wait_seconds"]
+    comm = after["communicate_seconds"] - before["communicate_seconds"]
+    bus = after["bus_bytes"] - before["bus_bytes"]
+    print("epoch %d: %d steps of %.1f ms: %.1f ms compute, %.1f ms exposed communication "
+          "(%.0f%%); %.0f KiB reduced per step at %.2f GB/s bus bandwidth"
+          % (epoch, n, 1e3 * seconds / n, 1e3 * (seconds - wait) / n, 1e3 * wait / n,
+             100 * wait / seconds if seconds > 0 else 0,
+             (after["bytes"] - before["bytes"]) / n / 1024, bus / comm * 1e-9 if comm > 0 else 0),
+          flush=True)
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
@@ -136,6 +154,7 @@ def main():
     start = time.time()
     acc = 0.0
     for epoch in range(1, args.epochs + 1):
+        steps_before = hvd.step_stats()
         model.train()
         g = torch.Generator().manual_seed(args.seed * 1000 + epoch * 100 + hvd.rank())
         order = lo + torch.randperm(hi - lo, generator=g)
@@ -162,6 +181,7 @@ def main():
             print("epoch %d: train loss %.4f, test loss %.4f, test accuracy %.4f, %.1f s "
                   "(last to join: rank %d)" % (epoch, train_loss, test_loss, acc,
                                                time.time() - start, last), flush=True)
+            print_steps(epoch, steps_before, hvd.step_stats())
     if hvd.rank() == 0:
         print("final test accuracy %.4f after %d epochs in %.1f s on %d ranks"
               % (acc, args.epochs, time.time() - start, hvd.size()), flush=True)

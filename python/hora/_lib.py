@@ -105,7 +105,16 @@ class Stats(ctypes.Structure):
     ] + [(n, _F64) for n in ("stage_submit_seconds", "stage_handoff_seconds",
                              "stage_negotiate_seconds", "stage_run_seconds",
                              "stage_complete_seconds", "stage_wake_seconds")] + [
-        ("eager_allreduces", _U64)]
+        ("eager_allreduces", _U64), ("bus_bytes", _U64)]
+
+
+class StepStats(ctypes.Structure):
+    """hora_step_stats: where the marked steps' time went (hora_get_step_stats)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("steps", _U64)] + [
+        (n, _F64) for n in ("seconds", "wait_seconds", "compute_seconds")] + [
+        ("bytes", _U64)] + [(n, _F64) for n in ("communicate_seconds", "bus_bytes", "last_seconds",
+                                                 "last_wait_seconds", "last_compute_seconds")] + [
+        ("last_bytes", _U64), ("last_bus_bandwidth", _F64)]
 
 
 class Library:
@@ -140,6 +149,7 @@ class Library:
         self._proto("hora_test", i, [req_p, ctypes.POINTER(ctypes.c_int)])
         self._proto("hora_barrier", i, [])
         self._proto("hora_step_mark", i, [])
+        self._proto("hora_get_step_stats", i, [ctypes.POINTER(StepStats)])
         self._proto("hora_join", i, [ctypes.POINTER(ctypes.c_int)])
         self._proto("hora_broadcast_async_ex", i,
                     [ch, P, sz, i, i, ctypes.POINTER(OpOptions), req_p])

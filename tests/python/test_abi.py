@@ -23,7 +23,7 @@ HEADERS = ["hora.h", "hora_mpi.h", "hora_cuda.h"]
 ENUMS = ["hora_dtype", "hora_op", "hora_compression"]
 # ctypes Structure in _lib.py -> the C struct it mirrors.
 STRUCTS = {"AllreduceOptions": "hora_allreduce_options", "OpOptions": "hora_op_options",
-           "Received": "hora_received", "Stats": "hora_stats"}
+           "Received": "hora_received", "Stats": "hora_stats", "StepStats": "hora_step_stats"}
 
 
 def need(cond, msg):

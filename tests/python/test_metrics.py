@@ -61,3 +61,31 @@ def test_fused_batches_counted():
     tensors = after["fused_tensors"] - before["fused_tensors"]
     # However the four were grouped, each fused batch holds 2 or more of them.
     assert 2 * batches <= tensors <= 4, (batches, tensors)
+
+
+def test_step_stats_count_optimizer_steps():
+    """DistributedOptimizer.step() ends a step (hora_step_mark): compute and
+    exposed communication add up to the step's time."""
+    model = torch.nn.Linear(64, 8)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+
+    def step():
+        opt.zero_grad()
+        model(torch.ones(4, 64)).sum().backward()
+        opt.step()
+
+    step()  # ends an earlier test's step, or starts the first
+    before = hvd.step_stats()
+    for _ in range(3):
+        step()
+    after = hvd.step_stats()
+    assert after["steps"] - before["steps"] == 3, (before, after)
+    seconds = after["seconds"] - before["seconds"]
+    wait = after["wait_seconds"] - before["wait_seconds"]
+    compute = after["compute_seconds"] - before["compute_seconds"]
+    assert seconds > 0 and wait >= 0 and abs(seconds - wait - compute) < 1e-6, after
+    # One rank allreduces nothing (Horovod's optimizer leaves out its hooks).
+    grads = (64 * 8 + 8) * 4 if hvd.size() > 1 else 0
+    assert after["last_bytes"] == grads, after
+    assert after["bytes"] - before["bytes"] == 3 * grads, after

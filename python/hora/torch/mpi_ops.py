@@ -37,7 +37,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
-    "ccl_built", "ddl_built", "start_timeline", "stop_timeline", "metrics",
+    "ccl_built", "ddl_built", "start_timeline", "stop_timeline", "metrics", "step_stats",
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_",
     "reducescatter", "reducescatter_async", "sparse_allreduce_async",
@@ -514,6 +514,18 @@ def metrics():
     st = L.Stats(struct_size=ctypes.sizeof(L.Stats))
     L.check(_lib.hora_get_stats(ctypes.byref(st)), "hora.torch.metrics")
     return {name: getattr(st, name) for name, _ in L.Stats._fields_ if name != "struct_size"}
+
+
+def step_stats():
+    """Where the steps' time went (hora_get_step_stats, include/hora.h), as a
+    dict keyed by the C field names: "steps" ended so far (each
+    DistributedOptimizer.step() ends one), their "seconds", "wait_seconds"
+    (waiting for hora: exposed communication) and "compute_seconds", the
+    "bytes" reduced, and the same for the "last_" step alone. Not in
+    Horovod."""
+    st = L.StepStats(struct_size=ctypes.sizeof(L.StepStats))
+    L.check(_lib.hora_get_step_stats(ctypes.byref(st)), "hora.torch.step_stats")
+    return {name: getattr(st, name) for name, _ in L.StepStats._fields_ if name != "struct_size"}
 
 
 # ---- names and tensor checks ------------------------------------------------------
