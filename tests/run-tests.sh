@@ -421,6 +421,23 @@ elif [ -z "${HORA_TEST_ONLY:-}" ]; then
     fi
   fi
 
+  # A timeline rank 0 cannot write fails hora_init on every rank, naming
+  # the file there: the others once started, and their first collective
+  # waited on a rank 0 that had given up.
+  if [ "$MPI_FLAVOR" = openmpi ]; then
+    timeout -k 10 60 "$MPIEXEC" $(launcher_flags) --mca orte_abort_on_non_zero_status 0 -np 2 \
+      -x HORA_TIMELINE="$work/no/such/dir/timeline.json" "$builddir/tests/mpi/test_contract" \
+      </dev/null >"$work/out" 2>&1
+    rc=$?
+    if [ $rc -ne 124 ] && [ $rc -ne 137 ] && grep -q "HORA_TIMELINE.*$work/no/such/dir/timeline.json" "$work/out" &&
+       grep -q "hora_init failed on another rank because of its HORA_\* settings" "$work/out"; then
+      echo "PASS settings/unwritable_timeline_fails_every_rank" | tee -a "$results"
+    else
+      echo "FAIL settings/unwritable_timeline_fails_every_rank: exit status $rc" | tee -a "$results"
+      tail -n 20 "$work/out"
+    fi
+  fi
+
   # Job-wide settings that differ between ranks (launched MPMD): hora_init
   # fails on every rank naming the setting, two ranks and their values.
   # Before, these hung in hora_init or computed with mismatched protocols.

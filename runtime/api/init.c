@@ -183,6 +183,15 @@ static int init_locked(const void *mpi_comm) {
   bool owns_mpi = false;
   struct hora__rdv *rdv = NULL;
   rc = open_rendezvous(&choice, mpi_comm, !mpi_running, &owns_mpi, &rdv);
+  /* Rank 0's timeline file is one of those settings: a path it cannot
+   * write fails every rank here, not just rank 0 later. */
+  if (rc == HORA_SUCCESS && prc == HORA_SUCCESS && rdv->rank == 0 && hora__params.TIMELINE[0]) {
+    prc = hora__timeline_open(hora__params.TIMELINE, hora__params.TIMELINE_MARK_CYCLES,
+                              "HORA_TIMELINE");
+    if (prc != HORA_SUCCESS) {
+      hora__strlcpy(perr, hora__error_message(), sizeof(perr));
+    }
+  }
   /* Every rank learns whether any rank's settings were bad, so none is left
    * waiting in the bootstrap for one that gave up. */
   if (rc == HORA_SUCCESS) {
@@ -293,7 +302,8 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
       char nums[96];
       hora__cost_format(&rt->comm->model.link, nums, sizeof(nums));
       HORA_INFO("cost model: HORA_COST_MODEL=%s, %s", nums, rt->comm->model.source);
-      if (hora__params.TIMELINE[0]) {
+      if (hora__params.TIMELINE[0] && !hora__timeline_enabled()) {
+        /* A rank 0 chosen by an elastic reset: it writes the timeline now. */
         HORA_CHECK_GOTO(hora__timeline_open(hora__params.TIMELINE,
                                             hora__params.TIMELINE_MARK_CYCLES, "HORA_TIMELINE"),
                         rc, fail);

@@ -81,4 +81,20 @@ else:
     print("FAIL np=4 stragglers/timeline_steps_and_last_ranks: %d STEP events (median wait %.4f s), "
           "%d LAST_RANK events, %.0f%% of them rank 2" % (len(steps), median_wait, len(last), share2 * 100))
 PY
+  # hora-report reads the same: its lateness table puts rank 2 first, and it
+  # draws the step breakdown from the STEP events.
+  if [ -x "$builddir/hora-report" ] &&
+     "$builddir/hora-report" "$work/tl.json" -o "$work/report" >"$work/report.txt" 2>&1; then
+    if grep -A2 "from LAST_RANK events" "$work/report.txt" | grep -qE "^ +2 +[0-9]+ " &&
+       grep -q "STEP marks" "$work/report.txt" &&
+       [ "$(head -c 8 "$work/report/tl-steps.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; then
+      echo "PASS np=4 stragglers/hora_report_reads_steps_and_last_ranks"
+    else
+      echo "FAIL np=4 stragglers/hora_report_reads_steps_and_last_ranks"
+      cat "$work/report.txt"
+    fi
+  else
+    echo "FAIL np=4 stragglers/hora_report_reads_steps_and_last_ranks: hora-report failed"
+    tail -n 10 "$work/report.txt"
+  fi
 fi
