@@ -15,6 +15,7 @@
 #include "base/params.h"
 #include "comm/coll/collectives.h"
 #include "runtime/engine/engine.h"
+#include "runtime/observe/metrics.h"
 #include "runtime/observe/timeline.h"
 #include "runtime/observe/verify.h"
 
@@ -200,6 +201,7 @@ static void account(struct exchange *x, uint64_t start_ns) {
     atomic_fetch_add(&rt->stats.negotiate_ns, start_ns - x->q->submit_ns);
   }
   uint64_t now = hora__now_ns();
+  hora__metrics_account(rt, x->r->kind, x->r->dtype, 1, bytes, now - start_ns);
   atomic_fetch_add(&rt->stats.communicate_ns, now - start_ns);
   if (x->q) {
     x->q->start_ns = start_ns;
