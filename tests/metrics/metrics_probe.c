@@ -71,17 +71,21 @@ int main(int argc, char **argv) {
   }
   CHECK(hora_init());
   int rank = hora_rank(), size = hora_size();
+  printf("PID %d %d\n", rank, (int)getpid());
+  fflush(stdout);
   if (latency_s > 0) {
+    /* Rank 0's clock decides when all stop: x[0] carries its word. */
     float x[256] = {0};
     double worst = 0, end = now_s() + latency_s;
     long ops = 0;
-    while (now_s() < end) {
+    do {
+      x[0] = rank == 0 && now_s() >= end ? 1.0f : 0.0f;
       double t0 = now_s();
       CHECK(hora_allreduce("probe.latency", x, x, 256, HORA_FLOAT32, HORA_SUM));
       double t = now_s() - t0;
       worst = t > worst ? t : worst;
       ops++;
-    }
+    } while (x[0] == 0.0f);
     printf("LATENCY %d %.1f %ld\n", rank, worst * 1e3, ops);
   }
   if (rounds(n, size) != 0) {
