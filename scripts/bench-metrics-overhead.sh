@@ -15,6 +15,9 @@ nps=${*:-2 16}
 bench=$builddir/hora-bench-resnet
 [ -x "$bench" ] || { echo "no $bench: build first" >&2; exit 2; }
 export OMPI_MCA_mpi_yield_when_idle=1 HWLOC_COMPONENTS=-pci,-linuxio
+# One intra-host path for every run: auto's choice, timed on the first
+# steps, flips with the machine's noise and halves or doubles the step.
+export HORA_SHM_SINGLE_COPY=${HORA_SHM_SINGLE_COPY:-1}
 flags="--oversubscribe --bind-to none"
 if [ "$(id -u)" -eq 0 ]; then
   flags="$flags --allow-run-as-root"
@@ -43,24 +46,26 @@ while True:
     scraper=$!
     HORA_METRICS_PORT=$port HORA_METRICS_FILE="$work/m.%r.prom" HORA_METRICS_INTERVAL_SECONDS=1 \
       mpirun $flags -np "$np" -x HORA_METRICS_PORT -x HORA_METRICS_FILE -x HORA_METRICS_INTERVAL_SECONDS \
-      "$bench" --reps 5 --warmup 3 --lat-iters 100 >"$work/out" 2>&1
+      "$bench" --reps 7 --warmup 3 --lat-iters 100 >"$work/out" 2>&1
     kill $scraper 2>/dev/null
     wait $scraper 2>/dev/null
     scraper=
   else
-    mpirun $flags -np "$np" "$bench" --reps 5 --warmup 3 --lat-iters 100 >"$work/out" 2>&1
+    mpirun $flags -np "$np" "$bench" --reps 7 --warmup 3 --lat-iters 100 >"$work/out" 2>&1
   fi
   awk '/hora \(161 async, fused\)/ { for (i = 1; i <= NF; i++) if ($i == "ms") { print $(i - 1); exit } }' "$work/out"
 }
 
 for np in $nps; do
-  : >"$work/off" && : >"$work/on"
+  : >"$work/off" && : >"$work/on" && : >"$work/ratio"
   for i in $(seq "$runs"); do
     off=$(one "$np" off) && on=$(one "$np" on)
     echo "np=$np run $i: off $off ms, on $on ms"
     [ -n "$off" ] && echo "$off" >>"$work/off"
     [ -n "$on" ] && echo "$on" >>"$work/on"
+    [ -n "$off" ] && [ -n "$on" ] && awk -v a="$on" -v b="$off" 'BEGIN { print a / b }' >>"$work/ratio"
   done
   moff=$(median <"$work/off") mon=$(median <"$work/on")
-  echo "np=$np: median step off $moff ms, on $mon ms, on/off = $(awk -v a="$mon" -v b="$moff" 'BEGIN { printf "%.3f", a / b }') ($runs runs each)"
+  # The pairs' ratios too: a run next to its partner shares its machine.
+  echo "np=$np: median step off $moff ms, on $mon ms, on/off = $(awk -v a="$mon" -v b="$moff" 'BEGIN { printf "%.3f", a / b }'); median of the pairs' on/off $(median <"$work/ratio" | awk '{ printf "%.3f", $1 }') ($runs runs each)"
 done

@@ -18,8 +18,8 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "runtime/negotiate/cycle.h"
-#include "runtime/runtime.h"
 #include "runtime/observe/metrics.h"
+#include "runtime/runtime.h"
 #include "runtime/observe/timeline.h"
 
 /* The running runtime, or NULL. Published after it is fully set up. */
@@ -177,7 +177,9 @@ static int init_locked(const void *mpi_comm) {
     /* A process started later: it joins the running job at a commit point. */
     rc = hora__elastic_join_locked(&choice);
     if (rc == HORA_SUCCESS) {
-      hora__metrics_api_start(atomic_load(&current));
+      if (atomic_load(&current)) {
+        hora__metrics_api_start(atomic_load(&current));
+      }
       started_by = choice;
       OPENSSL_cleanse(started_by.secret, sizeof(started_by.secret));
     }
