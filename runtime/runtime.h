@@ -76,6 +76,15 @@ struct hora_request {
   atomic_int done;
 };
 
+/* The dimensions of the metrics' counters in struct hora__runtime: the
+ * collectives' kinds (allgatherv counts as allgather), dtypes, operation
+ * sizes and bus bandwidth buckets (observe/metrics_runtime.c names them). */
+enum { HORA__MKIND_ALLREDUCE, HORA__MKIND_BROADCAST, HORA__MKIND_ALLGATHER,
+       HORA__MKIND_REDUCESCATTER, HORA__MKIND_ALLTOALL, HORA__MKINDS };
+#define HORA__MDTYPES 10
+#define HORA__MSIZES 4
+#define HORA__MBW_BUCKETS 11 /* the last is +Inf */
+
 struct hora__runtime {
   /* Set by hora_init (or hora_process_set_create), read-only while running. */
   hora__comm *comm;
@@ -139,6 +148,13 @@ struct hora__runtime {
     /* The stages of the operations a caller waited for (hora_stats). */
     atomic_uint_fast64_t staged_ops, submit_ns, handoff_ns, cycle_ns, run_ns, complete_ns,
         wake_ns;
+    /* For the metrics (observe/metrics.h), by metric kind (HORA__MKIND_*):
+     * bytes, operations per dtype, and the bus bandwidth histogram per size
+     * bucket (counts per bucket, not cumulative; bytes/s summed). */
+    atomic_uint_fast64_t kind_bytes[HORA__MKINDS];
+    atomic_uint_fast64_t kind_dtype_ops[HORA__MKINDS][HORA__MDTYPES];
+    atomic_uint_fast64_t busbw[HORA__MKINDS][HORA__MSIZES][HORA__MBW_BUCKETS];
+    atomic_uint_fast64_t busbw_sum[HORA__MKINDS][HORA__MSIZES];
   } stats;
 };
 
@@ -222,6 +238,13 @@ int hora__world_rebuild_locked(const struct hora__rdv_tcp_spec *spec);
 void hora__lifecycle_lock(void);
 void hora__lifecycle_unlock(void);
 
+/* api/metrics.c: the metrics thread (observe/metrics.h) over the world's
+ * runtime and its process sets: started with the world (rt), told the
+ * process's new rank after a rebuild, stopped before the world is freed. */
+void hora__metrics_api_start(struct hora__runtime *rt);
+void hora__metrics_api_identity(struct hora__runtime *rt);
+void hora__metrics_api_stop(void);
+
 /* api/elastic.c: elastic training's share of the life cycle. */
 struct hora__rdv_choice;
 /* At start-up (HORA_ELASTIC): this process's listener, every member's
@@ -259,6 +282,8 @@ struct hora__runtime *hora__api_running_in(const struct hora_process_set *ps, in
 int hora__api_leave_in(struct hora__runtime *rt, int rc);
 void hora__process_sets_fatal(struct hora__runtime *from, int code, const char *msg);
 void hora__process_sets_add_stats(hora_stats *s);
+/* Calls fn for each live set's runtime, with the sets' lock held. */
+void hora__process_sets_each(void (*fn)(struct hora__runtime *rt, void *arg), void *arg);
 /* Adds rt's counters to *s (api/api.c). */
 void hora__stats_add(hora_stats *s, struct hora__runtime *rt);
 void hora__process_sets_finalize(void);

@@ -14,6 +14,7 @@ PACKAGES="
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   clang libclang-rt-14-dev
   iproute2 procps psmisc python3 valgrind
+  prometheus python3-prometheus-client
   python3-torch python3-torchvision python3-pytest python3-cloudpickle python3-mpi4py
   python3-matplotlib
   qemu-system-x86 kmod xz-utils util-linux
@@ -52,3 +53,11 @@ if ! $SUDO apt-get install -y -q --no-install-recommends $missing; then
   # shellcheck disable=SC2086
   $SUDO apt-get install -y -q --no-install-recommends $missing
 fi
+# Debian's prometheus package starts its service; the tests run their own
+# server on a free port, so none stays running.
+case " $missing " in
+  *" prometheus "*)
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled prometheus >/dev/null 2>&1; then
+      $SUDO systemctl disable --now prometheus || true
+    fi ;;
+esac

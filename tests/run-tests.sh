@@ -321,6 +321,21 @@ if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "calibrate" |
   fi
 fi
 
+if [ -z "${HORA_TEST_ONLY:-}" ] || echo "metrics" | grep -Eq "$HORA_TEST_ONLY"; then
+  section "metrics: Prometheus endpoint, textfile, a real Prometheus server (tests/metrics)"
+  timeout -k 10 600 sh "$srcdir/tests/metrics/check-metrics.sh" "$builddir" </dev/null \
+    >"$work/out" 2>"$work/err"
+  rc=$?
+  tally "" <"$work/out"
+  if [ $rc -ne 0 ] || ! grep -q '^PASS' "$work/out"; then
+    echo "FAIL metrics/check-metrics.sh: exit status $rc" | tee -a "$results"
+    tail -n 20 "$work/err"
+  elif sanitizer_report "$work/out" "$work/err"; then
+    echo "FAIL metrics/check-metrics.sh: sanitizer report" | tee -a "$results"
+    grep -A5 -E 'runtime error:|Sanitizer' "$work/out" "$work/err" | head -n 30
+  fi
+fi
+
 if [ -z "${HORA_TEST_ONLY:-}" ] || echo "python-elastic" | grep -Eq "$HORA_TEST_ONLY"; then
   section "python: hvd.elastic through a killed rank and newcomers (tests/python/elastic_train.py)"
   # Its own launcher (no MPI): one rank SIGKILLed mid-training; then a

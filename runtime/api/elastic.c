@@ -14,6 +14,7 @@
 #include "comm/bootstrap/membership.h"
 #include "comm/bootstrap/rendezvous.h"
 #include "comm/comm.h"
+#include "runtime/observe/metrics.h"
 #include "runtime/runtime.h"
 
 /* Lives across memberships; written under the life cycle's lock. */
@@ -225,6 +226,7 @@ HORA_EXTERN int hora_elastic_reset(void) {
   }
   if (rc == HORA_SUCCESS) {
     atomic_store(&change_pending, false);
+    hora__metrics_event(HORA__EV_ELASTIC_RESET);
     HORA_INFO("elastic: reset in %.3f s", (double)(hora__now_ns() - t0) * 1e-9);
   }
   hora__lifecycle_unlock();

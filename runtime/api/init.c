@@ -18,6 +18,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "runtime/negotiate/cycle.h"
+#include "runtime/observe/metrics.h"
 #include "runtime/runtime.h"
 #include "runtime/observe/steps.h"
 #include "runtime/observe/timeline.h"
@@ -133,6 +134,9 @@ static int init_locked(const void *mpi_comm) {
   }
   /* Settings first: a bad value must not leave MPI half started. */
   int prc = hora__params_load();
+  if (prc == HORA_SUCCESS) {
+    prc = hora__metrics_check_settings();
+  }
   char perr[1024];
   hora__strlcpy(perr, hora__error_message(), sizeof(perr));
   if (prc == HORA_SUCCESS) {
@@ -174,6 +178,9 @@ static int init_locked(const void *mpi_comm) {
     /* A process started later: it joins the running job at a commit point. */
     rc = hora__elastic_join_locked(&choice);
     if (rc == HORA_SUCCESS) {
+      if (atomic_load(&current)) {
+        hora__metrics_api_start(atomic_load(&current));
+      }
       started_by = choice;
       OPENSSL_cleanse(started_by.secret, sizeof(started_by.secret));
     }
@@ -232,6 +239,7 @@ static int init_locked(const void *mpi_comm) {
   OPENSSL_cleanse(started_by.secret, sizeof(started_by.secret));
   OPENSSL_cleanse(choice.secret, sizeof(choice.secret));
   atomic_store_explicit(&current, rt, memory_order_release);
+  hora__metrics_api_start(rt);
   return HORA_SUCCESS;
 }
 
@@ -399,6 +407,8 @@ HORA_EXTERN int hora_finalize(void) {
   hora__error_clear();
   pthread_mutex_lock(&lifecycle_mu);
   int rc = HORA_SUCCESS;
+  /* Its last file write sees the world's final counters. */
+  hora__metrics_api_stop();
   struct hora__runtime *rt = hora__api_running(&rc, "hora_finalize");
   if (!rt) {
     pthread_mutex_unlock(&lifecycle_mu);
@@ -472,6 +482,7 @@ int hora__world_rebuild_locked(const struct hora__rdv_tcp_spec *spec) {
       started_by.kind = HORA_RDV_TCP;
     }
     atomic_store_explicit(&current, rt, memory_order_release);
+    hora__metrics_api_identity(rt);
   }
   return rc;
 }

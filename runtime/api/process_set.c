@@ -532,6 +532,16 @@ void hora__process_sets_add_stats(hora_stats *s) {
   pthread_mutex_unlock(&sets_mu);
 }
 
+void hora__process_sets_each(void (*fn)(struct hora__runtime *rt, void *arg), void *arg) {
+  pthread_mutex_lock(&sets_mu);
+  for (struct hora_process_set *ps = sets; ps; ps = ps->next) {
+    if (ps->rt) {
+      fn(ps->rt, arg);
+    }
+  }
+  pthread_mutex_unlock(&sets_mu);
+}
+
 /* The handle is looked up among the live sets before it is read: one
  * destroyed meanwhile (by another thread, or hora_finalize) is refused, and
  * the runtime returned is counted, so it outlives a destroy that begins

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "runtime/engine/engine.h"
+#include "runtime/observe/metrics.h"
 #include "runtime/observe/timeline.h"
 #include "runtime/observe/verify.h"
 
@@ -169,13 +170,7 @@ static void account(struct hora__set *set, const struct hora__response *r, uint6
                                                                     : &rt->stats.allgathers;
   atomic_fetch_add(kind, r->ntensors);
   atomic_fetch_add(&rt->stats.bytes, bytes);
-  /* On the busiest link, as nccl-tests count it (an allgather's bytes
-   * are this rank's block). */
-  double p = (double)set->comm->size, bus = r->kind == HORA_KIND_ALLREDUCE ? 2 * (p - 1) / p
-                                            : r->kind == HORA_KIND_BROADCAST ? 1
-                                            : r->kind == HORA_KIND_ALLGATHER ? p - 1
-                                                                             : (p - 1) / p;
-  atomic_fetch_add(&rt->stats.bus_bytes, (uint64_t)(bus * (double)bytes));
+  hora__metrics_account(rt, r->kind, r->dtype, r->ntensors, bytes, r->eager ? 0 : comm_ns);
   atomic_fetch_add(&rt->stats.negotiate_ns, negotiate);
   atomic_fetch_add(&rt->stats.communicate_ns, comm_ns - HORA_MIN(comm_ns, set->copy_ns));
   atomic_fetch_add(&rt->stats.copy_ns, set->copy_ns);

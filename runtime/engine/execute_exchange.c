@@ -15,6 +15,7 @@
 #include "base/params.h"
 #include "comm/coll/collectives.h"
 #include "runtime/engine/engine.h"
+#include "runtime/observe/metrics.h"
 #include "runtime/observe/timeline.h"
 #include "runtime/observe/verify.h"
 
@@ -196,15 +197,11 @@ static void account(struct exchange *x, uint64_t start_ns) {
   uint64_t bytes = bytes_sent(x);
   atomic_fetch_add(x->alltoall ? &rt->stats.alltoalls : &rt->stats.allgathers, 1);
   atomic_fetch_add(&rt->stats.bytes, bytes);
-  /* On the busiest link: an allgatherv brings everyone else's blocks (about
-   * p - 1 of this rank's), an alltoall sends all but its own. */
-  double p = (double)x->p;
-  atomic_fetch_add(&rt->stats.bus_bytes,
-                   (uint64_t)((x->alltoall ? (p - 1) / p : p - 1) * (double)bytes));
   if (x->q && start_ns > x->q->submit_ns) {
     atomic_fetch_add(&rt->stats.negotiate_ns, start_ns - x->q->submit_ns);
   }
   uint64_t now = hora__now_ns();
+  hora__metrics_account(rt, x->r->kind, x->r->dtype, 1, bytes, now - start_ns);
   atomic_fetch_add(&rt->stats.communicate_ns, now - start_ns);
   if (x->q) {
     x->q->start_ns = start_ns;

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "comm/gpu/gpu.h"
 #include "runtime/engine/engine.h"
+#include "runtime/observe/metrics.h"
 
 void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg) {
   if (atomic_flag_test_and_set(&rt->fatal_claimed)) {
@@ -21,6 +22,9 @@ void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg
     atomic_store_explicit(&rt->fate->code, code, memory_order_release);
   }
   atomic_store_explicit(&rt->fatal_code, code, memory_order_release);
+  if (code == HORA_ERR_PEER_LOST) {
+    hora__metrics_event(HORA__EV_PEER_LOST);
+  }
 }
 
 int hora__runtime_fatal(struct hora__runtime *rt) {

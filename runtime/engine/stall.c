@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "runtime/engine/engine.h"
+#include "runtime/observe/metrics.h"
 
 /* Cached requests waiting half the stall time are emptied from the cache
  * everywhere: they go to rank 0 in full, and its stall inspector names the
@@ -137,6 +138,7 @@ int hora__engine_check_stuck(struct hora__set *set) {
     HORA_WARN("%sstall: %s have waited %.0f s (HORA_STALL_CHECK_TIME_SECONDS) in a negotiation "
               "cycle that rank(s) %s never joined", rt->label, what, (double)age * 1e-9, missing);
     set->next_stuck_warn_ns = now + (uint64_t)(check * 1e9);
+    hora__metrics_event(HORA__EV_STALL_WARNING);
   }
   uint64_t due = UINT64_MAX;
   if (check > 0) {

@@ -1,0 +1,491 @@
+/* The metrics thread: GET /metrics over HTTP/1.1 (HORA_METRICS_PORT) and
+ * the textfile (HORA_METRICS_FILE). One poll loop, non-blocking sockets,
+ * at most MAX_CONNS connections (the oldest is dropped for a newer one),
+ * each with a deadline and a request-size limit: a client that sends
+ * garbage, or a thousand that connect and say nothing, cost a bounded
+ * number of descriptors and never reach the engine, which this thread
+ * shares nothing with but atomics and the sources' lock. */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "base/params.h"
+#include "runtime/observe/metrics.h"
+
+#define MAX_CONNS 64
+#define REQUEST_MAX 4096
+#define CONN_DEADLINE_NS (2ull * 1000000000ull)
+
+enum conn_state { READING, WRITING, DRAINING };
+
+struct conn {
+  int fd;
+  enum conn_state state;
+  uint64_t deadline_ns, accepted_ns;
+  size_t rlen;
+  char req[REQUEST_MAX];
+  char *out; /* the response, while WRITING */
+  size_t olen, off;
+};
+
+struct server {
+  pthread_t thread;
+  int listen_fd, wake_fd;
+  char addr[64];
+  int port;
+  char path[1024], tmp[1100];
+  uint64_t interval_ns, next_file_ns;
+  bool file_warned;
+  struct conn conns[MAX_CONNS];
+  int nconns;
+};
+
+static struct server *srv;
+/* Responses by status code, for the endpoint's own family. */
+static const int codes[] = {200, 400, 404, 405, 431};
+static atomic_uint_fast64_t responses[HORA_ARRAY_SIZE(codes)];
+
+static void http_family(struct hora__metrics_writer *w, void *arg) {
+  (void)arg;
+  hora__metrics_family(w, "hora_metrics_http_responses_total", "counter",
+                       "Responses of the metrics endpoint, by status code.");
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(codes); i++) {
+    char lab[32];
+    snprintf(lab, sizeof(lab), "code=\"%d\"", codes[i]);
+    hora__metrics_sample_u64(w, "hora_metrics_http_responses_total", lab, atomic_load(&responses[i]));
+  }
+}
+
+int hora__metrics_check_settings(void) {
+  int64_t port = hora__params.METRICS_PORT;
+  if (port < 0 || port > 65535) {
+    return hora__error(HORA_ERR_INVALID_ARG, "HORA_METRICS_PORT=%lld is not a port (1 to 65535; "
+                       "0: no endpoint)", (long long)port);
+  }
+  struct in6_addr a6;
+  struct in_addr a4;
+  const char *addr = hora__params.METRICS_ADDR;
+  if (inet_pton(AF_INET, addr, &a4) != 1 && inet_pton(AF_INET6, addr, &a6) != 1) {
+    return hora__error(HORA_ERR_INVALID_ARG, "HORA_METRICS_ADDR='%s' is not a numeric IPv4 or "
+                       "IPv6 address (e.g. 127.0.0.1, 0.0.0.0, ::1)", addr);
+  }
+  double s = hora__params.METRICS_INTERVAL_SECONDS;
+  if (!(s >= 0.05 && s <= 86400)) {
+    return hora__error(HORA_ERR_INVALID_ARG, "HORA_METRICS_INTERVAL_SECONDS=%g is out of range "
+                       "(0.05 to 86400)", s);
+  }
+  if (strlen(hora__params.METRICS_FILE) > 900) {
+    return hora__error(HORA_ERR_INVALID_ARG, "HORA_METRICS_FILE is longer than 900 characters");
+  }
+  return HORA_SUCCESS;
+}
+
+/* ---- HTTP ------------------------------------------------------------------------ */
+
+static void conn_close(struct server *s, int i) {
+  close(s->conns[i].fd);
+  free(s->conns[i].out);
+  s->conns[i] = s->conns[--s->nconns];
+}
+
+static void respond(struct conn *c, int code, const char *reason, const char *extra,
+                    const char *body, size_t blen, bool head) {
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(codes); i++) {
+    if (codes[i] == code) {
+      atomic_fetch_add(&responses[i], 1);
+    }
+  }
+  char hdr[320];
+  int h = snprintf(hdr, sizeof(hdr),
+                   "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
+                   "Connection: close\r\n\r\n",
+                   code, reason,
+                   code == 200 ? "text/plain; version=0.0.4; charset=utf-8" : "text/plain; charset=utf-8",
+                   blen, extra);
+  size_t send_body = head ? 0 : blen;
+  c->out = malloc((size_t)h + send_body);
+  c->state = WRITING;
+  c->off = 0;
+  if (!c->out) {
+    c->olen = 0; /* closed once its turn comes */
+    return;
+  }
+  memcpy(c->out, hdr, (size_t)h);
+  memcpy(c->out + h, body, send_body);
+  c->olen = (size_t)h + send_body;
+}
+
+static void error_reply(struct conn *c, int code, const char *reason, const char *extra) {
+  char body[80];
+  int n = snprintf(body, sizeof(body), "%d %s\n", code, reason);
+  respond(c, code, reason, extra, body, (size_t)n, false);
+}
+
+/* A whole head in c->req: the request line decides. */
+static void handle_request(struct conn *c) {
+  char method[16], target[256], version[16];
+  char *eol = strpbrk(c->req, "\r\n");
+  size_t llen = eol ? (size_t)(eol - c->req) : 0;
+  char line[300];
+  if (llen == 0 || llen >= sizeof(line)) {
+    error_reply(c, 400, "Bad Request", "");
+    return;
+  }
+  memcpy(line, c->req, llen);
+  line[llen] = '\0';
+  char tail;
+  if (sscanf(line, "%15[A-Z] %255[^ ] %15s%c", method, target, version, &tail) != 3 ||
+      target[0] != '/' || strncmp(version, "HTTP/1.", 7) != 0) {
+    error_reply(c, 400, "Bad Request", "");
+    return;
+  }
+  bool head = strcmp(method, "HEAD") == 0;
+  if (!head && strcmp(method, "GET") != 0) {
+    error_reply(c, 405, "Method Not Allowed", "Allow: GET, HEAD\r\n");
+    return;
+  }
+  size_t plen = strcspn(target, "?");
+  if (plen != 8 || strncmp(target, "/metrics", 8) != 0) {
+    error_reply(c, 404, "Not Found", "");
+    return;
+  }
+  struct hora__metrics_writer w;
+  memset(&w, 0, sizeof(w));
+  hora__metrics_render(&w);
+  if (w.failed) {
+    free(w.data);
+    c->state = WRITING; /* out of memory: close without an answer */
+    c->olen = 0;
+    return;
+  }
+  respond(c, 200, "OK", "", w.data ? w.data : "", w.len, head);
+  free(w.data);
+}
+
+static void conn_read(struct conn *c) {
+  for (;;) {
+    ssize_t n = recv(c->fd, c->req + c->rlen, REQUEST_MAX - 1 - c->rlen, 0);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      c->deadline_ns = 0; /* gone: closed below */
+      return;
+    }
+    if (n < 0) {
+      return;
+    }
+    c->rlen += (size_t)n;
+    c->req[c->rlen] = '\0';
+    if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n")) {
+      handle_request(c);
+      return;
+    }
+    if (memchr(c->req, '\0', c->rlen)) {
+      error_reply(c, 400, "Bad Request", ""); /* binary garbage */
+      return;
+    }
+    if (c->rlen == REQUEST_MAX - 1) {
+      error_reply(c, 431, "Request Header Fields Too Large", "");
+      return;
+    }
+  }
+}
+
+/* Writes what it can; then half-closes and reads until the client closes,
+ * so that unread bytes of its request do not turn our close into a reset
+ * that loses the response. */
+static void conn_write(struct conn *c) {
+  while (c->off < c->olen) {
+    ssize_t n = send(c->fd, c->out + c->off, c->olen - c->off, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+        c->deadline_ns = 0;
+      }
+      if (errno != EINTR) {
+        return;
+      }
+      continue;
+    }
+    c->off += (size_t)n;
+  }
+  shutdown(c->fd, SHUT_WR);
+  c->state = DRAINING;
+}
+
+static void conn_drain(struct conn *c) {
+  char sink[1024];
+  ssize_t n;
+  while ((n = recv(c->fd, sink, sizeof(sink), 0)) > 0) {
+  }
+  if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    c->deadline_ns = 0;
+  }
+}
+
+static void accept_all(struct server *s, uint64_t now) {
+  for (int i = 0; i < 256; i++) {
+    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      return; /* EAGAIN, or out of descriptors: the rest wait in the backlog */
+    }
+    if (s->nconns == MAX_CONNS) {
+      int oldest = 0;
+      for (int j = 1; j < s->nconns; j++) {
+        if (s->conns[j].accepted_ns < s->conns[oldest].accepted_ns) {
+          oldest = j;
+        }
+      }
+      conn_close(s, oldest);
+    }
+    struct conn *c = &s->conns[s->nconns++];
+    c->fd = fd;
+    c->state = READING;
+    c->accepted_ns = now;
+    c->deadline_ns = now + CONN_DEADLINE_NS;
+    c->rlen = 0;
+    c->req[0] = '\0';
+    c->out = NULL;
+    c->olen = c->off = 0;
+  }
+}
+
+/* ---- the file --------------------------------------------------------------------- */
+
+static void write_file(struct server *s) {
+  struct hora__metrics_writer w;
+  memset(&w, 0, sizeof(w));
+  hora__metrics_render(&w);
+  int err = 0;
+  if (w.failed) {
+    err = ENOMEM;
+  } else {
+    int fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      err = errno;
+    }
+    for (size_t off = 0; fd >= 0 && !err && off < w.len;) {
+      ssize_t n = write(fd, w.data + off, w.len - off);
+      if (n < 0 && errno != EINTR) {
+        err = errno;
+      } else if (n > 0) {
+        off += (size_t)n;
+      }
+    }
+    if (fd >= 0 && close(fd) != 0 && !err) {
+      err = errno;
+    }
+    if (!err && rename(s->tmp, s->path) != 0) {
+      err = errno;
+    }
+    if (err && fd >= 0) {
+      unlink(s->tmp);
+    }
+  }
+  free(w.data);
+  if (err && !s->file_warned) {
+    HORA_WARN("HORA_METRICS_FILE: cannot write %s (%s); metrics are not written to the file, the "
+              "job goes on (warned once)", s->path, strerror(err));
+  } else if (!err && s->file_warned) {
+    HORA_INFO("HORA_METRICS_FILE: %s written again", s->path);
+  }
+  s->file_warned = err != 0;
+}
+
+/* ---- the thread ------------------------------------------------------------------- */
+
+static void *serve(void *arg) {
+  struct server *s = arg;
+  struct pollfd pfd[MAX_CONNS + 2];
+  for (;;) {
+    uint64_t now = hora__now_ns(), due = UINT64_MAX;
+    int n = 0;
+    pfd[n++] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+    if (s->listen_fd >= 0) {
+      pfd[n++] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    }
+    for (int i = 0; i < s->nconns; i++) {
+      pfd[n++] = (struct pollfd){.fd = s->conns[i].fd,
+                                 .events = s->conns[i].state == WRITING ? POLLOUT : POLLIN};
+      due = HORA_MIN(due, s->conns[i].deadline_ns);
+    }
+    if (s->path[0]) {
+      due = HORA_MIN(due, s->next_file_ns);
+    }
+    int timeout = due == UINT64_MAX ? -1
+                  : due <= now      ? 0
+                                    : (int)HORA_MIN((due - now) / 1000000u + 1, 60000u);
+    int rc = poll(pfd, (nfds_t)n, timeout);
+    if (rc < 0 && errno != EINTR) {
+      HORA_WARN("metrics: poll failed (%s); the endpoint stops", strerror(errno));
+      break;
+    }
+    if (pfd[0].revents) {
+      break; /* hora__metrics_stop */
+    }
+    now = hora__now_ns();
+    /* The connections polled, by position (accepting below reorders). */
+    int first = s->listen_fd >= 0 ? 2 : 1, polled = s->nconns;
+    for (int i = polled - 1; i >= 0; i--) {
+      struct conn *c = &s->conns[i];
+      if (rc > 0 && pfd[first + i].revents) {
+        if (c->state == READING) {
+          conn_read(c);
+        }
+        if (c->state == WRITING) {
+          conn_write(c);
+        } else if (c->state == DRAINING) {
+          conn_drain(c);
+        }
+      }
+      if (now >= c->deadline_ns || (c->state == WRITING && !c->out)) {
+        conn_close(s, i);
+      }
+    }
+    if (rc > 0 && s->listen_fd >= 0 && pfd[1].revents) {
+      accept_all(s, now);
+    }
+    if (s->path[0] && now >= s->next_file_ns) {
+      write_file(s);
+      s->next_file_ns = now + s->interval_ns;
+    }
+  }
+  return NULL;
+}
+
+/* The listening socket, or -1 with a warning. */
+static int listen_on(const char *addr, int port) {
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof(ss));
+  socklen_t len;
+  struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+  if (inet_pton(AF_INET, addr, &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons((uint16_t)port);
+    len = sizeof(*a4);
+  } else {
+    inet_pton(AF_INET6, addr, &a6->sin6_addr);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons((uint16_t)port);
+    len = sizeof(*a6);
+  }
+  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd >= 0) {
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  }
+  if (fd < 0 || bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 128) != 0) {
+    HORA_WARN("HORA_METRICS_PORT: cannot serve metrics on %s%s%s:%d (%s); the job goes on without "
+              "the endpoint", ss.ss_family == AF_INET6 ? "[" : "", addr,
+              ss.ss_family == AF_INET6 ? "]" : "", port, strerror(errno));
+    if (fd >= 0) {
+      close(fd);
+    }
+    return -1;
+  }
+  HORA_INFO("metrics: serving http://%s%s%s:%d/metrics", ss.ss_family == AF_INET6 ? "[" : "",
+            addr, ss.ss_family == AF_INET6 ? "]" : "", port);
+  return fd;
+}
+
+/* The path with %r as the rank (%% as %). */
+static void expand_path(char *out, size_t n, const char *in, int rank) {
+  size_t o = 0;
+  for (const char *p = in; *p && o + 12 < n; p++) {
+    if (p[0] == '%' && p[1] == 'r') {
+      o += (size_t)snprintf(out + o, n - o, "%d", rank);
+      p++;
+    } else if (p[0] == '%' && p[1] == '%') {
+      out[o++] = '%';
+      p++;
+    } else {
+      out[o++] = *p;
+    }
+  }
+  out[o] = '\0';
+}
+
+int hora__metrics_start(int rank, int local_rank) {
+  if (srv || (hora__params.METRICS_PORT == 0 && !hora__params.METRICS_FILE[0])) {
+    return HORA_SUCCESS;
+  }
+  struct server *s = calloc(1, sizeof(*s));
+  if (!s) {
+    return hora__error(HORA_ERR_NO_MEMORY, "metrics: out of memory");
+  }
+  s->listen_fd = -1;
+  s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (s->wake_fd < 0) {
+    free(s);
+    return hora__error(HORA_ERR_SYSTEM, "metrics: eventfd: %s", strerror(errno));
+  }
+  if (hora__params.METRICS_PORT > 0) {
+    s->port = (int)hora__params.METRICS_PORT + HORA_MAX(local_rank, 0);
+    if (s->port > 65535) {
+      HORA_WARN("HORA_METRICS_PORT: %lld + local rank %d is past 65535; no endpoint here",
+                (long long)hora__params.METRICS_PORT, local_rank);
+    } else {
+      s->listen_fd = listen_on(hora__params.METRICS_ADDR, s->port);
+    }
+  }
+  if (hora__params.METRICS_FILE[0]) {
+    expand_path(s->path, sizeof(s->path), hora__params.METRICS_FILE, rank);
+    snprintf(s->tmp, sizeof(s->tmp), "%s.tmp.%d", s->path, (int)getpid());
+    s->interval_ns = (uint64_t)(hora__params.METRICS_INTERVAL_SECONDS * 1e9);
+    s->next_file_ns = hora__now_ns(); /* at once: a bad path is told at start-up */
+  }
+  if (s->listen_fd < 0 && !s->path[0]) {
+    close(s->wake_fd);
+    free(s);
+    return HORA_SUCCESS;
+  }
+  hora__metrics_add_source(http_family, NULL);
+  /* Signals go to the program's threads, not this one. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&s->thread, NULL, serve, s);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    hora__metrics_remove_source(http_family, NULL);
+    if (s->listen_fd >= 0) {
+      close(s->listen_fd);
+    }
+    close(s->wake_fd);
+    free(s);
+    return hora__error(HORA_ERR_SYSTEM, "metrics: cannot start its thread: %s", strerror(rc));
+  }
+  pthread_setname_np(s->thread, "hora-metrics");
+  srv = s;
+  return HORA_SUCCESS;
+}
+
+void hora__metrics_stop(void) {
+  struct server *s = srv;
+  if (!s) {
+    return;
+  }
+  srv = NULL;
+  uint64_t one = 1;
+  (void)!write(s->wake_fd, &one, sizeof(one));
+  pthread_join(s->thread, NULL);
+  if (s->path[0]) {
+    write_file(s); /* the final values */
+  }
+  while (s->nconns > 0) {
+    conn_close(s, s->nconns - 1);
+  }
+  hora__metrics_remove_source(http_family, NULL);
+  if (s->listen_fd >= 0) {
+    close(s->listen_fd);
+  }
+  close(s->wake_fd);
+  free(s);
+}
