@@ -5,6 +5,7 @@
 
 #include "base/log.h"
 #include "runtime/observe/metrics.h"
+#include "runtime/observe/steps.h"
 #include "runtime/runtime.h"
 
 struct snapshots {
@@ -30,6 +31,30 @@ static void take(struct hora__runtime *rt, void *arg) {
   hora__metrics_snapshot_take(s, rt);
 }
 
+/* The process's steps (hora_step_mark): where their time went. */
+static void steps_source(struct hora__metrics_writer *w) {
+  struct hora__step_snapshot s;
+  hora__steps_get(&s);
+  hora__metrics_family(w, "hora_steps_total", "counter",
+                       "Training steps ended by hora_step_mark (DistributedOptimizer.step())");
+  hora__metrics_sample_u64(w, "hora_steps_total", NULL, s.steps);
+  hora__metrics_family(w, "hora_step_seconds_total", "counter", "Wall time of those steps");
+  hora__metrics_sample(w, "hora_step_seconds_total", NULL, (double)s.step_ns * 1e-9);
+  hora__metrics_family(w, "hora_step_exposed_communication_seconds_total", "counter",
+                       "Of that, the time some thread waited in hora_wait (synchronize)");
+  hora__metrics_sample(w, "hora_step_exposed_communication_seconds_total", NULL,
+                       (double)s.wait_ns * 1e-9);
+  hora__metrics_family(w, "hora_step_bytes_total", "counter",
+                       "Bytes of the collectives completed within those steps");
+  hora__metrics_sample_u64(w, "hora_step_bytes_total", NULL, s.bytes);
+  hora__metrics_family(w, "hora_last_step_seconds", "gauge", "Wall time of the last step");
+  hora__metrics_sample(w, "hora_last_step_seconds", NULL, (double)s.last_ns * 1e-9);
+  hora__metrics_family(w, "hora_last_step_exposed_communication_seconds", "gauge",
+                       "Of that, the time some thread waited in hora_wait");
+  hora__metrics_sample(w, "hora_last_step_exposed_communication_seconds", NULL,
+                       (double)s.last_wait_ns * 1e-9);
+}
+
 /* The world and every process set, each read from its atomics; the world
  * counted as in use meanwhile, as hora_get_stats does. */
 static void runtime_source(struct hora__metrics_writer *w, void *arg) {
@@ -48,6 +73,7 @@ static void runtime_source(struct hora__metrics_writer *w, void *arg) {
     hora__metrics_render_runtimes(w, c.s, c.n, &c.s[0].stats);
   }
   free(c.s);
+  steps_source(w);
 }
 
 static bool source_added;

@@ -64,10 +64,7 @@ void hora__engine_set_free(struct hora__set *s, bool failed) {
     return;
   }
   hora__controller_destroy(s->ctl);
-  if (s->late) {
-    hora__stragglers_free(s->late);
-    free(s->late);
-  }
+  hora__engine_late_free(s);
   hora__cache_free(&s->cache);
   free(s->waiting);
   free(s->evict_wish);

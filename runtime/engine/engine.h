@@ -223,6 +223,7 @@ void hora__engine_fail_all(struct hora__engine *e, int rc);
  * operations, the earliest submitted at earliest_ns, and whether this rank
  * submitted each of them (valid) or stood in for some. */
 int hora__engine_late_start(struct hora__set *set);
+void hora__engine_late_free(struct hora__set *set);
 void hora__engine_late_contribute(struct hora__set *set);
 void hora__engine_late_fold(struct hora__set *set, const struct hora__cycle_late *theirs);
 int hora__engine_late_cycle_end(struct hora__set *set, uint64_t now_ns);

@@ -14,6 +14,7 @@
 #include "base/params.h"
 #include "comm/transport/net.h"
 #include "runtime/engine/engine.h"
+#include "runtime/observe/metrics.h"
 #include "runtime/observe/steps.h"
 #include "runtime/observe/timeline.h"
 
@@ -28,6 +29,104 @@ static const int *job_ranks(const struct hora__set *set) {
     return rt->global_ranks;
   }
   return set->comm->net ? set->comm->net->names : NULL;
+}
+
+/* ---- metrics: the sets whose first rank is here, in one source ---------------
+ * One source for all of them, so each family is written once. A set leaves
+ * the list (under its lock) before its notes are freed. */
+#define TOP_RANKS 16
+
+struct watched {
+  struct watched *next;
+  struct hora__stragglers *late;
+  int set_id;
+};
+static pthread_mutex_t watched_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct watched *watched_sets;
+static pthread_once_t source_once = PTHREAD_ONCE_INIT;
+
+static void late_source(struct hora__metrics_writer *w, void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&watched_mu);
+  static const char *const names[4] = {
+      "hora_straggler_operations_total", "hora_straggler_wait_seconds_total",
+      "hora_last_rank_operations_total", "hora_last_rank_wait_seconds_total"};
+  static const char *const helps[4] = {
+      "Operations negotiated in the process set that waited for one rank to come last "
+      "(the set's first rank only)",
+      "The other ranks' mean wait for the last rank of those operations, summed",
+      "Operations for which the rank came last, for the ranks the others waited for longest "
+      "(at most 16; the set's first rank only)",
+      "The other ranks' mean wait for that rank, summed"};
+  for (int f = 0; f < 4 && watched_sets; f++) {
+    hora__metrics_family(w, names[f], "counter", helps[f]);
+    for (struct watched *s = watched_sets; s; s = s->next) {
+      struct hora__straggler_row rows[TOP_RANKS];
+      uint64_t ops, waited;
+      int n = hora__stragglers_top(s->late, rows, TOP_RANKS, &ops, &waited);
+      char labels[300], host[2 * 64 + 1];
+      if (f < 2) {
+        snprintf(labels, sizeof(labels), "process_set=\"%d\"", s->set_id);
+        if (f == 0) {
+          hora__metrics_sample_u64(w, names[f], labels, ops);
+        } else {
+          hora__metrics_sample(w, names[f], labels, (double)waited * 1e-9);
+        }
+        continue;
+      }
+      for (int i = 0; i < n; i++) {
+        hora__metrics_escape(host, sizeof(host), rows[i].host);
+        snprintf(labels, sizeof(labels), "process_set=\"%d\",last_rank=\"%d\",last_host=\"%s\"",
+                 s->set_id, rows[i].rank, host);
+        if (f == 2) {
+          hora__metrics_sample_u64(w, names[f], labels, rows[i].ops);
+        } else {
+          hora__metrics_sample(w, names[f], labels, (double)rows[i].waited_ns * 1e-9);
+        }
+      }
+    }
+  }
+  pthread_mutex_unlock(&watched_mu);
+}
+
+static void add_late_source(void) {
+  if (hora__metrics_add_source(late_source, NULL) != HORA_SUCCESS) {
+    HORA_WARN("metrics: no room for the stragglers' figures; they are left out");
+    hora__error_clear();
+  }
+}
+
+static void watch(struct hora__set *set) {
+  struct watched *n = hora__calloc(1, sizeof(*n));
+  if (!n) {
+    return; /* its figures are left out of the metrics */
+  }
+  (void)pthread_once(&source_once, add_late_source);
+  n->late = set->late;
+  n->set_id = set->e->rt ? set->e->rt->set_id : 0;
+  pthread_mutex_lock(&watched_mu);
+  n->next = watched_sets;
+  watched_sets = n;
+  pthread_mutex_unlock(&watched_mu);
+}
+
+void hora__engine_late_free(struct hora__set *set) {
+  if (!set->late) {
+    return;
+  }
+  pthread_mutex_lock(&watched_mu);
+  for (struct watched **p = &watched_sets; *p; p = &(*p)->next) {
+    if ((*p)->late == set->late) {
+      struct watched *gone = *p;
+      *p = gone->next;
+      free(gone);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&watched_mu);
+  hora__stragglers_free(set->late);
+  free(set->late);
+  set->late = NULL;
 }
 
 int hora__engine_late_start(struct hora__set *set) {
@@ -51,6 +150,7 @@ int hora__engine_late_start(struct hora__set *set) {
     return rc;
   }
   hora__controller_watch_late(set->ctl, set->late);
+  watch(set);
   uint64_t every = report_interval_ns();
   set->next_late_report_ns = every ? now + every : UINT64_MAX;
   return HORA_SUCCESS;

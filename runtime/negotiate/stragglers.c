@@ -20,6 +20,9 @@ void hora__stragglers_free(struct hora__stragglers *s) {
   free(s->win_waited);
   free(s->host_last);
   free(s->host_waited);
+  if (s->size > 0) {
+    pthread_mutex_destroy(&s->mu);
+  }
   memset(s, 0, sizeof(*s));
 }
 
@@ -64,6 +67,7 @@ int hora__stragglers_init(struct hora__stragglers *s, int size, const int *names
                          (void *)(intptr_t)(s->host[r] + 1));
   }
   hora__table_free(&hosts);
+  pthread_mutex_init(&s->mu, NULL);
   if (rc != HORA_SUCCESS) {
     hora__stragglers_free(s);
     return rc;
@@ -76,6 +80,7 @@ void hora__stragglers_note(struct hora__stragglers *s, int rank, uint64_t ops, u
   if (rank < 0 || rank >= s->size || ops == 0) {
     return;
   }
+  pthread_mutex_lock(&s->mu);
   s->ops += ops;
   s->waited_ns += waited_ns;
   s->last_ops[rank] += ops;
@@ -83,6 +88,34 @@ void hora__stragglers_note(struct hora__stragglers *s, int rank, uint64_t ops, u
   s->win_ops += ops;
   s->win_last[rank] += ops;
   s->win_waited[rank] += waited_ns;
+  pthread_mutex_unlock(&s->mu);
+}
+
+int hora__stragglers_top(struct hora__stragglers *s, struct hora__straggler_row *rows, int max,
+                         uint64_t *ops, uint64_t *waited_ns) {
+  pthread_mutex_lock(&s->mu);
+  int n = 0;
+  for (int r = 0; r < s->size; r++) {
+    if (s->last_ops[r] == 0) {
+      continue;
+    }
+    /* Insertion into the few kept, longest wait first. */
+    int at = n < max ? n++ : max;
+    while (at > 0 && rows[at - 1].waited_ns < s->last_waited_ns[r]) {
+      if (at < max) {
+        rows[at] = rows[at - 1];
+      }
+      at--;
+    }
+    if (at < max) {
+      rows[at] = (struct hora__straggler_row){s->names[r], s->host_name[s->host[r]],
+                                              s->last_ops[r], s->last_waited_ns[r]};
+    }
+  }
+  *ops = s->ops;
+  *waited_ns = s->waited_ns;
+  pthread_mutex_unlock(&s->mu);
+  return n;
 }
 
 /* "12 ms", "1.4 s": a wait in words. */
@@ -115,6 +148,7 @@ static void host_ranks(const struct hora__stragglers *s, int h, char *buf, size_
 
 bool hora__stragglers_report(struct hora__stragglers *s, uint64_t now_ns, uint64_t steps,
                              uint64_t step_ns, double share, char *buf, size_t n) {
+  pthread_mutex_lock(&s->mu);
   uint64_t elapsed = now_ns > s->win_start_ns ? now_ns - s->win_start_ns : 0;
   uint64_t nsteps = steps - s->win_steps, nstep_ns = step_ns - s->win_step_ns;
   int worst = -1, worst_host = -1;
@@ -172,5 +206,6 @@ bool hora__stragglers_report(struct hora__stragglers *s, uint64_t now_ns, uint64
   s->win_step_ns = step_ns;
   memset(s->win_last, 0, (size_t)s->size * sizeof(uint64_t));
   memset(s->win_waited, 0, (size_t)s->size * sizeof(uint64_t));
+  pthread_mutex_unlock(&s->mu);
   return said;
 }

@@ -8,9 +8,13 @@
 #ifndef HORA_STRAGGLERS_H
 #define HORA_STRAGGLERS_H
 
+#include <pthread.h>
+
 #include "base/common.h"
 
 struct hora__stragglers {
+  /* The coordinator notes and reports; the metrics thread reads (top). */
+  pthread_mutex_t mu;
   int size;
   int *names;  /* [size] each rank's job rank, for messages */
   int *host;   /* [size] its host, 0..nhosts-1 */
@@ -37,5 +41,15 @@ void hora__stragglers_note(struct hora__stragglers *s, int rank, uint64_t ops, u
  * (of its steps' time, where steps were marked). */
 bool hora__stragglers_report(struct hora__stragglers *s, uint64_t now_ns, uint64_t steps,
                              uint64_t step_ns, double share, char *buf, size_t n);
+
+/* The ranks the others waited for longest since the start, longest first:
+ * at most max of them (those ever last), and the totals. Any thread. */
+struct hora__straggler_row {
+  int rank; /* the job's */
+  const char *host;
+  uint64_t ops, waited_ns;
+};
+int hora__stragglers_top(struct hora__stragglers *s, struct hora__straggler_row *rows, int max,
+                         uint64_t *ops, uint64_t *waited_ns);
 
 #endif

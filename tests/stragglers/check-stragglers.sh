@@ -4,7 +4,8 @@
 # with the share of operations it was last in and the others' wait per
 # step, whether the operations negotiate through the cache's cycles or in
 # full at rank 0 (HORA_CACHE_CAPACITY=0); an even run names nobody; the
-# timeline holds a STEP event per step and LAST_RANK events naming it.
+# metrics count it and the steps; the timeline holds a STEP event per step
+# and LAST_RANK events naming it, which hora-report reads.
 # usage: check-stragglers.sh BUILDDIR   (prints PASS/FAIL lines)
 set -u
 builddir=$(cd "$1" && pwd)
@@ -55,6 +56,49 @@ if run even; then
     grep "was last in" "$work/err" | head -n 3
   else
     echo "PASS np=4 stragglers/even_run_names_nobody"
+  fi
+fi
+
+# The metrics (HORA_METRICS_FILE, written a last time at hora_finalize): on
+# rank 0 the late rank's counters lead, on every rank the steps are
+# counted; promtool accepts the text.
+mode=late
+if run metrics HORA_METRICS_FILE="$work/m-%r.prom" HORA_METRICS_INTERVAL_SECONDS=0.2; then
+  if /usr/bin/python3 - "$work" <<'PY'
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+work = sys.argv[1]
+def samples(rank):
+    out = {}
+    for fam in text_string_to_metric_families(open("%s/m-%d.prom" % (work, rank)).read()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+bad = []
+for r in range(4):
+    m = samples(r)
+    steps = [v for _, v in m.get("hora_steps_total", [])]
+    if steps != [41.0]:
+        bad.append("rank %d: hora_steps_total %s, 41 expected" % (r, steps))
+    if (r == 0) != ("hora_last_rank_operations_total" in m):
+        bad.append("rank %d: hora_last_rank_operations_total %s" % (r, "missing" if r == 0 else "present"))
+m = samples(0)
+last = {l["last_rank"]: v for l, v in m.get("hora_last_rank_operations_total", [])}
+total = sum(v for _, v in m.get("hora_straggler_operations_total", []))
+if last.get("2", 0) < 0.8 * total or total < 30:
+    bad.append("rank 0: last ranks %s of %s operations, rank 2 expected in 80%%" % (last, total))
+if bad:
+    print("FAIL np=4 stragglers/metrics_name_the_late_rank_and_count_steps: " + "; ".join(bad))
+    sys.exit(1)
+print("PASS np=4 stragglers/metrics_name_the_late_rank_and_count_steps (rank 2 last in %d of %d)"
+      % (last["2"], total))
+PY
+  then
+    if command -v promtool >/dev/null 2>&1 && promtool check metrics <"$work/m-0.prom" >"$work/promtool" 2>&1; then
+      echo "PASS np=4 stragglers/promtool_accepts_the_straggler_families"
+    else
+      echo "FAIL np=4 stragglers/promtool_accepts_the_straggler_families: $(head -n 3 "$work/promtool" 2>/dev/null || echo 'no promtool')"
+    fi
   fi
 fi
 

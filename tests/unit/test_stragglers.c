@@ -28,6 +28,13 @@ TEST(stragglers_name_the_late_rank) {
   ASSERT(strstr(line, "rank 15 (host h2) was last in 87% of the last 100 operations") != NULL);
   ASSERT(strstr(line, "17 ms per step for it (17% of step time)") != NULL);
   ASSERT(s.last_ops[5] == 87 && s.ops == 100);
+  /* The metrics' view: the two waited for longest, longest first. */
+  struct hora__straggler_row rows[2];
+  uint64_t ops, waited;
+  ASSERT(hora__stragglers_top(&s, rows, 2, &ops, &waited) == 2);
+  ASSERT(rows[0].rank == 15 && rows[0].ops == 87 && strcmp(rows[0].host, "h2") == 0);
+  ASSERT(rows[1].rank == 10 && rows[1].waited_ns == 3 * (MS / 10) && rows[1].ops == 3 && ops == 100);
+  ASSERT(waited == 87 * 20 * MS + 13 * (MS / 10));
   /* A new window: nothing noted, nothing said. */
   ASSERT(!hora__stragglers_report(&s, 20 * S, 100, 10 * S, 0.05, line, sizeof(line)));
   for (int i = 0; i < 10; i++) {
