@@ -45,7 +45,10 @@ static int on_frame(void *arg, uint16_t type, const uint8_t *p, size_t n) {
   size_t vecs = HORA_CYCLE_VECTORS * (size_t)m.nbytes;
   if (!partner || !in->has || in->nbytes != m.nbytes || in->cap < vecs ||
       (m.nbytes && memcmp(in->vec, m.vec, vecs) != 0) || in->eager_len != m.eager_len ||
-      (m.eager_len && memcmp(in->eager, m.eager, m.eager_len) != 0)) {
+      (m.eager_len && memcmp(in->eager, m.eager, m.eager_len) != 0) ||
+      in->late.ops != m.late.ops || in->late.min_ns != m.late.min_ns ||
+      in->late.sum_ns != m.late.sum_ns || in->late.min_rank != m.late.min_rank ||
+      in->late.ranks != m.late.ranks) {
     __builtin_trap();
   }
   /* Every third step ends the next cycle, which spends its inbox. */

@@ -12,8 +12,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   struct hora__cycle_msg m;
   if (hora__decode_cycle(data, size, &m) == HORA_SUCCESS) {
-    if (HORA_CYCLE_VECTORS * (size_t)m.nbytes + m.eager_len != size - 26 ||
-        m.eager != m.vec + HORA_CYCLE_VECTORS * (size_t)m.nbytes + 4 ||
+    /* 26 bytes of header and eager length, then the lateness record. */
+    size_t vecs = HORA_CYCLE_VECTORS * (size_t)m.nbytes;
+    if (vecs + HORA_CYCLE_LATE_BYTES + m.eager_len != size - 26 ||
+        m.eager != m.vec + vecs + HORA_CYCLE_LATE_BYTES + 4 ||
         (m.flags & ~HORA_CYCLE_FLAGS_ALL)) {
       __builtin_trap();
     }
