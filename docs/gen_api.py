@@ -32,6 +32,8 @@ def comment_text(lines):
         s = re.sub(r"^/\*+", "", s)
         s = re.sub(r"\*+/$", "", s)
         s = re.sub(r"^\*(?!/)", "", s)
+        # One space follows the star; more is the comment's own indentation.
+        s = s[1:] if s.startswith(" ") else s
         out.append(s.rstrip())
     while out and not out[0].strip():
         out.pop(0)
@@ -43,11 +45,22 @@ def comment_text(lines):
 def prose(lines):
     """Comment lines as Markdown: paragraphs kept, list items and indented
     lines (pictures, formulas) kept as they are in a literal block."""
-    text = []
+    text, indented, base = [], False, 0
     for s in lines:
         # Characters Markdown would take as markup; comments mean them literally.
-        s = re.sub(r"([*_\[\]<>#|])", r"\\\1", s.strip()) if s.strip() else ""
-        text.append(s)
+        line = re.sub(r"([*_\[\]<>#|])", r"\\\1", s.strip()) if s.strip() else ""
+        # An indented run (a list, a formula) keeps its inner indentation and
+        # ends at the first line back at the margin: a blank line keeps that
+        # line out of the run.
+        if line and s.startswith(" "):
+            indent = len(s) - len(s.lstrip(" "))
+            base = base if indented else indent
+            line = " " * max(0, indent - base) + line
+            indented = True
+        elif line and indented:
+            text.append("")
+            indented = False
+        text.append(line)
     return "\n".join(text)
 
 
