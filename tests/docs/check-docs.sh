@@ -40,8 +40,8 @@ else
   echo "FAIL docs/settings_page_names_ignored_horovod_variables: not in docs/settings.md:" $missing
 fi
 # Every HORA_* variable a test script or program reads is in the table too.
-missing=$(find "$srcdir/tests" "$srcdir/scripts" "$srcdir/examples" -name '*.sh' -o -name '*.c' |
-  xargs grep -ohE '[$][{]HORA_[A-Z0-9_]+|getenv[(]"HORA_[A-Z0-9_]+' | sed 's/.*HORA_/HORA_/' | sort -u |
+missing=$(find "$srcdir/tests" "$srcdir/scripts" "$srcdir/examples" \( -name '*.sh' -o -name '*.c' \) -print0 |
+  xargs -0 grep -ohE '[$][{]HORA_[A-Z0-9_]+|getenv[(]"HORA_[A-Z0-9_]+' | sed 's/.*HORA_/HORA_/' | sort -u |
   while read -r v; do grep -q "^| \`$v\` |" "$work/page-table.md" || echo "$v"; done)
 if [ -z "$missing" ]; then
   echo "PASS docs/settings_table_names_every_test_setting"
@@ -95,7 +95,7 @@ awk '/^```sh/{on=1;next}/^```/{on=0}on' "$srcdir/README.md" |
        /\\$/ { sub(/\\$/, "", line); cont = 1; next }
        { cont = 0; print line }' |
   sed -e 's/&&/\n/g' -e 's/||/\n/g' -e 's/;/\n/g' -e 's/|/\n/g' >"$work/commands"
-bad= absent= n=0
+bad='' absent='' n=0
 while read -r line; do
   set -f
   # shellcheck disable=SC2086
