@@ -35,7 +35,7 @@ void hora__params_log(void);
  * (params.def's HORA_HOROVOD_IGNORED). Call once the log is open. */
 void hora__params_log_horovod(void);
 
-/* Writes the settings table as Markdown (for README.md). */
+/* Writes the settings table as Markdown (for docs/settings.md). */
 void hora__params_write_markdown(void *file);
 
 /* Writes the HOROVOD_* variables hora does not honour, one a line, with

@@ -1,8 +1,8 @@
 /* hora-info: what this build of hora has and how it is configured, in the
- * spirit of ompi_info. `--settings-md` prints the settings table that
- * README.md carries; `--horovod` the Horovod variables hora ignores;
- * `--elastic` how to launch an elastic job here; `--calibrate`, run as a
- * job, measures the cost model's constants. */
+ * spirit of ompi_info. `--settings-md` prints the settings table that the
+ * manual's Settings page carries (docs/settings.md); `--horovod` the
+ * Horovod variables hora ignores; `--elastic` how to launch an elastic job
+ * here; `--calibrate`, run as a job, measures the cost model's constants. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@ static void usage(FILE *f) {
           "                  that a lost process leaves the others running, and how a process\n"
           "                  started later joins it; every launcher's lines when none is set\n"
           "  --settings      every HORA_* setting with its current value\n"
-          "  --settings-md   the settings table in Markdown, as in README.md\n"
+          "  --settings-md   the settings table in Markdown, as in docs/settings.md\n"
           "  --horovod       the HOROVOD_* variables hora does not honour, and why\n"
           "  --algorithms    the collective algorithms, by kind (HORA_ALGORITHM_<KIND>)\n"
           "  --model         the cost model's predicted time of each algorithm and its choice,\n"

@@ -82,8 +82,8 @@ static void table(const struct hora__layout *s, const struct hora__cost_model *m
   }
 }
 
-/* The projection to thousands of ranks (README, "Scale"): allreduce on
- * InfiniBand HDR between hosts and NVLink within them. */
+/* The projection to thousands of ranks (docs/benchmarks.md, "Projection"):
+ * allreduce on InfiniBand HDR between hosts and NVLink within them. */
 static int projection(void) {
   struct hora__cost_model m = {.link = {2e-6, 1.0 / 25e9, 1.0 / 400e9},
                                .local = {3e-6, 1.0 / 150e9, 1.0 / 400e9}};

@@ -17,6 +17,7 @@ PACKAGES="
   prometheus python3-prometheus-client
   python3-torch python3-torchvision python3-pytest python3-cloudpickle python3-mpi4py
   python3-matplotlib
+  python3-sphinx python3-myst-parser
   qemu-system-x86 kmod xz-utils util-linux
 "
 

@@ -32,7 +32,7 @@ note() {
 }
 
 stages() {
-# The plain build lives in the source tree, as the README builds it.
+# The plain build lives in the source tree, as the README's Quick start builds it.
 note "plain build: $src"
 if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt Makefile.in ]; then
   ./autogen.sh >/dev/null 2>&1 || { echo "autogen.sh failed"; exit 1; }

@@ -667,40 +667,7 @@ if [ -z "${HORA_TEST_ONLY:-}" ]; then
   /usr/bin/python3 "$srcdir/tests/layout/check-layout.py" "$srcdir" | tally ""
 
   section "docs"
-  awk '/<!-- settings-table-begin -->/{on=1;next}/<!-- settings-table-end -->/{on=0}on' \
-    "$srcdir/README.md" >"$work/readme-table.md"
-  if "$builddir/hora-info" --settings-md >"$work/table.md" &&
-     head -n "$(wc -l <"$work/table.md")" "$work/readme-table.md" | diff -u "$work/table.md" - >"$work/diff"; then
-    echo "PASS docs/readme_settings_table_matches_params_def" | tee -a "$results"
-  else
-    echo "FAIL docs/readme_settings_table_matches_params_def: README.md differs from hora-info --settings-md" | tee -a "$results"
-    head -n 20 "$work/diff"
-  fi
-  # Every row has the header's cells (the Horovod column included: the
-  # python and test rows are written by hand).
-  bad_rows=$(sed 's/\\|//g' "$work/readme-table.md" | awk -F'|' 'NR == 1 { n = NF } NF != n { print NR ": " $2 }')
-  if [ -z "$bad_rows" ]; then
-    echo "PASS docs/readme_settings_rows_have_every_column" | tee -a "$results"
-  else
-    echo "FAIL docs/readme_settings_rows_have_every_column: rows of another width:" $bad_rows | tee -a "$results"
-  fi
-  # The HOROVOD_* variables hora ignores at warn level are named in README.md.
-  missing=$("$builddir/hora-info" --horovod | awk '$2 == "warn:" { print $1 }' |
-    while read -r v; do grep -qF "\`$v\`" "$srcdir/README.md" || echo "$v"; done)
-  if [ -z "$missing" ] && "$builddir/hora-info" --horovod | grep -q "^HOROVOD_AUTOTUNE"; then
-    echo "PASS docs/readme_names_ignored_horovod_variables" | tee -a "$results"
-  else
-    echo "FAIL docs/readme_names_ignored_horovod_variables: not in README.md:" $missing | tee -a "$results"
-  fi
-  # Every HORA_* variable a test script or program reads is in the table too.
-  missing=$(find "$srcdir/tests" "$srcdir/scripts" "$srcdir/examples" -name '*.sh' -o -name '*.c' |
-    xargs grep -ohE '[$][{]HORA_[A-Z0-9_]+|getenv[(]"HORA_[A-Z0-9_]+' | sed 's/.*HORA_/HORA_/' | sort -u |
-    while read -r v; do grep -q "^| \`$v\` |" "$work/readme-table.md" || echo "$v"; done)
-  if [ -z "$missing" ]; then
-    echo "PASS docs/readme_settings_table_names_every_test_setting" | tee -a "$results"
-  else
-    echo "FAIL docs/readme_settings_table_names_every_test_setting: not in README.md's table:" $missing | tee -a "$results"
-  fi
+  sh "$srcdir/tests/docs/check-docs.sh" "$builddir" 2>&1 | tally ""
 fi
 
 section done

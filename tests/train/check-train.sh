@@ -69,7 +69,7 @@ else
   tail -n 5 "$work/accum"
 fi
 
-# 4. Accuracy with the defaults (the README's job at 16 ranks).
+# 4. Accuracy with the defaults (the example trainer's table in docs/getting-started.md, 16 ranks).
 nps="16"
 [ -n "$quick" ] && nps=
 for np in $nps; do

@@ -866,7 +866,7 @@ class _ReducescatterFunction(torch.autograd.Function):
     """Reducescatter with Horovod's gradient: the output gradient times the
     set's size for Sum (1 for the other ops), times the pre- and postscale
     factors, allgathered. For Average that is size times the plain
-    derivative (see the README's differences from Horovod)."""
+    derivative (see the manual's PyTorch page, Differences from Horovod)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, ps):
