@@ -711,6 +711,9 @@ int main(int argc, char **argv) {
     free(buf);
     free(out);
   }
+  free(th);
+  free(tm);
+  free(tf);
   hora_finalize();
   MPI_Finalize();
   return errors ? 1 : 0;
