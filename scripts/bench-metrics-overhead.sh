@@ -6,7 +6,7 @@
 # a second, and writes HORA_METRICS_FILE each second. Prints the median
 # over the runs of each and on/off per rank count.
 # usage: scripts/bench-metrics-overhead.sh [BUILDDIR] [RUNS] [NP...]
-#        (defaults: ., 5, 2 16)
+#        (defaults: ., 5, 2 16; METRICS_SCRAPER=0: the endpoint and file on, nobody scraping)
 set -u
 builddir=$(cd "${1:-.}" && pwd)
 runs=${2:-5}
@@ -35,8 +35,10 @@ one() { # np on|off -> the run's median step in ms
   if [ "$mode" = on ]; then
     port=$($py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     [ $((port + np)) -gt 65535 ] && port=40000
-    # Polls every rank's endpoint once a second, as Prometheus would.
-    $py -c 'import sys, time, urllib.request
+    # Polls every rank's endpoint once a second, as Prometheus would (from
+    # another machine: here it shares the ranks' cores; METRICS_SCRAPER=0
+    # leaves it out, to tell its own CPU from the endpoint's).
+    [ "${METRICS_SCRAPER:-1}" = 0 ] || $py -c 'import sys, time, urllib.request
 base, n = int(sys.argv[1]), int(sys.argv[2])
 while True:
     for r in range(n):
