@@ -286,6 +286,9 @@ void hora__process_sets_add_stats(hora_stats *s);
 void hora__process_sets_each(void (*fn)(struct hora__runtime *rt, void *arg), void *arg);
 /* Adds rt's counters to *s (api/api.c). */
 void hora__stats_add(hora_stats *s, struct hora__runtime *rt);
+/* The process's counters: the world's (rt) and every process set's, into
+ * *s, zeroed first. */
+void hora__stats_total(hora_stats *s, struct hora__runtime *rt);
 void hora__process_sets_finalize(void);
 /* hora_process_set_from_mpi_comm's agreement (collective over the world):
  * `find` (api/api_mpi.c: the ranks of an MPI communicator) gives this

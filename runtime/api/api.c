@@ -649,6 +649,13 @@ void hora__stats_add(hora_stats *s, struct hora__runtime *rt) {
   s->stage_wake_seconds += (double)atomic_load(&rt->stats.wake_ns) * 1e-9;
 }
 
+void hora__stats_total(hora_stats *s, struct hora__runtime *rt) {
+  memset(s, 0, sizeof(*s));
+  s->struct_size = sizeof(*s);
+  hora__stats_add(s, rt);
+  hora__process_sets_add_stats(s);
+}
+
 HORA_EXTERN int hora_get_stats(hora_stats *stats) {
   hora__error_clear();
   if (!stats) {
@@ -666,10 +673,7 @@ HORA_EXTERN int hora_get_stats(hora_stats *stats) {
     return rc;
   }
   hora_stats s;
-  memset(&s, 0, sizeof(s));
-  s.struct_size = sizeof(s);
-  hora__stats_add(&s, rt);
-  hora__process_sets_add_stats(&s);
+  hora__stats_total(&s, rt);
   size_t keep = stats->struct_size;
   memcpy(stats, &s, HORA_MIN(keep, sizeof(s)));
   stats->struct_size = keep;

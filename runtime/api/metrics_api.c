@@ -35,24 +35,25 @@ static void take(struct hora__runtime *rt, void *arg) {
 static void steps_source(struct hora__metrics_writer *w) {
   struct hora__step_snapshot s;
   hora__steps_get(&s);
-  hora__metrics_family(w, "hora_steps_total", "counter",
-                       "Training steps ended by hora_step_mark (DistributedOptimizer.step())");
-  hora__metrics_sample_u64(w, "hora_steps_total", NULL, s.steps);
-  hora__metrics_family(w, "hora_step_seconds_total", "counter", "Wall time of those steps");
-  hora__metrics_sample(w, "hora_step_seconds_total", NULL, (double)s.step_ns * 1e-9);
-  hora__metrics_family(w, "hora_step_exposed_communication_seconds_total", "counter",
-                       "Of that, the time some thread waited in hora_wait (synchronize)");
-  hora__metrics_sample(w, "hora_step_exposed_communication_seconds_total", NULL,
-                       (double)s.wait_ns * 1e-9);
-  hora__metrics_family(w, "hora_step_bytes_total", "counter",
-                       "Bytes of the collectives completed within those steps");
-  hora__metrics_sample_u64(w, "hora_step_bytes_total", NULL, s.bytes);
-  hora__metrics_family(w, "hora_last_step_seconds", "gauge", "Wall time of the last step");
-  hora__metrics_sample(w, "hora_last_step_seconds", NULL, (double)s.last_ns * 1e-9);
-  hora__metrics_family(w, "hora_last_step_exposed_communication_seconds", "gauge",
-                       "Of that, the time some thread waited in hora_wait");
-  hora__metrics_sample(w, "hora_last_step_exposed_communication_seconds", NULL,
-                       (double)s.last_wait_ns * 1e-9);
+  const struct {
+    const char *name, *type, *help;
+    double value;
+  } families[] = {
+      {"hora_steps_total", "counter",
+       "Training steps ended by hora_step_mark (DistributedOptimizer.step())", (double)s.steps},
+      {"hora_step_seconds_total", "counter", "Wall time of those steps", (double)s.step_ns * 1e-9},
+      {"hora_step_exposed_communication_seconds_total", "counter",
+       "Of that, the time some thread waited in hora_wait (synchronize)", (double)s.wait_ns * 1e-9},
+      {"hora_step_bytes_total", "counter", "Bytes of the collectives completed within those steps",
+       (double)s.bytes},
+      {"hora_last_step_seconds", "gauge", "Wall time of the last step", (double)s.last_ns * 1e-9},
+      {"hora_last_step_exposed_communication_seconds", "gauge",
+       "Of that, the time some thread waited in hora_wait", (double)s.last_wait_ns * 1e-9},
+  };
+  for (size_t i = 0; i < HORA_ARRAY_SIZE(families); i++) {
+    hora__metrics_family(w, families[i].name, families[i].type, families[i].help);
+    hora__metrics_sample(w, families[i].name, NULL, families[i].value);
+  }
 }
 
 /* The world and every process set, each read from its atomics; the world

@@ -15,9 +15,7 @@ HORA_EXTERN int hora_step_mark(void) {
     return rc;
   }
   hora_stats s;
-  memset(&s, 0, sizeof(s));
-  hora__stats_add(&s, rt);
-  hora__process_sets_add_stats(&s);
+  hora__stats_total(&s, rt);
   struct hora__step_totals t = {.bytes = s.bytes,
                                 .bus_bytes = (double)s.bus_bytes,
                                 .communicate_ns = (uint64_t)(s.communicate_seconds * 1e9)};

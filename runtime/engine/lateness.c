@@ -45,48 +45,65 @@ static pthread_mutex_t watched_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct watched *watched_sets;
 static pthread_once_t source_once = PTHREAD_ONCE_INIT;
 
-static void late_source(struct hora__metrics_writer *w, void *arg) {
-  (void)arg;
-  pthread_mutex_lock(&watched_mu);
-  static const char *const names[4] = {
-      "hora_straggler_operations_total", "hora_straggler_wait_seconds_total",
-      "hora_last_rank_operations_total", "hora_last_rank_wait_seconds_total"};
-  static const char *const helps[4] = {
-      "Operations negotiated in the process set that waited for one rank to come last "
-      "(the set's first rank only)",
-      "The other ranks' mean wait for the last rank of those operations, summed",
-      "Operations for which the rank came last, for the ranks the others waited for longest "
-      "(at most 16; the set's first rank only)",
-      "The other ranks' mean wait for that rank, summed"};
-  for (int f = 0; f < 4 && watched_sets; f++) {
-    hora__metrics_family(w, names[f], "counter", helps[f]);
-    for (struct watched *s = watched_sets; s; s = s->next) {
-      struct hora__straggler_row rows[TOP_RANKS];
-      uint64_t ops, waited;
-      int n = hora__stragglers_top(s->late, rows, TOP_RANKS, &ops, &waited);
-      char labels[300], host[2 * 64 + 1];
-      if (f < 2) {
-        snprintf(labels, sizeof(labels), "process_set=\"%d\"", s->set_id);
-        if (f == 0) {
-          hora__metrics_sample_u64(w, names[f], labels, ops);
-        } else {
-          hora__metrics_sample(w, names[f], labels, (double)waited * 1e-9);
-        }
-        continue;
+/* One set's figures, read once per scrape. */
+struct late_view {
+  int set_id, n;
+  uint64_t ops, waited_ns;
+  struct hora__straggler_row rows[TOP_RANKS];
+};
+
+static void late_family(struct hora__metrics_writer *w, const struct late_view *v, int nv,
+                        const char *name, const char *help, bool per_rank, bool seconds) {
+  hora__metrics_family(w, name, "counter", help);
+  for (int i = 0; i < nv; i++) {
+    char labels[300], host[2 * 64 + 1];
+    for (int r = 0; r < (per_rank ? v[i].n : 1); r++) {
+      uint64_t count = per_rank ? v[i].rows[r].ops : v[i].ops;
+      uint64_t ns = per_rank ? v[i].rows[r].waited_ns : v[i].waited_ns;
+      int o = snprintf(labels, sizeof(labels), "process_set=\"%d\"", v[i].set_id);
+      if (per_rank) {
+        hora__metrics_escape(host, sizeof(host), v[i].rows[r].host);
+        snprintf(labels + o, sizeof(labels) - (size_t)o, ",last_rank=\"%d\",last_host=\"%s\"",
+                 v[i].rows[r].rank, host);
       }
-      for (int i = 0; i < n; i++) {
-        hora__metrics_escape(host, sizeof(host), rows[i].host);
-        snprintf(labels, sizeof(labels), "process_set=\"%d\",last_rank=\"%d\",last_host=\"%s\"",
-                 s->set_id, rows[i].rank, host);
-        if (f == 2) {
-          hora__metrics_sample_u64(w, names[f], labels, rows[i].ops);
-        } else {
-          hora__metrics_sample(w, names[f], labels, (double)rows[i].waited_ns * 1e-9);
-        }
+      if (seconds) {
+        hora__metrics_sample(w, name, labels, (double)ns * 1e-9);
+      } else {
+        hora__metrics_sample_u64(w, name, labels, count);
       }
     }
   }
+}
+
+static void late_source(struct hora__metrics_writer *w, void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&watched_mu);
+  int nv = 0;
+  for (struct watched *s = watched_sets; s; s = s->next) {
+    nv++;
+  }
+  struct late_view *v = nv ? hora__calloc((size_t)nv, sizeof(*v)) : NULL;
+  int i = 0;
+  for (struct watched *s = watched_sets; s && v; s = s->next, i++) {
+    v[i].set_id = s->set_id;
+    v[i].n = hora__stragglers_top(s->late, v[i].rows, TOP_RANKS, &v[i].ops, &v[i].waited_ns);
+  }
   pthread_mutex_unlock(&watched_mu);
+  if (!v) {
+    return; /* none watched (or out of memory: left out of this scrape) */
+  }
+  late_family(w, v, nv, "hora_straggler_operations_total",
+              "Operations negotiated in the process set that waited for one rank to come last "
+              "(the set's first rank only)", false, false);
+  late_family(w, v, nv, "hora_straggler_wait_seconds_total",
+              "The other ranks' mean wait for the last rank of those operations, summed", false,
+              true);
+  late_family(w, v, nv, "hora_last_rank_operations_total",
+              "Operations for which the rank came last, for the ranks the others waited for "
+              "longest (at most 16; the set's first rank only)", true, false);
+  late_family(w, v, nv, "hora_last_rank_wait_seconds_total",
+              "The other ranks' mean wait for that rank, summed", true, true);
+  free(v);
 }
 
 static void add_late_source(void) {

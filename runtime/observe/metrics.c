@@ -16,31 +16,26 @@
 /* ---- the writer ------------------------------------------------------------ */
 
 static void HORA_PRINTF(2, 3) put(struct hora__metrics_writer *w, const char *fmt, ...) {
-  if (w->failed) {
-    return;
-  }
-  for (;;) {
-    va_list ap;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  if (n < 0) {
+    w->text.failed = true;
+  } else if ((size_t)n < sizeof(line)) {
+    hora__wbuf_put(&w->text, line, (size_t)n);
+  } else { /* a long line: formatted again at its size */
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+      w->text.failed = true;
+      return;
+    }
     va_start(ap, fmt);
-    size_t room = w->cap - w->len;
-    int n = vsnprintf(w->data ? w->data + w->len : NULL, room, fmt, ap);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
     va_end(ap);
-    if (n < 0) {
-      w->failed = true;
-      return;
-    }
-    if ((size_t)n < room) {
-      w->len += (size_t)n;
-      return;
-    }
-    size_t cap = HORA_MAX(w->cap * 2, w->len + (size_t)n + 4096);
-    char *d = realloc(w->data, cap);
-    if (!d) {
-      w->failed = true;
-      return;
-    }
-    w->data = d;
-    w->cap = cap;
+    hora__wbuf_put(&w->text, big, (size_t)n);
+    free(big);
   }
 }
 

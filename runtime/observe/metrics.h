@@ -14,15 +14,14 @@
 #define HORA_METRICS_H
 
 #include "base/common.h"
+#include "base/wire.h"
 #include "runtime/runtime.h"
 
 /* ---- the writer ------------------------------------------------------------ */
 
 struct hora__metrics_writer {
-  char *data; /* the text so far (NUL-terminated) */
-  size_t len, cap;
-  bool failed;       /* out of memory: the text is incomplete, not to be served */
-  char common[320];  /* rank="..",host="..": the labels of every sample */
+  struct hora__wbuf text; /* failed: out of memory, the text is incomplete, not to be served */
+  char common[320];       /* rank="..",host="..": the labels of every sample */
 };
 
 /* Begins a family: its # HELP and # TYPE lines. type: "counter", "gauge",
@@ -58,7 +57,7 @@ void hora__metrics_remove_source(hora__metrics_source_fn fn, void *arg);
  * and when an elastic reset gives it another rank). */
 void hora__metrics_set_identity(int rank, int size, int local_rank);
 
-/* The whole text into w (zeroed by the caller; free w->data after). */
+/* The whole text into w (zeroed by the caller; hora__wbuf_free(&w->text) after). */
 void hora__metrics_render(struct hora__metrics_writer *w);
 
 /* ---- events counted for the whole process ------------------------------------ */

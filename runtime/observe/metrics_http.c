@@ -161,14 +161,14 @@ static void handle_request(struct conn *c) {
   struct hora__metrics_writer w;
   memset(&w, 0, sizeof(w));
   hora__metrics_render(&w);
-  if (w.failed) {
-    free(w.data);
+  if (w.text.failed) {
+    hora__wbuf_free(&w.text);
     c->state = WRITING; /* out of memory: close without an answer */
     c->olen = 0;
     return;
   }
-  respond(c, 200, "OK", "", w.data ? w.data : "", w.len, head);
-  free(w.data);
+  respond(c, 200, "OK", "", w.text.data ? (const char *)w.text.data : "", w.text.len, head);
+  hora__wbuf_free(&w.text);
 }
 
 static void conn_read(struct conn *c) {
@@ -263,15 +263,15 @@ static void write_file(struct server *s) {
   memset(&w, 0, sizeof(w));
   hora__metrics_render(&w);
   int err = 0;
-  if (w.failed) {
+  if (w.text.failed) {
     err = ENOMEM;
   } else {
     int fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
       err = errno;
     }
-    for (size_t off = 0; fd >= 0 && !err && off < w.len;) {
-      ssize_t n = write(fd, w.data + off, w.len - off);
+    for (size_t off = 0; fd >= 0 && !err && off < w.text.len;) {
+      ssize_t n = write(fd, w.text.data + off, w.text.len - off);
       if (n < 0 && errno != EINTR) {
         err = errno;
       } else if (n > 0) {
@@ -288,7 +288,7 @@ static void write_file(struct server *s) {
       unlink(s->tmp);
     }
   }
-  free(w.data);
+  hora__wbuf_free(&w.text);
   if (err && !s->file_warned) {
     HORA_WARN("HORA_METRICS_FILE: cannot write %s (%s); metrics are not written to the file, the "
               "job goes on (warned once)", s->path, strerror(err));
