@@ -125,11 +125,14 @@ else:
     print("FAIL np=4 stragglers/timeline_steps_and_last_ranks: %d STEP events (median wait %.4f s), "
           "%d LAST_RANK events, %.0f%% of them rank 2" % (len(steps), median_wait, len(last), share2 * 100))
 PY
-  # hora-report reads the same: its lateness table puts rank 2 first, and it
-  # draws the step breakdown from the STEP events.
+  # hora-report reads the same: in its LAST_RANK table rank 2 has the most
+  # cycles (a loaded machine may add a cycle or two for another rank), and
+  # it draws the step breakdown from the STEP events.
   if [ -x "$builddir/hora-report" ] &&
      "$builddir/hora-report" "$work/tl.json" -o "$work/report" >"$work/report.txt" 2>&1; then
-    if grep -A2 "from LAST_RANK events" "$work/report.txt" | grep -qE "^ +2 +[0-9]+ " &&
+    most=$(awk '/from LAST_RANK events/ { on = 1; next } on && /^ +[0-9]+ +[0-9]+ / { if ($2 > best) { best = $2; r = $1 } }
+                on && !/^ / { on = 0 } END { print r }' "$work/report.txt")
+    if [ "$most" = 2 ] &&
        grep -q "STEP marks" "$work/report.txt" &&
        [ "$(head -c 8 "$work/report/tl-steps.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; then
       echo "PASS np=4 stragglers/hora_report_reads_steps_and_last_ranks"
