@@ -8,6 +8,7 @@
  *   allreduce      rd:   recursive doubling, with the fold of the ranks
  *                        above the largest power of two
  *                  ring: reduce-scatter then allgather round the ring
+ *                  rabenseifner: recursive halving, then doubling back
  *   broadcast      binomial: a binomial tree from rank 0
  *                  chain: a pipelined chain, each rank forwarding bytes
  *                         as soon as they arrive
@@ -30,6 +31,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,6 +267,54 @@ static void allreduce_rd(float *buf, size_t n) {
   }
 }
 
+/* Rabenseifner: the fold as in rd, recursive halving (each step keeps the
+ * half this rank's bit names and sends the other), then recursive
+ * doubling retracing the halving. */
+static void allreduce_rabenseifner(float *buf, size_t n) {
+  size_t bytes = n * sizeof(float);
+  int p2 = 1;
+  while (p2 * 2 <= size) {
+    p2 *= 2;
+  }
+  int rem = size - p2, vr;
+  if (rank < 2 * rem) {
+    if (rank % 2 == 0) {
+      xchg(rank + 1, buf, bytes, -1, NULL, 0);
+      xchg(-1, NULL, 0, rank + 1, buf, bytes);
+      return;
+    }
+    xchg(-1, NULL, 0, rank - 1, tmp, bytes);
+    add(buf, tmp, n);
+    vr = rank / 2;
+  } else {
+    vr = rank - rem;
+  }
+  size_t lo = 0, hi = n, los[32], his[32];
+  int peers[32], k = 0;
+  for (int mask = p2 / 2; mask >= 1; mask >>= 1, k++) {
+    int vp = vr ^ mask, peer = vp < rem ? vp * 2 + 1 : vp + rem;
+    size_t mid = lo + (hi - lo) / 2;
+    bool lower = (vr & mask) == 0;
+    size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
+    size_t slo = lower ? mid : lo, shi = lower ? hi : mid;
+    xchg(peer, buf + slo, (shi - slo) * sizeof(float), peer, tmp + klo,
+         (khi - klo) * sizeof(float));
+    add(buf + klo, tmp + klo, khi - klo);
+    los[k] = lo, his[k] = hi, peers[k] = peer;
+    lo = klo, hi = khi;
+  }
+  while (k-- > 0) {
+    /* Send the part this rank holds, receive the rest of the step's range. */
+    size_t olo = lo == los[k] ? hi : los[k], ohi = lo == los[k] ? his[k] : lo;
+    xchg(peers[k], buf + lo, (hi - lo) * sizeof(float), peers[k], buf + olo,
+         (ohi - olo) * sizeof(float));
+    lo = los[k], hi = his[k];
+  }
+  if (rank < 2 * rem) {
+    xchg(rank - 1, buf, bytes, -1, NULL, 0);
+  }
+}
+
 /* Round the ring: rank r ends with the sum of block r. */
 static void ring_reduce_scatter(float *buf, size_t n) {
   int next = mod(rank + 1), prev = mod(rank - 1);
@@ -359,6 +409,7 @@ struct pattern {
 
 static const struct pattern patterns[] = {
     {ALLREDUCE, "rd", allreduce_rd},          {ALLREDUCE, "ring", allreduce_ring},
+    {ALLREDUCE, "rabenseifner", allreduce_rabenseifner},
     {BROADCAST, "binomial", broadcast_binomial}, {BROADCAST, "chain", broadcast_chain},
     /* allgather: the input is this rank's block, in place at its offset;
      * reducescatter: the output is this rank's block of the sum, at its offset. */
@@ -435,6 +486,7 @@ static void usage(void) {
           "  -o OP     allreduce | broadcast | allgather | reducescatter | all (default all)\n"
           "  -n N      operations per timed repetition (default: by size, as hora-bench)\n"
           "  -r N      repetitions; the median is printed (default 5)\n"
+          "  -p NAME   only this pattern (rd, ring, rabenseifner, binomial, chain)\n"
           "  -i IFACE  the interface whose address peers connect to (default: the first\n"
           "            one up that is not loopback)\n"
           "float32 data; sums; broadcast from rank 0; plain TCP between every pair.\n");
@@ -444,7 +496,7 @@ int main(int argc, char **argv) {
   size_t minb = 8, maxb = 64 << 20;
   double factor = 4;
   int reps = 5, fixed_iters = 0, colls[NCOLLS] = {1, 1, 1, 1};
-  const char *iface = NULL;
+  const char *iface = NULL, *only = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-b") && i + 1 < argc) {
@@ -459,6 +511,8 @@ int main(int argc, char **argv) {
       fixed_iters = atoi(argv[++i]);
     } else if (!strcmp(a, "-i") && i + 1 < argc) {
       iface = argv[++i];
+    } else if (!strcmp(a, "-p") && i + 1 < argc) {
+      only = argv[++i];
     } else if (!strcmp(a, "-o") && i + 1 < argc) {
       const char *o = argv[++i];
       int all = !strcmp(o, "all"), any = all;
@@ -506,7 +560,7 @@ int main(int argc, char **argv) {
     const struct pattern *mine[NPATTERNS];
     int np = 0;
     for (int k = 0; k < NPATTERNS; k++) {
-      if (patterns[k].c == (enum coll)c) {
+      if (patterns[k].c == (enum coll)c && (!only || !strcmp(only, patterns[k].name))) {
         mine[np++] = &patterns[k];
       }
     }
