@@ -38,6 +38,10 @@ struct hora__ring_view {
  * (comm/coll/cost_model.c). */
 struct hora__cost {
   double alpha, beta, gamma;
+  /* The runtime's own cost per operation, the same whatever the algorithm:
+   * the caller's and the coordinator's hand-offs around a negotiation
+   * cycle (link only; 0 where not measured). */
+  double op;
 };
 struct hora__cost_model {
   struct hora__cost link;  /* over the connections, the slowest kind comm uses */

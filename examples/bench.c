@@ -415,20 +415,18 @@ static void usage(void) {
           "float32 data; allreduce sums; broadcast from rank 0.\n");
 }
 
-/* The host algorithm hora ran, and the cost model's prediction for the
- * operation: its data movement plus the negotiation, which is itself a
- * recursive doubling of a few bytes (priced as an 8-byte allreduce).
+/* The host algorithm hora ran ("eager": inside the negotiation cycle), and
+ * the cost model's prediction for the whole operation (hora_predict_operation:
+ * the runtime's cost per operation, the negotiation cycle, the algorithm).
  * Where prediction and measurement differ by more than 25%, it says so. */
 static void print_algorithm(enum coll c, size_t bytes, double measured) {
   const char *kind = c == ALLREDUCE ? "allreduce" : c == BROADCAST ? "broadcast"
                      : c == ALLGATHER ? "allgather" : c == REDUCESCATTER ? "reducescatter" : NULL;
-  const char *name, *small;
-  double predicted, negotiation;
+  const char *name;
+  double model;
   if (!on_device && kind &&
-      hora_collective_algorithm(kind, c == ALLGATHER ? bytes / (size_t)size : bytes, &name,
-                                &predicted) == HORA_SUCCESS &&
-      hora_collective_algorithm("allreduce", 8, &small, &negotiation) == HORA_SUCCESS) {
-    double model = predicted + (size > 1 ? negotiation : 0);
+      hora_predict_operation(kind, c == ALLGATHER ? bytes / (size_t)size : bytes, &name,
+                             &model) == HORA_SUCCESS) {
     double off = measured / model;
     printf(" | %12s %10.2f %s\n", name, model * 1e6,
            off > 1.25 || off < 0.8 ? (off > 1 ? "model low" : "model high") : "");

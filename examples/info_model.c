@@ -120,22 +120,23 @@ static int projection(void) {
   return 0;
 }
 
-/* Least squares of relative errors for the link's alpha, beta, gamma: each
- * measurement (kind, algorithm, bytes, seconds, forced) is linear in them,
- * plus the negotiation (an 8-byte recursive doubling). */
-/* The prediction of a measurement (algorithm a at `bytes`, plus the
- * negotiation as an 8-byte recursive doubling) is linear in the link's
- * constants: *fixed + coef . (alpha, beta, gamma). */
+/* The link's constants the fit solves for: alpha, beta, gamma and the
+ * runtime's cost per operation. */
+#define NV 4
+
+/* The prediction of a measurement (a whole operation by algorithm a at
+ * `bytes`, hora__operation_cost: eager allreduces inside the cycle) is
+ * linear in the link's constants: *fixed + coef . (alpha, beta, gamma, op). */
 static void linear_terms(const struct hora__algo *a, const struct hora__layout *s,
-                         const struct hora__cost_model *base, size_t bytes, double coef[3],
+                         const struct hora__cost_model *base, size_t bytes, double coef[NV],
                          double *fixed) {
-  const struct hora__algo *rd = hora__algo_find(HORA_COLL_ALLREDUCE, "rd");
+  bool eager = a->kind == HORA_COLL_ALLREDUCE && hora__eager_allreduce(bytes, s->size);
   struct hora__cost_model m = *base;
-  m.link = (struct hora__cost){0, 0, 0};
-  *fixed = a->cost(&m, s, bytes) + rd->cost(&m, s, 8);
-  for (int j = 0; j < 3; j++) {
-    m.link = (struct hora__cost){j == 0, j == 1, j == 2};
-    coef[j] = a->cost(&m, s, bytes) + rd->cost(&m, s, 8) - *fixed;
+  m.link = (struct hora__cost){0, 0, 0, 0};
+  *fixed = hora__operation_cost(&m, s, a, bytes, eager);
+  for (int j = 0; j < NV; j++) {
+    m.link = (struct hora__cost){j == 0, j == 1, j == 2, j == 3};
+    coef[j] = hora__operation_cost(&m, s, a, bytes, eager) - *fixed;
   }
 }
 
@@ -149,7 +150,7 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
                            .hierarchical = hosts > 1 && ranks > hosts,
                            .chunk = (size_t)hora__params.CHUNK_SIZE};
   enum { MAXN = 4096 };
-  static double rows[MAXN][3], fixed[MAXN], t[MAXN];
+  static double rows[MAXN][NV], fixed[MAXN], t[MAXN];
   static const struct hora__algo *algo[MAXN];
   static size_t size_of[MAXN];
   char line[256], kind[32], name[32];
@@ -182,37 +183,37 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
   }
   /* Normal equations of sum ((rows . x + fixed - t) / t)^2, then clamp
    * negative constants to zero and solve again without them. */
-  double x[3] = {0, 0, 0};
-  bool free_var[3] = {true, true, true};
-  for (int pass = 0; pass < 3; pass++) {
-    double A[3][3] = {{0}}, b[3] = {0};
+  double x[NV] = {0};
+  bool free_var[NV] = {true, true, true, true};
+  for (int pass = 0; pass < NV; pass++) {
+    double A[NV][NV] = {{0}}, b[NV] = {0};
     for (int i = 0; i < n; i++) {
       double w = 1 / (t[i] * t[i]);
-      for (int p = 0; p < 3; p++) {
+      for (int p = 0; p < NV; p++) {
         b[p] += w * rows[i][p] * (t[i] - fixed[i]);
-        for (int q = 0; q < 3; q++) {
+        for (int q = 0; q < NV; q++) {
           A[p][q] += w * rows[i][p] * rows[i][q];
         }
       }
     }
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < NV; p++) {
       if (!free_var[p]) {
-        for (int q = 0; q < 3; q++) {
+        for (int q = 0; q < NV; q++) {
           A[p][q] = A[q][p] = 0;
         }
         A[p][p] = 1;
         b[p] = 0;
       }
     }
-    /* Gaussian elimination with partial pivoting on the 3x3 system. */
-    for (int c = 0; c < 3; c++) {
+    /* Gaussian elimination with partial pivoting. */
+    for (int c = 0; c < NV; c++) {
       int piv = c;
-      for (int r = c + 1; r < 3; r++) {
+      for (int r = c + 1; r < NV; r++) {
         if (fabs(A[r][c]) > fabs(A[piv][c])) {
           piv = r;
         }
       }
-      for (int q = 0; q < 3; q++) {
+      for (int q = 0; q < NV; q++) {
         double tmp = A[c][q];
         A[c][q] = A[piv][q];
         A[piv][q] = tmp;
@@ -223,23 +224,23 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
       if (fabs(A[c][c]) < 1e-300) {
         continue;
       }
-      for (int r = c + 1; r < 3; r++) {
+      for (int r = c + 1; r < NV; r++) {
         double f2 = A[r][c] / A[c][c];
-        for (int q = c; q < 3; q++) {
+        for (int q = c; q < NV; q++) {
           A[r][q] -= f2 * A[c][q];
         }
         b[r] -= f2 * b[c];
       }
     }
-    for (int c = 2; c >= 0; c--) {
+    for (int c = NV - 1; c >= 0; c--) {
       double v = b[c];
-      for (int q = c + 1; q < 3; q++) {
+      for (int q = c + 1; q < NV; q++) {
         v -= A[c][q] * x[q];
       }
       x[c] = fabs(A[c][c]) < 1e-300 ? 0 : v / A[c][c];
     }
     bool changed = false;
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < NV; p++) {
       if (x[p] < 0) {
         x[p] = 0;
         free_var[p] = false;
@@ -251,20 +252,27 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
     }
   }
   printf("fitted over %d measurements, %d ranks on %d host(s):\n", n, ranks, hosts);
-  printf("HORA_COST_MODEL=%.3g,%.4g,%.4g   # alpha us, beta ns/B (%.3g GB/s), gamma ns/B\n",
-         x[0] * 1e6, x[1] * 1e9, x[2] * 1e9, x[1] > 0 ? 1e-9 / x[1] : 0);
-  printf("%14s %13s %12s %12s %12s %8s\n", "kind", "algorithm", "bytes", "measured", "model",
+  printf("HORA_COST_MODEL=%.3g,%.4g,%.4g,%.3g   # alpha us, beta ns/B (%.3g GB/s), gamma ns/B, "
+         "the runtime's us per operation\n",
+         x[0] * 1e6, x[1] * 1e9, x[2] * 1e9, x[3] * 1e6, x[1] > 0 ? 1e-9 / x[1] : 0);
+  printf("%14s %13s  %12s %12s %12s %8s\n", "kind", "algorithm", "bytes", "measured", "model",
          "off");
   int bad = 0;
   for (int i = 0; i < n; i++) {
-    double pred = fixed[i] + rows[i][0] * x[0] + rows[i][1] * x[1] + rows[i][2] * x[2];
+    double pred = fixed[i];
+    for (int p = 0; p < NV; p++) {
+      pred += rows[i][p] * x[p];
+    }
     double off = (pred - t[i]) / t[i];
     bad += off > 0.25 || off < -0.25;
-    printf("%14s %13s %12zu %10.1fus %10.1fus %+7.0f%%%s\n",
-           hora__algo_kind_name(algo[i]->kind), algo[i]->name, size_of[i], t[i] * 1e6,
+    bool eager = algo[i]->kind == HORA_COLL_ALLREDUCE && hora__eager_allreduce(size_of[i], ranks);
+    printf("%14s %13s%s %12zu %10.1fus %10.1fus %+7.0f%%%s\n",
+           hora__algo_kind_name(algo[i]->kind), algo[i]->name, eager ? "*" : " ", size_of[i], t[i] * 1e6,
            pred * 1e6, off * 100, off > 0.25 || off < -0.25 ? "  (more than 25%)" : "");
   }
-  printf("%d of %d predictions within 25%% of the measurement\n", n - bad, n);
+  printf("%d of %d predictions within 25%% of the measurement (*: eager, inside the negotiation "
+         "cycle, whatever the algorithm forced)\n",
+         n - bad, n);
   return 0;
 }
 

@@ -530,6 +530,14 @@ HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size,
  * stays valid until hora_finalize. */
 HORA_EXTERN int hora_collective_algorithm(const char *kind, size_t bytes, const char **name,
                                           double *predicted_seconds);
+/* The cost model's prediction for a whole operation as the runtime runs a
+ * cached one of `bytes` of host memory without compression: the runtime's
+ * cost per operation (HORA_COST_MODEL's fourth number), the negotiation
+ * cycle and the algorithm. *name: the algorithm, or "eager" for an
+ * allreduce that travels inside the cycle (HORA_EAGER_THRESHOLD) and runs
+ * none. Valid until hora_finalize. */
+HORA_EXTERN int hora_predict_operation(const char *kind, size_t bytes, const char **name,
+                                       double *predicted_seconds);
 
 /* ---- Allgatherv and alltoall ---------------------------------------------------
  * Collectives whose counts differ by rank. Counts are elements, indexed by

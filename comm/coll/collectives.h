@@ -197,6 +197,16 @@ int hora__cost_parse(const char *text, struct hora__cost *c, bool *calibrate);
 void hora__cost_format(const struct hora__cost *c, char *out, size_t n);
 /* Writes c to path as file: reads it, under a comment line. */
 int hora__cost_save(const char *path, const struct hora__cost *c, const char *comment);
+/* A whole operation's predicted seconds, as the runtime runs a cached one
+ * of `bytes` by algorithm a: the runtime's cost per operation, the
+ * negotiation cycle (a recursive doubling of a few bytes, with the data
+ * where the operation is eager: then no algorithm runs after it), and the
+ * algorithm's. */
+double hora__operation_cost(const struct hora__cost_model *m, const struct hora__layout *s,
+                            const struct hora__algo *a, size_t bytes, bool eager);
+/* Whether a cached allreduce of `bytes` of host memory (no compression,
+ * Adasum or group) travels in the negotiation cycle (HORA_EAGER_THRESHOLD). */
+bool hora__eager_allreduce(size_t bytes, int size);
 /* Each algorithm's predicted seconds (the registry's cost functions). */
 #define HORA_COST_FN(ident)                                                                  \
   double hora__cost_##ident(const struct hora__cost_model *m, const struct hora__layout *s,   \

@@ -2,7 +2,10 @@
  *
  * A message of n bytes between two ranks costs alpha + n * beta; reducing
  * n bytes costs n * gamma. Each algorithm's prediction adds its steps'
- * costs. Where hosts hold several ranks (L = size / hosts, placed in blocks
+ * costs. A whole operation (hora__operation_cost) adds the negotiation
+ * cycle, itself a recursive doubling of a few bytes, and the runtime's
+ * fixed cost per operation; an eager allreduce travels inside the cycle
+ * and runs no algorithm after it. Where hosts hold several ranks (L = size / hosts, placed in blocks
  * as launchers place them), a step in which all L ranks of a host talk to
  * other hosts at once shares the host's link: its bytes cost L * beta;
  * steps between ranks of one host cost the local constants.
@@ -22,35 +25,52 @@
 #include "comm/coll/collectives.h"
 #include "comm/reduce/reduce.h"
 
-/* Built-in constants (alpha s, beta s/B, gamma s/B). Sockets between
+/* Built-in constants (alpha s, beta s/B, gamma s/B; the runtime's cost per
+ * operation not measured: 0). Sockets between
  * hosts: a 10 Gbit/s class link and a poll wake-up per message; Unix
  * sockets within a host (two copies through the kernel per byte, so never
  * cheaper than the shared segment); RDMA; the host's shared segment (one
  * copy in, one out, or the kernel's single copy). */
-static const struct hora__cost builtin_tcp = {60e-6, 1.0e-9, 0.25e-9};
-static const struct hora__cost builtin_unix = {25e-6, 0.6e-9, 0.25e-9};
-static const struct hora__cost builtin_ib = {8e-6, 0.1e-9, 0.25e-9};
-static const struct hora__cost builtin_shm = {6e-6, 0.1e-9, 0.25e-9};
+static const struct hora__cost builtin_tcp = {60e-6, 1.0e-9, 0.25e-9, 0};
+static const struct hora__cost builtin_unix = {25e-6, 0.6e-9, 0.25e-9, 0};
+static const struct hora__cost builtin_ib = {8e-6, 0.1e-9, 0.25e-9, 0};
+static const struct hora__cost builtin_shm = {6e-6, 0.1e-9, 0.25e-9, 0};
 
-#define COST_FORMS                                                                      \
-  "alpha_us,beta_ns_per_byte,gamma_ns_per_byte (three numbers >= 0, e.g. 60,8,0.25), " \
+#define COST_FORMS                                                                            \
+  "alpha_us,beta_ns_per_byte,gamma_ns_per_byte[,op_us] (three or four numbers >= 0, e.g. " \
+  "60,8,0.25 or 60,8,0.25,150), "                                                           \
   "calibrate (measured at start-up) or file:PATH (as hora-info --calibrate --save "    \
   "writes it)"
 
-/* Exactly three numbers >= 0, in us and ns per byte. */
+/* Three or four numbers >= 0, in us and ns per byte (the fourth, the
+ * runtime's cost per operation, in us). */
 static bool parse_numbers(const char *text, struct hora__cost *c) {
-  double a, b, g;
+  double v[4] = {0, 0, 0, 0};
   char extra;
-  if (sscanf(text, "%lf,%lf,%lf %c", &a, &b, &g, &extra) != 3 || !(a >= 0) || !(b >= 0) ||
-      !(g >= 0) || !isfinite(a) || !isfinite(b) || !isfinite(g)) {
+  int n = sscanf(text, "%lf,%lf,%lf,%lf %c", &v[0], &v[1], &v[2], &v[3], &extra);
+  if (n == 3) {
+    /* "a,b,c," or "a,b,c,x" that is not a number leave n at 3 too. */
+    char tail;
+    if (sscanf(text, "%*f,%*f,%*f %c", &tail) == 1) {
+      return false;
+    }
+  } else if (n != 4) {
     return false;
   }
-  *c = (struct hora__cost){a * 1e-6, b * 1e-9, g * 1e-9};
+  for (int i = 0; i < 4; i++) {
+    if (!(v[i] >= 0) || !isfinite(v[i])) {
+      return false;
+    }
+  }
+  *c = (struct hora__cost){v[0] * 1e-6, v[1] * 1e-9, v[2] * 1e-9, v[3] * 1e-6};
   return true;
 }
 
 void hora__cost_format(const struct hora__cost *c, char *out, size_t n) {
-  snprintf(out, n, "%.4g,%.4g,%.4g", c->alpha * 1e6, c->beta * 1e9, c->gamma * 1e9);
+  int k = snprintf(out, n, "%.4g,%.4g,%.4g", c->alpha * 1e6, c->beta * 1e9, c->gamma * 1e9);
+  if (c->op > 0 && k > 0 && (size_t)k < n) {
+    snprintf(out + k, n - (size_t)k, ",%.4g", c->op * 1e6);
+  }
 }
 
 /* The file's one line of numbers; '#' lines and blank ones are skipped. */
@@ -78,7 +98,8 @@ static int read_file(const char *path, struct hora__cost *c) {
     if (found++ || !parse_numbers(t, &read)) {
       rc = hora__error(HORA_ERR_INVALID_ARG,
                        "HORA_COST_MODEL=file:%s: line %d is '%.80s'; expected one line "
-                       "alpha_us,beta_ns_per_byte,gamma_ns_per_byte (three numbers >= 0), as "
+                       "alpha_us,beta_ns_per_byte,gamma_ns_per_byte[,op_us] (three or four "
+                       "numbers >= 0), as "
                        "hora-info --calibrate --save writes it",
                        path, lineno, t);
     }
@@ -125,7 +146,9 @@ int hora__cost_save(const char *path, const struct hora__cost *c, const char *co
   if (!f) {
     return hora__error_errno(HORA_ERR_SYSTEM, "cannot write the cost model to %s", path);
   }
-  fprintf(f, "# %s\n# alpha_us,beta_ns_per_byte,gamma_ns_per_byte: HORA_COST_MODEL=file:%s\n%s\n",
+  fprintf(f,
+          "# %s\n# alpha_us,beta_ns_per_byte,gamma_ns_per_byte[,op_us]: "
+          "HORA_COST_MODEL=file:%s\n%s\n",
           comment, path, nums);
   if (fclose(f) != 0) {
     return hora__error_errno(HORA_ERR_SYSTEM, "cannot write the cost model to %s", path);
@@ -394,6 +417,23 @@ HORA_COST_FN(allreduce_rabenseifner) {
     t += 2 * step(m, s, d, moved) + moved * m->link.gamma; /* halving, then doubling back */
   }
   return t;
+}
+
+/* The cycle's vectors and frames, as the cost of a few bytes. */
+#define CYCLE_BYTES 8
+
+double hora__operation_cost(const struct hora__cost_model *m, const struct hora__layout *s,
+                            const struct hora__algo *a, size_t bytes, bool eager) {
+  if (s->size < 2) {
+    return a->cost(m, s, bytes);
+  }
+  double cycle = hora__cost_allreduce_rd(m, s, CYCLE_BYTES + (eager ? bytes : 0));
+  return m->link.op + cycle + (eager ? 0 : a->cost(m, s, bytes));
+}
+
+bool hora__eager_allreduce(size_t bytes, int size) {
+  return size > 1 && !hora__params.VERIFY && hora__params.EAGER_THRESHOLD > 0 &&
+         bytes <= (size_t)hora__params.EAGER_THRESHOLD;
 }
 
 HORA_COST_FN(allreduce_shm) {

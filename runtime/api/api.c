@@ -733,36 +733,74 @@ HORA_EXTERN int hora_mem_free(void *ptr) {
   return hora__mem_free(ptr);
 }
 
-int hora_collective_algorithm(const char *kind, size_t bytes, const char **name,
-                              double *predicted_seconds) {
-  int rc = HORA_SUCCESS;
-  if (!kind || !name || !predicted_seconds) {
-    return hora__error(HORA_ERR_INVALID_ARG, "hora_collective_algorithm: NULL %s",
-                       !kind ? "kind" : !name ? "name" : "predicted_seconds");
+/* The job communicator's choice for kind at bytes, and its layout;
+ * NULL with *rc set where there is none. */
+static const struct hora__algo *job_choice(const char *fn, const char *kind, size_t bytes,
+                                           const hora__comm **comm, struct hora__layout *s,
+                                           int *rc) {
+  if (!kind) {
+    *rc = hora__error(HORA_ERR_INVALID_ARG, "%s: NULL kind", fn);
+    return NULL;
   }
   int k = 0;
   while (k < HORA_ALGO_KINDS && strcmp(kind, hora__algo_kind_name((enum hora__coll_kind)k)) != 0) {
     k++;
   }
   if (k == HORA_ALGO_KINDS) {
-    return hora__error(HORA_ERR_INVALID_ARG, "hora_collective_algorithm: no kind '%s' (allreduce, "
-                       "broadcast, allgather or reducescatter)", kind);
+    *rc = hora__error(HORA_ERR_INVALID_ARG, "%s: no kind '%s' (allreduce, broadcast, allgather "
+                      "or reducescatter)", fn, kind);
+    return NULL;
   }
-  struct hora__runtime *rt = hora__api_running(&rc, "hora_collective_algorithm");
+  struct hora__runtime *rt = hora__api_running(rc, fn);
   if (!rt) {
-    return rc;
+    return NULL;
   }
   /* The communicator's choice fields are set at its build and only read
    * after: no lock needed. */
   const hora__comm *c = rt->comm;
   if (!c) {
-    return hora__api_leave(hora__error(HORA_ERR_INVALID_USAGE, "hora_collective_algorithm: the "
-                                       "job has no communicator (an elastic reset is under way)"));
+    *rc = hora__api_leave(hora__error(HORA_ERR_INVALID_USAGE, "%s: the job has no communicator "
+                                      "(an elastic reset is under way)", fn));
+    return NULL;
   }
-  const struct hora__algo *a = hora__algo_select(c, (enum hora__coll_kind)k, bytes);
+  *comm = c;
+  hora__comm_layout(c, s);
+  return hora__algo_select(c, (enum hora__coll_kind)k, bytes);
+}
+
+int hora_collective_algorithm(const char *kind, size_t bytes, const char **name,
+                              double *predicted_seconds) {
+  int rc = HORA_SUCCESS;
+  if (!name || !predicted_seconds) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_collective_algorithm: NULL %s",
+                       !name ? "name" : "predicted_seconds");
+  }
+  const hora__comm *c;
   struct hora__layout s;
-  hora__comm_layout(c, &s);
+  const struct hora__algo *a = job_choice("hora_collective_algorithm", kind, bytes, &c, &s, &rc);
+  if (!a) {
+    return rc;
+  }
   *name = a->name;
   *predicted_seconds = a->cost(&c->model, &s, bytes);
+  return hora__api_leave(HORA_SUCCESS);
+}
+
+int hora_predict_operation(const char *kind, size_t bytes, const char **name,
+                           double *predicted_seconds) {
+  int rc = HORA_SUCCESS;
+  if (!name || !predicted_seconds) {
+    return hora__error(HORA_ERR_INVALID_ARG, "hora_predict_operation: NULL %s",
+                       !name ? "name" : "predicted_seconds");
+  }
+  const hora__comm *c;
+  struct hora__layout s;
+  const struct hora__algo *a = job_choice("hora_predict_operation", kind, bytes, &c, &s, &rc);
+  if (!a) {
+    return rc;
+  }
+  bool eager = a->kind == HORA_COLL_ALLREDUCE && hora__eager_allreduce(bytes, s.size);
+  *name = eager ? "eager" : a->name;
+  *predicted_seconds = hora__operation_cost(&c->model, &s, a, bytes, eager);
   return hora__api_leave(HORA_SUCCESS);
 }

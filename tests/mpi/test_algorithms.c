@@ -544,6 +544,37 @@ static void every_rank_predicts_alike(void) {
   free(all);
 }
 
+/* A whole operation's prediction: a small allreduce travels with the
+ * cycle ("eager", unless HORA_EAGER_THRESHOLD=0 or one rank), a large one
+ * runs the chosen algorithm after the cycle and costs more than the
+ * algorithm alone by at least the runtime's cost per operation
+ * (HORA_COST_MODEL's fourth number, where the testlist sets one). */
+static void predict_operation(void) {
+  const char *eager_env = getenv("HORA_EAGER_THRESHOLD"), *model = getenv("HORA_COST_MODEL");
+  bool eager_on = mt_size > 1 && !(eager_env && strcmp(eager_env, "0") == 0);
+  double op = 0, v[4];
+  if (model && sscanf(model, "%lf,%lf,%lf,%lf", &v[0], &v[1], &v[2], &v[3]) == 4) {
+    op = v[3] * 1e-6;
+  }
+  const char *name = NULL, *algo = NULL;
+  double t = -1, ta = -1;
+  MT_OK(hora_predict_operation("allreduce", 64, &name, &t));
+  MT_CHECK((strcmp(name, "eager") == 0) == eager_on, "a 64-byte allreduce: %s, expected %s", name,
+           eager_on ? "eager" : "an algorithm");
+  MT_CHECK(t >= op && t < 1, "a 64-byte allreduce: predicted %g s", t);
+  MT_OK(hora_predict_operation("allreduce", (size_t)1 << 20, &name, &t));
+  MT_OK(hora_collective_algorithm("allreduce", (size_t)1 << 20, &algo, &ta));
+  MT_CHECK(strcmp(name, algo) == 0, "a 1 MiB allreduce: %s, the algorithm %s", name, algo);
+  MT_CHECK(mt_size == 1 ? t == ta : t >= ta + op && t > ta,
+           "a 1 MiB allreduce: predicted %g s, its algorithm alone %g s, op %g s", t, ta, op);
+  MT_OK(hora_predict_operation("broadcast", 64, &name, &t));
+  MT_CHECK(strcmp(name, "eager") != 0, "a broadcast went eager");
+  MT_CHECK(hora_predict_operation("alltoall", 64, &name, &t) == HORA_ERR_INVALID_ARG,
+           "an unknown kind was accepted");
+  MT_CHECK(hora_predict_operation("allreduce", 64, NULL, &t) == HORA_ERR_INVALID_ARG,
+           "a NULL name was accepted");
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
   mt_init();
@@ -558,6 +589,7 @@ int main(int argc, char **argv) {
   mt_run("algorithms/with_a_joined_rank", with_a_joined_rank);
   mt_run("algorithms/in_a_process_set", in_a_process_set);
   mt_run("algorithms/allreduce_eager", allreduce_eager);
+  mt_run("algorithms/predict_operation", predict_operation);
   mt_run("algorithms/every_rank_predicts_alike", every_rank_predicts_alike);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());

@@ -171,7 +171,7 @@ static void write_text(const char *path, const char *text) {
  * the needles (NULL ends them). */
 #define ASSERT_SETTING_FAILS(text, ...)                                              \
   do {                                                                               \
-    struct hora__cost c_ = {1, 2, 3};                                                \
+    struct hora__cost c_ = {1, 2, 3, 4};                                             \
     bool cal_ = false;                                                               \
     int rc_ = hora__cost_parse((text), &c_, &cal_);                                  \
     if (rc_ != HORA_ERR_INVALID_ARG) {                                               \
@@ -182,7 +182,7 @@ static void write_text(const char *path, const char *text) {
     for (int i_ = 0; needles_[i_]; i_++) {                                           \
       ASSERT_STR_CONTAINS(hora__error_message(), needles_[i_]);                      \
     }                                                                                \
-    ASSERT(!cal_ && c_.alpha == 1 && c_.beta == 2 && c_.gamma == 3);                 \
+    ASSERT(!cal_ && c_.alpha == 1 && c_.beta == 2 && c_.gamma == 3 && c_.op == 4);   \
   } while (0)
 
 /* Numbers, `calibrate`, and `file:PATH` as hora-info --calibrate --save
@@ -193,7 +193,13 @@ TEST(cost_model_setting_numbers_calibrate_and_file) {
   bool cal = true;
   ASSERT_EQ_INT(hora__cost_parse("60,8,0.25", &c, &cal), HORA_SUCCESS);
   ASSERT(!cal && fabs(c.alpha - 60e-6) < 1e-15 && fabs(c.beta - 8e-9) < 1e-20 &&
-         fabs(c.gamma - 0.25e-9) < 1e-20);
+         fabs(c.gamma - 0.25e-9) < 1e-20 && c.op == 0);
+  /* The fourth number: the runtime's cost per operation, in us. */
+  ASSERT_EQ_INT(hora__cost_parse("60,8,0.25,150", &c, &cal), HORA_SUCCESS);
+  ASSERT(fabs(c.op - 150e-6) < 1e-15 && fabs(c.alpha - 60e-6) < 1e-15);
+  char four[96];
+  hora__cost_format(&c, four, sizeof(four));
+  ASSERT_STR_CONTAINS(four, "60,8,0.25,150");
   struct hora__cost before = c;
   ASSERT_EQ_INT(hora__cost_parse("calibrate", &c, &cal), HORA_SUCCESS);
   ASSERT(cal && memcmp(&c, &before, sizeof(c)) == 0);
@@ -211,7 +217,7 @@ TEST(cost_model_setting_numbers_calibrate_and_file) {
   snprintf(two, sizeof(two), "%s/two", dir);
   snprintf(empty, sizeof(empty), "%s/empty", dir);
   snprintf(missing, sizeof(missing), "%s/missing", dir);
-  const struct hora__cost saved = {3.25e-6, 0.1234e-9, 0.0677e-9};
+  const struct hora__cost saved = {3.25e-6, 0.1234e-9, 0.0677e-9, 0};
   ASSERT_EQ_INT(hora__cost_save(good, &saved, "a unit test"), HORA_SUCCESS);
   snprintf(setting, sizeof(setting), "file:%s", good);
   ASSERT_EQ_INT(hora__cost_parse(setting, &c, &cal), HORA_SUCCESS);
@@ -241,8 +247,12 @@ TEST(cost_model_setting_numbers_calibrate_and_file) {
   ASSERT_SETTING_FAILS(setting, empty, "no constants");
   ASSERT_SETTING_FAILS("file:", "names no file");
   ASSERT_SETTING_FAILS("calibrat", "'calibrat'", "calibrate", "file:PATH");
-  ASSERT_SETTING_FAILS("60,8", "'60,8'", "three numbers");
-  ASSERT_SETTING_FAILS("60,8,0.25,1", "'60,8,0.25,1'");
+  ASSERT_SETTING_FAILS("60,8", "'60,8'", "three or four numbers");
+  ASSERT_SETTING_FAILS("60,8,0.25,1,2", "'60,8,0.25,1,2'");
+  ASSERT_SETTING_FAILS("60,8,0.25,", "'60,8,0.25,'");
+  ASSERT_SETTING_FAILS("60,8,0.25,x", "'60,8,0.25,x'");
+  ASSERT_SETTING_FAILS("60,8,0.25,-1", "'60,8,0.25,-1'");
+  ASSERT_SETTING_FAILS("60,8,0.25 x", "'60,8,0.25 x'");
   unlink(good);
   unlink(bad);
   unlink(two);
