@@ -120,9 +120,13 @@ static int projection(void) {
   return 0;
 }
 
-/* The link's constants the fit solves for: alpha, beta, gamma and the
- * runtime's cost per operation. */
+/* The link's constants: alpha, beta, gamma and the runtime's cost per
+ * operation. The fit solves for all but gamma, the reduction's speed,
+ * which it takes from the base model (built in, --link or calibrated): in
+ * the rings every byte moved is also reduced, so times alone cannot tell
+ * the two apart. */
 #define NV 4
+#define GAMMA 2
 
 /* The prediction of a measurement (a whole operation by algorithm a at
  * `bytes`, hora__operation_cost: eager allreduces inside the cycle) is
@@ -132,11 +136,11 @@ static void linear_terms(const struct hora__algo *a, const struct hora__layout *
                          double *fixed) {
   bool eager = a->kind == HORA_COLL_ALLREDUCE && hora__eager_allreduce(bytes, s->size);
   struct hora__cost_model m = *base;
-  m.link = (struct hora__cost){0, 0, 0, 0};
+  m.link = (struct hora__cost){0, 0, base->link.gamma, 0};
   *fixed = hora__operation_cost(&m, s, a, bytes, eager);
   for (int j = 0; j < NV; j++) {
-    m.link = (struct hora__cost){j == 0, j == 1, j == 2, j == 3};
-    coef[j] = hora__operation_cost(&m, s, a, bytes, eager) - *fixed;
+    m.link = (struct hora__cost){j == 0, j == 1, j == 2 ? base->link.gamma : 0, j == 3};
+    coef[j] = j == GAMMA ? 0 : hora__operation_cost(&m, s, a, bytes, eager) - *fixed;
   }
 }
 
@@ -169,7 +173,10 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
     if (!a || !a->usable(&s) || !(sec > 0)) {
       continue;
     }
-    linear_terms(a, &s, base, bytes, rows[n], &fixed[n]);
+    /* hora-bench's allgather bytes are the gathered buffer's; the model's
+     * each rank's block. */
+    linear_terms(a, &s, base, k == HORA_COLL_ALLGATHER ? bytes / (size_t)ranks : bytes, rows[n],
+                 &fixed[n]);
     t[n] = sec;
     algo[n] = a;
     size_of[n] = bytes;
@@ -184,7 +191,8 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
   /* Normal equations of sum ((rows . x + fixed - t) / t)^2, then clamp
    * negative constants to zero and solve again without them. */
   double x[NV] = {0};
-  bool free_var[NV] = {true, true, true, true};
+  bool free_var[NV] = {true, true, false, true};
+  x[GAMMA] = base->link.gamma;
   for (int pass = 0; pass < NV; pass++) {
     double A[NV][NV] = {{0}}, b[NV] = {0};
     for (int i = 0; i < n; i++) {
@@ -251,7 +259,9 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
       break;
     }
   }
-  printf("fitted over %d measurements, %d ranks on %d host(s):\n", n, ranks, hosts);
+  x[GAMMA] = base->link.gamma;
+  printf("fitted over %d measurements, %d ranks on %d host(s) (gamma from the base model):\n", n,
+         ranks, hosts);
   printf("HORA_COST_MODEL=%.3g,%.4g,%.4g,%.3g   # alpha us, beta ns/B (%.3g GB/s), gamma ns/B, "
          "the runtime's us per operation\n",
          x[0] * 1e6, x[1] * 1e9, x[2] * 1e9, x[3] * 1e6, x[1] > 0 ? 1e-9 / x[1] : 0);
