@@ -600,14 +600,14 @@ static void every_rank_predicts_alike(void) {
 /* What HORA_ALGORITHM_<KIND> forces is what runs: the selector falls back
  * to the cost model's pick, with a warning, where the algorithm cannot run
  * on the communicator, and a test of an algorithm that never ran would
- * prove nothing. With HORA_TEST_FORCED=fallback the opposite is expected
+ * prove nothing. With the argument `falls-back` the opposite is expected
  * (the hierarchical ones on one host). */
+static bool expect_fallback;
+
 static void forced_ones_run(void) {
   static const char *const kinds[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
   static const char *const vars[] = {"HORA_ALGORITHM_ALLREDUCE", "HORA_ALGORITHM_BROADCAST",
                                      "HORA_ALGORITHM_ALLGATHER", "HORA_ALGORITHM_REDUCESCATTER"};
-  const char *expect = getenv("HORA_TEST_FORCED");
-  bool fallback = expect && strcmp(expect, "fallback") == 0;
   for (int k = 0; k < 4; k++) {
     const char *forced = getenv(vars[k]);
     if (!forced || strcmp(forced, "auto") == 0) {
@@ -618,7 +618,7 @@ static void forced_ones_run(void) {
       const char *name = "";
       double t = -1;
       MT_OK(hora_collective_algorithm(kinds[k], sizes[j], &name, &t));
-      if (fallback) {
+      if (expect_fallback) {
         MT_CHECK(strcmp(name, forced) != 0, "%s=%s: ran, where it should have fallen back", vars[k],
                  forced);
       } else {
@@ -631,6 +631,9 @@ static void forced_ones_run(void) {
 
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
+  for (int i = 1; i < argc; i++) {
+    expect_fallback |= strcmp(argv[i], "falls-back") == 0;
+  }
   mt_init();
   mt_run("algorithms/allreduce_float_sum_every_count", allreduce_float_sum);
   mt_run("algorithms/allreduce_int_max_double_min", allreduce_int_max_double_min);
