@@ -111,7 +111,7 @@ static int projection(void) {
       print_us(bound);
       if (strcmp(a->name, "hierarchical") == 0) {
         printf(" hierarchical (%s across hosts)\n",
-               hora__cross_pick(&s, &m, sizes[j] / 8, NULL)->name);
+               hora__cross_pick(&s, &m, HORA_COLL_ALLREDUCE, sizes[j] / 8, NULL)->name);
       } else {
         printf(" %s\n", a->name);
       }

@@ -6,8 +6,12 @@
  * algorithm from the registry (select.c): the one HORA_ALGORITHM_<KIND>
  * forces, else the cheapest usable one by the cost model (cost_model.c):
  *   - one host:      shared-memory collectives (shm_coll.c)
- *   - hosts of equal rank counts: hierarchical allreduce (shared memory
- *     within the host, a ring across hosts per slice)
+ *   - hosts of equal rank counts: the hierarchical allreduce, broadcast
+ *     and allgather (shm_coll.c): shared memory within the host, and
+ *     across hosts the members with one local rank, one per host, by the
+ *     flat algorithm the model picks for them (the allreduce: per slice,
+ *     each local rank its own; the broadcast: the root's local rank once;
+ *     the allgather: each local rank its own block)
  *   - over the connections: pipelined rings (large), recursive doubling,
  *     Rabenseifner, binomial trees and Bruck (small), the scatter +
  *     allgather broadcast and the recursive halving reduce-scatter
@@ -148,17 +152,26 @@ const struct hora__algo *hora__algo_find(enum hora__coll_kind kind, const char *
 const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
                                          const struct hora__cost_model *m,
                                          enum hora__coll_kind kind, size_t bytes);
-/* The hierarchical allreduce's step across hosts for a slice of `bytes`:
- * ring, rd or rabenseifner, by the model over one member per host, and
- * (cost: may be NULL) its predicted seconds. */
+/* The hierarchical algorithms' step across hosts, among the members with
+ * this rank's local rank (one per host), for `bytes` (allreduce: a slice;
+ * broadcast: the buffer; allgather: one block): the cheapest flat
+ * algorithm of kind by the model over hosts members, the allreduce's and
+ * the allgather's L groups sharing each host's link, and (cost: may be
+ * NULL) its predicted seconds. */
 const struct hora__algo *hora__cross_pick(const struct hora__layout *s,
-                                          const struct hora__cost_model *m, size_t bytes,
-                                          double *cost);
-const struct hora__algo *hora__cross_algorithm(const hora__comm *comm, size_t bytes);
-/* Runs it: buf (count elements, in place) = op over the members with this
- * rank's local rank on every host. */
+                                          const struct hora__cost_model *m,
+                                          enum hora__coll_kind kind, size_t bytes, double *cost);
+const struct hora__algo *hora__cross_algorithm(const hora__comm *comm, enum hora__coll_kind kind,
+                                               size_t bytes);
+/* Run it, over that group: buf (count elements, in place) = op over it. */
 int hora__cross_allreduce(hora__comm *comm, void *buf, size_t count, hora_dtype dtype,
                           hora_op op, hora_dtype wire);
+/* buf (bytes) = that of the member on host root_host. */
+int hora__cross_broadcast(hora__comm *comm, void *buf, size_t bytes, int root_host);
+/* The member on host h's block of bytes lands at recvbuf + at[h]
+ * (sendbuf: this rank's; it may lie there already). */
+int hora__cross_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf,
+                          const size_t *at);
 /* What runs an operation of `bytes` of kind on comm: the forced one, or
  * the pick. */
 const struct hora__algo *hora__algo_select(const hora__comm *comm, enum hora__coll_kind kind,
@@ -217,10 +230,12 @@ HORA_COST_FN(allreduce_ring);
 HORA_COST_FN(allreduce_rd);
 HORA_COST_FN(allreduce_rabenseifner);
 HORA_COST_FN(broadcast_shm);
+HORA_COST_FN(broadcast_hierarchical);
 HORA_COST_FN(broadcast_ring);
 HORA_COST_FN(broadcast_binomial);
 HORA_COST_FN(broadcast_scatter_allgather);
 HORA_COST_FN(allgather_shm);
+HORA_COST_FN(allgather_hierarchical);
 HORA_COST_FN(allgather_ring);
 HORA_COST_FN(allgather_bruck);
 HORA_COST_FN(reducescatter_ring);
@@ -297,10 +312,11 @@ int hora__reducescatter_at(hora__comm *comm, const void *sendbuf, void *recvbuf,
                            size_t start, size_t len, hora_dtype dtype, hora_op op,
                            hora_dtype wire, const struct hora__coll_opts *opts);
 
-/* The ring allgather of blocks of bytes[r] bytes at at[r] of recvbuf
- * (sendbuf: this rank's), over the connections; exchange.c. */
-int hora__ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
-                          void *recvbuf, const size_t *at);
+/* The ring allgather of blocks of bytes[q] bytes at at[q] of recvbuf
+ * (sendbuf: this rank's), q a position on ring (the world's, or the
+ * members with this local rank across hosts); exchange.c. */
+int hora__ring_allgatherv(hora__comm *comm, const struct hora__ring_view *ring, const void *sendbuf,
+                          const size_t *bytes, void *recvbuf, const size_t *at);
 /* recvbuf = every rank's block in rank order, rank r's of bytes[r] bytes
  * (every rank passes the same bytes[]); exchange.c. */
 int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes, void *recvbuf,
@@ -375,6 +391,16 @@ int hora__shm_allreduce_local(hora__comm *comm, void *buf, size_t count, hora_dt
 int hora__shm_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf, size_t bytes,
                         int root_local);
 int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf);
+/* The hierarchical broadcast: the root's buffer to the member with the
+ * root's local rank on every host (hora__cross_broadcast), then through
+ * each host's segment. */
+int hora__hierarchical_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf,
+                                 size_t bytes, int root, const struct hora__coll_opts *opts);
+/* The hierarchical allgather: each local rank's block across hosts among
+ * the members with its local rank (hora__cross_allgather), then the
+ * columns of blocks gathered through each host's segment. */
+int hora__hierarchical_allgather(hora__comm *comm, const void *sendbuf, size_t bytes,
+                                 void *recvbuf);
 /* Single-copy allreduce (process_vm_readv), for large operations on one
  * host; in and out list the same tensors. */
 bool hora__shm_single_copy_fits(hora__comm *comm, int n, size_t bytes);

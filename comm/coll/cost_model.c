@@ -452,7 +452,7 @@ HORA_COST_FN(allreduce_hierarchical) {
     return local;
   }
   double cross;
-  hora__cross_pick(s, m, bytes / (size_t)L, &cross);
+  hora__cross_pick(s, m, HORA_COLL_ALLREDUCE, bytes / (size_t)L, &cross);
   return local + cross;
 }
 
@@ -495,6 +495,18 @@ HORA_COST_FN(broadcast_shm) {
   return 2 * m->local.alpha + 2 * (double)bytes * m->local.beta;
 }
 
+HORA_COST_FN(broadcast_hierarchical) {
+  /* The root's local rank across hosts, alone on the links, then each
+   * host's segment. */
+  double local = hora__cost_broadcast_shm(m, s, bytes);
+  if (s->hosts <= 1) {
+    return local;
+  }
+  double cross;
+  hora__cross_pick(s, m, HORA_COLL_BROADCAST, bytes, &cross);
+  return local + cross;
+}
+
 HORA_COST_FN(allgather_ring) {
   int p = s->size;
   return (p - 1) * (m->link.alpha + (double)bytes * m->link.beta);
@@ -512,6 +524,21 @@ HORA_COST_FN(allgather_bruck) {
 HORA_COST_FN(allgather_shm) {
   /* Per piece: each rank's block into its half, a barrier, every block out. */
   return 2 * m->local.alpha + (double)(s->size + 1) * (double)bytes * m->local.beta;
+}
+
+HORA_COST_FN(allgather_hierarchical) {
+  int H = s->hosts, L = per_host(s);
+  /* Each local rank's column (a block per host) across hosts, the L
+   * groups sharing the host's link; then per piece each column into its
+   * half, a barrier, the L - 1 others out. */
+  double column = (double)H * (double)bytes;
+  double local = 2 * m->local.alpha + (double)L * column * m->local.beta;
+  if (H <= 1) {
+    return local;
+  }
+  double cross;
+  hora__cross_pick(s, m, HORA_COLL_ALLGATHER, bytes, &cross);
+  return local + cross;
 }
 
 HORA_COST_FN(reducescatter_ring) {

@@ -135,9 +135,8 @@ static void gv_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scrat
   *len = g->recv[i].len;
 }
 
-int hora__ring_allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
-                          void *recvbuf, const size_t *at) {
-  const struct hora__ring_view *v = &comm->world_ring;
+int hora__ring_allgatherv(hora__comm *comm, const struct hora__ring_view *v, const void *sendbuf,
+                          const size_t *bytes, void *recvbuf, const size_t *at) {
   int p = v->size, me = v->pos;
   char *out = recvbuf;
   if (bytes[me] && out + at[me] != sendbuf) {
@@ -369,7 +368,7 @@ int hora__allgatherv(hora__comm *comm, const void *sendbuf, const size_t *bytes,
   }
   if (rc == HORA_SUCCESS && !done) {
     rc = on_shm(comm) ? shm_allgatherv(comm, sendbuf, bytes, recvbuf, at)
-                      : hora__ring_allgatherv(comm, sendbuf, bytes, recvbuf, at);
+                      : hora__ring_allgatherv(comm, &comm->world_ring, sendbuf, bytes, recvbuf, at);
   }
   free(at);
   return rc;

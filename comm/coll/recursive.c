@@ -120,6 +120,10 @@ static struct group world_group(hora__comm *comm) {
   return (struct group){comm, comm->rank, comm->size, false};
 }
 
+static struct group cross_group(hora__comm *comm) {
+  return (struct group){comm, comm->cross_rank, comm->cross_size, true};
+}
+
 static hora__conn *conn_to(const struct group *g, int pos) {
   return g->comm->proc->data[g->cross ? hora__comm_rank_on_host(g->comm, pos) : pos];
 }
@@ -400,8 +404,9 @@ int hora__rabenseifner_allreduce(hora__comm *comm, const void *src, void *buf, s
 
 int hora__cross_allreduce(hora__comm *comm, void *buf, size_t count, hora_dtype dtype,
                           hora_op op, hora_dtype wire) {
-  const struct hora__algo *a = hora__cross_algorithm(comm, count * hora_dtype_size(dtype));
-  struct group g = {comm, comm->cross_rank, comm->cross_size, true};
+  const struct hora__algo *a =
+      hora__cross_algorithm(comm, HORA_COLL_ALLREDUCE, count * hora_dtype_size(dtype));
+  struct group g = cross_group(comm);
   if (strcmp(a->name, "rd") == 0) {
     return rd_run(&g, buf, count, dtype, op, wire);
   }
@@ -411,26 +416,51 @@ int hora__cross_allreduce(hora__comm *comm, void *buf, size_t count, hora_dtype 
   return hora__ring_allreduce(comm, &comm->cross_ring, buf, buf, count, dtype, op, wire);
 }
 
-int hora__binomial_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
-  int p = comm->size;
-  if (p == 1 || bytes == 0) {
-    return HORA_SUCCESS;
-  }
-  HORA_CHECK(hora__comm_connect_partners(comm));
-  struct group g = world_group(comm);
-  int v = (comm->rank - root + p) % p;
+/* The binomial tree over g from position root. */
+static int binomial_run(const struct group *g, void *buf, size_t bytes, int root) {
+  int p = g->size;
+  int v = (g->pos - root + p) % p;
   int mask = 1;
   while (mask < p) {
     if (v & mask) {
-      HORA_CHECK(recv_from(&g, (v - mask + root) % p, buf, bytes));
+      HORA_CHECK(recv_from(g, (v - mask + root) % p, buf, bytes));
       break;
     }
     mask *= 2;
   }
   for (mask /= 2; mask > 0; mask /= 2) {
     if (v + mask < p) {
-      HORA_CHECK(send_to(&g, (v + mask + root) % p, buf, bytes));
+      HORA_CHECK(send_to(g, (v + mask + root) % p, buf, bytes));
     }
+  }
+  return HORA_SUCCESS;
+}
+
+int hora__binomial_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
+  if (comm->size == 1 || bytes == 0) {
+    return HORA_SUCCESS;
+  }
+  HORA_CHECK(hora__comm_connect_partners(comm));
+  struct group g = world_group(comm);
+  return binomial_run(&g, buf, bytes, root);
+}
+
+/* Bruck over g: position q's block lands at recvbuf + at[q]. */
+static int bruck_run(const struct group *g, const void *sendbuf, size_t bytes, void *recvbuf,
+                     const size_t *at) {
+  int p = g->size, r = g->pos;
+  /* Gathered in temp rotated so that this rank's block is first, then put
+   * in place. */
+  char *t;
+  HORA_CHECK(temp_get(g->comm, (size_t)p * bytes, &t));
+  memcpy(t, sendbuf, bytes);
+  for (int k = 1; k < p; k *= 2) {
+    size_t n = (size_t)HORA_MIN(k, p - k) * bytes;
+    HORA_CHECK(hora__exchange_step(g->comm, conn_to(g, (r - k + p) % p), t, n,
+                                   conn_to(g, (r + k) % p), t + (size_t)k * bytes, n));
+  }
+  for (int i = 0; i < p; i++) {
+    memcpy((char *)recvbuf + at[(r + i) % p], t + (size_t)i * bytes, bytes);
   }
   return HORA_SUCCESS;
 }
@@ -444,21 +474,17 @@ int hora__bruck_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, v
     return HORA_SUCCESS;
   }
   HORA_CHECK(hora__comm_connect_partners(comm));
+  size_t *at = hora__malloc((size_t)p * sizeof(*at));
+  if (!at) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (int q = 0; q < p; q++) {
+    at[q] = (size_t)q * bytes;
+  }
   struct group g = world_group(comm);
-  /* Gathered in temp rotated so that this rank's block is first, then put
-   * in rank order. */
-  char *t;
-  HORA_CHECK(temp_get(comm, (size_t)p * bytes, &t));
-  memcpy(t, sendbuf, bytes);
-  for (int k = 1; k < p; k *= 2) {
-    size_t n = (size_t)HORA_MIN(k, p - k) * bytes;
-    HORA_CHECK(hora__exchange_step(comm, conn_to(&g, (r - k + p) % p), t, n,
-                                   conn_to(&g, (r + k) % p), t + (size_t)k * bytes, n));
-  }
-  for (int i = 0; i < p; i++) {
-    memcpy((char *)recvbuf + (size_t)((r + i) % p) * bytes, t + (size_t)i * bytes, bytes);
-  }
-  return HORA_SUCCESS;
+  int rc = bruck_run(&g, sendbuf, bytes, recvbuf, at);
+  free(at);
+  return rc;
 }
 
 /* Start of relative block b of bytes split among p (b = p: the end). */
@@ -471,22 +497,20 @@ static size_t block_at(size_t bytes, int p, int b) {
   return start;
 }
 
-int hora__scatter_allgather_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
-  int p = comm->size;
-  if (p == 1 || bytes == 0) {
-    return HORA_SUCCESS;
-  }
-  HORA_CHECK(hora__comm_connect_partners(comm));
-  struct group g = world_group(comm);
+/* The scatter + allgather broadcast over g from position root; ring: g's
+ * ring (the same members in the same order). */
+static int scatter_allgather_run(const struct group *g, const struct hora__ring_view *ring,
+                                 void *buf, size_t bytes, int root) {
+  int p = g->size;
   char *b = buf;
   /* The binomial tree of the broadcast, each edge carrying the blocks of
    * the subtree below it (relative ranks v .. v + mask - 1: one piece). */
-  int v = (comm->rank - root + p) % p;
+  int v = (g->pos - root + p) % p;
   long mask = 1;
   while (mask < p) {
     if (v & mask) {
       size_t lo = block_at(bytes, p, v), hi = block_at(bytes, p, (int)HORA_MIN(v + mask, p));
-      HORA_CHECK(recv_from(&g, (int)((v - mask + root) % p), b + lo, hi - lo));
+      HORA_CHECK(recv_from(g, (int)((v - mask + root) % p), b + lo, hi - lo));
       break;
     }
     mask *= 2;
@@ -495,21 +519,75 @@ int hora__scatter_allgather_broadcast(hora__comm *comm, void *buf, size_t bytes,
     if (v + mask < p) {
       size_t lo = block_at(bytes, p, (int)(v + mask));
       size_t hi = block_at(bytes, p, (int)HORA_MIN(v + 2 * mask, p));
-      HORA_CHECK(send_to(&g, (int)((v + mask + root) % p), b + lo, hi - lo));
+      HORA_CHECK(send_to(g, (int)((v + mask + root) % p), b + lo, hi - lo));
     }
   }
-  /* The ring's allgather: rank r holds relative block r - root. */
+  /* The ring's allgather: position q holds relative block q - root. */
   size_t *len = hora__malloc(2 * (size_t)p * sizeof(*len));
   if (!len) {
     return HORA_ERR_NO_MEMORY;
   }
   size_t *at = len + p;
-  for (int r = 0; r < p; r++) {
-    int rel = (r - root + p) % p;
-    at[r] = block_at(bytes, p, rel);
-    len[r] = block_at(bytes, p, rel + 1) - at[r];
+  for (int q = 0; q < p; q++) {
+    int rel = (q - root + p) % p;
+    at[q] = block_at(bytes, p, rel);
+    len[q] = block_at(bytes, p, rel + 1) - at[q];
   }
-  int rc = hora__ring_allgatherv(comm, b + at[comm->rank], len, b, at);
+  int rc = hora__ring_allgatherv(g->comm, ring, b + at[g->pos], len, b, at);
+  free(len);
+  return rc;
+}
+
+int hora__scatter_allgather_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
+  if (comm->size == 1 || bytes == 0) {
+    return HORA_SUCCESS;
+  }
+  HORA_CHECK(hora__comm_connect_partners(comm));
+  struct group g = world_group(comm);
+  return scatter_allgather_run(&g, &comm->world_ring, buf, bytes, root);
+}
+
+/* The hierarchical algorithms' steps across hosts. Their partners (and the
+ * cross ring's) are connected already: every member connects its partners
+ * at the start of the operation, whether or not it crosses hosts in it. */
+
+int hora__cross_broadcast(hora__comm *comm, void *buf, size_t bytes, int root_host) {
+  if (comm->cross_size == 1 || bytes == 0) {
+    return HORA_SUCCESS;
+  }
+  const struct hora__algo *a = hora__cross_algorithm(comm, HORA_COLL_BROADCAST, bytes);
+  struct group g = cross_group(comm);
+  if (strcmp(a->name, "binomial") == 0) {
+    return binomial_run(&g, buf, bytes, root_host);
+  }
+  if (strcmp(a->name, "scatter_allgather") == 0) {
+    return scatter_allgather_run(&g, &comm->cross_ring, buf, bytes, root_host);
+  }
+  return hora__ring_broadcast(comm, &comm->cross_ring, buf, bytes, root_host);
+}
+
+int hora__cross_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, void *recvbuf,
+                          const size_t *at) {
+  int H = comm->cross_size;
+  if (H == 1 || bytes == 0) {
+    if (bytes && (char *)recvbuf + at[comm->cross_rank] != sendbuf) {
+      memmove((char *)recvbuf + at[comm->cross_rank], sendbuf, bytes);
+    }
+    return HORA_SUCCESS;
+  }
+  const struct hora__algo *a = hora__cross_algorithm(comm, HORA_COLL_ALLGATHER, bytes);
+  struct group g = cross_group(comm);
+  if (strcmp(a->name, "bruck") == 0) {
+    return bruck_run(&g, sendbuf, bytes, recvbuf, at);
+  }
+  size_t *len = hora__malloc((size_t)H * sizeof(*len));
+  if (!len) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (int h = 0; h < H; h++) {
+    len[h] = bytes;
+  }
+  int rc = hora__ring_allgatherv(comm, &comm->cross_ring, sendbuf, len, recvbuf, at);
   free(len);
   return rc;
 }

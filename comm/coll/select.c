@@ -119,6 +119,10 @@ ALGO(allreduce_rabenseifner, "rabenseifner", HORA_COLL_ALLREDUCE,
      always, allreduce, rabenseifner_allreduce);
 ALGO(broadcast_shm, "shm", HORA_COLL_BROADCAST, "one host: through the shared segment",
      on_one_host, broadcast, shm_broadcast);
+ALGO(broadcast_hierarchical, "hierarchical", HORA_COLL_BROADCAST,
+     "several hosts of equal rank counts: the root's local rank across hosts, then each "
+     "host's shared segment",
+     across_hosts, broadcast, hora__hierarchical_broadcast);
 ALGO(broadcast_ring, "ring", HORA_COLL_BROADCAST,
      "pipelined chain from the root along the ring (large operations)", always, broadcast,
      ring_broadcast);
@@ -130,6 +134,10 @@ ALGO(broadcast_scatter_allgather, "scatter_allgather", HORA_COLL_BROADCAST,
      always, broadcast, scatter_allgather_broadcast);
 ALGO(allgather_shm, "shm", HORA_COLL_ALLGATHER, "one host: through the shared segment",
      on_one_host, allgather, hora__shm_allgather);
+ALGO(allgather_hierarchical, "hierarchical", HORA_COLL_ALLGATHER,
+     "several hosts of equal rank counts: each local rank's block across hosts, then the "
+     "host's shared segment",
+     across_hosts, allgather, hora__hierarchical_allgather);
 ALGO(allgather_ring, "ring", HORA_COLL_ALLGATHER, "ring: p-1 steps, one block each", always,
      allgather, ring_allgather);
 ALGO(allgather_bruck, "bruck", HORA_COLL_ALLGATHER,
@@ -146,11 +154,15 @@ ALGO(reducescatter_halving, "halving", HORA_COLL_REDUCESCATTER,
      scatter, HORA_SCATTER_HALVING);
 
 const struct hora__algo *const hora__algos[] = {
-    &allreduce_shm,          &allreduce_hierarchical,       &allreduce_ring,
-    &allreduce_rd,           &allreduce_rabenseifner,       &broadcast_shm,
-    &broadcast_ring,         &broadcast_binomial,           &broadcast_scatter_allgather,
-    &allgather_shm,          &allgather_ring,               &allgather_bruck,
-    &reducescatter_ring,     &reducescatter_allreduce,      &reducescatter_halving,
+    &allreduce_shm,          &allreduce_hierarchical,
+    &allreduce_ring,         &allreduce_rd,
+    &allreduce_rabenseifner, &broadcast_shm,
+    &broadcast_hierarchical, &broadcast_ring,
+    &broadcast_binomial,     &broadcast_scatter_allgather,
+    &allgather_shm,          &allgather_hierarchical,
+    &allgather_ring,         &allgather_bruck,
+    &reducescatter_ring,     &reducescatter_allreduce,
+    &reducescatter_halving,
 };
 const int hora__nalgos = (int)(sizeof(hora__algos) / sizeof(hora__algos[0]));
 
@@ -197,25 +209,29 @@ const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
 }
 
 const struct hora__algo *hora__cross_pick(const struct hora__layout *s,
-                                          const struct hora__cost_model *m, size_t bytes,
-                                          double *cost) {
-  /* One member per host; the L local ranks' groups run at once, sharing
-   * each host's link. */
+                                          const struct hora__cost_model *m,
+                                          enum hora__coll_kind kind, size_t bytes, double *cost) {
+  /* One member per host. The allreduce's and the allgather's L local
+   * ranks' groups run at once, sharing each host's link; a broadcast
+   * crosses hosts in the root's group only. */
   int L = HORA_MAX(s->size / HORA_MAX(s->hosts, 1), 1);
   struct hora__layout x = {.size = s->hosts, .hosts = s->hosts, .chunk = s->chunk};
   struct hora__cost_model shared = *m;
-  shared.link.beta *= L;
-  const struct hora__algo *a = hora__algo_pick(&x, &shared, HORA_COLL_ALLREDUCE, bytes);
+  if (kind != HORA_COLL_BROADCAST) {
+    shared.link.beta *= L;
+  }
+  const struct hora__algo *a = hora__algo_pick(&x, &shared, kind, bytes);
   if (cost) {
     *cost = a->cost(&shared, &x, bytes);
   }
   return a;
 }
 
-const struct hora__algo *hora__cross_algorithm(const hora__comm *comm, size_t bytes) {
+const struct hora__algo *hora__cross_algorithm(const hora__comm *comm, enum hora__coll_kind kind,
+                                               size_t bytes) {
   struct hora__layout s;
   hora__comm_layout(comm, &s);
-  return hora__cross_pick(&s, &comm->model, bytes, NULL);
+  return hora__cross_pick(&s, &comm->model, kind, bytes, NULL);
 }
 
 const struct hora__algo *hora__algo_select(const hora__comm *comm, enum hora__coll_kind kind,

@@ -26,6 +26,8 @@
  * reduced in cache-sized blocks whose result is published while still in
  * cache: at np=2 each rank moves 4 bytes of memory traffic per input byte,
  * against 5.5 when the whole input is staged. */
+#include <stdlib.h>
+
 #include "comm/coll/collectives.h"
 #include "comm/reduce/reduce.h"
 #include "comm/shm/shm.h"
@@ -235,6 +237,129 @@ int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, voi
   return HORA_SUCCESS;
 }
 
+/* ---- hierarchical broadcast and allgather -------------------------------------
+ *
+ * Broadcast from the root, local rank k of host R, among H hosts of L ranks:
+ *
+ *   1. across hosts: the root to local rank k of every other host, by the
+ *      binomial tree, the scatter + allgather or the chain over those H
+ *      members, as the model picks for them
+ *   2. within every host: local rank k through the segment to the others
+ *
+ *      host 0:  [0] root --(1)--> host 1: [2]
+ *               [0] --(2)--> [1]          [2] --(2)--> [3]
+ *
+ * The buffer crosses each host's link once, as with the flat algorithms on
+ * ranks in blocks, but the network sees H members, not H * L: fewer steps
+ * for small buffers. It is not split into L slices that every local rank
+ * carries across: the host's one link would carry the same bytes, and the
+ * split would add a pass through the segment on the root's host and an
+ * allgather of the slices on every other.
+ *
+ * Allgather, block (h, j) being that of local rank j on host h:
+ *
+ *   1. across hosts: local rank j gathers column j, the blocks (h, j) of
+ *      every host, among the members with its local rank (the ring or
+ *      Bruck over H, as the model picks), straight into place; the L
+ *      columns move at once, so each host's link carries L blocks a step
+ *   2. within every host: each rank's column through the segment to the
+ *      others, a piece of it per half and barrier
+ *
+ *      host 0: (0,0) (0,1)    1: (0,0) <-> (1,0), (0,1) <-> (1,1)
+ *      host 1: (1,0) (1,1)    2: column 0 <-> column 1 on each host
+ *
+ * Blocks land at their ranks' places: a host's ranks need not be
+ * contiguous in rank order. */
+
+int hora__hierarchical_broadcast(hora__comm *comm, const struct hora__iov *buf, int nbuf,
+                                 size_t bytes, int root, const struct hora__coll_opts *opts) {
+  if (bytes == 0) {
+    return HORA_SUCCESS;
+  }
+  /* Made by every rank at once, though only the root's local rank crosses
+   * hosts in this operation. */
+  HORA_CHECK(hora__comm_connect_partners(comm));
+  const struct hora__peer_info *from = &comm->net->peers[root];
+  int rc = HORA_SUCCESS;
+  phase(opts, "BROADCAST");
+  if (comm->local_rank == from->local_rank) {
+    char *flat = buf[0].base;
+    if (nbuf > 1) {
+      rc = hora__comm_fusion_buffer(comm, bytes, &flat);
+      if (rc == HORA_SUCCESS && comm->rank == root) {
+        iov_copy(buf, nbuf, 0, bytes, flat, true);
+      }
+    }
+    if (rc == HORA_SUCCESS) {
+      rc = hora__cross_broadcast(comm, flat, bytes, from->host_index);
+    }
+    if (rc == HORA_SUCCESS && nbuf > 1 && comm->rank != root) {
+      iov_copy(buf, nbuf, 0, bytes, flat, false);
+    }
+  }
+  if (rc == HORA_SUCCESS) {
+    rc = hora__shm_broadcast(comm, buf, nbuf, bytes, from->local_rank);
+  }
+  phase(opts, NULL);
+  return rc;
+}
+
+/* Copies bytes [off, off + n) of a column, blocks of `bytes` at recvbuf +
+ * at[h] for h = 0, 1, ... one after another, to or from flat. */
+static void column_copy(char *recvbuf, const size_t *at, size_t bytes, size_t off, size_t n,
+                        char *flat, bool to_flat) {
+  while (n > 0) {
+    size_t in = off % bytes, c = HORA_MIN(n, bytes - in);
+    char *block = recvbuf + at[off / bytes] + in;
+    if (to_flat) {
+      memcpy(flat, block, c);
+    } else {
+      memcpy(block, flat, c);
+    }
+    flat += c;
+    off += c;
+    n -= c;
+  }
+}
+
+int hora__hierarchical_allgather(hora__comm *comm, const void *sendbuf, size_t bytes,
+                                 void *recvbuf) {
+  struct hora__shm *s = comm->proc->shm;
+  int H = comm->cross_size, L = comm->local_size, me = comm->local_rank;
+  if (bytes == 0) {
+    return HORA_SUCCESS;
+  }
+  /* at[j * H + h]: where the block of local rank j on host h lands. */
+  size_t *at = hora__malloc((size_t)comm->size * sizeof(*at));
+  if (!at) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  for (int r = 0; r < comm->size; r++) {
+    const struct hora__peer_info *p = &comm->net->peers[r];
+    at[(size_t)p->local_rank * (size_t)H + (size_t)p->host_index] = (size_t)r * bytes;
+  }
+  int rc = hora__comm_connect_partners(comm);
+  if (rc == HORA_SUCCESS) {
+    rc = hora__cross_allgather(comm, sendbuf, bytes, recvbuf, at + (size_t)me * (size_t)H);
+  }
+  size_t column = (size_t)H * bytes, piece = hora__shm_half_bytes(s);
+  for (size_t done = 0; rc == HORA_SUCCESS && done < column; done += piece) {
+    size_t n = HORA_MIN(piece, column - done);
+    int h = (int)(comm->shm_seq++ & 1);
+    column_copy(recvbuf, at + (size_t)me * (size_t)H, bytes, done, n, hora__shm_half(s, me, h),
+                true);
+    rc = hora__shm_barrier(s, comm->net);
+    for (int j = 0; rc == HORA_SUCCESS && j < L; j++) {
+      if (j != me) {
+        column_copy(recvbuf, at + (size_t)j * (size_t)H, bytes, done, n, hora__shm_half(s, j, h),
+                    false);
+      }
+    }
+  }
+  free(at);
+  return rc;
+}
+
 /* ---- single copy: reading the peers' buffers in place ------------------------
  *
  * For large allreduces, when the kernel lets the ranks of a host read each
@@ -265,7 +390,6 @@ int hora__shm_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, voi
 
 #include <inttypes.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <sys/uio.h>
 
 hora__shm_forge_fn *_Atomic hora__shm_forge;

@@ -202,6 +202,59 @@ static void allgather_blocks(void) {
   }
 }
 
+/* Broadcasts of several sizes from one root submitted together, so that
+ * they may travel fused, in one buffer. */
+static void broadcast_fused(void) {
+  enum { N = 5 };
+  static const size_t sizes[N] = {1, 0, 4099, 3, 70001};
+  int root = mt_size - 1;
+  uint8_t *b[N];
+  hora_request *r[N];
+  for (int t = 0; t < N; t++) {
+    b[t] = malloc(sizes[t] + 1);
+    for (size_t i = 0; i < sizes[t]; i++) {
+      b[t][i] = mt_rank == root ? (uint8_t)(mt_hash(i * N + (uint64_t)t) & 0xff) : 0xee;
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "bcf/%d", t);
+    MT_OK(hora_broadcast_async(name, b[t], sizes[t], HORA_UINT8, root, &r[t]));
+  }
+  for (int t = 0; t < N; t++) {
+    MT_OK(hora_wait(&r[t]));
+    for (size_t i = 0; i < sizes[t]; i++) {
+      if (b[t][i] != (uint8_t)(mt_hash(i * N + (uint64_t)t) & 0xff)) {
+        mt_fail(__FILE__, __LINE__, "tensor %d (%zu bytes): byte %zu wrong", t, sizes[t], i);
+        break;
+      }
+    }
+    free(b[t]);
+  }
+}
+
+/* Blocks of single bytes: fewer bytes than ranks, odd sizes. */
+static void allgather_bytes(void) {
+  static const size_t sizes[] = {1, 3, 4097};
+  for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+    size_t n = sizes[k];
+    uint8_t *mine = malloc(n), *all = malloc((size_t)mt_size * n);
+    for (size_t i = 0; i < n; i++) {
+      mine[i] = (uint8_t)(mt_hash((uint64_t)mt_rank * 1000003u + i) & 0xff);
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "agb/%zu", n);
+    MT_OK(hora_allgather(name, mine, n, HORA_UINT8, all));
+    for (size_t i = 0; i < (size_t)mt_size * n; i++) {
+      if (all[i] != (uint8_t)(mt_hash((uint64_t)(i / n) * 1000003u + i % n) & 0xff)) {
+        mt_fail(__FILE__, __LINE__, "%zu bytes per rank: rank %zu's byte %zu wrong", n, i / n,
+                i % n);
+        break;
+      }
+    }
+    free(mine);
+    free(all);
+  }
+}
+
 static void reducescatter_blocks(void) {
   size_t sizes[] = {1, (size_t)mt_size * 3 + 1, 100003};
   for (size_t k = 0; k < 3; k++) {
@@ -575,15 +628,52 @@ static void predict_operation(void) {
            "a NULL name was accepted");
 }
 
+/* What HORA_ALGORITHM_<KIND> forces is what runs: the selector falls back
+ * to the cost model's pick, with a warning, where the algorithm cannot run
+ * on the communicator, and a test of an algorithm that never ran would
+ * prove nothing. With the argument `falls-back` the opposite is expected
+ * (the hierarchical ones on one host). */
+static bool expect_fallback;
+
+static void forced_ones_run(void) {
+  static const char *const kinds[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
+  static const char *const vars[] = {"HORA_ALGORITHM_ALLREDUCE", "HORA_ALGORITHM_BROADCAST",
+                                     "HORA_ALGORITHM_ALLGATHER", "HORA_ALGORITHM_REDUCESCATTER"};
+  for (int k = 0; k < 4; k++) {
+    const char *forced = getenv(vars[k]);
+    if (!forced || strcmp(forced, "auto") == 0) {
+      continue;
+    }
+    static const size_t sizes[] = {8, (size_t)1 << 20};
+    for (int j = 0; j < 2; j++) {
+      const char *name = "";
+      double t = -1;
+      MT_OK(hora_collective_algorithm(kinds[k], sizes[j], &name, &t));
+      if (expect_fallback) {
+        MT_CHECK(strcmp(name, forced) != 0, "%s=%s: ran, where it should have fallen back", vars[k],
+                 forced);
+      } else {
+        MT_CHECK(strcmp(name, forced) == 0, "%s=%s: %s runs for %zu bytes instead", vars[k], forced,
+                 name, sizes[j]);
+      }
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   mt_setenv_args(argc, argv);
+  for (int i = 1; i < argc; i++) {
+    expect_fallback |= strcmp(argv[i], "falls-back") == 0;
+  }
   mt_init();
   mt_run("algorithms/allreduce_float_sum_every_count", allreduce_float_sum);
   mt_run("algorithms/allreduce_int_max_double_min", allreduce_int_max_double_min);
   mt_run("algorithms/allreduce_fused", allreduce_fused);
   mt_run("algorithms/allreduce_fp16_wire_same_bits", allreduce_compressed);
   mt_run("algorithms/broadcast_from_roots", broadcast_from_roots);
+  mt_run("algorithms/broadcast_fused", broadcast_fused);
   mt_run("algorithms/allgather", allgather_blocks);
+  mt_run("algorithms/allgather_bytes", allgather_bytes);
   mt_run("algorithms/reducescatter", reducescatter_blocks);
   mt_run("algorithms/reducescatter_rows_counts_ops", reducescatter_rows_counts_ops);
   mt_run("algorithms/with_a_joined_rank", with_a_joined_rank);
@@ -591,6 +681,7 @@ int main(int argc, char **argv) {
   mt_run("algorithms/allreduce_eager", allreduce_eager);
   mt_run("algorithms/predict_operation", predict_operation);
   mt_run("algorithms/every_rank_predicts_alike", every_rank_predicts_alike);
+  mt_run("algorithms/forced_ones_run", forced_ones_run);
   int failures = mt_total_failures();
   MT_OK(hora_finalize());
   return failures ? 1 : 0;

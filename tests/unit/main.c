@@ -102,9 +102,11 @@ int test_skipped;
   X(schedule_reducescatter_ring_every_size)                                                  \
   X(schedule_reducescatter_halving_every_size)                                               \
   X(schedule_reducescatter_over_each_allreduce)                                              \
+  X(schedule_cross_broadcast_and_allgather_every_pick)                                       \
   X(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner)                             \
   X(coll_partners_symmetric_and_cover_every_schedule)                                        \
   X(selector_picks_by_the_cost_model)                                                        \
+  X(selector_hierarchical_broadcast_and_allgather)                                           \
   X(cost_model_setting_numbers_calibrate_and_file)                                           \
   X(cost_model_init_reads_rank_0s_setting_only)                                              \
   X(cost_calibrate_over_mock_links)                                                          \

@@ -1338,6 +1338,161 @@ TEST(schedule_reducescatter_over_each_allreduce) {
   }
 }
 
+/* ---- the hierarchical algorithms' steps across hosts ----------------------
+ * H hosts of L ranks, placed in blocks or round robin: the members with
+ * each local rank, all groups at once, broadcast from every host and
+ * allgather into their ranks' places, by what the model picks for them.
+ * Three models, so that every pick runs (the test checks that it did):
+ * the built-in one for sockets, latency only, bandwidth only. */
+static const struct hora__cost_model cross_models[] = {
+    {.link = {60e-6, 1e-9, 0.25e-9}, .local = {6e-6, 0.1e-9, 0.25e-9}},
+    {.link = {1.0, 1e-12, 0.25e-9}, .local = {6e-6, 0.1e-9, 0.25e-9}},
+    {.link = {0, 1e-6, 0.25e-9}, .local = {6e-6, 0.1e-9, 0.25e-9}},
+};
+static const size_t cross_sizes[] = {0, 1, 5, 1000, 3001};
+
+/* The algorithms the steps across hosts ran, each once. */
+struct picks {
+  const struct hora__algo *a[16];
+  int n;
+};
+
+static void note_pick(struct picks *p, const struct hora__algo *a) {
+  for (int i = 0; i < p->n; i++) {
+    if (p->a[i] == a) {
+      return;
+    }
+  }
+  if (p->n < (int)HORA_ARRAY_SIZE(p->a)) {
+    p->a[p->n++] = a;
+  }
+}
+
+static void body_cross(struct sim_rank *k) {
+  hora__comm *c = &k->comm;
+  const int n = c->size, H = c->cross_size, me = c->rank;
+  const size_t most = 3001;
+  char *buf = malloc(most + 1), *recv = malloc((size_t)n * most + 1);
+  size_t *at = malloc((size_t)H * sizeof(*at));
+  if (!buf || !recv || !at) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    goto out;
+  }
+  for (size_t m = 0; m < HORA_ARRAY_SIZE(cross_models); m++) {
+    c->model = cross_models[m];
+    for (size_t s = 0; s < HORA_ARRAY_SIZE(cross_sizes); s++) {
+      size_t bytes = cross_sizes[s];
+      for (int root = 0; root < H; root++) {
+        unsigned seed = (unsigned)(hora__comm_rank_on_host(c, root) * 7 + (int)(s * 3 + m) + 1);
+        if (c->cross_rank == root) {
+          fill_bytes(buf, bytes, seed);
+        } else {
+          memset(buf, 0xee, bytes);
+        }
+        buf[bytes] = 0x5a;
+        CALL(k, hora__cross_broadcast(c, buf, bytes, root));
+        EXPECT(k, bytes_are(buf, bytes, seed) && buf[bytes] == 0x5a,
+               "%s broadcast of %zu bytes from host %d: wrong",
+               hora__cross_algorithm(c, HORA_COLL_BROADCAST, bytes)->name, bytes, root);
+      }
+      for (int h = 0; h < H; h++) {
+        at[h] = (size_t)hora__comm_rank_on_host(c, h) * bytes;
+      }
+      memset(recv, 0xee, (size_t)n * bytes + 1);
+      fill_bytes(buf, bytes, (unsigned)(me * 10 + (int)s + 1));
+      CALL(k, hora__cross_allgather(c, buf, bytes, recv, at));
+      const char *name = hora__cross_algorithm(c, HORA_COLL_ALLGATHER, bytes)->name;
+      for (int r = 0; r < n; r++) {
+        const char *block = recv + (size_t)r * bytes;
+        if (c->net->peers[r].local_rank == c->local_rank) {
+          EXPECT(k, bytes_are(block, bytes, (unsigned)(r * 10 + (int)s + 1)),
+                 "%s allgather of %zu bytes: rank %d's block is wrong", name, bytes, r);
+        } else {
+          EXPECT(k, bytes == 0 || (block[0] == (char)0xee && block[bytes - 1] == (char)0xee),
+                 "%s allgather of %zu bytes: wrote into rank %d's block, of another group", name,
+                 bytes, r);
+        }
+      }
+      EXPECT(k, (unsigned char)recv[(size_t)n * bytes] == 0xee,
+             "%s allgather of %zu bytes: wrote past the end", name, bytes);
+    }
+  }
+out:
+  free(buf);
+  free(recv);
+  free(at);
+}
+
+TEST(schedule_cross_broadcast_and_allgather_every_pick) {
+  static const struct {
+    int hosts, per_host;
+  } shapes[] = {{2, 2}, {3, 2}, {5, 1}, {4, 3}};
+  static const struct {
+    size_t piece;
+    int64_t chunk;
+  } links[] = {{13, 256}, {0, 4096}};
+  static struct hora__peer_info peers[16];
+  struct picks picks = {0};
+  char why[1024];
+  for (size_t t = 0; t < HORA_ARRAY_SIZE(shapes); t++) {
+    int H = shapes[t].hosts, L = shapes[t].per_host, n = H * L;
+    for (int round_robin = 0; round_robin < 2; round_robin++) {
+      for (int r = 0; r < n; r++) {
+        int host = round_robin ? r % H : r / L, local = round_robin ? r / H : r % L;
+        peers[r] = (struct hora__peer_info){.local_rank = local, .host_index = host};
+      }
+      for (size_t l = 0; l < HORA_ARRAY_SIZE(links); l++) {
+        struct ring_job job;
+        int rc = job_start(&job, n, links[l].piece, links[l].chunk, 50 * MS);
+        for (int r = 0; rc == HORA_SUCCESS && r < n; r++) {
+          hora__comm *c = &job.ranks[r].comm;
+          c->net->peers = peers;
+          c->local_rank = peers[r].local_rank;
+          c->local_size = L;
+          c->cross_rank = peers[r].host_index;
+          c->cross_size = H;
+          c->cross_ring.pos = c->cross_rank;
+          c->cross_ring.size = H;
+          c->cross_ring.next = c->proc->data[hora__comm_rank_on_host(c, (c->cross_rank + 1) % H)];
+          c->cross_ring.prev =
+              c->proc->data[hora__comm_rank_on_host(c, (c->cross_rank + H - 1) % H)];
+        }
+        const char *bad = rc != HORA_SUCCESS ? "setting up the ranks failed"
+                                             : job_run(&job, body_cross, why, sizeof(why));
+        for (size_t m = 0; rc == HORA_SUCCESS && m < HORA_ARRAY_SIZE(cross_models); m++) {
+          hora__comm *c = &job.ranks[0].comm;
+          c->model = cross_models[m];
+          for (size_t s = 0; s < HORA_ARRAY_SIZE(cross_sizes); s++) {
+            note_pick(&picks, hora__cross_algorithm(c, HORA_COLL_BROADCAST, cross_sizes[s]));
+            note_pick(&picks, hora__cross_algorithm(c, HORA_COLL_ALLGATHER, cross_sizes[s]));
+          }
+        }
+        job_end(&job);
+        if (bad) {
+          FAIL("%d hosts x %d%s: %.480s", H, L, round_robin ? " round robin" : "", bad);
+        }
+      }
+    }
+  }
+  static const char *const want[][2] = {{"broadcast", "binomial"},
+                                        {"broadcast", "scatter_allgather"},
+                                        {"broadcast", "ring"},
+                                        {"allgather", "ring"},
+                                        {"allgather", "bruck"}};
+  for (size_t w = 0; w < HORA_ARRAY_SIZE(want); w++) {
+    bool ran = false;
+    for (int i = 0; i < picks.n && !ran; i++) {
+      ran = strcmp(hora__algo_kind_name(picks.a[i]->kind), want[w][0]) == 0 &&
+            strcmp(picks.a[i]->name, want[w][1]) == 0;
+    }
+    if (!ran) {
+      FAIL("no shape, model or size picked the %s %s across hosts: it never ran", want[w][1],
+           want[w][0]);
+    }
+  }
+}
+
 /* ---- a link that breaks in the middle ------------------------------------ */
 
 /* The held rank joins only after the break, so that the others cannot

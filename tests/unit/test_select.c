@@ -158,6 +158,48 @@ TEST(selector_picks_by_the_cost_model) {
   ASSERT(hora__algo_find(HORA_COLL_REDUCESCATTER, "rabenseifner") == NULL);
 }
 
+/* Hosts of equal rank counts sharing a segment each: the hierarchical
+ * broadcast and allgather win small operations (log2 of the hosts, not of
+ * the ranks, steps over the links), and run nowhere else. Their step
+ * across hosts is the flat pick over one member per host: the broadcast's
+ * alone on the links, the allgather's L groups sharing them (as the
+ * allreduce's), and the prediction adds the segment's part to it. */
+TEST(selector_hierarchical_broadcast_and_allgather) {
+  const struct hora__cost_model m = {.link = {60e-6, 1e-9, 0.25e-9},
+                                     .local = {6e-6, 0.1e-9, 0.25e-9}};
+  const size_t MiB = 1024 * 1024;
+  struct hora__layout s = {.size = 8, .hosts = 4, .hierarchical = true, .chunk = 512 * 1024};
+  ASSERT_PICK(&s, &m, HORA_COLL_BROADCAST, 8, "hierarchical");
+  ASSERT_PICK(&s, &m, HORA_COLL_ALLGATHER, 8, "hierarchical");
+  ASSERT_PICK(&s, &m, HORA_COLL_ALLGATHER, 1 * MiB, "hierarchical");
+  const struct hora__algo *bc = hora__algo_find(HORA_COLL_BROADCAST, "hierarchical");
+  const struct hora__algo *ag = hora__algo_find(HORA_COLL_ALLGATHER, "hierarchical");
+  ASSERT(bc && ag && bc->broadcast && ag->allgather);
+  struct hora__layout hosts = {.size = 4, .hosts = 4, .chunk = s.chunk};
+  struct hora__cost_model shared = m;
+  shared.link.beta *= 2;
+  for (size_t bytes = 1; bytes <= 64 * MiB; bytes *= 8) {
+    double cross;
+    const struct hora__algo *a = hora__cross_pick(&s, &m, HORA_COLL_BROADCAST, bytes, &cross);
+    ASSERT(a == hora__algo_pick(&hosts, &m, HORA_COLL_BROADCAST, bytes));
+    ASSERT(cross == a->cost(&m, &hosts, bytes));
+    ASSERT(bc->cost(&m, &s, bytes) == hora__cost_broadcast_shm(&m, &s, bytes) + cross);
+    a = hora__cross_pick(&s, &m, HORA_COLL_ALLGATHER, bytes, &cross);
+    ASSERT(a == hora__algo_pick(&hosts, &shared, HORA_COLL_ALLGATHER, bytes));
+    ASSERT(cross == a->cost(&shared, &hosts, bytes));
+    ASSERT(ag->cost(&m, &s, bytes) > cross);
+  }
+  /* One host, or hosts without shared memory (or of unequal rank counts,
+   * which hora__comm_layout reports so): never picked, and not usable. */
+  struct hora__layout one = {.size = 8, .hosts = 1, .shm_host = true, .chunk = s.chunk};
+  struct hora__layout flat = {.size = 8, .hosts = 4, .chunk = s.chunk};
+  ASSERT(!bc->usable(&one) && !ag->usable(&one) && !bc->usable(&flat) && !ag->usable(&flat));
+  for (size_t bytes = 1; bytes <= 64 * MiB; bytes *= 8) {
+    ASSERT(strcmp(pick(&flat, &m, HORA_COLL_BROADCAST, bytes), "hierarchical") != 0);
+    ASSERT(strcmp(pick(&flat, &m, HORA_COLL_ALLGATHER, bytes), "hierarchical") != 0);
+  }
+}
+
 /* ---- HORA_COST_MODEL's forms (cost_model.c) -------------------------------- */
 
 static void write_text(const char *path, const char *text) {
