@@ -396,6 +396,30 @@ HORA_COST_FN(allreduce_rabenseifner) {
   return t;
 }
 
+HORA_COST_FN(allreduce_tree) {
+  int p = s->size, L = per_host(s), depth = 0;
+  if (p == 1) {
+    return 0;
+  }
+  while ((1L << depth) < p) {
+    depth++;
+  }
+  /* Each tree carries half the buffer in chunks: 2 depth steps to the
+   * root and back, then one per chunk. In a step a rank sends 4 chunks
+   * (up and to two children in the tree where it is inner, up in the
+   * other), receives as many and reduces two. Ranks in blocks keep the
+   * links shorter than L inside the host; per tree two leave each block
+   * (up from its top rank, and down to the block below that hangs from
+   * it), so the host's link carries 4 chunks each way per step. */
+  double half = (double)bytes / 2, c = HORA_MIN(half, (double)s->chunk);
+  double chunks = ceil(half / HORA_MAX(c, 1.0));
+  double each = step(m, s, 1, 4 * c);
+  if (s->hosts > 1 && L > 1) {
+    each = HORA_MAX(each, step(m, s, L, 4 * c / L)); /* (step shares it L ways) */
+  }
+  return (2.0 * depth + chunks - 1) * (each + 2 * c * m->link.gamma);
+}
+
 HORA_COST_FN(allreduce_shm) {
   (void)s;
   double n = (double)bytes;

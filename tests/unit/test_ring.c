@@ -1303,6 +1303,105 @@ TEST(schedule_allreduce_rabenseifner_every_size_dtype_and_fusion) {
   run_forced(body_sched_allreduce, "rabenseifner", NULL, NULL, NULL);
 }
 
+TEST(schedule_allreduce_tree_every_size_dtype_and_fusion) {
+  run_forced(body_sched_allreduce, "tree", NULL, NULL, NULL);
+}
+
+/* The tree at one rank count: no elements, one, fewer than the ranks, an
+ * odd number and enough for many chunks of each half (the links' chunk
+ * is 256 bytes), exact sums and maxima and float16 on the wire, fused
+ * and not. */
+static void body_tree_sizes(struct sim_rank *k) {
+  static const enum gen gs[] = {GEN_SUM_F32, GEN_MAX_I32, GEN_FRAC_F32};
+  const int n = k->comm.size, me = k->comm.rank;
+  hora__comm *c = &k->comm;
+  const size_t counts[] = {0, 1, (size_t)(n > 1 ? n - 1 : 1), 7, 1001};
+  char *flat = malloc(1001 * 8), *orig = malloc(1001 * 8);
+  if (!flat || !orig) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    goto out;
+  }
+  for (size_t ci = 0; ci < HORA_ARRAY_SIZE(counts); ci++) {
+    for (size_t gi = 0; gi < HORA_ARRAY_SIZE(gs); gi++) {
+      enum gen g = gs[gi];
+      const size_t count = counts[ci], es = hora_dtype_size(gens[g].dtype);
+      const int nl = (ci + gi) % 2 ? 3 : 1;
+      struct tensors t;
+      int rc = HORA_ERR_NO_MEMORY;
+      if (tensors_alloc(&t, nl, count, es)) {
+        gen_input(g, me, count, orig);
+        tensors_put(&t, orig);
+        rc = hora__allreduce(c, t.iov, nl, t.iov, nl, count, gens[g].dtype, gens[g].op,
+                             gens[g].wire, NULL);
+      }
+      if (rc != HORA_SUCCESS) {
+        note(k, __LINE__, "tree %s of %zu at %d ranks failed: %s (%s)", gens[g].name, count, n,
+             hora_strerror(rc), hora__error_message());
+        close_ends(k);
+        tensors_free(&t);
+        goto out;
+      }
+      double gv = 0, wv = 0;
+      gather(t.iov, nl, flat);
+      size_t d = gen_check(g, n, 0, count, 1.0, wire_rounds(c), flat, &gv, &wv);
+      EXPECT(k, d == count, "tree %s of %zu at %d ranks: element %zu is %.17g, expected %.17g",
+             gens[g].name, count, n, d, gv, wv);
+      EXPECT(k, tensors_guarded(&t), "tree %s of %zu: wrote past a tensor's end", gens[g].name,
+             count);
+      if (gens[g].wire != gens[g].dtype) {
+        record_digest(k, flat, count * es);
+      }
+      tensors_free(&t);
+    }
+  }
+  /* The hierarchical allreduce's step across hosts: the same tree over
+   * the members with this local rank (here one per host: all). */
+  gen_input(GEN_SUM_F32, me, 1001, flat);
+  CALL(k, hora__tree_run(c, true, flat, 1001, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32));
+  double gv = 0, wv = 0;
+  size_t d = gen_check(GEN_SUM_F32, n, 0, 1001, 1.0, 0, flat, &gv, &wv);
+  EXPECT(k, d == 1001, "tree across %d hosts: element %zu is %.17g, expected %.17g", n, d, gv, wv);
+out:
+  free(flat);
+  free(orig);
+}
+
+/* Every rank count from 1 to 64, over whole-chunk links (in tiny pieces
+ * too up to 16 ranks: more threads than that take too long there). */
+TEST(schedule_allreduce_tree_every_rank_count) {
+  const char *pre = getenv("LD_PRELOAD");
+  const int most = pre && strstr(pre, "vgpreload") ? 9 : 64;
+  /* Rank r alone on host r, for the step across hosts. */
+  static struct hora__peer_info hosts[64];
+  for (int r = 0; r < 64; r++) {
+    hosts[r] = (struct hora__peer_info){.host_index = r};
+  }
+  char why[1024];
+  for (int n = 1; n <= most; n++) {
+    for (int l = 0; l < (n <= 16 ? 2 : 1); l++) {
+      struct ring_job job;
+      int rc = job_start(&job, n, l ? 13 : 0, 256, 50 * MS);
+      const char *bad = NULL;
+      for (int r = 0; rc == HORA_SUCCESS && r < n; r++) {
+        job.ranks[r].proc.net.peers = hosts;
+      }
+      if (rc != HORA_SUCCESS) {
+        snprintf(why, sizeof(why), "setting up %d ranks: %s", n, hora_strerror(rc));
+        bad = why;
+      } else if (!job_force(&job, HORA_COLL_ALLREDUCE, "tree")) {
+        bad = "no allreduce algorithm tree";
+      } else {
+        bad = job_run(&job, body_tree_sizes, why, sizeof(why));
+      }
+      job_end(&job);
+      if (bad) {
+        FAIL("%.480s", bad);
+      }
+    }
+  }
+}
+
 TEST(schedule_broadcast_ring_every_root) {
   run_forced(body_sched_broadcast, NULL, "ring", NULL, NULL);
 }
@@ -1332,7 +1431,7 @@ TEST(schedule_reducescatter_halving_every_size) {
 }
 
 TEST(schedule_reducescatter_over_each_allreduce) {
-  static const char *const allreduces[] = {"ring", "rd", "rabenseifner"};
+  static const char *const allreduces[] = {"ring", "rd", "rabenseifner", "tree"};
   for (size_t i = 0; i < HORA_ARRAY_SIZE(allreduces); i++) {
     run_forced(body_sched_reducescatter, allreduces[i], NULL, NULL, "allreduce");
   }
