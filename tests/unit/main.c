@@ -105,6 +105,8 @@ int test_skipped;
   X(schedule_reducescatter_halving_every_size)                                               \
   X(schedule_reducescatter_over_each_allreduce)                                              \
   X(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner)                             \
+  X(schedule_broken_link_fails_every_rank_tree)                                              \
+  X(sched_run_fails_a_schedule_that_cannot_move)                                             \
   X(coll_partners_symmetric_and_cover_every_schedule)                                        \
   X(tree_links_two_spanning_trees_among_the_partners)                                        \
   X(selector_picks_by_the_cost_model)                                                        \

@@ -1501,6 +1501,9 @@ static void body_broken(struct sim_rank *k) {
     case 3:
       rc = hora__rabenseifner_allreduce(c, buf, buf, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32);
       break;
+    case 4:
+      rc = hora__tree_allreduce(c, buf, buf, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32);
+      break;
   }
   fail_as_the_runtime(k, rc);
   free(buf);
@@ -1518,7 +1521,7 @@ struct broken_case {
 static void run_broken(int which, int break_peer, int hold_rank, const struct broken_case *cases,
                        size_t ncases) {
   static const char *const names[] = {"ring allreduce", "rd allreduce", "bruck allgather",
-                                      "rabenseifner allreduce"};
+                                      "rabenseifner allreduce", "tree allreduce"};
   char why[1024];
   for (size_t t = 0; t < ncases; t++) {
     struct ring_job job;
@@ -1568,6 +1571,35 @@ TEST(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner) {
   run_broken(1, 3, 3, cases, HORA_ARRAY_SIZE(cases));
   run_broken(2, 3, 3, cases, HORA_ARRAY_SIZE(cases));
   run_broken(3, 0, 0, four, HORA_ARRAY_SIZE(four));
+}
+
+/* The same in the tree: rank 3 is rank 2's child in tree 0 (and every
+ * rank's result holds its data). */
+TEST(schedule_broken_link_fails_every_rank_tree) {
+  static const struct broken_case cases[] = {{5, 13}, {6, 0}, {7, 4096}, {8, 13}};
+  run_broken(4, 3, 3, cases, HORA_ARRAY_SIZE(cases));
+}
+
+/* A schedule that cannot move (an operation waiting for itself, nothing in
+ * flight) fails at once, naming it, instead of sleeping forever; one of
+ * too many lanes is refused. */
+static void nothing(void *arg, const struct hora__sched_op *op) {
+  (void)arg;
+  (void)op;
+}
+
+TEST(sched_run_fails_a_schedule_that_cannot_move) {
+  struct hora__proc proc = {.chunk_bytes = 4096};
+  hora__comm c = {.proc = &proc, .net = &proc.net, .size = 1};
+  struct hora__sched_lane lanes[HORA_SCHED_LANES + 1] = {{NULL, false}};
+  struct hora__sched_op ops[2] = {{0, NULL, 0, {-1, -1}}, {0, NULL, 0, {1, -1}}};
+  struct hora__sched s = {.lanes = lanes, .nlanes = 1, .ops = ops, .nops = 2, .local = nothing};
+  ASSERT(hora__sched_run(&c, &s) == HORA_ERR_SYSTEM);
+  ASSERT(strstr(hora__error_message(), "stalled (1 of 2 operations done"));
+  s.nops = 1;
+  ASSERT(hora__sched_run(&c, &s) == HORA_SUCCESS);
+  s.nlanes = HORA_SCHED_LANES + 1;
+  ASSERT(hora__sched_run(&c, &s) == HORA_ERR_INVALID_ARG);
 }
 
 /* ---- the cost model's calibration (cost_model.c) -------------------------- */
