@@ -262,6 +262,10 @@ int hora__halving_reducescatter(hora__comm *comm, const void *sendbuf, void *rec
  * the other (all but at most one). Every link joins positions a power of
  * two apart (mod size), among hora__coll_partners. -1: none. */
 void hora__tree_links(int size, int pos, int tree, int *parent, int child[2]);
+/* The tree's pipeline chunk for an allreduce of `bytes` over size ranks:
+ * the one the cost model's link makes fastest, between 4 KiB and `most`
+ * (HORA_CHUNK_SIZE; `most` where the model has no link constants). */
+size_t hora__tree_chunk(const struct hora__cost *link, int size, size_t bytes, size_t most);
 /* buf (count elements, in place) = op over the group: every member, or
  * (cross) the members with this rank's local rank, one per host. */
 int hora__tree_run(hora__comm *comm, bool cross, void *buf, size_t count, hora_dtype dtype,

@@ -6,11 +6,12 @@
  * Two binary trees span the ranks (hora__tree_links), built so that a rank
  * inner in one is a leaf of the other. The buffer's first half goes up and
  * down tree 0, the second half tree 1, both at once, each cut into chunks
- * of HORA_CHUNK_SIZE bytes on the wire. On the way up a rank adds chunk k
- * of its children into its own and sends it to its parent while chunk k+1
- * arrives; the root sends each finished chunk down and every rank
- * forwards it to its children as it comes. 2 log2 p steps plus one per
- * chunk; each rank sends and receives about 2n bytes over both trees, as
+ * (at most HORA_CHUNK_SIZE bytes on the wire, fewer where the cost model
+ * finds a deeper pipeline faster: hora__tree_chunk). On the way up a rank
+ * adds chunk k of its children into its own and sends it to its parent
+ * while chunk k+1 arrives; the root sends each finished chunk down and
+ * every rank forwards it to its children as it comes. 2 log2 p steps plus
+ * one per chunk; each rank sends and receives about 2n bytes over both trees, as
  * in the ring, spread over up to six peers.
  *
  *   p = 6        tree 0: 0 - 4 - (2 - (1, 3), 5)     tree 1: mirrored, r -> 5 - r
@@ -293,7 +294,15 @@ int hora__tree_run(hora__comm *comm, bool cross, void *buf, size_t count, hora_d
   }
   /* Tree links join positions a power of two apart: partners already. */
   HORA_CHECK(hora__comm_connect_partners(comm));
-  t.chunk = HORA_MAX((size_t)comm->proc->chunk_bytes / t.ws, (size_t)1);
+  /* By the agreed model, so every rank cuts alike; across hosts the
+   * links are shared as hora__cross_pick prices them. */
+  struct hora__cost link = comm->model.link;
+  if (cross) {
+    link.beta *= HORA_MAX(comm->size / HORA_MAX(comm->cross_size, 1), 1);
+  }
+  size_t chunk =
+      hora__tree_chunk(&link, t.size, count * t.ws, (size_t)HORA_MAX(comm->proc->chunk_bytes, 1));
+  t.chunk = HORA_MAX(chunk / t.ws, (size_t)1);
   char *space;
   HORA_CHECK(temp_get(comm, count * t.ws * (t.compressed ? 4 : 2), &space));
   t.from_child[0] = space;

@@ -203,12 +203,32 @@ TEST(selector_picks_by_the_cost_model) {
       }
     }
   }
-  /* 1024 ranks in blocks of 8 on 128 hosts without shared memory: the
-   * tree, whose links mostly stay inside the hosts, where Rabenseifner's
-   * long steps share each host's link 8 ways and the ring takes 2046 steps. */
+  /* Many ranks: the tree for medium sizes, where the ring takes 2(p-1)
+   * steps and Rabenseifner folds 1000 ranks into 512 (whole buffers in
+   * and out), or, with 8 ranks a host in blocks and no shared memory,
+   * shares each host's link 8 ways in its long steps, where most of the
+   * tree's links stay inside the hosts. */
+  struct hora__layout many = {.size = 1000, .hosts = 1000, .chunk = 512 * 1024};
+  ASSERT_PICK(&many, &m, HORA_COLL_ALLREDUCE, 8, "rd");
+  ASSERT_PICK(&many, &m, HORA_COLL_ALLREDUCE, 16 * MiB, "tree");
   struct hora__layout blocks = {.size = 1024, .hosts = 128, .chunk = 512 * 1024};
+  ASSERT_PICK(&blocks, &m, HORA_COLL_ALLREDUCE, 32 * 1024, "rabenseifner");
+  ASSERT_PICK(&blocks, &m, HORA_COLL_ALLREDUCE, 2 * MiB, "tree");
   ASSERT_PICK(&blocks, &m, HORA_COLL_ALLREDUCE, 16 * MiB, "tree");
-  ASSERT_PICK(&blocks, &m, HORA_COLL_ALLREDUCE, 2 * MiB, "rabenseifner");
+  /* The tree's chunk: HORA_CHUNK_SIZE without a model and for the largest
+   * operations, else whole KiB, at least 4 KiB, growing with the size. */
+  const struct hora__cost none = {0, 0, 0};
+  ASSERT(hora__tree_chunk(&none, 1000, 1 * MiB, 512 * 1024) == 512 * 1024);
+  ASSERT(hora__tree_chunk(&m.link, 1000, (size_t)1 << 40, 512 * 1024) == 512 * 1024);
+  ASSERT(hora__tree_chunk(&m.link, 1000, 8, 512 * 1024) == 4096);
+  ASSERT(hora__tree_chunk(&m.link, 1000, 8, 256) == 256);
+  for (size_t b = 1, was = 0; b <= 256 * MiB; b *= 2) {
+    size_t c = hora__tree_chunk(&m.link, 1000, b, 512 * 1024);
+    if (c < was || c % 1024 || c < 4096 || c > 512 * 1024) {
+      FAIL("tree chunk for %zu bytes: %zu (for half as many: %zu)", b, c, was);
+    }
+    was = c;
+  }
   /* One host sharing a segment: shared memory, which is unusable above. */
   struct hora__layout one = {.size = 8, .hosts = 1, .shm_host = true, .chunk = 512 * 1024};
   ASSERT_PICK(&one, &m, HORA_COLL_ALLREDUCE, 8, "shm");
