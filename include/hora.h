@@ -522,7 +522,7 @@ HORA_EXTERN size_t hora_reducescatter_block(size_t count, size_t rows, int size,
  * The host algorithm hora runs for a collective of `bytes` over every rank
  * of the job (kind "allreduce", "broadcast", "allgather" or
  * "reducescatter"; bytes: the whole buffer, for an allgather each rank's
- * block): "ring", "rd", "rabenseifner", "shm", "hierarchical", "binomial",
+ * block): "ring", "rd", "rabenseifner", "tree", "shm", "hierarchical", "binomial",
  * "scatter_allgather", "bruck", "halving", "allreduce" (hora-info
  * --algorithms), forced by
  * HORA_ALGORITHM_<KIND> or chosen by the cost model, and the model's

@@ -15,7 +15,8 @@
  *   - over the connections: pipelined rings (large), recursive doubling,
  *     Rabenseifner, binomial trees and Bruck (small), the scatter +
  *     allgather broadcast and the recursive halving reduce-scatter
- *     (recursive.c)
+ *     (recursive.c), the pipelined double binary tree allreduce (medium
+ *     sizes on many ranks; tree.c)
  * Data is given as gather (in) and scatter (out) lists over one virtual
  * buffer, so fused tensors need no extra copy where the algorithm can read
  * and write them in place. */
@@ -229,6 +230,7 @@ HORA_COST_FN(allreduce_hierarchical);
 HORA_COST_FN(allreduce_ring);
 HORA_COST_FN(allreduce_rd);
 HORA_COST_FN(allreduce_rabenseifner);
+HORA_COST_FN(allreduce_tree);
 HORA_COST_FN(broadcast_shm);
 HORA_COST_FN(broadcast_hierarchical);
 HORA_COST_FN(broadcast_ring);
@@ -258,7 +260,7 @@ typedef int hora__contiguous_allreduce_fn(hora__comm *comm, const void *src, voi
                                           size_t count, hora_dtype dtype, hora_op op,
                                           hora_dtype wire);
 hora__contiguous_allreduce_fn hora__rd_allreduce, hora__rabenseifner_allreduce,
-    hora__world_ring_allreduce;
+    hora__world_ring_allreduce, hora__tree_allreduce;
 /* A broadcast of one contiguous buffer. */
 typedef int hora__contiguous_broadcast_fn(hora__comm *comm, void *buf, size_t bytes, int root);
 hora__contiguous_broadcast_fn hora__binomial_broadcast, hora__world_ring_broadcast,
@@ -277,6 +279,22 @@ int hora__bruck_allgather(hora__comm *comm, const void *sendbuf, size_t bytes, v
 int hora__halving_reducescatter(hora__comm *comm, const void *sendbuf, void *recvbuf,
                                 const size_t *starts, const size_t *lens, double prescale,
                                 hora_dtype dtype, hora_op op, hora_dtype wire);
+/* The double binary tree (tree.c): tree 0 is NCCL's binary tree over
+ * positions 0..size-1 (position v with lowest set bit 2^b has children v
+ * - 2^(b-1) and v + 2^(b-1), or nearer where that is past the end; 0 is
+ * the root, with one child), tree 1 the same mirrored (even sizes) or
+ * shifted by one (odd), so that a position inner in one tree is a leaf of
+ * the other (all but at most one). Every link joins positions a power of
+ * two apart (mod size), among hora__coll_partners. -1: none. */
+void hora__tree_links(int size, int pos, int tree, int *parent, int child[2]);
+/* The tree's pipeline chunk for an allreduce of `bytes` over size ranks:
+ * the one the cost model's link makes fastest, between 4 KiB and `most`
+ * (HORA_CHUNK_SIZE; `most` where the model has no link constants). */
+size_t hora__tree_chunk(const struct hora__cost *link, int size, size_t bytes, size_t most);
+/* buf (count elements, in place) = op over the group: every member, or
+ * (cross) the members with this rank's local rank, one per host. */
+int hora__tree_run(hora__comm *comm, bool cross, void *buf, size_t count, hora_dtype dtype,
+                   hora_op op, hora_dtype wire);
 /* An allreduce over iov lists by fn: one tensor between the caller's
  * buffers, several fused through the fusion buffer, with opts' scales
  * and phases. */
@@ -459,5 +477,38 @@ struct hora__ring {
 };
 
 int hora__ring_run(hora__comm *comm, const struct hora__ring *ring);
+
+/* ---- point-to-point schedules over several peers (ring.c) -----------------
+ * What hora__ring_run cannot express: sends and receives with several
+ * peers at once (a tree's parent and children), and local steps (a
+ * reduction) between them. Each operation belongs to a lane: one
+ * direction of one connection, whose transfers go in the lane's order
+ * with a window of them in flight, or a local lane, whose steps run in
+ * order. An operation starts only once the operations it names in
+ * `after` are done (a receive then lands, a send leaves, a step runs).
+ * Every rank lists its operations in one order the whole job agrees on:
+ * each dependency earlier, and a message at the same place among its
+ * lane's operations at both ends; then the schedule cannot deadlock. */
+#define HORA_SCHED_DEPS 2
+#define HORA_SCHED_LANES 16
+struct hora__sched_lane {
+  hora__conn *conn; /* NULL: a local lane */
+  bool send;
+};
+struct hora__sched_op {
+  int lane;
+  void *buf; /* what moves (a local step: the caller's meaning, as len's) */
+  size_t len;
+  long after[HORA_SCHED_DEPS]; /* indexes of earlier operations, or -1 */
+};
+struct hora__sched {
+  const struct hora__sched_lane *lanes;
+  int nlanes;
+  const struct hora__sched_op *ops;
+  size_t nops;
+  void *arg;
+  void (*local)(void *arg, const struct hora__sched_op *op); /* runs a local step */
+};
+int hora__sched_run(hora__comm *comm, const struct hora__sched *s);
 
 #endif

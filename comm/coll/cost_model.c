@@ -436,6 +436,53 @@ bool hora__eager_allreduce(size_t bytes, int size) {
          bytes <= (size_t)hora__params.EAGER_THRESHOLD;
 }
 
+static int tree_depth(int p) {
+  int depth = 0;
+  while ((1L << depth) < p) {
+    depth++;
+  }
+  return depth;
+}
+
+size_t hora__tree_chunk(const struct hora__cost *link, int size, size_t bytes, size_t most) {
+  /* (2 depth - 1 + H / c) steps of alpha + 4 c beta (H = bytes / 2) take
+   * least at c = sqrt(H alpha / ((2 depth - 1) 4 beta)): larger chunks
+   * make each of the 2 depth steps that fill the pipeline longer, smaller
+   * ones pay alpha more often. */
+  size_t least = HORA_MIN((size_t)4096, most);
+  if (size < 2 || !(link->alpha > 0) || !(link->beta > 0)) {
+    return most;
+  }
+  double c =
+      sqrt((double)bytes / 2 * link->alpha / ((2.0 * tree_depth(size) - 1) * 4 * link->beta));
+  if (!(c < (double)most)) {
+    return most;
+  }
+  return HORA_MAX((size_t)c / 1024 * 1024, least);
+}
+
+HORA_COST_FN(allreduce_tree) {
+  int p = s->size, L = per_host(s), depth = tree_depth(p);
+  if (p == 1) {
+    return 0;
+  }
+  /* Each tree carries half the buffer in chunks: 2 depth steps to the
+   * root and back, then one per chunk. In a step a rank sends 4 chunks
+   * (up and to two children in the tree where it is inner, up in the
+   * other), receives as many and reduces two. Ranks in blocks keep the
+   * links shorter than L inside the host; per tree two leave each block
+   * (up from its top rank, and down to the block below that hangs from
+   * it), so the host's link carries 4 chunks each way per step. */
+  double half = (double)bytes / 2;
+  double c = HORA_MIN(half, (double)hora__tree_chunk(&m->link, p, bytes, s->chunk));
+  double chunks = ceil(half / HORA_MAX(c, 1.0));
+  double each = step(m, s, 1, 4 * c);
+  if (s->hosts > 1 && L > 1) {
+    each = HORA_MAX(each, step(m, s, L, 4 * c / L)); /* (step shares it L ways) */
+  }
+  return (2.0 * depth + chunks - 1) * (each + 2 * c * m->link.gamma);
+}
+
 HORA_COST_FN(allreduce_shm) {
   (void)s;
   double n = (double)bytes;

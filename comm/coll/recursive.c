@@ -413,6 +413,9 @@ int hora__cross_allreduce(hora__comm *comm, void *buf, size_t count, hora_dtype 
   if (strcmp(a->name, "rabenseifner") == 0) {
     return rabenseifner_run(&g, buf, count, dtype, op, wire);
   }
+  if (strcmp(a->name, "tree") == 0) {
+    return hora__tree_run(comm, true, buf, count, dtype, op, wire);
+  }
   return hora__ring_allreduce(comm, &comm->cross_ring, buf, buf, count, dtype, op, wire);
 }
 

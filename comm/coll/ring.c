@@ -97,3 +97,107 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring) {
     }
   }
 }
+
+/* ---- point-to-point schedules over several peers ------------------------------
+ * Each lane keeps up to SCHED_WINDOW transfers in flight and retires them
+ * in order; a local lane runs its steps as soon as their dependencies are
+ * done. Since every rank lists its operations in one agreed order (a
+ * message's two ends at the same place, every dependency earlier), the
+ * earliest unfinished operation of the whole job can always move: the
+ * schedule cannot deadlock however the windows fill. */
+#define SCHED_WINDOW 4
+
+struct sched_lane {
+  size_t *ops; /* this lane's operations, in order */
+  size_t n, posted, retired;
+  hora__xfer x[SCHED_WINDOW];
+};
+
+static bool sched_ready(const struct hora__sched_op *op, const bool *finished) {
+  for (int d = 0; d < HORA_SCHED_DEPS; d++) {
+    if (op->after[d] >= 0 && !finished[op->after[d]]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int hora__sched_run(hora__comm *comm, const struct hora__sched *s) {
+  /* The transfers in flight stay on this stack, as hora__ring_run's: a
+   * connection that fails mid-way is closed with them still queued. */
+  struct sched_lane lanes[HORA_SCHED_LANES];
+  if (s->nlanes > HORA_SCHED_LANES) {
+    return hora__error(HORA_ERR_INVALID_ARG, "point-to-point schedule of %d lanes (at most %d)",
+                       s->nlanes, HORA_SCHED_LANES);
+  }
+  memset(lanes, 0, sizeof(lanes));
+  size_t *order = hora__malloc(HORA_MAX(s->nops, (size_t)1) * sizeof(*order));
+  bool *finished = hora__calloc(HORA_MAX(s->nops, (size_t)1), sizeof(*finished));
+  int rc = HORA_SUCCESS;
+  if (!order || !finished) {
+    rc = HORA_ERR_NO_MEMORY;
+    goto out;
+  }
+  for (size_t i = 0; i < s->nops; i++) {
+    lanes[s->ops[i].lane].n++;
+  }
+  for (int l = 0, at = 0; l < s->nlanes; l++) {
+    lanes[l].ops = order + at;
+    at += (int)lanes[l].n;
+    lanes[l].n = 0;
+  }
+  for (size_t i = 0; i < s->nops; i++) {
+    struct sched_lane *l = &lanes[s->ops[i].lane];
+    l->ops[l->n++] = i;
+  }
+  size_t left = s->nops;
+  while (left > 0) {
+    /* As in hora__ring_run: sleep only after a pass that changed nothing. */
+    bool changed = false;
+    HORA_CHECK_GOTO(hora__service_maybe(comm->net), rc, out);
+    for (int li = 0; li < s->nlanes; li++) {
+      struct sched_lane *l = &lanes[li];
+      const struct hora__sched_lane *how = &s->lanes[li];
+      while (l->retired < l->posted && l->x[l->retired % SCHED_WINDOW].done) {
+        finished[l->ops[l->retired++]] = true;
+        left--;
+        changed = true;
+      }
+      while (l->posted < l->n && (!how->conn || l->posted - l->retired < SCHED_WINDOW)) {
+        size_t i = l->ops[l->posted];
+        const struct hora__sched_op *op = &s->ops[i];
+        if (!sched_ready(op, finished)) {
+          break;
+        }
+        if (!how->conn) {
+          s->local(s->arg, op);
+          finished[i] = true;
+          l->posted++;
+          l->retired++;
+          left--;
+        } else {
+          hora__xfer *x = &l->x[l->posted % SCHED_WINDOW];
+          HORA_CHECK_GOTO(how->send ? hora__isend(comm->net, how->conn, op->buf, op->len, x)
+                                    : hora__irecv(comm->net, how->conn, op->buf, op->len, x),
+                          rc, out);
+          l->posted++;
+        }
+        changed = true;
+      }
+    }
+    if (!changed && left > 0) {
+      if (!comm->net->active) {
+        rc = hora__error(HORA_ERR_SYSTEM,
+                         "point-to-point schedule stalled (%zu of %zu operations done, nothing "
+                         "in flight)",
+                         s->nops - left, s->nops);
+        goto out;
+      }
+      HORA_CHECK_GOTO(hora__progress_wait(comm->net), rc, out);
+    }
+  }
+out:
+  free(order);
+  free(finished);
+  return rc;
+}

@@ -33,6 +33,13 @@ static int rabenseifner_allreduce(hora__comm *comm, const struct hora__iov *in, 
                                     dtype, op, wire, opts);
 }
 
+static int tree_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
+                          const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
+                          hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
+  return hora__allreduce_contiguous(comm, hora__tree_allreduce, in, nin, out, nout, count, dtype,
+                                    op, wire, opts);
+}
+
 static int shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                          const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
                          hora_op op, hora_dtype wire, const struct hora__coll_opts *opts) {
@@ -117,6 +124,9 @@ ALGO(allreduce_rd, "rd", HORA_COLL_ALLREDUCE,
 ALGO(allreduce_rabenseifner, "rabenseifner", HORA_COLL_ALLREDUCE,
      "recursive halving reduce-scatter, recursive doubling allgather: 2 log2 p steps",
      always, allreduce, rabenseifner_allreduce);
+ALGO(allreduce_tree, "tree", HORA_COLL_ALLREDUCE,
+     "pipelined double binary tree: 2 log2 p steps plus one per chunk (medium sizes, many ranks)",
+     always, allreduce, tree_allreduce);
 ALGO(broadcast_shm, "shm", HORA_COLL_BROADCAST, "one host: through the shared segment",
      on_one_host, broadcast, shm_broadcast);
 ALGO(broadcast_hierarchical, "hierarchical", HORA_COLL_BROADCAST,
@@ -156,9 +166,10 @@ ALGO(reducescatter_halving, "halving", HORA_COLL_REDUCESCATTER,
 const struct hora__algo *const hora__algos[] = {
     &allreduce_shm,          &allreduce_hierarchical,
     &allreduce_ring,         &allreduce_rd,
-    &allreduce_rabenseifner, &broadcast_shm,
-    &broadcast_hierarchical, &broadcast_ring,
-    &broadcast_binomial,     &broadcast_scatter_allgather,
+    &allreduce_rabenseifner, &allreduce_tree,
+    &broadcast_shm,          &broadcast_hierarchical,
+    &broadcast_ring,         &broadcast_binomial,
+    &broadcast_scatter_allgather,
     &allgather_shm,          &allgather_hierarchical,
     &allgather_ring,         &allgather_bruck,
     &reducescatter_ring,     &reducescatter_allreduce,

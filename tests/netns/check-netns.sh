@@ -70,7 +70,8 @@ for p in $progs; do
 done
 run 2x2-flat "$work/hosts22" test_collectives HORA_HIERARCHICAL_ALLREDUCE=0
 run 4x1-3-sockets "$work/hosts41" test_collectives HORA_SOCKETS_PER_PEER=3
-# The collective algorithms across hosts: forced over every rank, and the
+# The collective algorithms across hosts: forced over every rank (the tree
+# with its links both within hosts and across), and the
 # cost model's choice (the hierarchical allreduce with recursive doubling
 # or Rabenseifner across hosts for small slices; 3 hosts fold).
 run 4x1-rd "$work/hosts41" test_algorithms HORA_ALGORITHM_ALLREDUCE=rd HORA_ALGORITHM_BROADCAST=binomial HORA_ALGORITHM_ALLGATHER=bruck
@@ -78,6 +79,8 @@ NP=8 run 4x2 "$work/hosts42" test_algorithms
 # (Flat: the ring's reducescatter cannot run where shared memory reduces,
 # and test_algorithms fails an algorithm forced in vain.)
 NP=8 run 4x2-rabenseifner "$work/hosts42" test_algorithms HORA_ALGORITHM_ALLREDUCE=rabenseifner HORA_ALGORITHM_REDUCESCATTER=ring HORA_HIERARCHICAL_ALLREDUCE=0
+NP=8 run 4x2-tree "$work/hosts42" test_algorithms HORA_ALGORITHM_ALLREDUCE=tree
+NP=6 run 3x2-tree "$work/hosts32" test_algorithms HORA_ALGORITHM_ALLREDUCE=tree HORA_CHUNK_SIZE=4K
 NP=6 run 3x2 "$work/hosts32" test_algorithms
 # The hierarchical broadcast and allgather forced (test_algorithms fails
 # where the selector fell back to another), with small chunks and

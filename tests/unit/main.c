@@ -94,6 +94,8 @@ int test_skipped;
   X(schedule_allreduce_ring_every_size_dtype_and_fusion)                                     \
   X(schedule_allreduce_rd_every_size_dtype_and_fusion)                                       \
   X(schedule_allreduce_rabenseifner_every_size_dtype_and_fusion)                             \
+  X(schedule_allreduce_tree_every_size_dtype_and_fusion)                                     \
+  X(schedule_allreduce_tree_every_rank_count)                                                \
   X(schedule_broadcast_ring_every_root)                                                      \
   X(schedule_broadcast_binomial_every_root)                                                  \
   X(schedule_broadcast_scatter_allgather_every_root)                                         \
@@ -104,7 +106,10 @@ int test_skipped;
   X(schedule_reducescatter_over_each_allreduce)                                              \
   X(schedule_cross_broadcast_and_allgather_every_pick)                                       \
   X(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner)                             \
+  X(schedule_broken_link_fails_every_rank_tree)                                              \
+  X(sched_run_fails_a_schedule_that_cannot_move)                                             \
   X(coll_partners_symmetric_and_cover_every_schedule)                                        \
+  X(tree_links_two_spanning_trees_among_the_partners)                                        \
   X(selector_picks_by_the_cost_model)                                                        \
   X(selector_hierarchical_broadcast_and_allgather)                                           \
   X(cost_model_setting_numbers_calibrate_and_file)                                           \

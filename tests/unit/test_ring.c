@@ -1303,6 +1303,105 @@ TEST(schedule_allreduce_rabenseifner_every_size_dtype_and_fusion) {
   run_forced(body_sched_allreduce, "rabenseifner", NULL, NULL, NULL);
 }
 
+TEST(schedule_allreduce_tree_every_size_dtype_and_fusion) {
+  run_forced(body_sched_allreduce, "tree", NULL, NULL, NULL);
+}
+
+/* The tree at one rank count: no elements, one, fewer than the ranks, an
+ * odd number and enough for many chunks of each half (the links' chunk
+ * is 256 bytes), exact sums and maxima and float16 on the wire, fused
+ * and not. */
+static void body_tree_sizes(struct sim_rank *k) {
+  static const enum gen gs[] = {GEN_SUM_F32, GEN_MAX_I32, GEN_FRAC_F32};
+  const int n = k->comm.size, me = k->comm.rank;
+  hora__comm *c = &k->comm;
+  const size_t counts[] = {0, 1, (size_t)(n > 1 ? n - 1 : 1), 7, 1001};
+  char *flat = malloc(1001 * 8), *orig = malloc(1001 * 8);
+  if (!flat || !orig) {
+    note(k, __LINE__, "out of memory");
+    close_ends(k);
+    goto out;
+  }
+  for (size_t ci = 0; ci < HORA_ARRAY_SIZE(counts); ci++) {
+    for (size_t gi = 0; gi < HORA_ARRAY_SIZE(gs); gi++) {
+      enum gen g = gs[gi];
+      const size_t count = counts[ci], es = hora_dtype_size(gens[g].dtype);
+      const int nl = (ci + gi) % 2 ? 3 : 1;
+      struct tensors t;
+      int rc = HORA_ERR_NO_MEMORY;
+      if (tensors_alloc(&t, nl, count, es)) {
+        gen_input(g, me, count, orig);
+        tensors_put(&t, orig);
+        rc = hora__allreduce(c, t.iov, nl, t.iov, nl, count, gens[g].dtype, gens[g].op,
+                             gens[g].wire, NULL);
+      }
+      if (rc != HORA_SUCCESS) {
+        note(k, __LINE__, "tree %s of %zu at %d ranks failed: %s (%s)", gens[g].name, count, n,
+             hora_strerror(rc), hora__error_message());
+        close_ends(k);
+        tensors_free(&t);
+        goto out;
+      }
+      double gv = 0, wv = 0;
+      gather(t.iov, nl, flat);
+      size_t d = gen_check(g, n, 0, count, 1.0, wire_rounds(c), flat, &gv, &wv);
+      EXPECT(k, d == count, "tree %s of %zu at %d ranks: element %zu is %.17g, expected %.17g",
+             gens[g].name, count, n, d, gv, wv);
+      EXPECT(k, tensors_guarded(&t), "tree %s of %zu: wrote past a tensor's end", gens[g].name,
+             count);
+      if (gens[g].wire != gens[g].dtype) {
+        record_digest(k, flat, count * es);
+      }
+      tensors_free(&t);
+    }
+  }
+  /* The hierarchical allreduce's step across hosts: the same tree over
+   * the members with this local rank (here one per host: all). */
+  gen_input(GEN_SUM_F32, me, 1001, flat);
+  CALL(k, hora__tree_run(c, true, flat, 1001, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32));
+  double gv = 0, wv = 0;
+  size_t d = gen_check(GEN_SUM_F32, n, 0, 1001, 1.0, 0, flat, &gv, &wv);
+  EXPECT(k, d == 1001, "tree across %d hosts: element %zu is %.17g, expected %.17g", n, d, gv, wv);
+out:
+  free(flat);
+  free(orig);
+}
+
+/* Every rank count from 1 to 64, over whole-chunk links (in tiny pieces
+ * too up to 16 ranks: more threads than that take too long there). */
+TEST(schedule_allreduce_tree_every_rank_count) {
+  const char *pre = getenv("LD_PRELOAD");
+  const int most = pre && strstr(pre, "vgpreload") ? 9 : 64;
+  /* Rank r alone on host r, for the step across hosts. */
+  static struct hora__peer_info hosts[64];
+  for (int r = 0; r < 64; r++) {
+    hosts[r] = (struct hora__peer_info){.host_index = r};
+  }
+  char why[1024];
+  for (int n = 1; n <= most; n++) {
+    for (int l = 0; l < (n <= 16 ? 2 : 1); l++) {
+      struct ring_job job;
+      int rc = job_start(&job, n, l ? 13 : 0, 256, 50 * MS);
+      const char *bad = NULL;
+      for (int r = 0; rc == HORA_SUCCESS && r < n; r++) {
+        job.ranks[r].proc.net.peers = hosts;
+      }
+      if (rc != HORA_SUCCESS) {
+        snprintf(why, sizeof(why), "setting up %d ranks: %s", n, hora_strerror(rc));
+        bad = why;
+      } else if (!job_force(&job, HORA_COLL_ALLREDUCE, "tree")) {
+        bad = "no allreduce algorithm tree";
+      } else {
+        bad = job_run(&job, body_tree_sizes, why, sizeof(why));
+      }
+      job_end(&job);
+      if (bad) {
+        FAIL("%.480s", bad);
+      }
+    }
+  }
+}
+
 TEST(schedule_broadcast_ring_every_root) {
   run_forced(body_sched_broadcast, NULL, "ring", NULL, NULL);
 }
@@ -1332,7 +1431,7 @@ TEST(schedule_reducescatter_halving_every_size) {
 }
 
 TEST(schedule_reducescatter_over_each_allreduce) {
-  static const char *const allreduces[] = {"ring", "rd", "rabenseifner"};
+  static const char *const allreduces[] = {"ring", "rd", "rabenseifner", "tree"};
   for (size_t i = 0; i < HORA_ARRAY_SIZE(allreduces); i++) {
     run_forced(body_sched_reducescatter, allreduces[i], NULL, NULL, "allreduce");
   }
@@ -1557,6 +1656,9 @@ static void body_broken(struct sim_rank *k) {
     case 3:
       rc = hora__rabenseifner_allreduce(c, buf, buf, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32);
       break;
+    case 4:
+      rc = hora__tree_allreduce(c, buf, buf, count, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32);
+      break;
   }
   fail_as_the_runtime(k, rc);
   free(buf);
@@ -1574,7 +1676,7 @@ struct broken_case {
 static void run_broken(int which, int break_peer, int hold_rank, const struct broken_case *cases,
                        size_t ncases) {
   static const char *const names[] = {"ring allreduce", "rd allreduce", "bruck allgather",
-                                      "rabenseifner allreduce"};
+                                      "rabenseifner allreduce", "tree allreduce"};
   char why[1024];
   for (size_t t = 0; t < ncases; t++) {
     struct ring_job job;
@@ -1624,6 +1726,35 @@ TEST(schedule_broken_link_fails_every_rank_rd_bruck_rabenseifner) {
   run_broken(1, 3, 3, cases, HORA_ARRAY_SIZE(cases));
   run_broken(2, 3, 3, cases, HORA_ARRAY_SIZE(cases));
   run_broken(3, 0, 0, four, HORA_ARRAY_SIZE(four));
+}
+
+/* The same in the tree: rank 3 is rank 2's child in tree 0 (and every
+ * rank's result holds its data). */
+TEST(schedule_broken_link_fails_every_rank_tree) {
+  static const struct broken_case cases[] = {{5, 13}, {6, 0}, {7, 4096}, {8, 13}};
+  run_broken(4, 3, 3, cases, HORA_ARRAY_SIZE(cases));
+}
+
+/* A schedule that cannot move (an operation waiting for itself, nothing in
+ * flight) fails at once, naming it, instead of sleeping forever; one of
+ * too many lanes is refused. */
+static void nothing(void *arg, const struct hora__sched_op *op) {
+  (void)arg;
+  (void)op;
+}
+
+TEST(sched_run_fails_a_schedule_that_cannot_move) {
+  struct hora__proc proc = {.chunk_bytes = 4096};
+  hora__comm c = {.proc = &proc, .net = &proc.net, .size = 1};
+  struct hora__sched_lane lanes[HORA_SCHED_LANES + 1] = {{NULL, false}};
+  struct hora__sched_op ops[2] = {{0, NULL, 0, {-1, -1}}, {0, NULL, 0, {1, -1}}};
+  struct hora__sched s = {.lanes = lanes, .nlanes = 1, .ops = ops, .nops = 2, .local = nothing};
+  ASSERT(hora__sched_run(&c, &s) == HORA_ERR_SYSTEM);
+  ASSERT(strstr(hora__error_message(), "stalled (1 of 2 operations done"));
+  s.nops = 1;
+  ASSERT(hora__sched_run(&c, &s) == HORA_SUCCESS);
+  s.nlanes = HORA_SCHED_LANES + 1;
+  ASSERT(hora__sched_run(&c, &s) == HORA_ERR_INVALID_ARG);
 }
 
 /* ---- the cost model's calibration (cost_model.c) -------------------------- */

@@ -76,6 +76,74 @@ TEST(coll_partners_symmetric_and_cover_every_schedule) {
   }
 }
 
+/* Both trees of the double binary tree span every size 1..64 (and some
+ * larger): one root, parents and children agree, every position reaches
+ * the root within ceil(log2 p) links; a position is inner in at most one
+ * tree, but for one at most; every link is a partner, so
+ * hora__comm_connect_partners made its connection. */
+TEST(tree_links_two_spanning_trees_among_the_partners) {
+  static const int extra[] = {100, 127, 128, 129, 1000, 1023, 1024, 1025};
+  static int parts[3 * 32];
+  for (int i = 0; i < 64 + (int)HORA_ARRAY_SIZE(extra); i++) {
+    int size = i < 64 ? i + 1 : extra[i - 64], log2 = 0, both = 0;
+    while ((1 << log2) < size) {
+      log2++;
+    }
+    int *inner = calloc((size_t)size, sizeof(int));
+    ASSERT(inner);
+    for (int tree = 0; tree < 2; tree++) {
+      int roots = 0;
+      for (int pos = 0; pos < size; pos++) {
+        int parent, child[2], gp, gc[2];
+        hora__tree_links(size, pos, tree, &parent, child);
+        int np = hora__coll_partners(pos, size, parts);
+        roots += parent < 0;
+        if (parent >= 0) {
+          hora__tree_links(size, parent, tree, &gp, gc);
+          if (gc[0] != pos && gc[1] != pos) {
+            FAIL("size %d, tree %d: %d's parent %d does not name it a child", size, tree, pos,
+                 parent);
+          }
+        }
+        for (int j = 0; j < 2; j++) {
+          if (child[j] < 0) {
+            continue;
+          }
+          inner[pos] |= 1 << tree;
+          hora__tree_links(size, child[j], tree, &gp, gc);
+          if (gp != pos || child[j] == child[1 - j]) {
+            FAIL("size %d, tree %d: %d's child %d names parent %d", size, tree, pos, child[j], gp);
+          }
+        }
+        int links[3] = {parent, child[0], child[1]};
+        for (int j = 0; j < 3; j++) {
+          if (links[j] >= 0 && !has(parts, np, links[j])) {
+            FAIL("size %d, tree %d: link %d - %d is not among the partners", size, tree, pos,
+                 links[j]);
+          }
+        }
+        int hops = 0;
+        for (int up = pos; up >= 0 && hops <= log2 + 1; hops++) {
+          hora__tree_links(size, up, tree, &up, gc);
+        }
+        if (hops - 1 > log2) {
+          FAIL("size %d, tree %d: %d is more than %d links from the root", size, tree, pos, log2);
+        }
+      }
+      if (roots != 1) {
+        FAIL("size %d, tree %d: %d roots", size, tree, roots);
+      }
+    }
+    for (int pos = 0; pos < size; pos++) {
+      both += inner[pos] == 3;
+    }
+    free(inner);
+    if (both > 1) {
+      FAIL("size %d: %d positions inner in both trees", size, both);
+    }
+  }
+}
+
 static const char *pick(const struct hora__layout *s, const struct hora__cost_model *m,
                         enum hora__coll_kind kind, size_t bytes) {
   const struct hora__algo *a = hora__algo_pick(s, m, kind, bytes);
@@ -134,6 +202,32 @@ TEST(selector_picks_by_the_cost_model) {
         FAIL("allreduce of %zu bytes at 16 ranks: recursive doubling", bytes);
       }
     }
+  }
+  /* Many ranks: the tree for medium sizes, where the ring takes 2(p-1)
+   * steps and Rabenseifner folds 1000 ranks into 512 (whole buffers in
+   * and out), or, with 8 ranks a host in blocks and no shared memory,
+   * shares each host's link 8 ways in its long steps, where most of the
+   * tree's links stay inside the hosts. */
+  struct hora__layout many = {.size = 1000, .hosts = 1000, .chunk = 512 * 1024};
+  ASSERT_PICK(&many, &m, HORA_COLL_ALLREDUCE, 8, "rd");
+  ASSERT_PICK(&many, &m, HORA_COLL_ALLREDUCE, 16 * MiB, "tree");
+  struct hora__layout blocks = {.size = 1024, .hosts = 128, .chunk = 512 * 1024};
+  ASSERT_PICK(&blocks, &m, HORA_COLL_ALLREDUCE, 32 * 1024, "rabenseifner");
+  ASSERT_PICK(&blocks, &m, HORA_COLL_ALLREDUCE, 2 * MiB, "tree");
+  ASSERT_PICK(&blocks, &m, HORA_COLL_ALLREDUCE, 16 * MiB, "tree");
+  /* The tree's chunk: HORA_CHUNK_SIZE without a model and for the largest
+   * operations, else whole KiB, at least 4 KiB, growing with the size. */
+  const struct hora__cost none = {0, 0, 0, 0};
+  ASSERT(hora__tree_chunk(&none, 1000, 1 * MiB, 512 * 1024) == 512 * 1024);
+  ASSERT(hora__tree_chunk(&m.link, 1000, (size_t)1 << 40, 512 * 1024) == 512 * 1024);
+  ASSERT(hora__tree_chunk(&m.link, 1000, 8, 512 * 1024) == 4096);
+  ASSERT(hora__tree_chunk(&m.link, 1000, 8, 256) == 256);
+  for (size_t b = 1, was = 0; b <= 256 * MiB; b *= 2) {
+    size_t c = hora__tree_chunk(&m.link, 1000, b, 512 * 1024);
+    if (c < was || c % 1024 || c < 4096 || c > 512 * 1024) {
+      FAIL("tree chunk for %zu bytes: %zu (for half as many: %zu)", b, c, was);
+    }
+    was = c;
   }
   /* One host sharing a segment: shared memory, which is unusable above. */
   struct hora__layout one = {.size = 8, .hosts = 1, .shm_host = true, .chunk = 512 * 1024};
