@@ -207,12 +207,6 @@ void hora__post_apply(const struct hora__coll_opts *o, hora_dtype dtype, void *b
   }
 }
 
-static void phase(const struct hora__coll_opts *o, const char *name) {
-  if (o && o->phase) {
-    o->phase(o->phase_arg, name);
-  }
-}
-
 int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out) {
   HORA_CHECK(
       hora__comm_grow_registered(comm, &comm->fusion, &comm->fusion_bytes, &comm->fusion_reg, bytes));
@@ -242,9 +236,9 @@ int hora__allreduce_contiguous(hora__comm *comm, hora__contiguous_allreduce_fn *
       hora__scale(dtype, out[0].base, count, opts->prescale);
       src = out[0].base;
     }
-    phase(opts, "ALLREDUCE");
+    hora__coll_phase(opts, "ALLREDUCE");
     int rc = count ? fn(comm, src, out[0].base, count, dtype, op, wire) : HORA_SUCCESS;
-    phase(opts, NULL);
+    hora__coll_phase(opts, NULL);
     if (rc == HORA_SUCCESS && count) {
       hora__post_apply(opts, dtype, out[0].base, count);
     }
@@ -252,7 +246,7 @@ int hora__allreduce_contiguous(hora__comm *comm, hora__contiguous_allreduce_fn *
   }
   char *f;
   HORA_CHECK(hora__comm_fusion_buffer(comm, count * esize, &f));
-  phase(opts, "MEMCPY_IN_FUSION_BUFFER");
+  hora__coll_phase(opts, "MEMCPY_IN_FUSION_BUFFER");
   size_t off = 0;
   for (int i = 0; i < nin; i++) {
     memcpy(f + off, in[i].base, in[i].len);
@@ -261,20 +255,20 @@ int hora__allreduce_contiguous(hora__comm *comm, hora__contiguous_allreduce_fn *
   if (prescale) {
     hora__scale(dtype, f, count, opts->prescale);
   }
-  phase(opts, NULL);
-  phase(opts, "ALLREDUCE");
+  hora__coll_phase(opts, NULL);
+  hora__coll_phase(opts, "ALLREDUCE");
   int rc = fn(comm, f, f, count, dtype, op, wire);
-  phase(opts, NULL);
+  hora__coll_phase(opts, NULL);
   if (rc != HORA_SUCCESS) {
     return rc;
   }
   hora__post_apply(opts, dtype, f, count);
-  phase(opts, "MEMCPY_OUT_FUSION_BUFFER");
+  hora__coll_phase(opts, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (int i = 0; i < nout; i++) {
     memcpy(out[i].base, f + off, out[i].len);
     off += out[i].len;
   }
-  phase(opts, NULL);
+  hora__coll_phase(opts, NULL);
   return HORA_SUCCESS;
 }

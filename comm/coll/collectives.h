@@ -54,6 +54,13 @@ struct hora__coll_opts {
 
 void hora__post_apply(const struct hora__coll_opts *o, hora_dtype dtype, void *buf, size_t n);
 
+/* Marks a phase of the operation on the timeline (name NULL: its end). */
+static inline void hora__coll_phase(const struct hora__coll_opts *o, const char *name) {
+  if (o && o->phase) {
+    o->phase(o->phase_arg, name);
+  }
+}
+
 /* The socket path's private fusion buffer, of at least `bytes`: allocated
  * once, regrown only for a batch larger than any before. */
 int hora__comm_fusion_buffer(hora__comm *comm, size_t bytes, char **out);
@@ -397,7 +404,12 @@ int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *ring, v
 int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *ring, const void *sendbuf,
                          size_t bytes, void *recvbuf);
 
-/* ---- direct shared-memory collectives (shm_coll.c) ------------------------ */
+/* ---- direct shared-memory collectives (shm_coll.c, shm_single_copy.c) ----- */
+/* Local rank j's slice [*a, *b) of n bytes or elements among L. */
+static inline void hora__shm_slice(size_t n, int L, int j, size_t *a, size_t *b) {
+  *a = n * (size_t)j / (size_t)L;
+  *b = n * (size_t)(j + 1) / (size_t)L;
+}
 
 int hora__shm_allreduce(hora__comm *comm, const struct hora__iov *in, int nin,
                         const struct hora__iov *out, int nout, size_t count, hora_dtype dtype,
