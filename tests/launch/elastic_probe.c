@@ -5,8 +5,10 @@
  * resets, then takes the step to resume from rank 0 (the state sync).
  *
  * HORA_TEST_KILL=STEP:ID[,STEP:ID...]  the process that started as rank ID
- *   (or joined with that id) kills itself at STEP; STEP "r" kills it
- *   50 ms into its next reset (a failure during the agreement).
+ *   (or joined with that id) kills itself at STEP, or at once if it learns
+ *   of a lost peer at STEP (so that ids given one step die together, not
+ *   one after the others' reset); STEP "r" kills it 50 ms into its next
+ *   reset (a failure during the agreement).
  * HORA_TEST_RESET_FIRST: calls hora_elastic_reset first (expects a clear
  *   HORA_ERR_INVALID_USAGE, the job unharmed).
  * HORA_TEST_TIMES: prints "killed-at T", "recovered-at T" (the first allreduce
@@ -222,6 +224,11 @@ int main(int argc, char **argv) {
     }
     if (rc == HORA_ERR_PEER_LOST || rc == HORA_ERR_ABORTED) {
       fprintf(stderr, "id %d: step %d: %s\n", my_id, step, hora_last_error());
+      if (kill_at(step)) {
+        fprintf(stderr, "id %d: killing myself at step %d, with the peer just lost\n", my_id,
+                step);
+        raise(SIGKILL);
+      }
       rc = reset();
       if (rc == HORA_SUCCESS) {
         report = true;
