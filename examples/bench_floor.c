@@ -236,63 +236,64 @@ static int mod(int a) {
 
 /* ---- the patterns ------------------------------------------------------------ */
 
+/* The fold of the ranks above the largest power of two p2: among the first
+ * 2 * rem ranks each even one hands its data to the odd one above it and
+ * waits for the result. Returns this rank's place among the p2 (-1: it sat
+ * out and holds the result); fold_out hands the result back. */
+static int fold_in(float *buf, size_t n, int *p2, int *rem) {
+  *p2 = 1;
+  while (*p2 * 2 <= size) {
+    *p2 *= 2;
+  }
+  *rem = size - *p2;
+  if (rank >= 2 * *rem) {
+    return rank - *rem;
+  }
+  if (rank % 2 == 0) {
+    xchg(rank + 1, buf, n * sizeof(float), -1, NULL, 0);
+    xchg(-1, NULL, 0, rank + 1, buf, n * sizeof(float));
+    return -1;
+  }
+  xchg(-1, NULL, 0, rank - 1, tmp, n * sizeof(float));
+  add(buf, tmp, n);
+  return rank / 2;
+}
+
+static void fold_out(float *buf, size_t n, int rem) {
+  if (rank < 2 * rem) {
+    xchg(rank - 1, buf, n * sizeof(float), -1, NULL, 0);
+  }
+}
+
+/* The rank at place vp among the p2. */
+static int fold_rank(int vp, int rem) { return vp < rem ? vp * 2 + 1 : vp + rem; }
+
 static void allreduce_rd(float *buf, size_t n) {
   size_t bytes = n * sizeof(float);
-  int p2 = 1;
-  while (p2 * 2 <= size) {
-    p2 *= 2;
-  }
-  int rem = size - p2, vr;
-  /* The fold: among the first 2 * rem ranks each even one hands its data
-   * to the odd one above it and waits for the result. */
-  if (rank < 2 * rem) {
-    if (rank % 2 == 0) {
-      xchg(rank + 1, buf, bytes, -1, NULL, 0);
-      xchg(-1, NULL, 0, rank + 1, buf, bytes);
-      return;
-    }
-    xchg(-1, NULL, 0, rank - 1, tmp, bytes);
-    add(buf, tmp, n);
-    vr = rank / 2;
-  } else {
-    vr = rank - rem;
+  int p2, rem, vr = fold_in(buf, n, &p2, &rem);
+  if (vr < 0) {
+    return;
   }
   for (int mask = 1; mask < p2; mask <<= 1) {
-    int vp = vr ^ mask, peer = vp < rem ? vp * 2 + 1 : vp + rem;
+    int peer = fold_rank(vr ^ mask, rem);
     xchg(peer, buf, bytes, peer, tmp, bytes);
     add(buf, tmp, n);
   }
-  if (rank < 2 * rem) {
-    xchg(rank - 1, buf, bytes, -1, NULL, 0);
-  }
+  fold_out(buf, n, rem);
 }
 
 /* Rabenseifner: the fold as in rd, recursive halving (each step keeps the
  * half this rank's bit names and sends the other), then recursive
  * doubling retracing the halving. */
 static void allreduce_rabenseifner(float *buf, size_t n) {
-  size_t bytes = n * sizeof(float);
-  int p2 = 1;
-  while (p2 * 2 <= size) {
-    p2 *= 2;
-  }
-  int rem = size - p2, vr;
-  if (rank < 2 * rem) {
-    if (rank % 2 == 0) {
-      xchg(rank + 1, buf, bytes, -1, NULL, 0);
-      xchg(-1, NULL, 0, rank + 1, buf, bytes);
-      return;
-    }
-    xchg(-1, NULL, 0, rank - 1, tmp, bytes);
-    add(buf, tmp, n);
-    vr = rank / 2;
-  } else {
-    vr = rank - rem;
+  int p2, rem, vr = fold_in(buf, n, &p2, &rem);
+  if (vr < 0) {
+    return;
   }
   size_t lo = 0, hi = n, los[32], his[32];
   int peers[32], k = 0;
   for (int mask = p2 / 2; mask >= 1; mask >>= 1, k++) {
-    int vp = vr ^ mask, peer = vp < rem ? vp * 2 + 1 : vp + rem;
+    int peer = fold_rank(vr ^ mask, rem);
     size_t mid = lo + (hi - lo) / 2;
     bool lower = (vr & mask) == 0;
     size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
@@ -310,9 +311,7 @@ static void allreduce_rabenseifner(float *buf, size_t n) {
          (ohi - olo) * sizeof(float));
     lo = los[k], hi = his[k];
   }
-  if (rank < 2 * rem) {
-    xchg(rank - 1, buf, bytes, -1, NULL, 0);
-  }
+  fold_out(buf, n, rem);
 }
 
 /* Round the ring: rank r ends with the sum of block r. */

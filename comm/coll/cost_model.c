@@ -46,15 +46,19 @@ static const struct hora__cost builtin_shm = {6e-6, 0.1e-9, 0.25e-9, 0};
  * runtime's cost per operation, in us). */
 static bool parse_numbers(const char *text, struct hora__cost *c) {
   double v[4] = {0, 0, 0, 0};
-  char extra;
-  int n = sscanf(text, "%lf,%lf,%lf,%lf %c", &v[0], &v[1], &v[2], &v[3], &extra);
-  if (n == 3) {
-    /* "a,b,c," or "a,b,c,x" that is not a number leave n at 3 too. */
-    char tail;
-    if (sscanf(text, "%*f,%*f,%*f %c", &tail) == 1) {
+  int used = 0, more = 0;
+  if (sscanf(text, "%lf,%lf,%lf%n", &v[0], &v[1], &v[2], &used) != 3) {
+    return false;
+  }
+  const char *rest = text + used;
+  if (*rest == ',') {
+    if (sscanf(rest + 1, "%lf%n", &v[3], &more) != 1) {
       return false;
     }
-  } else if (n != 4) {
+    rest += 1 + more;
+  }
+  rest += strspn(rest, " \t");
+  if (*rest) {
     return false;
   }
   for (int i = 0; i < 4; i++) {
