@@ -22,6 +22,7 @@ struct hora__ctrl {
   size_t in_len, in_cap, in_off; /* parsed up to in_off */
   uint8_t *out;
   size_t out_len, out_off, out_cap;
+  bool drained; /* the last read found the socket empty (a short read or EAGAIN) */
 };
 
 hora__ctrl *hora__ctrl_new(int fd, int peer) {
@@ -159,6 +160,7 @@ static int head_frame(const hora__ctrl *c, bool *have_header, size_t *total) {
  * streaming faster than we parse, or garbage, cannot grow it without
  * bound, and a bad header fails at once. */
 int hora__ctrl_read(hora__ctrl *c) {
+  c->drained = false;
   /* Drop what was parsed before reading more. */
   if (c->in_off > 0) {
     memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
@@ -185,6 +187,7 @@ int hora__ctrl_read(hora__ctrl *c) {
     if (n > 0) {
       c->in_len += (size_t)n;
       c->last_in_ns = hora__now_ns();
+      c->drained = (size_t)n < room;
       if ((size_t)n < room) {
         /* Short read: nothing more now, unless it completed a header. */
         HORA_CHECK(head_frame(c, &have_header, &total));
@@ -200,6 +203,7 @@ int hora__ctrl_read(hora__ctrl *c) {
       continue;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      c->drained = true;
       return HORA_SUCCESS;
     }
     return hora__error_errno(HORA_ERR_PEER_LOST, "control connection to rank %d broke", c->peer);
@@ -223,6 +227,8 @@ int hora__ctrl_next(hora__ctrl *c, bool *got, uint16_t *type, const uint8_t **pa
   *got = true;
   return HORA_SUCCESS;
 }
+
+bool hora__ctrl_drained(const hora__ctrl *c) { return c->drained; }
 
 uint64_t hora__ctrl_last_in(const hora__ctrl *c) { return c->last_in_ns; }
 uint64_t hora__ctrl_last_out(const hora__ctrl *c) { return c->last_out_ns; }

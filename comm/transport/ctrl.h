@@ -24,6 +24,9 @@ bool hora__ctrl_has_output(const hora__ctrl *c);
  * reset gives HORA_ERR_PEER_LOST, a malformed frame header
  * HORA_ERR_PROTOCOL (message recorded). */
 int hora__ctrl_read(hora__ctrl *c);
+/* Whether the last read emptied the socket (a short read or EAGAIN): a
+ * read now would most likely find nothing. */
+bool hora__ctrl_drained(const hora__ctrl *c);
 /* Takes the next complete frame, if any: *got = false when none is complete.
  * The payload stays valid until the next call on this connection. A frame
  * longer than HORA_CTRL_MAX_FRAME is a protocol error. */

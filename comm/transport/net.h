@@ -29,6 +29,8 @@ struct hora__peer_info {
 struct pollfd;
 typedef int (*hora__service_fn)(void *arg);
 typedef int (*hora__service_pollfds_fn)(void *arg, struct pollfd *fds, int max);
+/* Told what a poll() found on the fds the pollfds callback gave. */
+typedef void (*hora__service_ready_fn)(void *arg, const struct pollfd *fds, int n);
 
 struct hora__net {
   int rank, size;                /* in the job */
@@ -40,6 +42,7 @@ struct hora__net {
 
   hora__service_fn service;
   hora__service_pollfds_fn service_pollfds;
+  hora__service_ready_fn service_ready; /* optional */
   void *service_arg;
   /* The service hook runs at least every service_interval_ns during any
    * collective, however fast its bytes move (heartbeats, aborts). */

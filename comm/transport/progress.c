@@ -133,6 +133,9 @@ int hora__progress_wait(hora__net *net) {
     if (r < 0 && errno != EINTR) {
       return hora__error_errno(HORA_ERR_SYSTEM, "poll");
     }
+    if (r >= 0 && net->service_ready) {
+      net->service_ready(net->service_arg, fds + ndata, n - ndata);
+    }
     /* Control traffic is serviced when it arrives and whenever it is due. */
     bool service = false;
     for (int i = ndata; i < n && !service; i++) {

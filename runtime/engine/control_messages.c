@@ -154,7 +154,8 @@ int hora__engine_read_ctrl(struct hora__engine *e, hora__ctrl *c) {
       frames++;
       HORA_CHECK(on_ctrl_frame(e, peer, type, p, n));
     }
-    if (rc != HORA_SUCCESS || frames == 0) {
+    /* (A socket the read emptied waits for poll to say it has more.) */
+    if (rc != HORA_SUCCESS || frames == 0 || hora__ctrl_drained(c)) {
       break;
     }
   }
@@ -258,8 +259,31 @@ int hora__engine_service(void *arg) {
   for (int lr = 0; shm && lr < hora__shm_local_size(shm); lr++) {
     HORA_CHECK(hora__shm_mail_read(shm, lr, on_mail, e));
   }
+  bool sweep = false;
+  if (!e->ctrl_fresh) {
+    struct pollfd *fds = e->service_pollfds;
+    int n = hora__engine_service_pollfds(e, fds, e->npollfds);
+    for (int i = 0; i < n; i++) {
+      fds[i].events = POLLIN; /* (not POLLOUT: the flush below writes what it can) */
+    }
+    int pr = poll(fds, (nfds_t)n, 0);
+    if (pr < 0 && errno != EINTR) {
+      return hora__error_errno(HORA_ERR_SYSTEM, "poll");
+    }
+    if (pr < 0) {
+      sweep = true;
+    } else {
+      hora__engine_service_ready(e, fds, n);
+    }
+  }
+  sweep |= !e->ctrl_fresh; /* (the connections changed since their poll) */
+  e->ctrl_fresh = false;
   for (int r = 0; r < c->size; r++) {
-    if (c->proc->ctrl[r]) {
+    bool ready = r >= e->nctrl_ready || e->ctrl_ready[r];
+    if (c->proc->ctrl[r] && (ready || sweep)) {
+      if (r < e->nctrl_ready) {
+        e->ctrl_ready[r] = 0;
+      }
       HORA_CHECK(hora__engine_read_ctrl(e, c->proc->ctrl[r]));
     }
     if (c->proc->ctrl[r] && !e->shutting_down) {
@@ -270,6 +294,28 @@ int hora__engine_service(void *arg) {
     }
   }
   return HORA_SUCCESS;
+}
+
+void hora__engine_service_ready(void *arg, const struct pollfd *fds, int n) {
+  struct hora__engine *e = arg;
+  hora__comm *c = e->world->comm;
+  int i = 0;
+  for (int r = 0; r < c->size; r++) {
+    if (!c->proc->ctrl[r]) {
+      continue;
+    }
+    if (i == n || fds[i].fd != hora__ctrl_fd(c->proc->ctrl[r])) {
+      /* A connection came or went since the poll, or the poll had no room
+       * for all: read them all. */
+      e->ctrl_fresh = false;
+      return;
+    }
+    if (fds[i].revents && r < e->nctrl_ready) {
+      e->ctrl_ready[r] = 1;
+    }
+    i++;
+  }
+  e->ctrl_fresh = true;
 }
 
 int hora__engine_service_pollfds(void *arg, struct pollfd *fds, int max) {

@@ -158,6 +158,8 @@ static void engine_free(struct hora__engine *e) {
   hora__wbuf_free(&e->wbuf);
   free(e->pollfds);
   free(e->caller_pollfds);
+  free(e->service_pollfds);
+  free(e->ctrl_ready);
   free(e);
 }
 
@@ -281,10 +283,12 @@ bool hora__engine_sleep_begin(struct hora__runtime *rt) {
   return idle;
 }
 
-int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool release) {
+int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool release,
+                      int service_from) {
   struct hora__runtime *rt = e->rt;
   struct hora__shm *shm = e->world->comm->proc->shm;
   int pr = 0, err = 0;
+  bool polled = false;
   if (!shm || !hora__shm_mail_sleep(shm, true)) { /* (else a partner's step came in meanwhile) */
     uint64_t due = hora__engine_next_due_ns(e), now = hora__now_ns();
     uint64_t ns = due <= now ? 0 : HORA_MIN(due - now, 1000000000ull);
@@ -294,8 +298,18 @@ int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool re
     }
     pr = ppoll(fds, (nfds_t)n, &ts, NULL);
     err = errno;
+    polled = true;
     if (release) {
-      pthread_mutex_lock(&rt->progress_mu);
+      /* A caller that drives holds the engine for its whole request:
+       * blocking on the lock would cost its every release a wake-up. */
+      struct pollfd w = {.fd = rt->wake_fd, .events = POLLIN};
+      while (pthread_mutex_trylock(&rt->progress_mu) != 0) {
+        if (atomic_load_explicit(&rt->engine_drivers, memory_order_acquire) == 0 ||
+            poll(&w, 1, 1) > 0) {
+          pthread_mutex_lock(&rt->progress_mu);
+          break;
+        }
+      }
     }
     if (shm) {
       hora__shm_mail_sleep(shm, false);
@@ -306,6 +320,9 @@ int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool re
   pthread_mutex_unlock(&rt->mu);
   if (pr > 0 && fds[0].revents) {
     drain_wake(rt);
+  }
+  if (polled && pr >= 0 && service_from > 0) {
+    hora__engine_service_ready(e, fds + service_from, n - service_from);
   }
   if (pr < 0 && err != EINTR) {
     errno = err;
@@ -330,9 +347,10 @@ static int sleep_until_work(struct hora__engine *e) {
   fds[n++] = (struct pollfd){.fd = e->rt->wake_fd, .events = POLLIN};
   fds[n++] = (struct pollfd){.fd = c->proc->tcp_listen_fd, .events = POLLIN};
   fds[n++] = (struct pollfd){.fd = c->proc->unix_listen_fd, .events = POLLIN};
+  int service_from = n;
   n += hora__engine_service_pollfds(e, fds + n, e->npollfds - n);
   hora__timeline_flush();
-  HORA_CHECK(hora__engine_poll(e, fds, n, true));
+  HORA_CHECK(hora__engine_poll(e, fds, n, true, service_from));
   if (fds[1].revents) {
     hora__engine_refuse_connections(e, c->proc->tcp_listen_fd);
   }
@@ -507,7 +525,10 @@ int hora__engine_start(struct hora__runtime *rt) {
   e->npollfds = rt->size + 8;
   e->pollfds = hora__calloc((size_t)e->npollfds, sizeof(*e->pollfds));
   e->caller_pollfds = hora__calloc((size_t)e->npollfds, sizeof(*e->caller_pollfds));
-  if (!e->pollfds || !e->caller_pollfds) {
+  e->service_pollfds = hora__calloc((size_t)e->npollfds, sizeof(*e->service_pollfds));
+  e->nctrl_ready = rt->size;
+  e->ctrl_ready = hora__calloc((size_t)rt->size + 1, 1);
+  if (!e->pollfds || !e->caller_pollfds || !e->service_pollfds || !e->ctrl_ready) {
     engine_free(e);
     return HORA_ERR_NO_MEMORY;
   }
@@ -520,6 +541,7 @@ int hora__engine_start(struct hora__runtime *rt) {
   hora__net *net = &e->proc->net;
   net->service = hora__engine_service;
   net->service_pollfds = hora__engine_service_pollfds;
+  net->service_ready = hora__engine_service_ready;
   net->service_arg = e;
   /* Often enough for heartbeats at a quarter of the peer timeout, and for
    * an abort to stop a collective well within a second. */

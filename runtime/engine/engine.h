@@ -133,6 +133,14 @@ struct hora__engine {
   struct pollfd *caller_pollfds; /* the same for a caller driving it (drive.c): the
                                     coordinator may be in poll() on its own meanwhile */
   int npollfds;
+  /* Which control connections the last poll() found readable (by rank),
+   * so the service reads only those: a read per connection per step cost
+   * a failed recvfrom per partner, most of a small operation's system
+   * calls. Without fresh readiness the service polls them once, at once. */
+  struct pollfd *service_pollfds;
+  uint8_t *ctrl_ready; /* [nctrl_ready] */
+  int nctrl_ready;
+  bool ctrl_fresh;
   atomic_uint_fast64_t seen_seq; /* rt->submit_seq when the queue was last taken */
   bool on_caller; /* a caller runs this step: device work is left to the coordinator */
   /* That caller's request: it runs the responses up to the one that
@@ -157,7 +165,8 @@ uint64_t hora__engine_next_due_ns(struct hora__engine *e);
  * at all if a partner's step came in first), letting go of progress_mu
  * meanwhile if `release`, then clears the mark and drains the eventfd. */
 bool hora__engine_sleep_begin(struct hora__runtime *rt);
-int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool release);
+int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool release,
+                      int service_from);
 
 /* engine.c: a communicator's negotiation state (its cache, cycles with
  * partners by its own ranks, stall inspector and, at its first rank, the
@@ -174,6 +183,9 @@ int hora__engine_ctrl_send(struct hora__engine *e, hora__ctrl *c, uint16_t type,
                            size_t n);
 int hora__engine_service(void *arg);
 int hora__engine_service_pollfds(void *arg, struct pollfd *fds, int max);
+/* After a poll() on fds from hora__engine_service_pollfds: which of them
+ * the next service reads. */
+void hora__engine_service_ready(void *arg, const struct pollfd *fds, int n);
 void hora__engine_refuse_connections(struct hora__engine *e, int lfd);
 /* Logs the refusals due (all with `flush`); progress_mu is released around
  * the write, so callers spinning for the engine are not held up by it. */
