@@ -117,7 +117,11 @@ struct hora__runtime {
   struct hora_request *queue_head, *queue_tail; /* submitted, not yet seen */
   struct hora__table inflight;                 /* key -> request, until completed */
   uint64_t unnamed_seq, barrier_seq;
-  bool coord_sleeping;
+  /* Threads asleep in hora__engine_poll on the eventfd among others (the
+   * coordinator, a driving caller): a submission writes the eventfd while
+   * any is. A count, not a flag: a caller waking must not hide the
+   * coordinator's sleep from the next submitter. */
+  int sleepers;
   bool accepting;          /* false once the coordinator has stopped */
   bool coordinator_exited;
   bool joined;       /* this rank has a join in flight */

@@ -536,3 +536,17 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
   *progressed = true;
   return unwait_stale(set);
 }
+
+bool hora__engine_set_idle(const struct hora__set *set) {
+  if (set->cycle_phase != CYCLE_IDLE || set->nwaiting > 0 || set->todo || set->join_pending ||
+      set->new_hits || set->evict_wanted || set->frames_got > set->frames_applied ||
+      (set->ctl && hora__controller_has_ready(set->ctl))) {
+    return false;
+  }
+  for (int i = 0; i < 2 * INBOX_STEPS; i++) {
+    if (set->inbox[i].has) {
+      return false;
+    }
+  }
+  return true;
+}

@@ -81,7 +81,7 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
       if (!give_up) {
         give_up = !caller_step(rt, e, done, &busy);
         seen = atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
-        left_todo = e->world->todo != NULL;
+        left_todo = !hora__engine_set_idle(e->world);
       }
       pthread_mutex_unlock(&rt->progress_mu);
       if (give_up) {
@@ -148,15 +148,16 @@ bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *don
       }
     }
   }
-  bool left_todo = stopped || e->world->todo != NULL || !atomic_load_explicit(done, memory_order_acquire);
+  bool left_todo = stopped || !hora__engine_set_idle(e->world) ||
+                   !atomic_load_explicit(done, memory_order_acquire);
   bool unseen = atomic_load_explicit(&rt->submit_seq, memory_order_acquire) !=
                 atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
   atomic_fetch_sub_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
   pthread_mutex_unlock(&rt->progress_mu);
   /* The coordinator, asleep on the eventfd alone, goes back to its usual
    * sleep within a millisecond of the last caller's leaving; woken at once
-   * only for work left undone (a wake-up per small operation cost each a
-   * context switch and a fight for progress_mu). */
+   * only where the engine is not idle (a wake-up per small operation cost
+   * each a context switch and a fight for progress_mu). */
   if (left_todo || unseen) {
     wake_coordinator(rt);
   }

@@ -193,8 +193,7 @@ static int run_todo(struct hora__set *set, bool *busy) {
 /* ---- sleeping and waking -------------------------------------------------- */
 
 void hora__engine_wake_locked(struct hora__runtime *rt) {
-  if (rt->coord_sleeping) {
-    rt->coord_sleeping = false;
+  if (rt->sleepers > 0) {
     uint64_t one = 1;
     ssize_t w = write(rt->wake_fd, &one, sizeof(one));
     (void)w;
@@ -278,7 +277,7 @@ uint64_t hora__engine_next_due_ns(struct hora__engine *e) {
 bool hora__engine_sleep_begin(struct hora__runtime *rt) {
   pthread_mutex_lock(&rt->mu);
   bool idle = !rt->queue_head && !rt->abort_asked;
-  rt->coord_sleeping = idle;
+  rt->sleepers += idle;
   pthread_mutex_unlock(&rt->mu);
   return idle;
 }
@@ -316,7 +315,7 @@ int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool re
     }
   }
   pthread_mutex_lock(&rt->mu);
-  rt->coord_sleeping = false;
+  rt->sleepers--;
   pthread_mutex_unlock(&rt->mu);
   if (pr > 0 && fds[0].revents) {
     drain_wake(rt);

@@ -220,6 +220,11 @@ int hora__engine_run_exchange(struct hora__set *set, const struct hora__response
 int hora__engine_lost_partner(struct hora__engine *e, int peer);
 int hora__engine_cycle_advance(struct hora__set *set, bool *progressed);
 int hora__engine_cycle_end(struct hora__set *set, bool *progressed);
+/* Whether the set has nothing in hand: no cycle under way or asked for, no
+ * request waiting, nothing to run or to send. Only then may a caller that
+ * drove it leave without waking the coordinator, whose poll() would not
+ * see what the caller already read off the sockets. */
+bool hora__engine_set_idle(const struct hora__set *set);
 
 /* fatal.c: the end of the coordinator's loop with rc. A fatal error
  * (rc != 0) is recorded, logged and told to the job and the process's
