@@ -122,6 +122,7 @@ struct hora__runtime {
    * any is. A count, not a flag: a caller waking must not hide the
    * coordinator's sleep from the next submitter. */
   int sleepers;
+  bool coord_polling; /* the coordinator sleeps in its poll() on everything */
   bool accepting;          /* false once the coordinator has stopped */
   bool coordinator_exited;
   bool joined;       /* this rank has a join in flight */

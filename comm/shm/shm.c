@@ -157,16 +157,17 @@ bool hora__shm_mail_sleep(struct hora__shm *s, bool sleeping) {
   if (!s->mail) {
     return false;
   }
-  atomic_store_explicit(&s->asleep[s->local_rank].asleep, sleeping, memory_order_relaxed);
   if (!sleeping) {
+    atomic_fetch_sub_explicit(&s->asleep[s->local_rank].asleep, 1, memory_order_relaxed);
     return false;
   }
+  atomic_fetch_add_explicit(&s->asleep[s->local_rank].asleep, 1, memory_order_relaxed);
   atomic_thread_fence(memory_order_seq_cst);
   for (int j = 0; j < s->local_size; j++) {
     struct mail_ring *r = ring_of(s, j, s->local_rank);
     if (j != s->local_rank && atomic_load_explicit(&r->head, memory_order_acquire) !=
                                   atomic_load_explicit(&r->tail, memory_order_relaxed)) {
-      atomic_store_explicit(&s->asleep[s->local_rank].asleep, 0, memory_order_relaxed);
+      atomic_fetch_sub_explicit(&s->asleep[s->local_rank].asleep, 1, memory_order_relaxed);
       return true;
     }
   }

@@ -89,8 +89,9 @@ bool hora__shm_mail_send(struct hora__shm *shm, int to, const void *p, size_t le
 /* Hands each message waiting from local rank `from` to fn, in order. */
 int hora__shm_mail_read(struct hora__shm *shm, int from,
                         int (*fn)(void *arg, int from, const uint8_t *p, size_t len), void *arg);
-/* Before sleeping in poll() (true) and after (false). True: mail came in
- * meanwhile; do not sleep (the flag is down again). */
+/* Before sleeping in poll() (true) and after (false): a count, since the
+ * coordinator and a caller driving the engine may both sleep. True: mail
+ * came in meanwhile; do not sleep (this sleeper is uncounted again). */
 bool hora__shm_mail_sleep(struct hora__shm *shm, bool sleeping);
 
 /* ---- hora_mem_alloc blocks (shm_mem.c) ---- */

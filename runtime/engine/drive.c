@@ -19,10 +19,16 @@
 #include "runtime/observe/timeline.h"
 
 /* Under mu: once the caller has let go of the engine, hora__instance_stop
- * may close the eventfd (the descriptor number is then another file's). */
-static void wake_coordinator(struct hora__runtime *rt) {
+ * may close the eventfd (the descriptor number is then another file's).
+ * A caller leaving work to it wakes it; one leaving an engine that is not
+ * idle wakes it only if it sleeps in its poll() on everything, which would
+ * not see what the caller already read. Otherwise it sleeps on the eventfd
+ * alone and takes the engine back within a millisecond of the last
+ * caller's leaving: a wake-up per small operation cost each a context
+ * switch and a fight for progress_mu. */
+static void wake_coordinator(struct hora__runtime *rt, bool left_work, bool idle) {
   pthread_mutex_lock(&rt->mu);
-  if (rt->wake_fd >= 0) {
+  if (rt->wake_fd >= 0 && (left_work || (!idle && rt->coord_polling))) {
     uint64_t one = 1;
     ssize_t w = write(rt->wake_fd, &one, sizeof(one));
     (void)w;
@@ -62,7 +68,7 @@ static bool caller_step(struct hora__runtime *rt, struct hora__engine *e, const 
 bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64_t until_ns) {
   /* The engine is only touched under progress_mu: hora__engine_join frees
    * it under the lock, and the counters live in rt, which outlives it. */
-  bool counted = false, left_todo = false;
+  bool counted = false, left_todo = false, idle = true;
   uint64_t seen = 0;
   while (!atomic_load_explicit(done, memory_order_acquire) && hora__now_ns() < until_ns) {
     bool busy = false;
@@ -81,7 +87,8 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
       if (!give_up) {
         give_up = !caller_step(rt, e, done, &busy);
         seen = atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
-        left_todo = !hora__engine_set_idle(e->world);
+        left_todo = e->world->todo != NULL;
+        idle = hora__engine_set_idle(e->world);
       }
       pthread_mutex_unlock(&rt->progress_mu);
       if (give_up) {
@@ -98,10 +105,10 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
   atomic_fetch_sub_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
   /* The coordinator takes over what is left: a request still running, a
    * submission no step took, responses after this caller's, an error. */
-  if (!atomic_load_explicit(done, memory_order_acquire) || left_todo ||
-      atomic_load_explicit(&rt->submit_seq, memory_order_acquire) != seen) {
-    wake_coordinator(rt);
-  }
+  wake_coordinator(rt,
+                   !atomic_load_explicit(done, memory_order_acquire) || left_todo ||
+                       atomic_load_explicit(&rt->submit_seq, memory_order_acquire) != seen,
+                   idle);
   return true;
 }
 
@@ -148,18 +155,13 @@ bool hora__engine_drive_sleeping(struct hora__runtime *rt, const atomic_int *don
       }
     }
   }
-  bool left_todo = stopped || !hora__engine_set_idle(e->world) ||
-                   !atomic_load_explicit(done, memory_order_acquire);
-  bool unseen = atomic_load_explicit(&rt->submit_seq, memory_order_acquire) !=
-                atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
+  bool left_work = stopped || e->world->todo != NULL ||
+                   !atomic_load_explicit(done, memory_order_acquire) ||
+                   atomic_load_explicit(&rt->submit_seq, memory_order_acquire) !=
+                       atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
+  bool idle = hora__engine_set_idle(e->world);
   atomic_fetch_sub_explicit(&rt->engine_drivers, 1, memory_order_acq_rel);
   pthread_mutex_unlock(&rt->progress_mu);
-  /* The coordinator, asleep on the eventfd alone, goes back to its usual
-   * sleep within a millisecond of the last caller's leaving; woken at once
-   * only where the engine is not idle (a wake-up per small operation cost
-   * each a context switch and a fight for progress_mu). */
-  if (left_todo || unseen) {
-    wake_coordinator(rt);
-  }
+  wake_coordinator(rt, left_work, idle);
   return true;
 }

@@ -236,6 +236,22 @@ static void drain_wake(struct hora__runtime *rt) {
   (void)r;
 }
 
+/* The coordinator takes the engine back. A caller that drives holds it
+ * for its whole request: blocking on the lock would cost the caller's
+ * every release a wake-up (and the next request a fight for the lock), so
+ * while one drives the coordinator sleeps on its eventfd, looking every
+ * millisecond. */
+static void relock_engine(struct hora__runtime *rt) {
+  struct pollfd w = {.fd = rt->wake_fd, .events = POLLIN};
+  while (pthread_mutex_trylock(&rt->progress_mu) != 0) {
+    if (atomic_load_explicit(&rt->engine_drivers, memory_order_acquire) == 0 ||
+        poll(&w, 1, 1) > 0) {
+      pthread_mutex_lock(&rt->progress_mu);
+      return;
+    }
+  }
+}
+
 /* While callers drive the engine, the coordinator sleeps on its eventfd
  * alone (peers' messages are theirs to read), looking every millisecond
  * whether one still does: once none does, it goes back to its usual sleep
@@ -258,7 +274,7 @@ static void sleep_while_driven(struct hora__engine *e) {
       break;
     }
   }
-  pthread_mutex_lock(&rt->progress_mu);
+  relock_engine(rt);
 }
 
 uint64_t hora__engine_next_due_ns(struct hora__engine *e) {
@@ -293,30 +309,26 @@ int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool re
     uint64_t ns = due <= now ? 0 : HORA_MIN(due - now, 1000000000ull);
     struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
     if (release) {
+      pthread_mutex_lock(&rt->mu);
+      rt->coord_polling = true;
+      pthread_mutex_unlock(&rt->mu);
       pthread_mutex_unlock(&rt->progress_mu); /* callers may drive meanwhile */
     }
     pr = ppoll(fds, (nfds_t)n, &ts, NULL);
     err = errno;
     polled = true;
-    if (release) {
-      /* A caller that drives holds the engine for its whole request:
-       * blocking on the lock would cost its every release a wake-up. */
-      struct pollfd w = {.fd = rt->wake_fd, .events = POLLIN};
-      while (pthread_mutex_trylock(&rt->progress_mu) != 0) {
-        if (atomic_load_explicit(&rt->engine_drivers, memory_order_acquire) == 0 ||
-            poll(&w, 1, 1) > 0) {
-          pthread_mutex_lock(&rt->progress_mu);
-          break;
-        }
-      }
-    }
     if (shm) {
       hora__shm_mail_sleep(shm, false);
     }
   }
+  /* Awake before taking the engine back: submitters need not wake us. */
   pthread_mutex_lock(&rt->mu);
   rt->sleepers--;
+  rt->coord_polling = false;
   pthread_mutex_unlock(&rt->mu);
+  if (polled && release) {
+    relock_engine(rt);
+  }
   if (pr > 0 && fds[0].revents) {
     drain_wake(rt);
   }
