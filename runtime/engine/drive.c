@@ -88,7 +88,9 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
         give_up = !caller_step(rt, e, done, &busy);
         seen = atomic_load_explicit(&e->seen_seq, memory_order_relaxed);
         left_todo = e->world->todo != NULL;
-        idle = hora__engine_set_idle(e->world);
+        if (give_up || atomic_load_explicit(done, memory_order_acquire)) {
+          idle = hora__engine_set_idle(e->world); /* (this caller leaves) */
+        }
       }
       pthread_mutex_unlock(&rt->progress_mu);
       if (give_up) {
@@ -116,7 +118,7 @@ bool hora__engine_drive(struct hora__runtime *rt, const atomic_int *done, uint64
  * and the eventfd (submissions from other threads write it: it is marked
  * as the one sleeping), until input or the engine's next timer. */
 static int caller_sleep(struct hora__runtime *rt, struct hora__engine *e) {
-  if (!hora__engine_sleep_begin(rt)) {
+  if (!hora__engine_sleep_begin(rt, false)) {
     return HORA_SUCCESS;
   }
   struct pollfd *fds = e->caller_pollfds;

@@ -290,10 +290,11 @@ uint64_t hora__engine_next_due_ns(struct hora__engine *e) {
   return due;
 }
 
-bool hora__engine_sleep_begin(struct hora__runtime *rt) {
+bool hora__engine_sleep_begin(struct hora__runtime *rt, bool coordinator) {
   pthread_mutex_lock(&rt->mu);
   bool idle = !rt->queue_head && !rt->abort_asked;
   rt->sleepers += idle;
+  rt->coord_polling = idle && coordinator;
   pthread_mutex_unlock(&rt->mu);
   return idle;
 }
@@ -309,9 +310,6 @@ int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool re
     uint64_t ns = due <= now ? 0 : HORA_MIN(due - now, 1000000000ull);
     struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
     if (release) {
-      pthread_mutex_lock(&rt->mu);
-      rt->coord_polling = true;
-      pthread_mutex_unlock(&rt->mu);
       pthread_mutex_unlock(&rt->progress_mu); /* callers may drive meanwhile */
     }
     pr = ppoll(fds, (nfds_t)n, &ts, NULL);
@@ -350,7 +348,7 @@ static int sleep_until_work(struct hora__engine *e) {
   }
   bool found;
   HORA_CHECK(spin_for_work(e, &found));
-  if (found || !hora__engine_sleep_begin(e->rt)) {
+  if (found || !hora__engine_sleep_begin(e->rt, true)) {
     return HORA_SUCCESS;
   }
   struct pollfd *fds = e->pollfds;

@@ -159,12 +159,15 @@ struct hora__engine {
 int hora__engine_step(struct hora__engine *e, bool *busy);
 uint64_t hora__engine_next_due_ns(struct hora__engine *e);
 /* The engine's sleep, for the coordinator and a caller driving it: begin
- * marks the sleeper for submitters to wake (false, and nothing marked,
+ * counts the sleeper for submitters to wake (false, and nothing counted,
  * when work is queued); poll sleeps in ppoll() on fds (fds[0] the eventfd)
- * until input or the next timer, with this rank's mailbox flag raised (not
- * at all if a partner's step came in first), letting go of progress_mu
- * meanwhile if `release`, then clears the mark and drains the eventfd. */
-bool hora__engine_sleep_begin(struct hora__runtime *rt);
+ * until input or the next timer, counted in this rank's mailbox (not at
+ * all if a partner's step came in first), letting go of progress_mu
+ * meanwhile if `release` (the coordinator), then uncounts the sleeper,
+ * drains the eventfd and, from fds[service_from] on (the fds of
+ * hora__engine_service_pollfds; 0: none), notes which control connections
+ * the next service reads. */
+bool hora__engine_sleep_begin(struct hora__runtime *rt, bool coordinator);
 int hora__engine_poll(struct hora__engine *e, struct pollfd *fds, int n, bool release,
                       int service_from);
 
