@@ -23,6 +23,13 @@
 #                              own and would spin, while all hosts share them;
 #                              on a real host hora spins only where its ranks
 #                              have cores to spare, and here none do)
+#   --tcp-cc NAME              TCP congestion control for every process, hora's
+#                              (HORA_TCP_CONGESTION_CONTROL), Open MPI's and the
+#                              floor's (scripts/tcp-congestion-preload.c, built
+#                              here); default cubic, Linux's default; "system":
+#                              the system's. Under BBR, the default of some
+#                              machines, 64 and 128 KiB exchanges on these links
+#                              wait for its tail-loss probes (docs/benchmarks.md)
 #   --fit                      after the runs, fit the cost model's link constants
 #                              to each layout's forced-algorithm times (hora-info
 #                              --model --fit) and print HORA_COST_MODEL and every
@@ -60,6 +67,7 @@ ALGORITHMS="allreduce:ring broadcast:ring allgather:ring reducescatter:ring"
 
 layouts="8x1 16x1 4x2" ops="allreduce broadcast allgather reducescatter"
 sizes=8:64M:8 reps=5 rate=1gbit csv= logs= tree= limit=1800 algos_opt= fit=0 fit_only= spin=0
+tcp_cc=cubic
 while [ $# -gt 0 ]; do
   case $1 in
     --layouts) layouts=$2; shift ;;
@@ -75,6 +83,7 @@ while [ $# -gt 0 ]; do
     --tree) tree=$2; shift ;;
     --timeout) limit=$2; shift ;;
     --spin-us) spin=$2; shift ;;
+    --tcp-cc) tcp_cc=$2; shift ;;
     --quick) layouts="4x1 2x2" sizes=8:256K:32 reps=3 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale-bench.sh: unknown option $1 (--help)" >&2; exit 2 ;;
@@ -135,6 +144,15 @@ echo "# forced algorithms from: $([ -n "$algos_opt" ] && echo --algorithms ||
   { [ -n "$info_algos" ] && echo 'hora-info --algorithms'; } || echo 'ALGORITHMS (script)')"
 
 work=$(mktemp -d)
+# Every process's TCP sockets under one congestion control (--tcp-cc).
+cc_args=()
+if [ "$tcp_cc" != system ] && [ -z "$fit_only" ]; then
+  ${CC:-cc} -O2 -shared -fPIC -o "$work/tcpcc.so" "$here/tcp-congestion-preload.c" -ldl ||
+    { echo "scale-bench.sh: cannot build tcp-congestion-preload.c" >&2; rm -rf "$work"; exit 2; }
+  cc_args=(-x LD_PRELOAD="$work/tcpcc.so" -x TCP_CONGESTION_PRELOAD="$tcp_cc"
+    -x HORA_TCP_CONGESTION_CONTROL="$tcp_cc")
+fi
+echo "# TCP congestion control: $tcp_cc (the system's default: $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown))"
 # Fits the model to the forced algorithms' times of each layout in CSV
 # (hora's own figures; auto, MPI and the floor left out).
 fit_model() { # csv
@@ -199,7 +217,7 @@ run_ranges() {
     IFS=' '
     # shellcheck disable=SC2086
     timeout "$limit" "$netns/mpirun-netns.sh" "$hf" -np "$np" --bind-to none \
-      -x HORA_SPIN_TIME_US="$spin" ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1 &
+      -x HORA_SPIN_TIME_US="$spin" "${cc_args[@]}" ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1 &
     child=$!
     wait "$child"
     rc=$?

@@ -6,11 +6,13 @@
 #include <net/if.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/params.h"
 #include "comm/transport/socket.h"
 
 int hora__socket_nonblocking(int fd) {
@@ -21,10 +23,25 @@ int hora__socket_nonblocking(int fd) {
   return HORA_SUCCESS;
 }
 
+/* HORA_TCP_CONGESTION_CONTROL on a TCP socket: the listener's is checked at start-up,
+ * so a name the kernel refuses fails hora_init on every rank. */
+static int set_congestion(int fd) {
+  const char *cc = hora__params.TCP_CONGESTION_CONTROL;
+  if (cc && cc[0] && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) < 0) {
+    return hora__error_errno(HORA_ERR_INVALID_ARG,
+                             "HORA_TCP_CONGESTION_CONTROL=%s: setsockopt(TCP_CONGESTION) (the kernel offers "
+                             "those in /proc/sys/net/ipv4/tcp_available_congestion_control)", cc);
+  }
+  return HORA_SUCCESS;
+}
+
 int hora__socket_tune(int fd, bool tcp, int64_t bufsize) {
   int one = 1;
   if (tcp && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0) {
     return hora__error_errno(HORA_ERR_SYSTEM, "setsockopt(TCP_NODELAY)");
+  }
+  if (tcp) {
+    HORA_CHECK(set_congestion(fd));
   }
   if (bufsize > 0) {
     int b = (int)HORA_MIN(bufsize, (int64_t)1 << 30);
@@ -81,6 +98,11 @@ int hora__listen_tcp(struct in_addr addr, int *fd_out, struct sockaddr_in *bound
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     return hora__error_errno(HORA_ERR_SYSTEM, "socket(AF_INET)");
+  }
+  int crc = set_congestion(fd);
+  if (crc != HORA_SUCCESS) {
+    close(fd);
+    return crc;
   }
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof(sa));

@@ -1,0 +1,60 @@
+/* HORA_TCP_CONGESTION_CONTROL: hora's TCP sockets get the congestion control asked
+ * for, and a name the kernel refuses fails where the listener is made. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/params.h"
+#include "comm/transport/socket.h"
+#include "../runner.h"
+
+static void congestion_of(int fd, char *name, size_t n) {
+  socklen_t len = (socklen_t)n;
+  memset(name, 0, n);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) < 0) {
+    name[0] = '\0';
+  }
+}
+
+TEST(tcp_sockets_get_the_congestion_control_asked_for) {
+  struct in_addr lo = {htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in bound;
+  int lfd = -1;
+  char name[32];
+
+  /* reno is built into every Linux kernel that has TCP. */
+  setenv("HORA_TCP_CONGESTION_CONTROL", "reno", 1);
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+  ASSERT_EQ_INT(hora__listen_tcp(lo, &lfd, &bound), HORA_SUCCESS);
+  congestion_of(lfd, name, sizeof(name));
+  ASSERT(strcmp(name, "reno") == 0);
+  int cfd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT(cfd >= 0);
+  ASSERT(connect(cfd, (struct sockaddr *)&bound, sizeof(bound)) == 0);
+  ASSERT_EQ_INT(hora__socket_tune(cfd, true, 0), HORA_SUCCESS);
+  congestion_of(cfd, name, sizeof(name));
+  ASSERT(strcmp(name, "reno") == 0);
+  close(cfd);
+  close(lfd);
+
+  /* A Unix socket is left alone, whatever the setting. */
+  int sv[2];
+  ASSERT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  ASSERT_EQ_INT(hora__socket_tune(sv[0], false, 0), HORA_SUCCESS);
+  close(sv[0]);
+  close(sv[1]);
+
+  setenv("HORA_TCP_CONGESTION_CONTROL", "no-such-algorithm", 1);
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+  lfd = -1;
+  ASSERT_EQ_INT(hora__listen_tcp(lo, &lfd, &bound), HORA_ERR_INVALID_ARG);
+  ASSERT(lfd == -1);
+  ASSERT_STR_CONTAINS(hora__error_message(), "HORA_TCP_CONGESTION_CONTROL=no-such-algorithm");
+
+  unsetenv("HORA_TCP_CONGESTION_CONTROL");
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+}
