@@ -135,6 +135,13 @@ static void linear_terms(const struct hora__algo *a, const struct hora__layout *
                          const struct hora__cost_model *base, size_t bytes, double coef[NV],
                          double *fixed) {
   bool eager = a->kind == HORA_COLL_ALLREDUCE && hora__eager_allreduce(bytes, s->size);
+  /* The tree's chunk is the one the runtime ran with, chosen by the base
+   * constants; held fixed, the tree's cost is linear in the link's. */
+  struct hora__layout ls = *s;
+  if (strcmp(a->name, "tree") == 0) {
+    ls.chunk = hora__tree_chunk(&base->link, s->size, bytes, s->chunk);
+  }
+  s = &ls;
   struct hora__cost_model m = *base;
   m.link = (struct hora__cost){0, 0, base->link.gamma, 0};
   *fixed = hora__operation_cost(&m, s, a, bytes, eager);
