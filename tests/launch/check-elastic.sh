@@ -249,14 +249,17 @@ else
   flags="--enable-recovery --oversubscribe --bind-to none"
   [ "$(id -u)" -eq 0 ] && flags="$flags --allow-run-as-root"
   port=$(free_port)
+  # Steps of 20 ms: the newcomer, started 2 s in, must be let in before
+  # rank 0 (the rendezvous) goes at step 250, also where mpirun and a
+  # sanitizer make its start slow.
   # shellcheck disable=SC2086
   timeout 120 "$MPIEXEC" $flags -np 6 -x HORA_ELASTIC=1 -x HORA_RENDEZVOUS=127.0.0.1:$port \
-    -x HORA_TEST_STEP_MS=10 -x HORA_TEST_KILL=20:3,r:1,250:0 -x HORA_ELASTIC_TIMEOUT_SECONDS \
+    -x HORA_TEST_STEP_MS=20 -x HORA_TEST_KILL=20:3,r:1,250:0 -x HORA_ELASTIC_TIMEOUT_SECONDS \
     -x HORA_CONNECT_TIMEOUT_SECONDS -x HORA_LOG_LEVEL "$probe" 300 10 >"$work/mpi.job" 2>"$work/mpi.err" &
   sleep 2
   # shellcheck disable=SC2086
   timeout 100 "$MPIEXEC" $flags -np 1 -x HORA_BOOTSTRAP=tcp -x HORA_RENDEZVOUS=127.0.0.1:$port \
-    -x HORA_ELASTIC=1 -x HORA_TEST_STEP_MS=10 -x HORA_ELASTIC_TIMEOUT_SECONDS "$probe" 300 10 \
+    -x HORA_ELASTIC=1 -x HORA_TEST_STEP_MS=20 -x HORA_ELASTIC_TIMEOUT_SECONDS "$probe" 300 10 \
     >"$work/mpi.new" 2>"$work/mpi.new.err"
   wait
   # (3 resets, or 2 where the newcomer was already waiting when the first

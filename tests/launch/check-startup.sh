@@ -80,16 +80,22 @@ start unreach1 HORA_RENDEZVOUS=127.0.0.1:$p HORA_RANK=1 HORA_SIZE=2 HORA_SECRET=
 expect_fail tcp_rendezvous_unreachable 9 "could not reach the rendezvous at HORA_RENDEZVOUS=127.0.0.1:$p within 4 s" \
   unreach1
 
-# env: the port is taken by another program
-t0=$(date +%s); p=$(free_port)
+# env: the port is taken by another program. The holder says when it
+# listens, and goes only once rank 0 has tried the port (on a slow machine
+# fixed sleeps let rank 0 take it first, or after the holder had gone).
+p=$(free_port)
 /usr/bin/python3 -c "
 import socket, time
-s = socket.socket(); s.bind(('0.0.0.0', $p)); s.listen(); time.sleep(12)" &
+s = socket.socket(); s.bind(('0.0.0.0', $p)); s.listen()
+open('$work/holder.ready', 'w').close(); time.sleep(30)" &
 holder=$!
-sleep 0.5
+i=0
+while [ ! -e "$work/holder.ready" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+t0=$(date +%s)
 start inuse0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p RANK=0 WORLD_SIZE=2 HORA_SECRET=s
 start inuse1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p RANK=1 WORLD_SIZE=2 HORA_SECRET=s
-sleep 0.1
+i=0
+while [ ! -e "$work/inuse0.rc" ] && [ $i -lt 80 ]; do sleep 0.1; i=$((i + 1)); done
 kill $holder 2>/dev/null
 expect_fail env_port_in_use 9 "" inuse0 inuse1
 if ! grep -q "cannot listen on port $p for the rendezvous (MASTER_ADDR=127.0.0.1 MASTER_PORT=$p): the port is in use" "$work/inuse0"; then
