@@ -152,7 +152,8 @@ if [ "$tcp_cc" != system ] && [ -z "$fit_only" ]; then
   cc_args=(-x LD_PRELOAD="$work/tcpcc.so" -x TCP_CONGESTION_PRELOAD="$tcp_cc"
     -x HORA_TCP_CONGESTION_CONTROL="$tcp_cc")
 fi
-echo "# TCP congestion control: $tcp_cc (the system's default: $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown))"
+[ -z "$fit_only" ] &&
+  echo "# TCP congestion control: $tcp_cc (the system's default: $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown))"
 # Fits the model to the forced algorithms' times of each layout in CSV
 # (hora's own figures; auto, MPI and the floor left out).
 fit_model() { # csv

@@ -23,7 +23,7 @@ int socket(int domain, int type, int protocol) {
   if (fd >= 0 && cc && cc[0] && (domain == AF_INET || domain == AF_INET6) &&
       (type & 0xff) == SOCK_STREAM &&
       setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) < 0) {
-    /* Said once per socket: a benchmark must not run under another one unnoticed. */
+    /* Said for each such socket: a benchmark must not run under another one unnoticed. */
     perror("tcp-congestion-preload: setsockopt(TCP_CONGESTION)");
   }
   return fd;

@@ -37,10 +37,10 @@ static int set_congestion(int fd) {
 
 int hora__socket_tune(int fd, bool tcp, int64_t bufsize) {
   int one = 1;
-  if (tcp && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0) {
-    return hora__error_errno(HORA_ERR_SYSTEM, "setsockopt(TCP_NODELAY)");
-  }
   if (tcp) {
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0) {
+      return hora__error_errno(HORA_ERR_SYSTEM, "setsockopt(TCP_NODELAY)");
+    }
     HORA_CHECK(set_congestion(fd));
   }
   if (bufsize > 0) {
