@@ -618,6 +618,7 @@ static int follow(struct hora__membership *m, int fd, const struct hora__member 
         type = M_NACK;
       }
     } else if (type == M_PROPOSE) {
+      crash_if_asked(m, "propose");
       uint64_t ballot = hora__mb_get64(&b);
       struct hora__view pv = {0};
       if (!hora__mb_get_view(&b, &pv)) {

@@ -8,6 +8,7 @@
 #   adopt     the coordinator dies between the acceptance of its proposal
 #             and the commit: the next one commits it, then goes on
 #   grow      np=4 and a newcomer admitted at a commit, then a loss: 4 finish
+#   adopt-newcomer  a member dies mid-ballot while a newcomer waits: it is let in
 #   quorum    np=4: ranks 0 and 1 killed together; the other half has no
 #             majority and fails with a message saying so, within seconds
 #   min-size  HORA_ELASTIC_MIN_SIZE=3, np=3, one killed: the others fail
@@ -151,6 +152,16 @@ newcomer grow new HORA_SECRET_FILE="$secret"
 wait
 survivors grow grow 4 0 2 3 new
 grep -q "size 5 \|rank 4 of 5" "$work/grow.new.err" || echo "FAIL elastic/grow: the newcomer was never one of 5 ranks"
+
+# A newcomer waits at the door and a member dies between its promise and
+# its acceptance: the others accepted the proposal that names the newcomer,
+# so the next ballot commits it as it was (membership 2); the newcomer must
+# be let in by the one after (3), not left waiting until it gives up.
+job adoptnew 4 $steps $every HORA_TEST_STEP_MS=10 HORA_ELASTIC_TEST_CRASH=propose@2
+sleep 0.5
+newcomer adoptnew new
+wait
+survivors adopt-newcomer adoptnew 4 0 1 3 new
 
 steps=60 every=5
 t0=$(date +%s)
