@@ -18,8 +18,14 @@
 
 /* ---- agreeing: the coordinator --------------------------------------------------- */
 
+/* A voter's fd besides a connection: -1 it has not asked yet; SELF this
+ * process; AT_DOOR a newcomer that a membership adopted during this reset
+ * names, still waiting at this process's door to be let in (it does not
+ * vote; the next commit admits it with the id it was given). */
+enum { SELF = -2, AT_DOOR = -3 };
+
 struct voter {
-  int fd;          /* the member's connection, -1 until it asks */
+  int fd;          /* the member's connection, or one of the above */
   int probe_fd;    /* a connect in flight to see whether it lives */
   uint64_t probe_since, next_probe;
   bool gone;
@@ -30,10 +36,10 @@ struct voter {
 static bool quorum(const struct hora__view *base, const struct voter *v, int *alive) {
   int n = 0;
   for (int i = 0; i < base->n; i++) {
-    n += v[i].fd >= 0 || v[i].fd == -2; /* -2: this process */
+    n += v[i].fd >= 0 || v[i].fd == SELF;
   }
   *alive = n;
-  return 2 * n > base->n || (2 * n == base->n && (v[0].fd >= 0 || v[0].fd == -2));
+  return 2 * n > base->n || (2 * n == base->n && (v[0].fd >= 0 || v[0].fd == SELF));
 }
 
 static void fail_voters(struct voter *v, int n, struct queued *joins, int nj, int code,
@@ -257,7 +263,7 @@ static bool take_accepted(struct hora__membership *m, struct voter *v, struct ho
 }
 
 static void probe_step(struct voter *v, const struct hora__member *mem, uint64_t t) {
-  if (v->fd >= 0 || v->gone || v->fd == -2) {
+  if (v->fd >= 0 || v->gone || v->fd == SELF || v->fd == AT_DOOR) {
     return;
   }
   if (v->probe_fd >= 0) {
@@ -320,6 +326,36 @@ static void take_joins(struct hora__membership *m, struct queued **joins, int *n
   }
 }
 
+/* The newcomer waiting at the door that `mem` is, by its address; -1 if none. */
+static int door_index(const struct queued *joins, int njoins, const struct hora__member *mem) {
+  for (int j = 0; j < njoins; j++) {
+    if (joins[j].ip == mem->ip && joins[j].port == mem->port) {
+      return j;
+    }
+  }
+  return -1;
+}
+
+/* Members of `base` given ids from `first_new` on were let in by a
+ * membership this reset adopted, committed without telling them (only a
+ * membership's builder answers a newcomer). Those still at this process's
+ * door are carried into the next one; one that gave up is gone. */
+static void mark_at_door(const struct hora__view *base, struct voter *v, uint32_t first_new,
+                         const struct queued *joins, int njoins) {
+  for (int i = 0; i < base->n; i++) {
+    if (base->m[i].id < first_new || v[i].gone || v[i].fd >= 0 || v[i].fd == SELF) {
+      continue;
+    }
+    if (door_index(joins, njoins, &base->m[i]) >= 0) {
+      v[i].fd = AT_DOOR;
+    } else if (v[i].fd == AT_DOOR) {
+      v[i].fd = -1;
+      v[i].gone = true;
+      v[i].why_gone = "it stopped waiting to be let in";
+    }
+  }
+}
+
 /* HORA_ELASTIC_TEST_CRASH=POINT@ID: this process dies at POINT (tests). */
 static void crash_if_asked(const struct hora__membership *m, const char *point) {
   const char *v = hora__params.ELASTIC_TEST_CRASH;
@@ -343,6 +379,7 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
     hora__mb_view_free(&base);
     return HORA_ERR_NO_MEMORY;
   }
+  const uint32_t first_new = base.next_id;
   for (int i = 0; i < base.n; i++) {
     v[i].fd = v[i].probe_fd = -1;
   }
@@ -370,7 +407,9 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
                          "%llu", (unsigned long long)base.epoch);
         goto done;
       }
-      v[me].fd = -2;
+      v[me].fd = SELF;
+      take_joins(m, &joins, &njoins);
+      mark_at_door(&base, v, first_new, joins, njoins);
       uint64_t t = hora__now_ns();
       int pending = 0;
       for (int i = 0; i < base.n; i++) {
@@ -402,7 +441,6 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
                   (unsigned long long)base.epoch, v[i].why_gone);
       }
     }
-    take_joins(m, &joins, &njoins);
     char msg[512];
     if (!quorum(&base, v, &alive)) {
       snprintf(msg, sizeof(msg),
@@ -464,13 +502,27 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
         goto done;
       }
       for (int i = 0; i < base.n; i++) {
-        if (v[i].fd >= 0 || v[i].fd == -2) {
+        if (v[i].fd >= 0 || v[i].fd == SELF || v[i].fd == AT_DOOR) {
           next.m[next.n++] = base.m[i];
         }
       }
-      for (int j = 0; j < njoins; j++) {
-        next.m[next.n++] = (struct hora__member){next.next_id++, joins[j].ip, joins[j].port};
+      bool *in_base = hora__calloc((size_t)njoins + 1, 1);
+      if (!in_base) {
+        rc = HORA_ERR_NO_MEMORY;
+        goto done;
       }
+      for (int i = 0; i < base.n; i++) {
+        int j = v[i].fd == AT_DOOR ? door_index(joins, njoins, &base.m[i]) : -1;
+        if (j >= 0) {
+          in_base[j] = true;
+        }
+      }
+      for (int j = 0; j < njoins; j++) {
+        if (!in_base[j]) {
+          next.m[next.n++] = (struct hora__member){next.next_id++, joins[j].ip, joins[j].port};
+        }
+      }
+      free(in_base);
     }
     /* Phase 2. */
     b.len = 0;
