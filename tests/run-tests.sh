@@ -90,8 +90,11 @@ run_mpi() { # name np settings command...
   out="$work/out" err="$work/err"
   asan=$asan_leaks
   [ "${leaks_checked:-no}" = yes ] && asan=$asan_no_leaks
+  t0=$(date +%s%N)
   ASAN_OPTIONS=$asan timeout -k 10 "$timeout_s" "$MPIEXEC" $(launcher_flags) -np "$np" "$@" </dev/null >"$out" 2>"$err"
-  judge $? "np=$np ${settings:+[$settings] }" "np=$np $name" "$name at np=$np"
+  mrc=$?
+  echo "$((($(date +%s%N) - t0) / 1000000)) np=$np $name" >>"$work/run-times"
+  judge $mrc "np=$np ${settings:+[$settings] }" "np=$np $name" "$name at np=$np"
 }
 
 # The verdict on one run ($out, $err, exit status RC): its lines tallied
@@ -179,6 +182,12 @@ expected=$(grep -v '^#' "$testlist" | awk -v only="${HORA_TEST_ONLY:-}" \
   END { print n + 0 }')
 if [ "$(wc -l <"$runs")" -ne "$expected" ]; then
   echo "FAIL runner/testlist: ran $(wc -l <"$runs") of $expected multi-rank runs" | tee -a "$results"
+fi
+# Where the section's minutes went: the slowest runs (milliseconds).
+if [ -s "$work/run-times" ]; then
+  echo "   (slowest multi-rank runs, ms:"
+  sort -rn "$work/run-times" | head -n 12 | sed 's/^/     /'
+  echo "   ) (by rank count, s:$(awk '{ t[$2] += $1 } END { for (k in t) printf " %s %.0f", k, t[k] / 1000 }' "$work/run-times"))"
 fi
 
 # A job started without MPI by tests/launch/launch.sh (MODE tcp or env:
