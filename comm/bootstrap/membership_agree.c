@@ -1,5 +1,6 @@
 /* Elastic membership: the agreement (see membership.h for the protocol and
- * why it is safe), as the coordinator and as a member. */
+ * why it is safe), as the coordinator; membership_member.c is a member's
+ * part. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
@@ -66,11 +67,8 @@ static void close_voters(struct voter *v, int n) {
   }
 }
 
-/* Members' requests taken from the queue into the voters of `base`. A
- * request from a member of a newer membership this process is not in
- * ends this process's part (*out_rc). */
 /* What the listener's thread queued (resets, or newcomers' joins), taken. */
-static struct queued *take_queue(struct hora__membership *m, bool joins, int *n) {
+struct queued *hora__mb_take_queue(struct hora__membership *m, bool joins, int *n) {
   pthread_mutex_lock(&m->mu);
   struct queued *q = joins ? m->joins : m->resets;
   *n = joins ? m->njoins : m->nresets;
@@ -118,11 +116,14 @@ static int send_view(int fd, const struct hora__view *v) {
   return rc;
 }
 
+/* Members' requests taken from the queue into the voters of `base`. A
+ * request from a member of a newer membership this process is not in
+ * ends this process's part (*out_rc). */
 static bool take_requests(struct hora__membership *m, struct hora__view *base, struct voter **vp,
                           int *out_rc) {
   bool moved = false;
   int n;
-  struct queued *q = take_queue(m, false, &n);
+  struct queued *q = hora__mb_take_queue(m, false, &n);
   for (int i = 0; i < n; i++) {
     if (q[i].view.epoch > base->epoch && *out_rc == HORA_SUCCESS) {
       if (hora__mb_view_index(&q[i].view, m->my_id) < 0) {
@@ -303,7 +304,7 @@ static void probe_step(struct voter *v, const struct hora__member *mem, uint64_t
  * gave up (its connection closed) is dropped. */
 static void take_joins(struct hora__membership *m, struct queued **joins, int *njoins) {
   int n;
-  struct queued *q = take_queue(m, true, &n);
+  struct queued *q = hora__mb_take_queue(m, true, &n);
   struct queued *all = realloc(*joins, (size_t)(*njoins + n + 1) * sizeof(*all));
   if (!all) {
     hora__mb_drop_queue(q, n);
@@ -357,7 +358,7 @@ static void mark_at_door(const struct hora__view *base, struct voter *v, uint32_
 }
 
 /* HORA_ELASTIC_TEST_CRASH=POINT@ID: this process dies at POINT (tests). */
-static void crash_if_asked(const struct hora__membership *m, const char *point) {
+void hora__mb_crash_if_asked(const struct hora__membership *m, const char *point) {
   const char *v = hora__params.ELASTIC_TEST_CRASH;
   size_t n = strlen(point);
   if (v[0] && strncmp(v, point, n) == 0 && v[n] == '@' && (uint32_t)atoi(v + n + 1) == m->my_id) {
@@ -366,7 +367,7 @@ static void crash_if_asked(const struct hora__membership *m, const char *point) 
   }
 }
 
-static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
+int hora__mb_coordinate(struct hora__membership *m, struct hora__agreed *out) {
   struct hora__view base = {0};
   pthread_mutex_lock(&m->mu);
   int rc = hora__mb_view_copy(&base, &m->view);
@@ -535,7 +536,7 @@ static int coordinate(struct hora__membership *m, struct hora__agreed *out) {
     }
     m->accepted_b = ballot;
     hora__mb_view_copy(&m->accepted, &next);
-    crash_if_asked(m, "accepted");
+    hora__mb_crash_if_asked(m, "accepted");
     /* Phase 3. An adopted proposal is committed as it was, then the
      * members still here go on from it. */
     int lfd = -1, port = 0;
@@ -604,233 +605,3 @@ done:
   hora__mb_view_free(&base);
   return rc;
 }
-
-/* ---- agreeing: a member ------------------------------------------------------------ */
-
-/* Answers requests queued here while another coordinates: ask again. */
-static void redirect_requests(struct hora__membership *m) {
-  int n;
-  struct queued *q = take_queue(m, false, &n);
-  for (int i = 0; i < n; i++) {
-    struct hora__mb_buf r = {0};
-    hora__mb_put(&r, &m->my_ip, 4);
-    hora__mb_put32(&r, m->my_port);
-    hora__mb_send_msg(q[i].fd, M_REDIRECT, &r, hora__now_ns() + IO_NS);
-    free(r.p);
-  }
-  hora__mb_drop_queue(q, n);
-  free(q);
-}
-
-/* Follows one coordinator's reset on fd. 1: it went away (try again from
- * the lowest); 2: it lives but never started (try the next); 0: done
- * (*out); otherwise the HORA_ERR_* that ends this process's part. */
-static int follow(struct hora__membership *m, int fd, const struct hora__member *coord,
-                  struct hora__agreed *out, uint64_t deadline) {
-  struct hora__mb_buf b = {0}, r = {0};
-  int rc = 1;
-  /* A candidate that lives (its listener beats) but never starts the
-   * agreement is stuck: after as long as a coordinator waits for a member,
-   * and a margin, this member looks further. */
-  uint64_t start_by =
-      hora__now_ns() + (uint64_t)((hora__params.ELASTIC_TIMEOUT_SECONDS + 10) * 1e9);
-  bool started = false;
-  for (;;) {
-    uint32_t type = 0;
-    uint64_t t = hora__now_ns();
-    if (t >= deadline) {
-      rc = hora__error(HORA_ERR_TIMEOUT, "elastic: the reset did not end within its time");
-      break;
-    }
-    if (!started && t >= start_by) {
-      rc = 2;
-      break;
-    }
-    if (hora__mb_recv_msg(fd, &type, &b, HORA_MIN(deadline, t + SILENCE_NS)) != HORA_SUCCESS) {
-      rc = 1;
-      break;
-    }
-    if (type == M_BEAT) {
-      redirect_requests(m); /* whoever takes this process for the coordinator */
-      continue;
-    }
-    started = true;
-    if (type == M_PREPARE) {
-      uint64_t ballot = hora__mb_get64(&b);
-      r.len = 0;
-      if (ballot > m->promised) {
-        m->promised = ballot;
-        hora__mb_put64(&r, ballot);
-        hora__mb_put64(&r, m->accepted_b);
-        struct hora__view none = {0};
-        hora__mb_put_view(&r, m->accepted_b ? &m->accepted : &none);
-        type = M_PROMISE;
-      } else {
-        hora__mb_put64(&r, m->promised);
-        type = M_NACK;
-      }
-    } else if (type == M_PROPOSE) {
-      crash_if_asked(m, "propose");
-      uint64_t ballot = hora__mb_get64(&b);
-      struct hora__view pv = {0};
-      if (!hora__mb_get_view(&b, &pv)) {
-        hora__mb_view_free(&pv);
-        break;
-      }
-      r.len = 0;
-      if (ballot >= m->promised) {
-        m->promised = ballot;
-        m->accepted_b = ballot;
-        hora__mb_view_free(&m->accepted);
-        m->accepted = pv;
-        hora__mb_put64(&r, ballot);
-        type = M_ACCEPTED;
-      } else {
-        hora__mb_view_free(&pv);
-        hora__mb_put64(&r, m->promised);
-        type = M_NACK;
-      }
-    } else if (type == M_COMMIT) {
-      (void)hora__mb_get64(&b);
-      uint32_t build = hora__mb_get32(&b), port = hora__mb_get32(&b);
-      struct hora__view nv = {0};
-      if (!hora__mb_get_view(&b, &nv)) {
-        hora__mb_view_free(&nv);
-        break;
-      }
-      int lost = 0, joined = 0;
-      for (int i = 0; i < m->view.n; i++) {
-        lost += hora__mb_view_index(&nv, m->view.m[i].id) < 0;
-      }
-      for (int i = 0; i < nv.n; i++) {
-        joined += hora__mb_view_index(&m->view, nv.m[i].id) < 0;
-      }
-      pthread_mutex_lock(&m->mu);
-      hora__mb_view_free(&m->view);
-      m->view = nv;
-      pthread_mutex_unlock(&m->mu);
-      m->accepted_b = 0;
-      hora__mb_view_free(&m->accepted);
-      if (!build) {
-        continue;
-      }
-      int me = hora__mb_view_index(&m->view, m->my_id);
-      if (me < 0) {
-        rc = hora__error(HORA_ERR_PEER_LOST, "elastic: this process was left out of membership "
-                         "%llu", (unsigned long long)m->view.epoch);
-        break;
-      }
-      *out = (struct hora__agreed){.rank = me, .size = m->view.n, .epoch = m->view.epoch,
-                                   .port = (int)port, .listen_fd = -1,
-                                   .lost = lost, .joined = joined};
-      inet_ntop(AF_INET, &coord->ip, out->host, sizeof(out->host));
-      rc = 0;
-      break;
-    } else if (type == M_REFUSE) {
-      int code = (int)hora__mb_get32(&b);
-      char msg[600];
-      size_t n = HORA_MIN(b.len - b.off, sizeof(msg) - 1);
-      memcpy(msg, b.p + b.off, n);
-      msg[n] = '\0';
-      rc = hora__error(code > 0 && code < 64 ? code : HORA_ERR_PEER_LOST, "%s", msg);
-      break;
-    } else if (type == M_REDIRECT) {
-      rc = 1;
-      break;
-    } else {
-      break;
-    }
-    if (hora__mb_send_msg(fd, type, &r, hora__now_ns() + IO_NS) != HORA_SUCCESS) {
-      break;
-    }
-  }
-  free(b.p);
-  free(r.p);
-  return rc;
-}
-
-int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out) {
-  pthread_mutex_lock(&m->mu);
-  m->in_reset = true;
-  struct hora__view v = {0};
-  int rc = hora__mb_view_copy(&v, &m->view);
-  pthread_mutex_unlock(&m->mu);
-  uint64_t deadline = hora__now_ns() +
-                      (uint64_t)((2 * hora__params.ELASTIC_TIMEOUT_SECONDS + 30) * 1e9);
-  bool *gone = rc == HORA_SUCCESS ? hora__calloc((size_t)HORA_MAX(v.n, 1), 1) : NULL;
-  if (rc == HORA_SUCCESS && !gone) {
-    rc = HORA_ERR_NO_MEMORY;
-  }
-  while (rc == HORA_SUCCESS) {
-    if (hora__now_ns() >= deadline) {
-      rc = hora__error(HORA_ERR_TIMEOUT, "elastic: no membership was agreed in time");
-      break;
-    }
-    /* The view may have moved on (an adopted commitment): start over from it. */
-    pthread_mutex_lock(&m->mu);
-    if (m->view.epoch != v.epoch) {
-      hora__mb_view_copy(&v, &m->view);
-      free(gone);
-      gone = hora__calloc((size_t)HORA_MAX(v.n, 1), 1);
-    }
-    pthread_mutex_unlock(&m->mu);
-    if (!gone) {
-      rc = HORA_ERR_NO_MEMORY;
-      break;
-    }
-    int i = 0;
-    for (; i < v.n && (gone[i] || v.m[i].id == m->my_id) ; i++) {
-      if (v.m[i].id == m->my_id) {
-        break;
-      }
-    }
-    if (i == v.n) {
-      rc = hora__error(HORA_ERR_PEER_LOST, "elastic: this process is not a member of membership "
-                       "%llu", (unsigned long long)v.epoch);
-      break;
-    }
-    if (v.m[i].id == m->my_id) {
-      rc = coordinate(m, out);
-      break;
-    }
-    redirect_requests(m);
-    int fd = hora__mb_dial(m, v.m[i].ip, v.m[i].port, PROBE_NS);
-    if (fd < 0) {
-      gone[i] = true;
-      continue;
-    }
-    struct hora__mb_buf b = {0};
-    hora__mb_put32(&b, m->my_id);
-    hora__mb_put64(&b, m->promised);
-    hora__mb_put(&b, &m->my_ip, 4);
-    hora__mb_put32(&b, m->my_port);
-    hora__mb_put_view(&b, &v);
-    int r = hora__mb_send_msg(fd, M_RESET, &b, hora__now_ns() + IO_NS) == HORA_SUCCESS
-                ? follow(m, fd, &v.m[i], out, deadline)
-                : 1;
-    free(b.p);
-    close(fd);
-    if (r == 2) {
-      HORA_WARN("elastic: rank %d (id %u) lives but has not started the reset: asking the next",
-                i, v.m[i].id);
-      gone[i] = true;
-      continue;
-    }
-    if (r == 1) {
-      /* It went away or sent us elsewhere: everyone below it is asked again. */
-      memset(gone, 0, (size_t)HORA_MAX(v.n, 1));
-      struct timespec ts = {0, 50 * 1000000};
-      nanosleep(&ts, NULL);
-      continue;
-    }
-    rc = r;
-    break;
-  }
-  free(gone);
-  hora__mb_view_free(&v);
-  pthread_mutex_lock(&m->mu);
-  m->in_reset = false;
-  pthread_mutex_unlock(&m->mu);
-  return rc;
-}
-

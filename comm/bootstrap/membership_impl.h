@@ -1,5 +1,6 @@
-/* What membership.c (the listener, the wire, newcomers) and
- * membership_agree.c (the agreement) share. */
+/* What membership.c (the listener, the wire, newcomers),
+ * membership_agree.c (the agreement's coordinator) and membership_member.c
+ * (a member's part) share. */
 #ifndef HORA_MEMBERSHIP_IMPL_H
 #define HORA_MEMBERSHIP_IMPL_H
 
@@ -93,5 +94,12 @@ int hora__mb_start_connect(uint32_t ip, uint16_t port);
  * answer; -2: it answered but did not prove the key (another job). */
 int hora__mb_dial(struct hora__membership *m, uint32_t ip, uint16_t port, uint64_t ns);
 void hora__mb_drop_queue(struct queued *q, int n);
+/* What the listener's thread queued (resets, or newcomers' joins), taken. */
+struct queued *hora__mb_take_queue(struct hora__membership *m, bool joins, int *n);
+/* HORA_ELASTIC_TEST_CRASH=POINT@ID: this process dies at POINT (tests). */
+void hora__mb_crash_if_asked(const struct hora__membership *m, const char *point);
+/* This process coordinates the reset: 0 and *out, or the HORA_ERR_* that
+ * ends its part. */
+int hora__mb_coordinate(struct hora__membership *m, struct hora__agreed *out);
 
 #endif
