@@ -2,7 +2,10 @@
  * from the send at the same position on the other end, under the link's
  * lock; a send is done when the other end has taken all of it. Each end
  * has an eventfd that the other signals, so a waiting rank sleeps in
- * poll() as it would on a socket. It checks the vtable's contract as it
+ * poll() as it would on a socket; the eventfd is written and read only
+ * when its `signaled` flag changes, both under the link's lock (a read of
+ * an empty eventfd on every progress call was most of the simulations'
+ * system time). It checks the vtable's contract as it
  * goes: a receive must meet a send of the same length.
  *
  * Each end keeps its posted sends twice: its hora__xfer queue, which only
@@ -41,6 +44,7 @@ struct mock_end {
   struct mock_link *link;
   int side;
   int efd;
+  bool signaled; /* under the link's lock: efd holds a count */
   /* Under the link's lock: this end's sends the other has not taken in
    * full, oldest first (a ring buffer), and how many it has taken in full
    * that this end has not yet completed. */
@@ -51,8 +55,10 @@ struct mock_end {
 
 static struct mock_end *other(struct mock_end *e) { return e->link->end[1 - e->side]; }
 
+/* Under the link's lock. */
 static void signal_end(struct mock_end *e) {
-  if (e && e->efd >= 0) {
+  if (e && e->efd >= 0 && !e->signaled) {
+    e->signaled = true;
     uint64_t one = 1;
     ssize_t n = write(e->efd, &one, sizeof(one));
     (void)n; /* a full counter still wakes the poller */
@@ -229,10 +235,13 @@ static int move_locked(hora__net *net, struct mock_end *e, bool *progressed) {
 
 static int mock_progress(hora__net *net, hora__conn *conn, bool *progressed) {
   struct mock_end *e = (struct mock_end *)conn;
-  uint64_t drained;
-  while (read(e->efd, &drained, sizeof(drained)) > 0) {
-  }
   pthread_mutex_lock(&e->link->mu);
+  if (e->signaled) {
+    uint64_t count;
+    ssize_t n = read(e->efd, &count, sizeof(count)); /* one read takes the whole count */
+    (void)n;
+    e->signaled = false;
+  }
   int rc = move_locked(net, e, progressed);
   pthread_mutex_unlock(&e->link->mu);
   return rc;

@@ -7,6 +7,7 @@
  * MPI_COMM_WORLD. Without an MPI launcher, the parts that need MPI are
  * skipped. */
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hora_mpi.h"
@@ -278,10 +279,10 @@ static void a_stalled_set_does_not_hold_up_another(void) {
     MT_CHECK(mt_wtime() - t0 < 2.5, "set %d waited for the stalled set (%.1f s)",
              hora_process_set_id(lower), mt_wtime() - t0);
     if (mt_rank == 0) {
-      sleep(4); /* past HORA_STALL_CHECK_TIME_SECONDS=2 with the late rank */
+      nanosleep(&(struct timespec){2, 500000000}, NULL); /* past HORA_STALL_CHECK_TIME_SECONDS=1 */
     }
   } else {
-    sleep(4);
+    nanosleep(&(struct timespec){2, 500000000}, NULL);
   }
   if (mt_rank == late) {
     MT_OK(hora_allreduce_async_ex("slow", &x, &x, 1, HORA_FLOAT32, HORA_SUM, &o, &r));
@@ -613,7 +614,7 @@ int main(int argc, char **argv) {
   char pattern[300];
   snprintf(pattern, sizeof(pattern), "%s/ps.%%r.log", logdir);
   setenv("HORA_LOG_FILE", pattern, 1);
-  setenv("HORA_STALL_CHECK_TIME_SECONDS", "2", 1);
+  setenv("HORA_STALL_CHECK_TIME_SECONDS", "1", 1);
   setenv("HORA_LOG_LEVEL", "info", 0); /* the sets say how they reduce */
   mt_init();
   mt_run("process_sets/made_and_described", sets_are_made_and_described);
