@@ -275,7 +275,14 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
     rc = hora__error_errno(HORA_ERR_SYSTEM, "eventfd");
     goto fail;
   }
-  HORA_CHECK_GOTO(hora__topology_probe(&rt->topo), rc, fail);
+  /* A process set's runtime lives in the world's process: its topology
+   * (hwloc's load is some 15 ms) is the world's. */
+  struct hora__runtime *world = set_id ? hora__world_runtime() : NULL;
+  if (world) {
+    rt->topo = world->topo;
+  } else {
+    HORA_CHECK_GOTO(hora__topology_probe(&rt->topo), rc, fail);
+  }
   /* The control plane: the star around rank 0 (the bootstrap's own) and
    * the cycles' partners. */
   int my_rank = rdv->rank, my_size = rdv->size, ctrl_peers[32], nctrl = 0;
@@ -299,7 +306,6 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
   rt->rank = rt->comm->rank;
   rt->size = rt->comm->size;
   rt->comm->net->names = global_ranks;
-  struct hora__runtime *world = set_id ? hora__world_runtime() : NULL;
   rt->comm->device_local_rank = world ? world->comm->local_rank : rt->comm->local_rank;
   /* Spinning only pays when every local rank has a core of its own. */
   rt->comm->net->spin_us = rt->comm->local_size <= rt->topo.pus ? (int)hora__params.SPIN_TIME_US : 0;
