@@ -211,9 +211,9 @@ static int prove(struct hora__membership *m, int fd, bool connector, uint64_t de
   uint8_t nonce[HORA_HS_NONCE_LEN];
   HORA_CHECK(hora__boot_random_bytes(nonce, sizeof(nonce), "membership nonce"));
   if (connector) {
-    hora__hs_connector(&hs, m->key, 2, 1, 1, 0, 1, nonce); /* kind 1 of 1: the only kind here */
+    hora__hs_connector(&hs, m->key, HORA_DOOR_HS_SIZE, 1, 1, 0, 1, nonce); /* kind 1 of 1 */
   } else {
-    hora__hs_acceptor(&hs, m->key, 2, 1, 0, nonce);
+    hora__hs_acceptor(&hs, m->key, HORA_DOOR_HS_SIZE, 1, 0, nonce);
   }
   while (hs.state == HORA_HS_SEND || hs.state == HORA_HS_RECV) {
     int err = 0;

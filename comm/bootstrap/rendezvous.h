@@ -87,6 +87,14 @@ struct hora__rdv_tcp_spec {
   const char *rank_var, *size_var;
 };
 
+/* The handshake's size field at the listeners of a job's rendezvous port:
+ * the start-up rendezvous, then the elastic door (membership.c). They
+ * differ so that a newcomer reaching a job that still starts is turned
+ * away as a stranger to this listener, and knocks again, instead of
+ * concluding that the job holds another secret. */
+#define HORA_RDV_HS_SIZE 2
+#define HORA_DOOR_HS_SIZE 3
+
 int hora__rdv_open_single(struct hora__rdv **out);
 int hora__rdv_open_tcp(const struct hora__rdv_tcp_spec *spec, struct hora__rdv **out);
 /* Opens the rendezvous a choice names; not mpi (rendezvous_mpi.h opens

@@ -246,7 +246,15 @@ static void step_client(struct server *s, int i, short revents) {
     if (r < 0) {
       drop(s, i, err ? strerror(err) : "closed during the handshake");
     } else if (c->hs.state == HORA_HS_FAILED) {
-      drop(s, i, c->hs.why[0] ? c->hs.why : "did not prove the job's secret");
+      struct hora__hello h;
+      if (c->hs.step == 0 &&
+          hora__hello_decode(c->hs.buf, HORA_DOOR_HS_SIZE, 1, &h) == HORA_SUCCESS) {
+        HORA_INFO("rendezvous at %s: an elastic newcomer (%s) knocked before the job had "
+                  "started; it knocks again at the door", s->spec->where, c->who);
+        drop(s, i, NULL);
+      } else {
+        drop(s, i, c->hs.why[0] ? c->hs.why : "did not prove the job's secret");
+      }
     } else if (c->hs.state == HORA_HS_DONE) {
       c->state = C_CLAIM;
     }
@@ -321,7 +329,7 @@ static void accept_new(struct server *s) {
     if (s->spec->key) {
       uint8_t nonce[HORA_HS_NONCE_LEN];
       hora__boot_random_bytes(nonce, sizeof(nonce), "rendezvous nonce");
-      hora__hs_acceptor(&c->hs, s->hs_key, 2, 1, 0, nonce);
+      hora__hs_acceptor(&c->hs, s->hs_key, HORA_RDV_HS_SIZE, 1, 0, nonce);
       c->state = C_HANDSHAKE;
     } else {
       c->state = C_CLAIM;
@@ -521,7 +529,7 @@ static int try_connect(const struct hora__rdv_tcp_spec *sp, const uint8_t *hs_ke
       close(fd);
       return rc;
     }
-    hora__hs_connector(&hs, hs_key, 2, 1, 1, 0, 1, nonce);
+    hora__hs_connector(&hs, hs_key, HORA_RDV_HS_SIZE, 1, 1, 0, 1, nonce);
     uint64_t hs_deadline = HORA_MIN(deadline, now_ns() + 5000000000ull);
     while (hs.state == HORA_HS_SEND || hs.state == HORA_HS_RECV) {
       int err = 0;

@@ -9,6 +9,8 @@
 #             and the commit: the next one commits it, then goes on
 #   grow      np=4 and a newcomer admitted at a commit, then a loss: 4 finish
 #   adopt-newcomer  a member dies mid-ballot while a newcomer waits: it is let in
+#   early-newcomer  a newcomer that knocks while the job still starts is let
+#             in once it runs (not taken for one with another secret)
 #   quorum    np=4: ranks 0 and 1 killed together; the other half has no
 #             majority and fails with a message saying so, within seconds
 #   min-size  HORA_ELASTIC_MIN_SIZE=3, np=3, one killed: the others fail
@@ -24,6 +26,7 @@ builddir=$(cd "${1:-.}" && pwd)
 probe="$builddir/tests/launch/elastic_probe"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+LATE=
 for v in $(env | grep -E '^(OMPI_COMM_|PMIX?_|SLURM_|MASTER_|HORA_)[A-Za-z0-9_]*=' | cut -d= -f1); do
   unset "$v"
 done
@@ -43,7 +46,9 @@ job() {
   echo "127.0.0.1:$port" >"$work/$name.at"
   r=0
   while [ $r -lt "$np" ]; do
-    (env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="127.0.0.1:$port" HORA_SIZE="$np" HORA_RANK=$r \
+    # LATE=R:S: rank R starts S seconds after the others
+    ([ "${LATE%%:*}" = $r ] && sleep "${LATE#*:}"
+     env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="127.0.0.1:$port" HORA_SIZE="$np" HORA_RANK=$r \
        HORA_ELASTIC=1 "$@" timeout 90 "$probe" "$steps" "$every" >"$work/$name.$r" 2>"$work/$name.$r.err"
      echo $? >"$work/$name.$r.rc") &
     r=$((r + 1))
@@ -152,6 +157,17 @@ newcomer grow new HORA_SECRET_FILE="$secret"
 wait
 survivors grow grow 4 0 2 3 new
 grep -q "size 5 \|rank 4 of 5" "$work/grow.new.err" || echo "FAIL elastic/grow: the newcomer was never one of 5 ranks"
+
+# A newcomer started with the job reaches its start-up rendezvous (rank 2
+# comes 1.5 s late): it is turned away there and knocks again until the
+# door opens, instead of failing as if the job held another secret.
+LATE=2:1.5
+job early 3 $steps $every HORA_TEST_STEP_MS=10 HORA_SECRET_FILE="$secret"
+LATE=
+sleep 0.3
+newcomer early new HORA_SECRET_FILE="$secret"
+wait
+survivors early-newcomer early 4 0 1 2 new
 
 # A newcomer waits at the door and a member dies between its promise and
 # its acceptance: the others accepted the proposal that names the newcomer,
