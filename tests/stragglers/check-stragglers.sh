@@ -17,11 +17,15 @@ flags=
 [ "$MPI_FLAVOR" = openmpi ] && [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
 prog="$builddir/tests/mpi/test_steps"
 
+# Reports every 0.5 s, at a share of 25%: the late rank holds the others
+# about half of each step, while in windows this short one descheduling of
+# a few tens of ms on a loaded 2-core machine passes the default 5% (CI saw
+# an even run name a rank so).
 run() { # name, then settings and arguments
   name=$1
   shift
   # shellcheck disable=SC2086
-  env HORA_STRAGGLER_REPORT_SECONDS=0.5 "$@" timeout -k 10 120 "$MPIEXEC" $flags -np 4 "$prog" \
+  env HORA_STRAGGLER_REPORT_SECONDS=0.5 HORA_STRAGGLER_SHARE=0.25 "$@" timeout -k 10 120 "$MPIEXEC" $flags -np 4 "$prog" \
     $mode </dev/null >"$work/out" 2>"$work/err"
   rc=$?
   # The program's own checks (steps, waits) count as tests too.
@@ -52,8 +56,7 @@ if run full HORA_CACHE_CAPACITY=0; then named_late rank_late_to_every_step_is_na
 mode=even
 if run even; then
   if grep -q "was last in" "$work/err"; then
-    echo "FAIL np=4 stragglers/even_run_names_nobody:"
-    grep "was last in" "$work/err" | head -n 3
+    echo "FAIL np=4 stragglers/even_run_names_nobody: $(grep -c 'was last in' "$work/err") reports, e.g. '$(grep -m1 'was last in' "$work/err" | sed 's/.*hora WARN //')'"
   else
     echo "PASS np=4 stragglers/even_run_names_nobody"
   fi
