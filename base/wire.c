@@ -12,9 +12,10 @@ void hora__wbuf_reset(struct hora__wbuf *w) {
   w->failed = false;
 }
 
-void hora__wbuf_put(struct hora__wbuf *w, const void *p, size_t n) {
+/* Room for n more bytes; false (and `failed` set) when there is none. */
+static bool wbuf_reserve(struct hora__wbuf *w, size_t n) {
   if (w->failed) {
-    return;
+    return false;
   }
   if (w->len + n > w->cap) {
     size_t cap = w->cap ? w->cap : 256;
@@ -24,13 +25,30 @@ void hora__wbuf_put(struct hora__wbuf *w, const void *p, size_t n) {
     uint8_t *d = realloc(w->data, cap);
     if (!d) {
       w->failed = true;
-      return;
+      return false;
     }
     w->data = d;
     w->cap = cap;
   }
+  return true;
+}
+
+void hora__wbuf_put(struct hora__wbuf *w, const void *p, size_t n) {
+  if (!wbuf_reserve(w, n)) {
+    return;
+  }
   if (n) {
     memcpy(w->data + w->len, p, n);
+  }
+  w->len += n;
+}
+
+void hora__wbuf_put_zeros(struct hora__wbuf *w, size_t n) {
+  if (!wbuf_reserve(w, n)) {
+    return;
+  }
+  if (n) {
+    memset(w->data + w->len, 0, n);
   }
   w->len += n;
 }

@@ -21,6 +21,7 @@ struct hora__rbuf {
 void hora__wbuf_free(struct hora__wbuf *w);
 void hora__wbuf_reset(struct hora__wbuf *w);
 void hora__wbuf_put(struct hora__wbuf *w, const void *p, size_t n);
+void hora__wbuf_put_zeros(struct hora__wbuf *w, size_t n);
 void hora__wbuf_u8(struct hora__wbuf *w, uint8_t v);
 void hora__wbuf_u16(struct hora__wbuf *w, uint16_t v);
 void hora__wbuf_u32(struct hora__wbuf *w, uint32_t v);

@@ -134,7 +134,7 @@ static int projection(void) {
 static void linear_terms(const struct hora__algo *a, const struct hora__layout *s,
                          const struct hora__cost_model *base, size_t bytes, double coef[NV],
                          double *fixed) {
-  bool eager = a->kind == HORA_COLL_ALLREDUCE && hora__eager_allreduce(bytes, s->size);
+  bool eager = hora__eager(a->kind, bytes, s->size, NULL);
   /* The tree's chunk is the one the runtime ran with, chosen by the base
    * constants; held fixed, the tree's cost is linear in the link's. */
   struct hora__layout ls = *s;
@@ -282,7 +282,7 @@ static int fit(const char *path, int ranks, int hosts, const struct hora__cost_m
     }
     double off = (pred - t[i]) / t[i];
     bad += off > 0.25 || off < -0.25;
-    bool eager = algo[i]->kind == HORA_COLL_ALLREDUCE && hora__eager_allreduce(size_of[i], ranks);
+    bool eager = hora__eager(algo[i]->kind, size_of[i], ranks, NULL);
     printf("%14s %13s%s %12zu %10.1fus %10.1fus %+7.0f%%%s\n",
            hora__algo_kind_name(algo[i]->kind), algo[i]->name, eager ? "*" : " ", size_of[i], t[i] * 1e6,
            pred * 1e6, off * 100, off > 0.25 || off < -0.25 ? "  (more than 25%)" : "");

@@ -329,6 +329,9 @@ typedef struct hora_stats {
   uint64_t bus_bytes; /* what the collectives moved on the busiest link (hora_step_stats'
                          bus_bytes; added later): divided by communicate_seconds, the bus
                          bandwidth of nccl-tests */
+  uint64_t eager_collectives; /* broadcasts, allgathers and reducescatters whose data
+                                 travelled with their negotiation cycle (added later;
+                                 the allreduces are eager_allreduces) */
 } hora_stats;
 
 /* Fills *stats (set stats->struct_size first). Callable from any thread. */
@@ -534,7 +537,7 @@ HORA_EXTERN int hora_collective_algorithm(const char *kind, size_t bytes, const 
  * cached one of `bytes` of host memory without compression: the runtime's
  * cost per operation (HORA_COST_MODEL's fourth number), the negotiation
  * cycle and the algorithm. *name: the algorithm, or "eager" for an
- * allreduce that travels inside the cycle (HORA_EAGER_THRESHOLD) and runs
+ * operation that travels inside the cycle (HORA_EAGER_THRESHOLD) and runs
  * none. Valid until hora_finalize. */
 HORA_EXTERN int hora_predict_operation(const char *kind, size_t bytes, const char **name,
                                        double *predicted_seconds);

@@ -148,7 +148,7 @@ struct hora__runtime {
   struct {
     atomic_uint_fast64_t allreduces, broadcasts, allgathers, reducescatters, alltoalls, bytes;
     atomic_uint_fast64_t fused_batches, fused_tensors, cache_hits, cache_misses;
-    atomic_uint_fast64_t cycles, sent_in_full, eager, bus_bytes;
+    atomic_uint_fast64_t cycles, sent_in_full, eager, eager_collectives, bus_bytes;
     atomic_uint_fast64_t negotiate_ns, communicate_ns, copy_ns;
     /* The stages of the operations a caller waited for (hora_stats). */
     atomic_uint_fast64_t staged_ops, submit_ns, handoff_ns, cycle_ns, run_ns, complete_ns,

@@ -225,9 +225,12 @@ int hora__cost_save(const char *path, const struct hora__cost *c, const char *co
  * algorithm's. */
 double hora__operation_cost(const struct hora__cost_model *m, const struct hora__layout *s,
                             const struct hora__algo *a, size_t bytes, bool eager);
-/* Whether a cached allreduce of `bytes` of host memory (no compression,
- * Adasum or group) travels in the negotiation cycle (HORA_EAGER_THRESHOLD). */
-bool hora__eager_allreduce(size_t bytes, int size);
+/* Whether a cached operation of `bytes` (an allgather's: each rank's block)
+ * of host memory (no compression, Adasum or group) travels in the
+ * negotiation cycle (HORA_EAGER_THRESHOLD), and if so what it adds to the
+ * cycle (*carried, may be NULL): an allgather's whole result, the others'
+ * whole input. Alltoalls and the v forms never do. */
+bool hora__eager(enum hora__coll_kind kind, size_t bytes, int size, size_t *carried);
 /* Each algorithm's predicted seconds (the registry's cost functions). */
 #define HORA_COST_FN(ident)                                                                  \
   double hora__cost_##ident(const struct hora__cost_model *m, const struct hora__layout *s,   \

@@ -4,7 +4,7 @@
  * n bytes costs n * gamma. Each algorithm's prediction adds its steps'
  * costs. A whole operation (hora__operation_cost) adds the negotiation
  * cycle, itself a recursive doubling of a few bytes, and the runtime's
- * fixed cost per operation; an eager allreduce travels inside the cycle
+ * fixed cost per operation; an eager operation travels inside the cycle
  * and runs no algorithm after it. Where hosts hold several ranks (L = size / hosts, placed in blocks
  * as launchers place them), a step in which all L ranks of a host talk to
  * other hosts at once shares the host's link: its bytes cost L * beta;
@@ -431,13 +431,33 @@ double hora__operation_cost(const struct hora__cost_model *m, const struct hora_
   if (s->size < 2) {
     return a->cost(m, s, bytes);
   }
-  double cycle = hora__cost_allreduce_rd(m, s, CYCLE_BYTES + (eager ? bytes : 0));
+  size_t carried = 0;
+  if (eager) {
+    hora__eager(a->kind, bytes, s->size, &carried);
+  }
+  double cycle = hora__cost_allreduce_rd(m, s, CYCLE_BYTES + carried);
   return m->link.op + cycle + (eager ? 0 : a->cost(m, s, bytes));
 }
 
-bool hora__eager_allreduce(size_t bytes, int size) {
-  return size > 1 && !hora__params.VERIFY && hora__params.EAGER_THRESHOLD > 0 &&
-         bytes <= (size_t)hora__params.EAGER_THRESHOLD;
+bool hora__eager(enum hora__coll_kind kind, size_t bytes, int size, size_t *carried) {
+  if (size < 2 || hora__params.VERIFY || hora__params.EAGER_THRESHOLD <= 0 ||
+      kind > HORA_COLL_REDUCESCATTER) {
+    return false;
+  }
+  size_t b = bytes;
+  if (kind == HORA_COLL_ALLGATHER) {
+    if (bytes > SIZE_MAX / (size_t)size) {
+      return false;
+    }
+    b = bytes * (size_t)size;
+  }
+  if (b > (size_t)hora__params.EAGER_THRESHOLD) {
+    return false;
+  }
+  if (carried) {
+    *carried = b;
+  }
+  return true;
 }
 
 static int tree_depth(int p) {

@@ -631,6 +631,7 @@ void hora__stats_add(hora_stats *s, struct hora__runtime *rt) {
   s->cycles += atomic_load(&rt->stats.cycles);
   s->sent_in_full += atomic_load(&rt->stats.sent_in_full);
   s->eager_allreduces += atomic_load(&rt->stats.eager);
+  s->eager_collectives += atomic_load(&rt->stats.eager_collectives);
   s->bus_bytes += atomic_load(&rt->stats.bus_bytes);
   s->negotiate_seconds += (double)atomic_load(&rt->stats.negotiate_ns) * 1e-9;
   s->communicate_seconds += (double)atomic_load(&rt->stats.communicate_ns) * 1e-9;
@@ -799,7 +800,7 @@ int hora_predict_operation(const char *kind, size_t bytes, const char **name,
   if (!a) {
     return rc;
   }
-  bool eager = a->kind == HORA_COLL_ALLREDUCE && hora__eager_allreduce(bytes, s.size);
+  bool eager = hora__eager(a->kind, bytes, s.size, NULL);
   *name = eager ? "eager" : a->name;
   *predicted_seconds = hora__operation_cost(&c->model, &s, a, bytes, eager);
   return hora__api_leave(HORA_SUCCESS);

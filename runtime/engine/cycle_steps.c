@@ -23,18 +23,35 @@ static struct hora__cycle_inbox *inbox_of(struct hora__set *set, uint64_t cycle,
 
 static bool bit_set(const uint8_t *v, uint32_t s) { return (v[s / 8] >> (s % 8)) & 1u; }
 
-/* ---- eager allreduces ---------------------------------------------------------
- * A small allreduce that ran before is one bit of the cycle, and its data
- * can travel with that bit: each rank adds its tensor (prescaled) to its
- * contribution, and each step reduces the data of the slots both sides
- * carry (the eager vector is ANDed, so a slot's data at the end is every
- * rank's). Partners of a step hold the same two operands and the kernels
- * are commutative, so every rank ends with the same bits, as after any
- * other allreduce. Slots whose data did not come from everyone (a joined
- * rank stands in, a rank over its byte budget) run as usual. */
+/* ---- eager operations ---------------------------------------------------------
+ * A small operation that ran before is one bit of the cycle, and its data
+ * can travel with that bit: each rank adds its part to its contribution,
+ * and each step folds the data of the slots both sides carry (the eager
+ * vector is ANDed, so a slot's data at the end is every rank's). A
+ * reduction (allreduce, reducescatter) adds its whole tensor, prescaled,
+ * and a step reduces; a broadcast's root adds its buffer and the others
+ * zeros, an allgather's ranks zeros with their own block in its place, and
+ * a step ORs the bytes, which leaves every byte as its one owner sent it.
+ * Partners of a step hold the same two operands and the kernels are
+ * commutative, so every rank ends with the same bits, as after any other
+ * collective. Slots whose data did not come from everyone (a joined rank
+ * stands in, a rank over its byte budget) run as usual. */
 
-static size_t eager_bytes(const struct hora__op_meta *m) {
-  return (size_t)m->count * hora_dtype_size((hora_dtype)m->dtype);
+/* What a slot's operation carries: an allgather's whole result, the
+ * others' whole input. */
+static size_t eager_bytes(const struct hora__op_meta *m, int size) {
+  size_t b = (size_t)m->count * hora_dtype_size((hora_dtype)m->dtype);
+  return m->kind == HORA_KIND_ALLGATHER ? b * (size_t)size : b;
+}
+
+static bool eager_reduces(const struct hora__op_meta *m) {
+  return m->kind == HORA_KIND_ALLREDUCE || m->kind == HORA_KIND_REDUCESCATTER;
+}
+
+static void or_bytes(uint8_t *dst, const uint8_t *src, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    dst[i] |= src[i];
+  }
 }
 
 /* Each tensor's data starts at a multiple of 8 bytes, so that the kernels
@@ -42,11 +59,16 @@ static size_t eager_bytes(const struct hora__op_meta *m) {
 static size_t eager_align(size_t off) { return (off + 7) & ~(size_t)7; }
 
 /* What may travel eagerly: decided from the cached operation alone, which
- * every rank has alike. */
-static bool eager_kind(const struct hora__op_meta *m) {
-  return m->kind == HORA_KIND_ALLREDUCE && !m->device && m->op != HORA_ADASUM &&
-         m->compression == HORA_COMPRESSION_NONE && m->group == 0 &&
-         eager_bytes(m) <= (size_t)hora__params.EAGER_THRESHOLD;
+ * every rank has alike (the cost model's hora__eager says the same). A
+ * reducescatter split by explicit counts does not. */
+static bool eager_kind(const struct hora__op_meta *m, int size) {
+  bool kind = m->kind == HORA_KIND_ALLREDUCE || m->kind == HORA_KIND_BROADCAST ||
+              m->kind == HORA_KIND_ALLGATHER ||
+              (m->kind == HORA_KIND_REDUCESCATTER && m->split == 0 && m->root >= 0);
+  return kind && !m->device && m->op != HORA_ADASUM && m->compression == HORA_COMPRESSION_NONE &&
+         m->group == 0 &&
+         (m->kind != HORA_KIND_ALLGATHER || m->count <= SIZE_MAX / 16 / (size_t)size) &&
+         eager_bytes(m, size) <= (size_t)hora__params.EAGER_THRESHOLD;
 }
 
 /* Zeros up to the next tensor's start (they are sent: no stray bytes). */
@@ -63,23 +85,34 @@ static int eager_contribute(struct hora__set *set, uint8_t *eager, uint32_t used
     return HORA_SUCCESS;
   }
   size_t budget = (size_t)hora__params.EAGER_THRESHOLD;
+  int size = set->comm->size, rank = set->comm->rank;
   for (uint32_t s = 0; s < used; s++) {
     struct hora_request *q = set->waiting[s];
     const struct hora__op_meta *m = &set->cache.e[s].meta;
-    if (!q || !set->cache.e[s].used || !eager_kind(m) || !hora__meta_equal(m, &q->meta)) {
+    if (!q || !set->cache.e[s].used || !eager_kind(m, size) || !hora__meta_equal(m, &q->meta)) {
       continue;
     }
-    size_t b = eager_bytes(m);
+    size_t b = eager_bytes(m, size);
     if (eager_align(w->len) + b > budget) {
       break;
     }
     eager_pad(w);
-    hora__wbuf_put(w, q->sendbuf, b);
+    size_t at = w->len;
+    if (eager_reduces(m) || (m->kind == HORA_KIND_BROADCAST && m->root == rank)) {
+      hora__wbuf_put(w, q->sendbuf, b);
+    } else {
+      /* Zeros, and an allgather's own block in its place. */
+      hora__wbuf_put_zeros(w, b);
+      if (m->kind == HORA_KIND_ALLGATHER && !w->failed && b) {
+        size_t block = b / (size_t)size;
+        memcpy(w->data + at + (size_t)rank * block, q->sendbuf, block);
+      }
+    }
     if (w->failed) {
       return HORA_ERR_NO_MEMORY;
     }
-    if (m->prescale != 1.0) {
-      hora__scale((hora_dtype)m->dtype, w->data + w->len - b, (size_t)m->count, m->prescale);
+    if (eager_reduces(m) && m->prescale != 1.0) {
+      hora__scale((hora_dtype)m->dtype, w->data + at, (size_t)m->count, m->prescale);
     }
     eager[s / 8] |= (uint8_t)(1u << (s % 8));
   }
@@ -104,12 +137,12 @@ static int eager_fold(struct hora__set *set, const uint8_t *theirs_bits, const u
       continue;
     }
     const struct hora__cache_entry *ce = hora__cache_entry(&set->cache, (int32_t)s);
-    if (!ce || !eager_kind(&ce->meta)) {
+    if (!ce || !eager_kind(&ce->meta, set->comm->size)) {
       return hora__error(HORA_ERR_PROTOCOL, "rank %d sent eager data for cache slot %u, which "
-                         "holds no small allreduce here: the ranks' caches are out of step",
-                         peer, s);
+                         "holds no small operation that travels so here: the ranks' caches "
+                         "are out of step", peer, s);
     }
-    size_t b = eager_bytes(&ce->meta);
+    size_t b = eager_bytes(&ce->meta, set->comm->size);
     mo = m ? eager_align(mo) : mo;
     to = t ? eager_align(to) : to;
     if ((t && to + b > theirs_len) || (m && mo + b > mine->len)) {
@@ -123,8 +156,12 @@ static int eager_fold(struct hora__set *set, const uint8_t *theirs_bits, const u
         return HORA_ERR_NO_MEMORY;
       }
       uint8_t *dst = out->data + out->len - b;
-      hora__reduce((hora_dtype)ce->meta.dtype, (hora_op)ce->meta.op, dst, dst, theirs + to,
-                   (size_t)ce->meta.count);
+      if (eager_reduces(&ce->meta)) {
+        hora__reduce((hora_dtype)ce->meta.dtype, (hora_op)ce->meta.op, dst, dst, theirs + to,
+                     (size_t)ce->meta.count);
+      } else {
+        or_bytes(dst, theirs + to, b);
+      }
     }
     mo += m ? b : 0;
     to += t ? b : 0;
@@ -448,7 +485,8 @@ int hora__engine_cycle_end(struct hora__set *set, bool *progressed) {
     }
     if (is_eager) {
       eoff = eager_align(eoff);
-      size_t b = eager_kind(&ce->meta) ? eager_bytes(&ce->meta) : SIZE_MAX;
+      int size = set->comm->size;
+      size_t b = eager_kind(&ce->meta, size) ? eager_bytes(&ce->meta, size) : SIZE_MAX;
       bool fits = eoff <= set->eager.len && b <= set->eager.len - eoff;
       r->eager = fits ? hora__malloc(b + 1) : NULL;
       if (!r->eager) {

@@ -374,16 +374,47 @@ static int run_op(struct hora__set *set, const struct hora__response *r, size_t 
   return rc;
 }
 
-/* An allreduce whose sum came with its cycle (cycle_steps.c): the result
- * is copied out and scaled as the collective would have (a stand-in never
- * gets here: every rank sent its data). */
+/* An operation whose result came with its cycle (cycle_steps.c): copied
+ * out and scaled as the collective would have (a stand-in never gets here:
+ * every rank sent its data). An allreduce's result is the whole tensor, a
+ * broadcast's the root's buffer (which the root holds already), an
+ * allgather's every block, and a reducescatter keeps its own block of the
+ * reduction. Never fused: one tensor. */
 static int copy_eager(struct hora__set *set, const struct hora__response *r, size_t count,
                       const struct hora__coll_opts *opts) {
-  hora__engine_phase(set, "ALLREDUCE");
-  memcpy(set->iov_out[0].base, r->eager, set->iov_out[0].len);
-  hora__post_apply(opts, (hora_dtype)r->dtype, set->iov_out[0].base, count);
+  static const char *const phases[] = {"ALLREDUCE", "BROADCAST", "ALLGATHER", "REDUCESCATTER"};
+  hora__comm *c = set->comm;
+  hora_dtype dtype = (hora_dtype)r->dtype;
+  struct hora_request *q = set->reqs[0];
+  if (r->kind > HORA_KIND_REDUCESCATTER || r->ntensors != 1 || !q) {
+    return hora__error(HORA_ERR_PROTOCOL, "an eager %s of %u tensors came without this "
+                       "rank's request", hora__kind_name(r->kind), r->ntensors);
+  }
+  hora__engine_phase(set, phases[r->kind]);
+  size_t esize = hora_dtype_size(dtype), start = 0, len = count;
+  switch (r->kind) {
+    case HORA_KIND_BROADCAST:
+      if (c->rank != r->root) {
+        memcpy(q->recvbuf, r->eager, count * esize);
+      }
+      break;
+    case HORA_KIND_ALLGATHER:
+      memcpy(q->recvbuf, r->eager, count * esize * (size_t)c->size);
+      break;
+    case HORA_KIND_REDUCESCATTER:
+      hora__block_range(count, r->root > 0 ? count / (size_t)r->root : 1, c->size, c->rank,
+                        &start, &len);
+      /* fall through */
+    default:
+      if (len) {
+        memcpy(q->recvbuf, (const uint8_t *)r->eager + start * esize, len * esize);
+        hora__post_apply(opts, dtype, q->recvbuf, len);
+      }
+      break;
+  }
   hora__engine_phase(set, NULL);
-  atomic_fetch_add(&set->e->rt->stats.eager, 1);
+  atomic_fetch_add(r->kind == HORA_KIND_ALLREDUCE ? &set->e->rt->stats.eager
+                                                  : &set->e->rt->stats.eager_collectives, 1);
   return HORA_SUCCESS;
 }
 

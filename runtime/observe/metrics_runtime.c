@@ -50,7 +50,7 @@ void hora__metrics_account(struct hora__runtime *rt, int kind, int dtype, uint64
   atomic_fetch_add_explicit(&rt->stats.bus_bytes, (uint64_t)(factor * (double)bytes),
                             memory_order_relaxed);
   if (ns == 0) {
-    return; /* an eager allreduce: its data came with the cycle, untimed */
+    return; /* an eager operation: its data came with the cycle, untimed */
   }
   double algbw = (double)bytes / ((double)ns * 1e-9);
   double busbw = algbw * factor;
@@ -106,6 +106,10 @@ static const struct stat_family stat_families[] = {
     {"hora_eager_allreduces_total", "counter",
      "Allreduces whose data travelled with the negotiation cycle that scheduled them.",
      U64(eager_allreduces)},
+    {"hora_eager_collectives_total", "counter",
+     "Broadcasts, allgathers and reducescatters whose data travelled with the negotiation cycle "
+     "that scheduled them.",
+     U64(eager_collectives)},
     {"hora_negotiation_seconds_total", "counter",
      "Summed over operations: from submission to the start of its collective.",
      SEC(negotiate_seconds)},

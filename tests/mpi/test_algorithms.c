@@ -6,7 +6,7 @@
  * several roots (0 bytes, fewer bytes than ranks, uneven blocks),
  * allgather, reducescatter (uneven blocks, rows, explicit counts, ops,
  * average, fp16 on the wire), a rank that has joined, a process set, the
- * same picks by the cost model on every rank, and small allreduces that
+ * same picks by the cost model on every rank, and small operations that
  * travel with their negotiation cycle. Values are small integers, so
  * results are exact (but for fp16 on the wire and averages). Lean on
  * purpose: it runs at up to 32 ranks on two cores. */
@@ -558,6 +558,130 @@ static void allreduce_eager(void) {
   }
 }
 
+/* Small broadcasts, allgathers and reducescatters that ran before travel
+ * with their cycle too: from the first rank and from the last, bytes that
+ * no sum would keep (-0.0, a NaN's payload) arriving bit for bit, an
+ * allgather of bytes, a reducescatter by rows, averaged and scaled, beside
+ * an allgather whose whole result is over HORA_EAGER_THRESHOLD. The count
+ * is exact, as for the allreduces. */
+static uint32_t eager_word(int rank, int i, int it) {
+  if (i == 0) {
+    return 0x80000000u; /* -0.0f */
+  }
+  if (i == 1) {
+    return 0x7fc00000u | (uint32_t)(rank * 16 + it); /* a quiet NaN with a payload */
+  }
+  return (uint32_t)(rank * 1000 + i * 7 + it) * 2654435761u;
+}
+
+static void eager_collectives(void) {
+  enum { ITERS = 4, NSMALL = 5, BC = 9, AG = 5, ROWS = 7, W = 3 };
+  const char *env = getenv("HORA_EAGER_THRESHOLD");
+  bool eager_on = mt_size > 1 && !(env && strcmp(env, "0") == 0);
+  hora_stats s0 = {.struct_size = sizeof(s0)}, s1 = {.struct_size = sizeof(s1)};
+  MT_OK(hora_get_stats(&s0));
+  size_t p = (size_t)mt_size, big = 16384 / 4 / p + 1; /* floats per rank: p * big * 4 > 16 KiB */
+  uint32_t b0[BC], b1[BC];
+  uint8_t ag[AG], *ag_out = malloc(p * AG);
+  uint32_t agf[2], *agf_out = malloc(p * sizeof(agf));
+  float *agbig = malloc(big * sizeof(float)), *agbig_out = malloc(p * big * sizeof(float));
+  size_t n = ROWS * W;
+  float rs[ROWS * W], rs_out[ROWS * W];
+  int64_t dims[2] = {ROWS, W};
+  for (int it = 0; it < ITERS; it++) {
+    int last = mt_size - 1;
+    for (int i = 0; i < BC; i++) {
+      b0[i] = mt_rank == 0 ? eager_word(0, i, it) : 0xdeadbeefu;
+      b1[i] = mt_rank == last ? eager_word(last, i, it) : 0xdeadbeefu;
+    }
+    for (int i = 0; i < AG; i++) {
+      ag[i] = (uint8_t)(mt_rank * 31 + i * 3 + it);
+    }
+    agf[0] = eager_word(mt_rank, 0, it);
+    agf[1] = eager_word(mt_rank, 1, it);
+    for (size_t i = 0; i < big; i++) {
+      agbig[i] = (float)(mt_rank + (int)i + it);
+    }
+    for (size_t i = 0; i < n; i++) {
+      rs[i] = (float)(mt_rank + (int)i + it);
+    }
+    hora_allreduce_options o = HORA_ALLREDUCE_OPTIONS_INIT;
+    o.ndims = 2;
+    o.dims = dims;
+    o.prescale = 0.5;
+    o.postscale = 4.0;
+    hora_request *q[NSMALL + 1] = {NULL};
+    MT_OK(hora_broadcast_async("eager/bcast/first", b0, BC, HORA_FLOAT32, 0, &q[0]));
+    MT_OK(hora_broadcast_async("eager/bcast/last", b1, BC, HORA_FLOAT32, last, &q[1]));
+    MT_OK(hora_allgather_async("eager/allgather/u8", ag, AG, HORA_UINT8, ag_out, &q[2]));
+    MT_OK(hora_allgather_async("eager/allgather/f32", agf, 2, HORA_FLOAT32, agf_out, &q[3]));
+    MT_OK(hora_reducescatter_async_ex("eager/reducescatter/rows", rs, rs_out, n, HORA_FLOAT32,
+                                      HORA_AVERAGE, &o, &q[4]));
+    MT_OK(hora_allgather_async("eager/allgather/big", agbig, big, HORA_FLOAT32, agbig_out, &q[5]));
+    for (int k = 0; k <= NSMALL; k++) {
+      MT_OK(hora_wait(&q[k]));
+    }
+    for (int i = 0; i < BC; i++) {
+      if (b0[i] != eager_word(0, i, it) || b1[i] != eager_word(last, i, it)) {
+        mt_fail(__FILE__, __LINE__, "iteration %d: broadcast word %d is %08x / %08x, expected "
+                "%08x / %08x", it, i, b0[i], b1[i], eager_word(0, i, it), eager_word(last, i, it));
+        break;
+      }
+    }
+    for (int r = 0; r < mt_size; r++) {
+      for (int i = 0; i < AG; i++) {
+        if (ag_out[(size_t)r * AG + i] != (uint8_t)(r * 31 + i * 3 + it)) {
+          mt_fail(__FILE__, __LINE__, "iteration %d: allgather byte %d of rank %d is %u", it, i,
+                  r, ag_out[(size_t)r * AG + i]);
+          r = mt_size;
+          break;
+        }
+      }
+      if (r < mt_size && (agf_out[2 * r] != eager_word(r, 0, it) ||
+                          agf_out[2 * r + 1] != eager_word(r, 1, it))) {
+        mt_fail(__FILE__, __LINE__, "iteration %d: rank %d's -0.0 and NaN came as %08x %08x", it,
+                r, agf_out[2 * r], agf_out[2 * r + 1]);
+        break;
+      }
+      for (size_t i = 0; r < mt_size && i < big; i++) {
+        if (agbig_out[(size_t)r * big + i] != (float)(r + (int)i + it)) {
+          mt_fail(__FILE__, __LINE__, "iteration %d: big allgather element %zu of rank %d is %g",
+                  it, i, r, (double)agbig_out[(size_t)r * big + i]);
+          r = mt_size;
+        }
+      }
+    }
+    size_t first = 0, mine = hora_reducescatter_block(n, ROWS, mt_size, mt_rank);
+    for (int r = 0; r < mt_rank; r++) {
+      first += hora_reducescatter_block(n, ROWS, mt_size, r);
+    }
+    for (size_t i = 0; i < mine; i++) {
+      double sum = 0;
+      for (int r = 0; r < mt_size; r++) {
+        sum += 0.5 * (r + (int)(first + i) + it);
+      }
+      double want = 4.0 * sum / mt_size;
+      if (fabs(rs_out[i] - want) > 1e-4 * fabs(want) + 1e-6) {
+        mt_fail(__FILE__, __LINE__, "iteration %d: reducescatter element %zu is %g, expected %g",
+                it, first + i, (double)rs_out[i], want);
+        break;
+      }
+    }
+  }
+  free(ag_out);
+  free(agf_out);
+  free(agbig);
+  free(agbig_out);
+  MT_OK(hora_get_stats(&s1));
+  uint64_t eager = s1.eager_collectives - s0.eager_collectives;
+  uint64_t want = eager_on ? (uint64_t)(ITERS - 1) * NSMALL : 0;
+  if (eager != want) {
+    mt_fail(__FILE__, __LINE__, "%llu broadcasts, allgathers and reducescatters travelled with "
+            "their cycle, expected %llu (the first of each name goes through rank 0, the big "
+            "allgather never)", (unsigned long long)eager, (unsigned long long)want);
+  }
+}
+
 /* Every rank chooses by rank 0's cost model (with HORA_COST_MODEL=calibrate
  * its measurement, which no other rank could repeat to the bit): each
  * kind's pick and predicted seconds at a few sizes are the same on every
@@ -621,7 +745,11 @@ static void predict_operation(void) {
   MT_CHECK(mt_size == 1 ? t == ta : t >= ta + op && t > ta,
            "a 1 MiB allreduce: predicted %g s, its algorithm alone %g s, op %g s", t, ta, op);
   MT_OK(hora_predict_operation("broadcast", 64, &name, &t));
-  MT_CHECK(strcmp(name, "eager") != 0, "a broadcast went eager");
+  MT_CHECK((strcmp(name, "eager") == 0) == eager_on, "a 64-byte broadcast: %s", name);
+  /* An allgather's block of 8 KiB: eager only while the whole result fits. */
+  MT_OK(hora_predict_operation("allgather", 8192, &name, &t));
+  MT_CHECK((strcmp(name, "eager") == 0) == (eager_on && mt_size == 2), "an allgather of 8 KiB "
+           "blocks at %d ranks: %s", mt_size, name);
   MT_CHECK(hora_predict_operation("alltoall", 64, &name, &t) == HORA_ERR_INVALID_ARG,
            "an unknown kind was accepted");
   MT_CHECK(hora_predict_operation("allreduce", 64, NULL, &t) == HORA_ERR_INVALID_ARG,
@@ -679,6 +807,7 @@ int main(int argc, char **argv) {
   mt_run("algorithms/with_a_joined_rank", with_a_joined_rank);
   mt_run("algorithms/in_a_process_set", in_a_process_set);
   mt_run("algorithms/allreduce_eager", allreduce_eager);
+  mt_run("algorithms/eager_collectives", eager_collectives);
   mt_run("algorithms/predict_operation", predict_operation);
   mt_run("algorithms/every_rank_predicts_alike", every_rank_predicts_alike);
   mt_run("algorithms/forced_ones_run", forced_ones_run);
