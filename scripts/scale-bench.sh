@@ -11,6 +11,8 @@
 #   --sizes MIN:MAX:FACTOR     default 8:64M:8 (hora-bench's -b -e -f; MAX is
 #                              run too where the progression misses it)
 #   --reps N                   hora-bench -r and hora-bench-floor -r (default 5)
+#   --rounds K                 every run K times, the algorithms taking turns
+#                              (default 1); the tables give the median run
 #   --rate RATE                each fake host's egress, tc syntax (default 1gbit)
 #   --algorithms "OP:A,B ..."  the forced algorithms per op (default: hora-info
 #                              --algorithms where it exists, else ALGORITHMS below)
@@ -44,11 +46,15 @@
 # takes it as is. Starting mpirun over 16 fake hosts costs seconds, so
 # repeating whole runs would cost more for no better median. Open MPI's
 # figure in the tables comes from auto's run (same processes, same links);
-# the CSV holds the one from every run.
+# the CSV holds the one from every run. On a shared machine one run can be
+# slower all through: --rounds K runs the forced algorithms, auto and the
+# floor in turn K times and takes each figure's median over the rounds, so
+# auto's gap to the best forced one is not one run's luck.
 #
 # Table columns: each forced algorithm's time and auto's (us), Open MPI's,
 # auto/MPI (time ratio: < 1 is hora faster), auto against the best forced
-# algorithm (%, + is slower), auto's busbw (GB/s; the nccl-tests factors:
+# algorithm (%, + is slower), the algorithm auto ran (the selector's pick as
+# hora-bench names it; "eager": inside the negotiation cycle), auto's busbw (GB/s; the nccl-tests factors:
 # allreduce 2(p-1)/p, broadcast 1, allgather and reducescatter (p-1)/p) and
 # its share of the line rate, the floor patterns' times and their best, and
 # the cost model's prediction for auto where hora-bench prints a model_us
@@ -66,7 +72,7 @@ set -uo pipefail
 ALGORITHMS="allreduce:ring broadcast:ring allgather:ring reducescatter:ring"
 
 layouts="8x1 16x1 4x2" ops="allreduce broadcast allgather reducescatter"
-sizes=8:64M:8 reps=5 rate=1gbit csv= logs= tree= limit=1800 algos_opt= fit=0 fit_only= spin=0
+sizes=8:64M:8 reps=5 rounds=1 rate=1gbit csv= logs= tree= limit=1800 algos_opt= fit=0 fit_only= spin=0
 tcp_cc=cubic
 while [ $# -gt 0 ]; do
   case $1 in
@@ -74,6 +80,7 @@ while [ $# -gt 0 ]; do
     --ops) ops=$2; shift ;;
     --sizes) sizes=$2; shift ;;
     --reps) reps=$2; shift ;;
+    --rounds) rounds=$2; shift ;;
     --rate) rate=$2; shift ;;
     --algorithms) algos_opt=$2; shift ;;
     --csv) csv=$2; shift ;;
@@ -238,10 +245,11 @@ parse_bench() { # op algorithm
   awk -v op="$1" -v alg="$2" '
     /^#/ && / bytes / && / count / {
       h = $0; sub(/^#/, "", h); gsub(/ us/, "_us", h); n = split(h, f, " ")
-      ih = im = ie = imod = 0
+      ih = im = ie = imod = ialg = 0
       for (i = 1; i <= n; i++) {
         if (f[i] == "hora_us") ih = i; if (f[i] == "MPI_us") im = i
         if (f[i] == "errors") ie = i; if (f[i] == "model_us") imod = i
+        if (f[i] == "algorithm") ialg = i
       }
       next
     }
@@ -250,6 +258,7 @@ parse_bench() { # op algorithm
       printf "%s hora %s %s %s %s\n", op, alg, $1, $ih, e
       if (im && $im != "-") printf "%s mpi %s %s %s %s\n", op, alg, $1, $im, e
       if (imod && $imod != "-") printf "%s model %s %s %s -\n", op, alg, $1, $imod
+      if (ialg && $ialg != "-") printf "%s pick %s %s %s -\n", op, alg, $1, $ialg
       next
     }
     /model_us/ && last != "" {
@@ -280,28 +289,30 @@ for l in $layouts; do
   : >"$rec"
   for op in $ops; do
     var=HORA_ALGORITHM_$(echo "$op" | tr '[:lower:]' '[:upper:]')
-    for alg in $(algos_of "$op" "$r") auto; do
-      echo "# $l $op $alg ..." >&2
-      raw=$work/raw.$l.$op.$alg
+    for ((round = 1; round <= rounds; round++)); do
+      for alg in $(algos_of "$op" "$r") auto; do
+        echo "# $l $op $alg (round $round of $rounds) ..." >&2
+        raw=$work/raw.$l.$op.$alg.$round
+        : >"$raw"
+        export "$var=$alg"
+        run_ranges "$hf" "$raw" "$np" "$var" "$tree/hora-bench" -o "$op"
+        unset "$var"
+        parse_bench "$op" "$alg" <"$raw" >>"$rec"
+        [ -n "$logs" ] && cp "$raw" "$logs/"
+      done
+      echo "# $l $op floor (round $round of $rounds) ..." >&2
+      raw=$work/raw.$l.$op.floor.$round
       : >"$raw"
-      export "$var=$alg"
-      run_ranges "$hf" "$raw" "$np" "$var" "$tree/hora-bench" -o "$op"
-      unset "$var"
-      parse_bench "$op" "$alg" <"$raw" >>"$rec"
+      run_ranges "$hf" "$raw" "$np" "" "$tree/hora-bench-floor" -i eth0 -o "$op"
+      parse_floor "$op" <"$raw" >>"$rec"
       [ -n "$logs" ] && cp "$raw" "$logs/"
     done
-    echo "# $l $op floor ..." >&2
-    raw=$work/raw.$l.$op.floor
-    : >"$raw"
-    run_ranges "$hf" "$raw" "$np" "" "$tree/hora-bench-floor" -i eth0 -o "$op"
-    parse_floor "$op" <"$raw" >>"$rec"
-    [ -n "$logs" ] && cp "$raw" "$logs/"
   done
   [ -n "$logs" ] && cp "$rec" "$logs/"
   awk '$6 != "-" && $6 + 0 > 0' "$rec" | grep -q . && { echo "scale-bench.sh: wrong results in $l (see the tables)" >&2; failed=1; }
 
   for op in $ops; do
-    awk -v op="$op" -v algs="$(algos_of "$op" "$r")" -v p="$np" -v line="$line" -v l="$l" \
+    awk -v op="$op" -v algs="$(algos_of "$op" "$r")" -v p="$np" -v rounds="$rounds" -v line="$line" -v l="$l" \
       -v h="$h" -v r="$r" -v rate="$rate" -v csv="$csv" '
       function human(b) {
         return b >= 1048576 && b % 1048576 == 0 ? b / 1048576 "M" : b >= 1024 && b % 1024 == 0 ? b / 1024 "K" : b
@@ -311,9 +322,10 @@ for l in $layouts; do
         bus = op == "allreduce" ? 2 * (p - 1) / p : op == "broadcast" ? 1 : (p - 1) / p
         na = split(algs, a, " ")
       }
+      $1 == op && $2 == "pick" { pick[$3, $4] = $5; next }
       $1 == op {
         key = $2 SUBSEP $3 SUBSEP $4
-        t[key] = $5; sz[$4] = 1
+        vals[key, ++cnt[key]] = $5 + 0; sz[$4] = 1
         if ($2 == "floor" && !($3 in fl)) { fl[$3] = 1; fn[++nf] = $3 }
         if ($6 != "-" && $6 + 0 > 0) bad[$4] = 1
         if (csv != "") {
@@ -323,11 +335,18 @@ for l in $layouts; do
         }
       }
       END {
-        printf "\n## %s, %d hosts x %d rank%s (%d ranks), links %s (line %.3f GB/s), us per operation\n",
-          op, h, r, (r > 1 ? "s" : ""), p, rate, line
+        # Each figure: the median of its rounds (the lower middle of an even count).
+        for (key in cnt) {
+          c = cnt[key]
+          for (i = 1; i <= c; i++) w[i] = vals[key, i]
+          for (i = 1; i <= c; i++) for (j = i + 1; j <= c; j++) if (w[j] < w[i]) { x = w[i]; w[i] = w[j]; w[j] = x }
+          t[key] = w[int((c + 1) / 2)]
+        }
+        printf "\n## %s, %d hosts x %d rank%s (%d ranks), links %s (line %.3f GB/s), us per operation%s\n",
+          op, h, r, (r > 1 ? "s" : ""), p, rate, line, (rounds > 1 ? ", median of " rounds " rounds" : "")
         printf "%8s", "bytes"
         for (i = 1; i <= na; i++) printf " %10s", a[i]
-        printf " %10s %10s %8s %8s %8s %6s", "auto", "OpenMPI", "auto/MPI", "vs_best", "busbw", "line%"
+        printf " %10s %10s %8s %8s %12s %8s %6s", "auto", "OpenMPI", "auto/MPI", "vs_best", "pick", "busbw", "line%"
         for (i = 1; i <= nf; i++) printf " %10s", "fl_" fn[i]
         printf " %10s %10s\n", "floor", "model"
         ns = 0
@@ -344,6 +363,7 @@ for l in $layouts; do
           printf " %10s %10s", fmt(au), fmt(m)
           printf " %8s", (au != "" && m > 0 ? sprintf("%.2f", au / m) : "-")
           printf " %8s", (au != "" && best > 0 ? sprintf("%+.1f%%", 100 * (au / best - 1)) : "-")
+          printf " %12s", ((("auto", s) in pick) ? pick["auto", s] : "-")
           bw = au > 0 ? s / (au * 1e3) * bus : 0
           printf " %8s %6s", (au > 0 ? sprintf("%.4f", bw) : "-"), (au > 0 ? sprintf("%.1f", 100 * bw / line) : "-")
           fb = ""

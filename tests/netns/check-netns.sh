@@ -49,12 +49,16 @@ printf '%s0 slots=2\n%s1 slots=2\n%s2 slots=2\n%s3 slots=2\n' "$NETNS_PREFIX" "$
 printf '%s0 slots=2\n%s1 slots=2\n%s2 slots=2\n' "$NETNS_PREFIX" "$NETNS_PREFIX" \
   "$NETNS_PREFIX" >"$work/hosts32"
 
+# Each run's milliseconds, for the slowest-runs lines at the end.
+ms_now() { date +%s%3N; }
 run() { # label hostfile program args...   (NP=n: other than 4 ranks; MAP=node: ranks round robin)
   label=$1 hosts=$2 prog=$3
   shift 3
+  t0=$(ms_now)
   timeout -k 10 300 "$netns/mpirun-netns.sh" "$hosts" -np "${NP:-4}" ${MAP:+--map-by "$MAP"} \
     "$builddir/tests/mpi/$prog" "$@" </dev/null >"$work/out" 2>"$work/err"
   rc=$?
+  echo "$(($(ms_now) - t0)) $label $prog" >>"$work/times"
   sed -n -E "s#^(PASS|FAIL|SKIP) #\\1 netns-$label/#p" "$work/out"
   if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$work/out"; then
     echo "FAIL netns-$label/$prog: exit status $rc"
@@ -258,4 +262,9 @@ elif [ -x "$builddir/examples/train" ] && [ -f /usr/share/datasets/fashion-mnist
   fi
 else
   echo "SKIP netns-2x2/train_same_accuracy: examples/train or Fashion-MNIST missing"
+fi
+if [ -s "$work/times" ]; then
+  echo "   (slowest netns runs, ms:"
+  sort -rn "$work/times" | head -n 8 | sed 's/^/     /'
+  echo "   ) (all $(wc -l <"$work/times") mpirun runs: $(awk '{ t += $1 } END { printf "%.0f", t / 1000 }' "$work/times") s)"
 fi
