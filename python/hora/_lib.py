@@ -105,7 +105,7 @@ class Stats(ctypes.Structure):
     ] + [(n, _F64) for n in ("stage_submit_seconds", "stage_handoff_seconds",
                              "stage_negotiate_seconds", "stage_run_seconds",
                              "stage_complete_seconds", "stage_wake_seconds")] + [
-        ("eager_allreduces", _U64), ("bus_bytes", _U64)]
+        ("eager_allreduces", _U64), ("bus_bytes", _U64), ("eager_collectives", _U64)]
 
 
 class StepStats(ctypes.Structure):
