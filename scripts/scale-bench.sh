@@ -11,6 +11,9 @@
 #   --sizes MIN:MAX:FACTOR     default 8:64M:8 (hora-bench's -b -e -f; MAX is
 #                              run too where the progression misses it)
 #   --reps N                   hora-bench -r and hora-bench-floor -r (default 5)
+#   --env VAR=VALUE            a setting for every rank of every run (repeatable;
+#                              e.g. HORA_EAGER_THRESHOLD=0 for the figures
+#                              without eager operations)
 #   --rounds K                 every run K times, the algorithms taking turns
 #                              (default 1); the tables give the median run
 #   --rate RATE                each fake host's egress, tc syntax (default 1gbit)
@@ -74,6 +77,7 @@ ALGORITHMS="allreduce:ring broadcast:ring allgather:ring reducescatter:ring"
 layouts="8x1 16x1 4x2" ops="allreduce broadcast allgather reducescatter"
 sizes=8:64M:8 reps=5 rounds=1 rate=1gbit csv= logs= tree= limit=1800 algos_opt= fit=0 fit_only= spin=0
 tcp_cc=cubic
+extra_x=()
 while [ $# -gt 0 ]; do
   case $1 in
     --layouts) layouts=$2; shift ;;
@@ -81,6 +85,7 @@ while [ $# -gt 0 ]; do
     --sizes) sizes=$2; shift ;;
     --reps) reps=$2; shift ;;
     --rounds) rounds=$2; shift ;;
+    --env) extra_x+=(-x "$2"); shift ;;
     --rate) rate=$2; shift ;;
     --algorithms) algos_opt=$2; shift ;;
     --csv) csv=$2; shift ;;
@@ -159,6 +164,7 @@ if [ "$tcp_cc" != system ] && [ -z "$fit_only" ]; then
   cc_args=(-x LD_PRELOAD="$work/tcpcc.so" -x TCP_CONGESTION_PRELOAD="$tcp_cc"
     -x HORA_TCP_CONGESTION_CONTROL="$tcp_cc")
 fi
+[ ${#extra_x[@]} -gt 0 ] && echo "# every rank of every run with:$(printf ' %s' "${extra_x[@]}" | sed 's/ -x / /g')"
 [ -z "$fit_only" ] &&
   echo "# TCP congestion control: $tcp_cc (the system's default: $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown))"
 # Fits the model to the forced algorithms' times of each layout in CSV
@@ -225,7 +231,7 @@ run_ranges() {
     IFS=' '
     # shellcheck disable=SC2086
     timeout "$limit" "$netns/mpirun-netns.sh" "$hf" -np "$np" --bind-to none \
-      -x HORA_SPIN_TIME_US="$spin" "${cc_args[@]}" ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1 &
+      -x HORA_SPIN_TIME_US="$spin" "${cc_args[@]}" "${extra_x[@]}" ${var:+-x "$var"} "$@" $rng -r "$reps" </dev/null >>"$out" 2>&1 &
     child=$!
     wait "$child"
     rc=$?
