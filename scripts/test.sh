@@ -42,16 +42,16 @@ copy_tree() { "$src/scripts/copy-tree.sh" "$src" "$1"; }
 idle() { if command -v chrt >/dev/null 2>&1; then chrt -i 0 "$@"; else nice -n 19 "$@"; fi; }
 
 prebuild() { # dir, configure flags
-  rm -f "$1.built"
   # shellcheck disable=SC2086
   { copy_tree "$1" && cd "$1" && ./autogen.sh && ./configure $2 && idle make -j2; } >"$1.build-log" 2>&1
-  echo $? >"$1.built"
+  echo $? >"$1.built.tmp" && mv "$1.built.tmp" "$1.built" # whole, never read half-written
 }
 # Whether the GPU's code is built there too: only where a GPU is visible.
 cuda=--without-cuda
 ls /dev/nvidia[0-9]* >/dev/null 2>&1 && cuda=
 prebuild_all() {
   mkdir -p "$src/build"
+  rm -f "$src/build/asan.built" "$src/build/tsan.built" "$src/build/nompi.built" # an earlier run's
   (prebuild "$src/build/asan" "--enable-sanitizers $cuda")
   (prebuild "$src/build/tsan" "--enable-sanitizers=thread $cuda")
   (prebuild "$src/build/nompi" "--without-mpi --without-cuda")

@@ -438,6 +438,14 @@ static void in_a_process_set(void) {
   free(ranks);
 }
 
+/* Whether small cached operations travel with their cycle in this run:
+ * not at one rank, nor with HORA_EAGER_THRESHOLD=0 (as a testlist line
+ * passes it). */
+static bool eager_expected(void) {
+  const char *env = getenv("HORA_EAGER_THRESHOLD");
+  return mt_size > 1 && !(env && strcmp(env, "0") == 0);
+}
+
 /* Small allreduces that ran before travel with the negotiation cycle that
  * schedules them (HORA_EAGER_THRESHOLD, 16K by default): dtypes and ops,
  * prescale, postscale and AVERAGE, in place and not, several in one
@@ -447,8 +455,7 @@ static void in_a_process_set(void) {
  * testlist line passes it) or there is one rank. */
 static void allreduce_eager(void) {
   enum { ITERS = 4, NSMALL = 5, BIG = 5000 };
-  const char *env = getenv("HORA_EAGER_THRESHOLD");
-  bool eager_on = mt_size > 1 && !(env && strcmp(env, "0") == 0);
+  bool eager_on = eager_expected();
   hora_stats s0 = {.struct_size = sizeof(s0)}, s1 = {.struct_size = sizeof(s1)};
   MT_OK(hora_get_stats(&s0));
   float f[7], fin[7], avg[33], avg_in[33], *big = malloc(BIG * sizeof(float));
@@ -576,8 +583,7 @@ static uint32_t eager_word(int rank, int i, int it) {
 
 static void eager_collectives(void) {
   enum { ITERS = 4, NSMALL = 5, BC = 9, AG = 5, ROWS = 7, W = 3 };
-  const char *env = getenv("HORA_EAGER_THRESHOLD");
-  bool eager_on = mt_size > 1 && !(env && strcmp(env, "0") == 0);
+  bool eager_on = eager_expected();
   hora_stats s0 = {.struct_size = sizeof(s0)}, s1 = {.struct_size = sizeof(s1)};
   MT_OK(hora_get_stats(&s0));
   size_t p = (size_t)mt_size, big = 16384 / 4 / p + 1; /* floats per rank: p * big * 4 > 16 KiB */
@@ -727,8 +733,8 @@ static void every_rank_predicts_alike(void) {
  * algorithm alone by at least the runtime's cost per operation
  * (HORA_COST_MODEL's fourth number, where the testlist sets one). */
 static void predict_operation(void) {
-  const char *eager_env = getenv("HORA_EAGER_THRESHOLD"), *model = getenv("HORA_COST_MODEL");
-  bool eager_on = mt_size > 1 && !(eager_env && strcmp(eager_env, "0") == 0);
+  const char *model = getenv("HORA_COST_MODEL");
+  bool eager_on = eager_expected();
   double op = 0, v[4];
   if (model && sscanf(model, "%lf,%lf,%lf,%lf", &v[0], &v[1], &v[2], &v[3]) == 4) {
     op = v[3] * 1e-6;
