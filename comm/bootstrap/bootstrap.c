@@ -280,7 +280,7 @@ static int host_exchange(hora__comm *c, struct hora__rdv *rdv, const void *mine,
   return rc;
 }
 
-int hora__boot_shm(hora__comm *c, struct hora__rdv *rdv, bool want) {
+int hora__boot_shm(hora__comm *c, struct hora__rdv *rdv, bool want, bool populate) {
   struct hora__shm_hello hello, *hellos = NULL;
   struct hora__shm_verdict verdict, *verdicts = NULL;
   struct hora__shm *s = NULL;
@@ -290,7 +290,7 @@ int hora__boot_shm(hora__comm *c, struct hora__rdv *rdv, bool want) {
   if (want) {
     hellos = hora__calloc((size_t)c->local_size, sizeof(*hellos));
     verdicts = hora__calloc((size_t)c->local_size, sizeof(*verdicts));
-    rc = hellos && verdicts ? hora__shm_begin(c->net, c->local_rank, c->local_size, &s, &hello)
+    rc = hellos && verdicts ? hora__shm_begin(c->net, c->local_rank, c->local_size, populate, &s, &hello)
                             : HORA_ERR_NO_MEMORY;
   }
   rc = hora__rdv_agree(rdv, rc, "shared memory");

@@ -87,7 +87,7 @@ int hora__boot_cross_peer(const hora__comm *c, int dir);
 int hora__boot_membership(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch);
 int hora__boot_secret(hora__comm *c, struct hora__rdv *rdv);
 int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv);
-int hora__boot_shm(hora__comm *c, struct hora__rdv *rdv, bool want);
+int hora__boot_shm(hora__comm *c, struct hora__rdv *rdv, bool want, bool populate);
 /* The key a membership's connections prove: from the job secret, the job
  * id and the epoch, so one of another job or epoch never opens. */
 void hora__boot_connection_key(const uint8_t secret[HORA_SECRET_LEN], const uint8_t job_id[8],

@@ -86,7 +86,8 @@ static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int
     c->cross_ring.next = c->proc->cross[hora__boot_cross_peer(c, 1)];
     c->cross_ring.prev = c->proc->cross[hora__boot_cross_peer(c, -1)];
   }
-  HORA_CHECK(hora__boot_shm(c, rdv, !forced_tcp && c->local_size > 1));
+  /* A process set (epoch 0) maps its segment lazily: see hora__shm_begin. */
+  HORA_CHECK(hora__boot_shm(c, rdv, !forced_tcp && c->local_size > 1, epoch != 0));
   /* The algorithms must agree job-wide: if some host could not share
    * memory, every rank uses the rings. */
   int ok = forced_tcp || c->local_size == 1 || c->proc->shm != NULL, all_ok = 0;

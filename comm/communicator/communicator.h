@@ -15,7 +15,8 @@
 /* Collective over the rendezvous's members; rdv stays the caller's (an MPI
  * one's communicator is duplicated for hora_process_set_from_mpi_comm).
  * epoch: this process's proposal; the membership's is the highest of the
- * members' (comm->proc->epoch), so it is new to every one of them. */
+ * members' (comm->proc->epoch), so it is new to every one of them; 0 for a
+ * process set, whose members' world numbers the job. */
 int hora__comm_create(struct hora__rdv *rdv, uint64_t epoch, const int *ctrl_peers,
                       int nctrl_peers, hora__comm **comm);
 

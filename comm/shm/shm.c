@@ -49,6 +49,7 @@ struct hora__shm {
   int *global;      /* [local_size]: global rank of each local rank */
   bool cma;         /* process_vm_readv works between all local ranks */
   bool tuning;      /* the kernel and staged paths are chosen by measurement */
+  bool populate;    /* map every page at once */
   bool staged;      /* buffers outside hora_mem blocks are always staged */
   int mode;         /* the single-copy mode the host's ranks agreed on */
   int leader_fd;    /* local rank 0 during set-up: the segment's memfd */
@@ -288,7 +289,8 @@ static int map_segment(struct hora__shm *s, pid_t leader_pid, int leader_fd, int
   /* Every page mapped now: no page faults in the first collectives, and
    * the resident set does not creep up later as bigger pieces first reach
    * further into the segment. */
-  void *p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void *p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | (s->populate ? MAP_POPULATE : 0), fd, 0);
   int err = errno;
   if (fd != my_fd) {
     close(fd);
@@ -306,8 +308,8 @@ static int map_segment(struct hora__shm *s, pid_t leader_pid, int leader_fd, int
   return HORA_SUCCESS;
 }
 
-int hora__shm_begin(hora__net *net, int local_rank, int local_size, struct hora__shm **out,
-                    struct hora__shm_hello *mine) {
+int hora__shm_begin(hora__net *net, int local_rank, int local_size, bool populate,
+                    struct hora__shm **out, struct hora__shm_hello *mine) {
   *out = NULL;
   memset(mine, 0, sizeof(*mine));
   mine->fd = -1;
@@ -318,6 +320,7 @@ int hora__shm_begin(hora__net *net, int local_rank, int local_size, struct hora_
   s->leader_fd = -1;
   s->local_rank = local_rank;
   s->local_size = local_size;
+  s->populate = populate;
   size_t half = (size_t)hora__params.SHM_BUFFER_SIZE;
   half = (half + PAGE - 1) / PAGE * PAGE;
   s->half = half;

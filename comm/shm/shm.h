@@ -36,8 +36,11 @@ struct hora__shm_hello {
 struct hora__shm_verdict {
   int32_t mapped, cma;
 };
-int hora__shm_begin(hora__net *net, int local_rank, int local_size, struct hora__shm **s,
-                    struct hora__shm_hello *mine);
+/* populate: every page mapped at once (the world's segment); a process
+ * set's comes in as its collectives first reach it, so that making and
+ * dropping sets stays cheap. */
+int hora__shm_begin(hora__net *net, int local_rank, int local_size, bool populate,
+                    struct hora__shm **s, struct hora__shm_hello *mine);
 void hora__shm_attach(struct hora__shm *s, const struct hora__shm_hello *host,
                       struct hora__shm_verdict *mine);
 void hora__shm_finish(struct hora__shm **s, const struct hora__shm_verdict *host);
