@@ -128,14 +128,14 @@ int hora__engine_check_stuck(struct hora__set *set) {
   uint64_t age = now - oldest;
   if (shut > 0 && age >= (uint64_t)(shut * 1e9)) {
     char msg[1024];
-    snprintf(msg, sizeof(msg), "%s%s stalled for %.0f s (HORA_STALL_SHUTDOWN_TIME_SECONDS): their "
+    snprintf(msg, sizeof(msg), "%s%s stalled for %.1f s (HORA_STALL_SHUTDOWN_TIME_SECONDS): their "
              "negotiation cycle waits for rank(s) %s, which stopped answering; shutting down",
              rt->label, what, (double)age * 1e-9, missing);
     HORA_ERROR("%s", msg);
     return hora__error(HORA_ERR_TIMEOUT, "%s", msg);
   }
   if (check > 0 && age >= (uint64_t)(check * 1e9) && now >= set->next_stuck_warn_ns) {
-    HORA_WARN("%sstall: %s have waited %.0f s (HORA_STALL_CHECK_TIME_SECONDS) in a negotiation "
+    HORA_WARN("%sstall: %s have waited %.1f s (HORA_STALL_CHECK_TIME_SECONDS) in a negotiation "
               "cycle that rank(s) %s never joined", rt->label, what, (double)age * 1e-9, missing);
     set->next_stuck_warn_ns = now + (uint64_t)(check * 1e9);
     hora__metrics_event(HORA__EV_STALL_WARNING);
