@@ -1,10 +1,10 @@
 #!/bin/sh
 # Builds every fuzz target with clang's libFuzzer (+ AddressSanitizer and
-# UBSan) and runs each for SECONDS, in a scratch directory, starting from
-# the committed corpus (tests/fuzz/corpus/TARGET: seeds and inputs that
-# once failed) plus fresh seeds that make-seeds encodes with the runtime's
-# own encoders, so they follow the wire format as it changes. Prints one line per target and the usual
-# closing line.
+# UBSan) and runs each for SECONDS (two at once, a core each), in a scratch
+# directory, starting from the committed corpus (tests/fuzz/corpus/TARGET:
+# seeds and inputs that once failed) plus fresh seeds that make-seeds
+# encodes with the runtime's own encoders, so they follow the wire format
+# as it changes. Prints one line per target and the usual closing line.
 # usage: run-fuzz.sh BUILDDIR [SECONDS]
 set -u
 builddir=$(cd "$1" && pwd)
@@ -38,12 +38,19 @@ else
   printf '%s\n' $sources | (cd "$src" && xargs -P 2 -I{} sh -c \
     'o="$work/obj/$(echo "{}" | tr / _).o"; $cc $flags $sanitize -fsanitize=fuzzer-no-link -c "{}" -o "$o" 2>"$o.log" || cat "$o.log"') \
     >"$work/objs.build" 2>&1
-  for t in fuzz_hello fuzz_handshake fuzz_requests fuzz_responses fuzz_small fuzz_frames fuzz_ib fuzz_cycle; do
-    if ! (cd "$src" && $cc $flags $sanitize -fsanitize=fuzzer tests/fuzz/$t.c "$work"/obj/*.o \
-          -o "$work/$t" -lcrypto -lm) >"$work/$t.build" 2>&1; then
-      echo "FAIL fuzz/$t: does not build" | tee -a "$results"
-      tail -n 10 "$work/objs.build" "$work/$t.build"
-      continue
+  targets="fuzz_hello fuzz_handshake fuzz_requests fuzz_responses fuzz_small fuzz_frames fuzz_ib fuzz_cycle"
+  # Linked two at a time too; a target that does not build says so below.
+  printf '%s\n' $targets | (cd "$src" && xargs -P 2 -I{} sh -c \
+    '$cc $flags $sanitize -fsanitize=fuzzer tests/fuzz/{}.c "$work"/obj/*.o -o "$work/{}" -lcrypto -lm \
+       >"$work/{}.build" 2>&1 || rm -f "$work/{}"')
+  # Each target runs on a core of its own: two at a time on two cores, so
+  # every one still gets its SECONDS of a whole core. Their lines are
+  # printed in the list's order once a pair is done.
+  fuzz_one() { # target: writes $work/$t.result
+    t=$1
+    if [ ! -x "$work/$t" ]; then
+      { echo "FAIL fuzz/$t: does not build"; tail -n 10 "$work/objs.build" "$work/$t.build"; } >"$work/$t.result"
+      return
     fi
     mkdir -p "$work/corpus/$t"
     cp "$here/corpus/$t"/* "$work/corpus/$t/" 2>/dev/null
@@ -51,14 +58,32 @@ else
          -artifact_prefix="$work/$t-" "$work/corpus/$t" >"$work/$t.log" 2>&1; then
       runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t.log" | grep -o '[0-9]*$')
       [ -z "$runs" ] && runs=$(grep -o '#[0-9]*' "$work/$t.log" | tail -n 1 | tr -d '#')
-      echo "PASS fuzz/$t (${runs:-?} inputs in ${seconds}s)" | tee -a "$results"
+      echo "PASS fuzz/$t (${runs:-?} inputs in ${seconds}s)" >"$work/$t.result"
     else
-      echo "FAIL fuzz/$t: crash or leak, reproducer below" | tee -a "$results"
-      grep -E 'ERROR|SUMMARY|runtime error|Test unit written' "$work/$t.log" | head -n 10
-      for a in "$work/$t"-*; do
-        [ -f "$a" ] && od -A d -t x1 "$a" | head -n 8
-      done
+      {
+        echo "FAIL fuzz/$t: crash or leak, reproducer below"
+        grep -E 'ERROR|SUMMARY|runtime error|Test unit written' "$work/$t.log" | head -n 10
+        for a in "$work/$t"-*; do
+          [ -f "$a" ] && od -A d -t x1 "$a" | head -n 8
+        done
+      } >"$work/$t.result"
     fi
+  }
+  set -- $targets
+  while [ $# -gt 0 ]; do
+    pair=$1
+    fuzz_one "$1" &
+    if [ $# -gt 1 ]; then
+      pair="$pair $2"
+      fuzz_one "$2" &
+    fi
+    wait
+    for t in $pair; do
+      cat "$work/$t.result"
+      grep -E '^(PASS|FAIL) ' "$work/$t.result" >>"$results"
+    done
+    shift
+    [ $# -gt 0 ] && shift
   done
 fi
 p=$(grep -c '^PASS' "$results") f=$(grep -c '^FAIL' "$results") s=$(grep -c '^SKIP' "$results")

@@ -21,12 +21,36 @@
 #include "../runner.h"
 
 #define MS 1000000ull
+
+static bool under_valgrind(void) {
+  const char *p = getenv("LD_PRELOAD"); /* its preload library */
+  return p && strstr(p, "vgpreload");
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define HORA_UNIT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HORA_UNIT_TSAN 1
+#endif
+#endif
+
+/* The sweeps of sizes and rank counts shrink to a power of two and not
+ * under valgrind (tens of times slower) and ThreadSanitizer (five times):
+ * the ranks' threads meet in the same ways, and the plain and ASan builds
+ * run every size. */
+static bool sweep_few(void) {
+#ifdef HORA_UNIT_TSAN
+  return true;
+#else
+  return under_valgrind();
+#endif
+}
+
 /* A ring that has not finished by then hangs; six times that under
- * valgrind (its preload library is in LD_PRELOAD), which runs the eight
- * simulated ranks' threads one at a time, tens of times slower. */
+ * valgrind, which runs the eight simulated ranks' threads one at a time. */
 static int ring_limit_s(void) {
-  const char *p = getenv("LD_PRELOAD");
-  return p && strstr(p, "vgpreload") ? 60 : 10;
+  return under_valgrind() ? 60 : 10;
 }
 #define RING_LIMIT_S ring_limit_s()
 
@@ -1255,13 +1279,12 @@ static void run_forced(void (*body)(struct sim_rank *), const char *allreduce,
     size_t piece;
     int64_t chunk;
   } links[] = {{13, 256}, {0, 4096}};
-  /* Under valgrind (tens of times slower) a power of two and not, in
-   * small pieces: the full sweep there took minutes. */
-  const char *pre = getenv("LD_PRELOAD");
-  bool vg = pre && strstr(pre, "vgpreload");
-  const int *sizes = vg ? few_sizes : all_sizes;
-  size_t nsizes = vg ? HORA_ARRAY_SIZE(few_sizes) : HORA_ARRAY_SIZE(all_sizes);
-  size_t nlinks = vg ? 1 : HORA_ARRAY_SIZE(links);
+  /* A power of two and not, in small pieces (sweep_few): the full sweep
+   * took minutes under valgrind. */
+  bool few = sweep_few();
+  const int *sizes = few ? few_sizes : all_sizes;
+  size_t nsizes = few ? HORA_ARRAY_SIZE(few_sizes) : HORA_ARRAY_SIZE(all_sizes);
+  size_t nlinks = few ? 1 : HORA_ARRAY_SIZE(links);
   const char *names[HORA_ALGO_KINDS] = {allreduce, broadcast, allgather, reducescatter};
   char why[1024];
   for (size_t s = 0; s < nsizes; s++) {
@@ -1370,8 +1393,7 @@ out:
 /* Every rank count from 1 to 64, over whole-chunk links (in tiny pieces
  * too up to 16 ranks: more threads than that take too long there). */
 TEST(schedule_allreduce_tree_every_rank_count) {
-  const char *pre = getenv("LD_PRELOAD");
-  const int most = pre && strstr(pre, "vgpreload") ? 9 : 64;
+  const int most = sweep_few() ? 9 : 64;
   /* Rank r alone on host r, for the step across hosts. */
   static struct hora__peer_info hosts[64];
   for (int r = 0; r < 64; r++) {
