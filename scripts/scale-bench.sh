@@ -40,6 +40,8 @@
 #                              --model --fit) and print HORA_COST_MODEL and every
 #                              prediction's error (those over 25% marked)
 #   --fit-only CSV             the same from a CSV of an earlier run, nothing run
+#   --no-floor                 skip the floor's runs (e.g. auto alone again under
+#                              other settings: --algorithms "allreduce:" ...)
 #   --quick                    smoke run: layouts "4x1 2x2", sizes 8:256K:32, 3 reps
 # e.g. scripts/scale-bench.sh --layouts 8x1 --csv /tmp/scale8.csv
 #
@@ -76,7 +78,7 @@ ALGORITHMS="allreduce:ring broadcast:ring allgather:ring reducescatter:ring"
 
 layouts="8x1 16x1 4x2" ops="allreduce broadcast allgather reducescatter"
 sizes=8:64M:8 reps=5 rounds=1 rate=1gbit csv= logs= tree= limit=1800 algos_opt= fit=0 fit_only= spin=0
-tcp_cc=cubic
+tcp_cc=cubic floor=1
 extra_x=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -96,6 +98,7 @@ while [ $# -gt 0 ]; do
     --timeout) limit=$2; shift ;;
     --spin-us) spin=$2; shift ;;
     --tcp-cc) tcp_cc=$2; shift ;;
+    --no-floor) floor=0 ;;
     --quick) layouts="4x1 2x2" sizes=8:256K:32 reps=3 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale-bench.sh: unknown option $1 (--help)" >&2; exit 2 ;;
@@ -308,6 +311,7 @@ for l in $layouts; do
         parse_bench "$op" "$alg" <"$raw" >>"$rec"
         [ -n "$logs" ] && cp "$raw" "$logs/"
       done
+      [ $floor = 1 ] || continue
       echo "# $l $op floor (round $round of $rounds) ..." >&2
       raw=$work/raw.$l.$op.floor.$round
       : >"$raw"

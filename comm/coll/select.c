@@ -96,10 +96,11 @@ static bool on_one_host(const struct hora__layout *s) { return s->shm_host; }
 
 static bool across_hosts(const struct hora__layout *s) { return s->hierarchical; }
 
-/* The ring's reduce-scatter over sockets, where shared memory does not
- * already reduce (there the allreduce in the segment moves the same bytes
- * through memory once). */
-static bool without_shm(const struct hora__layout *s) { return !s->shm_host && !s->hierarchical; }
+/* The reduce-scatters over sockets, except on one host with a shared
+ * segment (there the allreduce in the segment moves the same bytes through
+ * memory once). Across hosts they send each host's link (p-1)/p of the
+ * bytes where the hierarchical allreduce sends 2(H-1)/H. */
+static bool not_one_shm_host(const struct hora__layout *s) { return !s->shm_host; }
 
 #define ALGO(ident, nm, k, sum, use, field, fn)                                                   \
   static const struct hora__algo ident = {.name = nm,                                           \
@@ -154,13 +155,13 @@ ALGO(allgather_bruck, "bruck", HORA_COLL_ALLGATHER,
      "Bruck: ceil(log2 p) steps of doubling block counts, any p", always, allgather,
      hora__bruck_allgather);
 ALGO(reducescatter_ring, "ring", HORA_COLL_REDUCESCATTER,
-     "the ring allreduce's reduce-scatter half: p-1 steps (no shared memory)", without_shm,
+     "the ring allreduce's reduce-scatter half: p-1 steps (over sockets)", not_one_shm_host,
      scatter, HORA_SCATTER_RING);
 ALGO(reducescatter_allreduce, "allreduce", HORA_COLL_REDUCESCATTER,
      "the chosen allreduce, of which each rank keeps its block", always, scatter,
      HORA_SCATTER_ALLREDUCE);
 ALGO(reducescatter_halving, "halving", HORA_COLL_REDUCESCATTER,
-     "recursive halving: log2 p steps of halving sizes (no shared memory)", without_shm,
+     "recursive halving: log2 p steps of halving sizes (over sockets)", not_one_shm_host,
      scatter, HORA_SCATTER_HALVING);
 
 const struct hora__algo *const hora__algos[] = {
