@@ -97,10 +97,10 @@ plain_only 4x1-3-sockets/test_collectives ||
 plain_only 4x1-rd/test_algorithms ||
   run 4x1-rd "$work/hosts41" test_algorithms HORA_ALGORITHM_ALLREDUCE=rd HORA_ALGORITHM_BROADCAST=binomial HORA_ALGORITHM_ALLGATHER=bruck
 plain_only 4x2/test_algorithms || NP=8 run 4x2 "$work/hosts42" test_algorithms
-# The reduce-scatters over sockets run beside the hierarchical allreduce
-# (test_algorithms fails an algorithm forced in vain).
 plain_only 4x2-rabenseifner/test_algorithms ||
   NP=8 run 4x2-rabenseifner "$work/hosts42" test_algorithms HORA_ALGORITHM_ALLREDUCE=rabenseifner HORA_ALGORITHM_REDUCESCATTER=ring HORA_HIERARCHICAL_ALLREDUCE=0
+# The reduce-scatters over sockets also run where the allreduce is
+# hierarchical (test_algorithms fails an algorithm forced in vain).
 plain_only 4x2-tree/test_algorithms ||
   NP=8 run 4x2-tree "$work/hosts42" test_algorithms HORA_ALGORITHM_ALLREDUCE=tree HORA_ALGORITHM_REDUCESCATTER=halving
 NP=6 run 3x2-tree "$work/hosts32" test_algorithms HORA_ALGORITHM_ALLREDUCE=tree HORA_CHUNK_SIZE=4K HORA_ALGORITHM_REDUCESCATTER=ring
