@@ -34,13 +34,13 @@ static void bc_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scrat
 }
 
 int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *view, void *buf,
-                         size_t bytes, int root) {
+                         size_t bytes, int root, size_t chunk) {
   int p = view->size;
   if (p == 1 || bytes == 0) {
     return HORA_SUCCESS;
   }
   int pos = (view->pos - root + p) % p;
-  struct bcast_ctx b = {.buf = buf, .bytes = bytes, .chunk = (size_t)comm->proc->chunk_bytes};
+  struct bcast_ctx b = {.buf = buf, .bytes = bytes, .chunk = HORA_MAX(chunk, (size_t)1)};
   size_t nchunks = (bytes + b.chunk - 1) / b.chunk;
   struct hora__ring ring = {
       .next = view->next,
@@ -57,7 +57,10 @@ int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *view, v
 }
 
 int hora__world_ring_broadcast(hora__comm *comm, void *buf, size_t bytes, int root) {
-  return hora__ring_broadcast(comm, &comm->world_ring, buf, bytes, root);
+  struct hora__layout s;
+  hora__comm_layout(comm, &s);
+  return hora__ring_broadcast(comm, &comm->world_ring, buf, bytes, root,
+                              hora__chain_chunk(&comm->model, &s, bytes));
 }
 
 int hora__broadcast_contiguous(hora__comm *comm, hora__contiguous_broadcast_fn *fn,

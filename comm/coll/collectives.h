@@ -301,6 +301,10 @@ void hora__tree_links(int size, int pos, int tree, int *parent, int child[2]);
  * the one the cost model's link makes fastest, between 4 KiB and `most`
  * (HORA_CHUNK_SIZE; `most` where the model has no link constants). */
 size_t hora__tree_chunk(const struct hora__cost *link, int size, size_t bytes, size_t most);
+/* The chain broadcast's pipeline chunk on layout s: the one the model
+ * makes fastest for `bytes`, between 4 KiB and s->chunk (HORA_CHUNK_SIZE). */
+size_t hora__chain_chunk(const struct hora__cost_model *m, const struct hora__layout *s,
+                         size_t bytes);
 /* buf (count elements, in place) = op over the group: every member, or
  * (cross) the members with this rank's local rank, one per host. */
 int hora__tree_run(hora__comm *comm, bool cross, void *buf, size_t count, hora_dtype dtype,
@@ -402,8 +406,9 @@ int hora__ring_reducescatter(hora__comm *comm, const struct hora__ring_view *rin
  * `unit` elements, the first (count / unit) % size blocks one unit larger
  * (Horovod's reducescatter split). */
 void hora__block_range(size_t count, size_t unit, int size, int r, size_t *start, size_t *len);
+/* The chain from root_pos along ring, in chunks of `chunk` bytes. */
 int hora__ring_broadcast(hora__comm *comm, const struct hora__ring_view *ring, void *buf,
-                         size_t bytes, int root_pos);
+                         size_t bytes, int root_pos, size_t chunk);
 int hora__ring_allgather(hora__comm *comm, const struct hora__ring_view *ring, const void *sendbuf,
                          size_t bytes, void *recvbuf);
 

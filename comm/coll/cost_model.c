@@ -12,10 +12,10 @@
  *
  * The constants: HORA_COST_MODEL (numbers measured by scripts/scale-bench.sh
  * --fit or by hand, a file hora-info --calibrate --save wrote, or
- * `calibrate`: measured at start-up by hora__cost_calibrate), else built-in
- * ones per transport, measured on a small cluster of this project's test
- * machines; rank 0's are used by all (communicator.c), so that every rank
- * chooses alike. */
+ * `calibrate`: measured at start-up by hora__cost_calibrate, as a job
+ * across hosts does by default), else built-in ones per transport,
+ * measured on a small cluster of this project's test machines; rank 0's
+ * are used by all (communicator.c), so that every rank chooses alike. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,8 +39,8 @@ static const struct hora__cost builtin_shm = {6e-6, 0.1e-9, 0.25e-9, 0};
 #define COST_FORMS                                                                            \
   "alpha_us,beta_ns_per_byte,gamma_ns_per_byte[,op_us] (three or four numbers >= 0, e.g. " \
   "60,8,0.25 or 60,8,0.25,150), "                                                           \
-  "calibrate (measured at start-up) or file:PATH (as hora-info --calibrate --save "    \
-  "writes it)"
+  "calibrate (measured at start-up), builtin (the transport's built-in constants) or "  \
+  "file:PATH (as hora-info --calibrate --save writes it)"
 
 /* Three or four numbers >= 0, in us and ns per byte (the fourth, the
  * runtime's cost per operation, in us). */
@@ -133,6 +133,9 @@ int hora__cost_parse(const char *text, struct hora__cost *c, bool *calibrate) {
     *calibrate = true;
     return HORA_SUCCESS;
   }
+  if (strcmp(text, "builtin") == 0) {
+    return HORA_SUCCESS; /* c keeps the transport's built-in constants */
+  }
   if (strncmp(text, "file:", 5) == 0) {
     return read_file(text + 5, c);
   }
@@ -191,9 +194,15 @@ int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m, bo
     HORA_CHECK(hora__cost_parse(set, &m->link, calibrate));
     if (strncmp(set, "file:", 5) == 0) {
       snprintf(m->source, sizeof(m->source), "file %s (HORA_COST_MODEL)", set + 5);
+    } else if (strcmp(set, "builtin") == 0) {
+      snprintf(m->source, sizeof(m->source), "built-in (%s), HORA_COST_MODEL=builtin", tp);
     } else if (!*calibrate) {
       snprintf(m->source, sizeof(m->source), "HORA_COST_MODEL");
     }
+  } else if (comm->rank == 0 && comm->cross_size > 1) {
+    /* Links between hosts range from 1 to 400 Gbit/s, and no built-in
+     * constant fits them all: measured, a fraction of a second once. */
+    *calibrate = true;
   }
   return HORA_SUCCESS;
 }
@@ -468,21 +477,54 @@ static int tree_depth(int p) {
   return depth;
 }
 
+/* A pipeline's chunk: c, in whole KiB, between 4 KiB and `most`. */
+static size_t pipeline_chunk(double c, size_t most) {
+  size_t least = HORA_MIN((size_t)4096, most);
+  if (!(c < (double)most)) {
+    return most;
+  }
+  return HORA_MAX((size_t)c / 1024 * 1024, least);
+}
+
 size_t hora__tree_chunk(const struct hora__cost *link, int size, size_t bytes, size_t most) {
   /* (2 depth - 1 + H / c) steps of alpha + 4 c beta (H = bytes / 2) take
    * least at c = sqrt(H alpha / ((2 depth - 1) 4 beta)): larger chunks
    * make each of the 2 depth steps that fill the pipeline longer, smaller
    * ones pay alpha more often. */
-  size_t least = HORA_MIN((size_t)4096, most);
   if (size < 2 || !(link->alpha > 0) || !(link->beta > 0)) {
     return most;
   }
-  double c =
-      sqrt((double)bytes / 2 * link->alpha / ((2.0 * tree_depth(size) - 1) * 4 * link->beta));
-  if (!(c < (double)most)) {
-    return most;
+  return pipeline_chunk(
+      sqrt((double)bytes / 2 * link->alpha / ((2.0 * tree_depth(size) - 1) * 4 * link->beta)),
+      most);
+}
+
+/* The chain's hops over links and within hosts: ranks in blocks, so it
+ * crosses hosts - 1 links (every hop where each host holds one rank). */
+static void chain_hops(const struct hora__layout *s, int *link, int *local) {
+  if (s->hosts > 1 && s->hosts < s->size) {
+    *link = s->hosts - 1;
+    *local = s->size - s->hosts;
+  } else {
+    *link = s->size - 1;
+    *local = 0;
   }
-  return HORA_MAX((size_t)c / 1024 * 1024, least);
+}
+
+size_t hora__chain_chunk(const struct hora__cost_model *m, const struct hora__layout *s,
+                         size_t bytes) {
+  /* The last chunk leaves the root after k = n / c chunk times and needs
+   * link - 1 more link hops and the local ones: (k + link - 1)(alpha + c
+   * beta) + local (alpha + c beta_local), least at c = sqrt(n alpha /
+   * ((link - 1) beta + local beta_local)). A chain of two (one hop) is
+   * one transfer: the largest chunk. */
+  int link, local;
+  chain_hops(s, &link, &local);
+  double fill = (link - 1) * m->link.beta + local * m->local.beta;
+  if (link < 1 || !(m->link.alpha > 0) || !(fill > 0)) {
+    return s->chunk;
+  }
+  return pipeline_chunk(sqrt((double)bytes * m->link.alpha / fill), s->chunk);
 }
 
 HORA_COST_FN(allreduce_tree) {
@@ -528,13 +570,15 @@ HORA_COST_FN(allreduce_hierarchical) {
 }
 
 HORA_COST_FN(broadcast_ring) {
-  int p = s->size;
+  int p = s->size, link, local;
   if (p == 1) {
     return 0;
   }
-  double n = (double)bytes, c = HORA_MIN(n, (double)s->chunk);
+  chain_hops(s, &link, &local);
+  double n = (double)bytes, c = HORA_MIN(n, (double)hora__chain_chunk(m, s, bytes));
   double chunks = ceil(n / HORA_MAX(c, 1.0));
-  return (p - 2 + chunks) * (m->link.alpha + c * m->link.beta);
+  return (link - 1 + chunks) * (m->link.alpha + c * m->link.beta) +
+         local * (m->link.alpha + c * m->local.beta);
 }
 
 HORA_COST_FN(broadcast_binomial) {

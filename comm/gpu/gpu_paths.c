@@ -244,7 +244,7 @@ static int direct_broadcast(hora__comm *c, struct hora__gpu *g, const struct hor
     HORA_CHECK(hora__gpu_wait_event(c, g, g->unpacked)); /* the NIC writes the fusion buffer */
   }
   hora__gpu_phase(op, "BROADCAST");
-  HORA_CHECK(hora__ring_broadcast(c, &c->world_ring, g->fusion, bytes, op->root));
+  HORA_CHECK(hora__world_ring_broadcast(c, g->fusion, bytes, op->root));
   hora__gpu_phase(op, NULL);
   if (!root) {
     hora__gpu_phase(op, "MEMCPY_OUT_FUSION_BUFFER");

@@ -587,7 +587,7 @@ static void body_broadcast(struct sim_rank *k) {
         memset(buf, 0xee, bytes);
       }
       buf[bytes] = 0x77;
-      CALL(k, hora__ring_broadcast(&k->comm, &k->comm.world_ring, buf, bytes, root));
+      CALL(k, hora__world_ring_broadcast(&k->comm, buf, bytes, root));
       EXPECT(k, bytes_are(buf, bytes, seed), "broadcast of %zu bytes from %d: wrong bytes", bytes,
              root);
       EXPECT(k, buf[bytes] == 0x77, "broadcast of %zu bytes from %d: wrote past the end", bytes,

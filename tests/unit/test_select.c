@@ -229,6 +229,35 @@ TEST(selector_picks_by_the_cost_model) {
     }
     was = c;
   }
+  /* The chain's chunk: HORA_CHUNK_SIZE for a chain of two (one transfer),
+   * else whole KiB between 4 KiB and it, growing with the size. */
+  struct hora__layout pair = {.size = 2, .hosts = 2, .chunk = 512 * 1024};
+  ASSERT(hora__chain_chunk(&m, &pair, 1 * MiB) == 512 * 1024);
+  for (size_t b = 1, was = 0; b <= 256 * MiB; b *= 2) {
+    size_t c = hora__chain_chunk(&m, &s, b);
+    if (c < was || c % 1024 || c < 4096 || c > 512 * 1024) {
+      FAIL("chain chunk for %zu bytes: %zu (for half as many: %zu)", b, c, was);
+    }
+    was = c;
+  }
+  /* Pipelined in those chunks, a chain costs about one transfer of the
+   * buffer from 1 MiB up, with 8 hosts of one rank or 4 of two (whose hops
+   * within a host are cheap): on links of 1 Gbit/s (constants as hora-info
+   * --calibrate measures them there) within 25% of n beta. */
+  const struct hora__cost_model slow = {.link = {11.8e-6, 8.3e-9, 0.068e-9},
+                                        .local = {6e-6, 0.1e-9, 0.25e-9}};
+  const struct hora__algo *chain = hora__algo_find(HORA_COLL_BROADCAST, "ring");
+  struct hora__layout eight = {.size = 8, .hosts = 8, .chunk = 512 * 1024};
+  struct hora__layout four_by_two = {.size = 8, .hosts = 4, .hierarchical = true,
+                                     .chunk = 512 * 1024};
+  for (size_t b = 1 * MiB; b <= 64 * MiB; b *= 2) {
+    double line = (double)b * slow.link.beta;
+    double t8 = chain->cost(&slow, &eight, b), t42 = chain->cost(&slow, &four_by_two, b);
+    if (!(t8 < 1.25 * line) || !(t42 < 1.25 * line) || !(t42 <= t8)) {
+      FAIL("chain of %zu bytes: %.3g s on 8 x 1, %.3g s on 4 x 2, one transfer %.3g s", b, t8,
+           t42, line);
+    }
+  }
   /* One host sharing a segment: shared memory, which is unusable above. */
   struct hora__layout one = {.size = 8, .hosts = 1, .shm_host = true, .chunk = 512 * 1024};
   ASSERT_PICK(&one, &m, HORA_COLL_ALLREDUCE, 8, "shm");
@@ -339,6 +368,9 @@ TEST(cost_model_setting_numbers_calibrate_and_file) {
   struct hora__cost before = c;
   ASSERT_EQ_INT(hora__cost_parse("calibrate", &c, &cal), HORA_SUCCESS);
   ASSERT(cal && memcmp(&c, &before, sizeof(c)) == 0);
+  /* builtin: the constants given stay (the transport's, at start-up). */
+  ASSERT_EQ_INT(hora__cost_parse("builtin", &c, &cal), HORA_SUCCESS);
+  ASSERT(!cal && memcmp(&c, &before, sizeof(c)) == 0);
   /* Where no measurement can follow (hora-info --model --local), calibrate
    * is no value. */
   ASSERT_EQ_INT(hora__cost_parse("calibrate", &c, NULL), HORA_ERR_INVALID_ARG);
