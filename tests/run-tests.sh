@@ -14,6 +14,10 @@
 #                              (bootstrap-tcp/NAME, bootstrap-env/NAME for
 #                              those started without MPI)
 #              HORA_TEST_TIMEOUT  seconds per mpirun (default 300)
+#              HORA_TEST_SANITIZED_NPS  the runs a sanitized build given
+#                              HORA_TEST_NPS=these and HORA_TEST_VARIANTS_ONCE=1
+#                              makes are left to it (scripts/test.sh: the
+#                              plain build runs the others)
 set -u
 builddir=$(cd "${1:-.}" && pwd)
 srcdir=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,6 +78,10 @@ export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$srcdir/tests/lsan.supp:print_
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-suppressions=$srcdir/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1}"
 timeout_s=${HORA_TEST_TIMEOUT:-300}
+
+# Whether np is among the rank counts left to the sanitized build.
+sanitized_np() { [ -n "${HORA_TEST_SANITIZED_NPS:-}" ] && echo " $HORA_TEST_SANITIZED_NPS " | grep -q " $1 "; }
+left=0
 
 run_mpi() { # name np settings command...
   name=$1 np=$2 settings=$3
@@ -160,8 +168,14 @@ grep -v '^#' "$testlist" | while read -r prog rest; do
   once=no
   [ -n "$args" ] && [ "${HORA_TEST_VARIANTS_ONCE:-0}" = 1 ] && once=yes
   leaks_checked=no
+  elsewhere=yes # the sanitized build runs a variant at its first such np only
   for np in $nps; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
+      continue
+    fi
+    if sanitized_np "$np" && { [ -z "$args" ] || [ $elsewhere = yes ]; }; then
+      elsewhere=no
+      echo "$prog $np$args" >>"$work/left"
       continue
     fi
     run_mpi "$prog$args" "$np" "$(echo $args)" "$builddir/tests/mpi/$prog" $args
@@ -172,16 +186,24 @@ grep -v '^#' "$testlist" | while read -r prog rest; do
 done
 # Every line of the list must have run (a launcher reading stdin once ate it).
 expected=$(grep -v '^#' "$testlist" | awk -v only="${HORA_TEST_ONLY:-}" \
-  -v nps=" ${HORA_TEST_NPS:-} " -v once="${HORA_TEST_VARIANTS_ONCE:-0}" '
+  -v nps=" ${HORA_TEST_NPS:-} " -v once="${HORA_TEST_VARIANTS_ONCE:-0}" \
+  -v san=" ${HORA_TEST_SANITIZED_NPS:-} " '
   NF && (only == "" || $1 ~ only) {
-    m = 0
-    for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/ && (nps == "  " || index(nps, " " $i " "))) m++
-    if (once == 1 && $NF !~ /^[0-9]+$/ && m > 1) m = 1
+    m = 0; variant = $NF !~ /^[0-9]+$/; elsewhere = 1
+    for (i = 2; i <= NF; i++) {
+      if ($i !~ /^[0-9]+$/ || (nps != "  " && !index(nps, " " $i " "))) continue
+      if (san != "  " && index(san, " " $i " ") && (!variant || elsewhere)) { elsewhere = 0; continue }
+      m++
+    }
+    if (once == 1 && variant && m > 1) m = 1
     n += m
   }
   END { print n + 0 }')
 if [ "$(wc -l <"$runs")" -ne "$expected" ]; then
   echo "FAIL runner/testlist: ran $(wc -l <"$runs") of $expected multi-rank runs" | tee -a "$results"
+fi
+if [ -s "$work/left" ]; then
+  echo "   ($(wc -l <"$work/left") runs at np $HORA_TEST_SANITIZED_NPS left to the sanitized build, which runs them)"
 fi
 # Where the section's minutes went: the slowest runs (milliseconds).
 if [ -s "$work/run-times" ]; then
@@ -204,6 +226,11 @@ run_launch() { # name mode np command...
   fi
   # Without MPI there are no tests/mpi programs (the section said so).
   [ $without_mpi = yes ] && [ ! -x "$1" ] && return
+  # (The sanitized build runs the programs, not Python.)
+  if sanitized_np "$np" && [ "$name" != python ]; then
+    echo "   (bootstrap-$mode np=$np $name: left to the sanitized build)"
+    return
+  fi
   out="$work/out" err="$work/err"
   asan=$asan_leaks
   [ "$np" -gt 4 ] && asan=$asan_no_leaks
@@ -575,6 +602,9 @@ elif [ -z "${HORA_TEST_ONLY:-}" ]; then
   section "timeline"
   for np in 1 4; do
     if [ -n "${HORA_TEST_NPS:-}" ] && ! echo " $HORA_TEST_NPS " | grep -q " $np "; then
+      continue
+    elif sanitized_np "$np"; then
+      echo "   (np=$np: left to the sanitized build)"
       continue
     fi
     sh "$srcdir/tests/timeline/check-timeline.sh" "$builddir" $np | tally "np=$np "
