@@ -16,8 +16,10 @@
 #              HORA_TEST_TIMEOUT  seconds per mpirun (default 300)
 #              HORA_TEST_SANITIZED_NPS  the runs a sanitized build given
 #                              HORA_TEST_NPS=these and HORA_TEST_VARIANTS_ONCE=1
-#                              makes are left to it (scripts/test.sh: the
-#                              plain build runs the others)
+#                              makes, and the sections it runs whole
+#                              (stragglers, metrics, reports, most of
+#                              tests/netns), are left to it (scripts/test.sh:
+#                              the plain build runs the others)
 set -u
 builddir=$(cd "${1:-.}" && pwd)
 srcdir=$(cd "$(dirname "$0")/.." && pwd)
@@ -81,7 +83,12 @@ timeout_s=${HORA_TEST_TIMEOUT:-300}
 
 # Whether np is among the rank counts left to the sanitized build.
 sanitized_np() { [ -n "${HORA_TEST_SANITIZED_NPS:-}" ] && echo " $HORA_TEST_SANITIZED_NPS " | grep -q " $1 "; }
-left=0
+# Sections that the sanitized build runs whole, as this one would: in the
+# full suite, left to it (a line says so).
+sanitized_section() { # name
+  [ -n "${HORA_TEST_SANITIZED_NPS:-}" ] || return 1
+  echo "== $1: left to the sanitized build, which runs it"
+}
 
 run_mpi() { # name np settings command...
   name=$1 np=$2 settings=$3
@@ -311,8 +318,9 @@ if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "train-elasti
 fi
 
 if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "stragglers" | grep -Eq "$HORA_TEST_ONLY"; }; then
-  section "stragglers and steps: a late rank named, exposed communication per step"
-  sh "$srcdir/tests/stragglers/check-stragglers.sh" "$builddir" | tally ""
+  sanitized_section stragglers ||
+  { section "stragglers and steps: a late rank named, exposed communication per step"
+    sh "$srcdir/tests/stragglers/check-stragglers.sh" "$builddir" | tally ""; }
 fi
 
 if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "calibrate" | grep -Eq "$HORA_TEST_ONLY"; }; then
@@ -387,7 +395,8 @@ if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "calibrate" |
   fi
 fi
 
-if [ -z "${HORA_TEST_ONLY:-}" ] || echo "metrics" | grep -Eq "$HORA_TEST_ONLY"; then
+if { [ -z "${HORA_TEST_ONLY:-}" ] || echo "metrics" | grep -Eq "$HORA_TEST_ONLY"; } &&
+   ! sanitized_section metrics; then
   section "metrics: Prometheus endpoint, textfile, a real Prometheus server (tests/metrics)"
   timeout -k 10 600 sh "$srcdir/tests/metrics/check-metrics.sh" "$builddir" </dev/null \
     >"$work/out" 2>"$work/err"
@@ -428,7 +437,8 @@ if [ -z "${HORA_TEST_ONLY:-}" ] || echo "python-elastic" | grep -Eq "$HORA_TEST_
   fi
 fi
 
-if [ -z "${HORA_TEST_ONLY:-}" ] || echo "reports" | grep -Eq "$HORA_TEST_ONLY"; then
+if { [ -z "${HORA_TEST_ONLY:-}" ] || echo "reports" | grep -Eq "$HORA_TEST_ONLY"; } &&
+   ! sanitized_section reports; then
   section "reports: hora-report and hora-bench --csv (tests/reports/check-reports.sh)"
   sh "$srcdir/tests/reports/check-reports.sh" "$builddir" | tally ""
 fi
