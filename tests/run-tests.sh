@@ -17,8 +17,9 @@
 #              HORA_TEST_SANITIZED_NPS  the runs a sanitized build given
 #                              HORA_TEST_NPS=these and HORA_TEST_VARIANTS_ONCE=1
 #                              makes, and the sections it runs whole
-#                              (stragglers, metrics, reports, most of
-#                              tests/netns), are left to it (scripts/test.sh:
+#                              (start-up, elastic membership, stragglers,
+#                              metrics, reports, most of tests/netns), are
+#                              left to it (scripts/test.sh:
 #                              the plain build runs the others)
 set -u
 builddir=$(cd "${1:-.}" && pwd)
@@ -278,14 +279,16 @@ for mode in tcp env; do
   fi
 done
 
-if [ -z "${HORA_TEST_ONLY:-}" ] || echo "startup" | grep -Eq "$HORA_TEST_ONLY"; then
+if { [ -z "${HORA_TEST_ONLY:-}" ] || echo "startup" | grep -Eq "$HORA_TEST_ONLY"; } &&
+   ! sanitized_section "start-up checks (tests/launch/check-startup.sh, test_rebuild)"; then
   # Bad launch variables, strangers at the rendezvous, Slurm's variables;
   # a communicator built again within one process.
   sh "$srcdir/tests/launch/check-startup.sh" "$builddir" | tally ""
   timeout 300 "$builddir/tests/launch/test_rebuild" 2>&1 | tally ""
 fi
 
-if [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic" | grep -Eq "$HORA_TEST_ONLY"; then
+if { [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic" | grep -Eq "$HORA_TEST_ONLY"; } &&
+   ! sanitized_section "elastic membership (tests/launch/check-elastic.sh)"; then
   # Elastic training's membership: losses (one during the reset, the
   # coordinator's), a newcomer, no quorum, bad joins.
   timeout 600 sh "$srcdir/tests/launch/check-elastic.sh" "$builddir" 2>&1 | tally ""

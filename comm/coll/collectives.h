@@ -197,9 +197,15 @@ int hora__coll_choose(hora__comm *comm, bool shm, bool hierarchical);
 /* This process's model for comm's links: rank 0's HORA_COST_MODEL if set
  * (other ranks take rank 0's model), else the built-in constants of the
  * transport comm uses between hosts (or between its ranks, on one host
- * without shared memory). *calibrate: HORA_COST_MODEL=calibrate, so
- * hora__cost_calibrate is to measure the link's constants. */
+ * without shared memory). *calibrate: HORA_COST_MODEL=calibrate (or unset,
+ * across hosts), so hora__cost_calibrate is to measure the link's
+ * constants, unless this process already has them (hora__cost_remember). */
 int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m, bool *calibrate);
+/* Keeps a calibrated model, which every rank of comm received, for the
+ * communicators this process makes later (process sets, a rebuilt world)
+ * that also span hosts, or also do not: they reuse it instead of measuring
+ * the same links again. */
+void hora__cost_remember(const hora__comm *comm, const struct hora__cost_model *m);
 /* Measures the link's constants, collectively over comm: rank 0 and its
  * partner (the first rank on another host, else rank 1) ping-pong over
  * their data connection (made here if missing) for alpha and beta, and

@@ -18,6 +18,7 @@
  * are used by all (communicator.c), so that every rank chooses alike. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -180,6 +181,37 @@ int hora__cost_builtin(const char *transport, struct hora__cost_model *m) {
   return HORA_SUCCESS;
 }
 
+static pthread_mutex_t measured_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  bool have, across;
+  struct hora__cost link;
+  char source[sizeof(((struct hora__cost_model *)0)->source)];
+} measured;
+
+void hora__cost_remember(const hora__comm *comm, const struct hora__cost_model *m) {
+  pthread_mutex_lock(&measured_mu);
+  if (!measured.have) {
+    measured.have = true;
+    measured.across = comm->cross_size > 1;
+    measured.link = m->link;
+    hora__strlcpy(measured.source, m->source, sizeof(measured.source));
+  }
+  pthread_mutex_unlock(&measured_mu);
+}
+
+/* Whether this process measured links like comm's before; m->link gets
+ * those constants. */
+static bool recall_measured(const hora__comm *comm, struct hora__cost_model *m) {
+  pthread_mutex_lock(&measured_mu);
+  bool have = measured.have && measured.across == (comm->cross_size > 1);
+  if (have) {
+    m->link = measured.link;
+    snprintf(m->source, sizeof(m->source), "%.100s (this process's first)", measured.source);
+  }
+  pthread_mutex_unlock(&measured_mu);
+  return have;
+}
+
 int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m, bool *calibrate) {
   const char *tp = comm->cross_size > 1 ? (comm->proc->ib_remote ? "ib" : "tcp")
                    : comm->proc->ib_all ? "ib"
@@ -203,6 +235,9 @@ int hora__cost_model_init(const hora__comm *comm, struct hora__cost_model *m, bo
     /* Links between hosts range from 1 to 400 Gbit/s, and no built-in
      * constant fits them all: measured, a fraction of a second once. */
     *calibrate = true;
+  }
+  if (*calibrate && recall_measured(comm, m)) {
+    *calibrate = false;
   }
   return HORA_SUCCESS;
 }

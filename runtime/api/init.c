@@ -332,6 +332,7 @@ int hora__instance_start(struct hora__rdv *rdv, int set_id, const int *global_ra
               : c->cross_size > 1                         ? "hierarchical (shared memory, then "
                                                             "across hosts)"
                                                           : "in shared memory");
+    HORA_INFO("process set %d: cost model %s", set_id, c->model.source);
   }
   HORA_CHECK_GOTO(hora__engine_start(rt), rc, fail);
   *out = rt;
