@@ -131,6 +131,8 @@ struct hora__layout {
   size_t chunk;      /* the ring's pipeline chunk */
 };
 void hora__comm_layout(const hora__comm *comm, struct hora__layout *s);
+/* The layout of one member per host of s: what runs across hosts. */
+void hora__cross_layout(const struct hora__layout *s, struct hora__layout *x);
 
 struct hora__algo {
   const char *name;

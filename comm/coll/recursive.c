@@ -566,9 +566,9 @@ int hora__cross_broadcast(hora__comm *comm, void *buf, size_t bytes, int root_ho
   if (strcmp(a->name, "scatter_allgather") == 0) {
     return scatter_allgather_run(&g, &comm->cross_ring, buf, bytes, root_host);
   }
-  struct hora__layout x = {.size = comm->cross_size,
-                           .hosts = comm->cross_size,
-                           .chunk = (size_t)HORA_MAX(comm->proc->chunk_bytes, 1)};
+  struct hora__layout s, x;
+  hora__comm_layout(comm, &s);
+  hora__cross_layout(&s, &x);
   return hora__ring_broadcast(comm, &comm->cross_ring, buf, bytes, root_host,
                               hora__chain_chunk(&comm->model, &x, bytes));
 }

@@ -201,6 +201,10 @@ void hora__comm_layout(const hora__comm *comm, struct hora__layout *s) {
                             .chunk = (size_t)HORA_MAX(comm->proc->chunk_bytes, 1)};
 }
 
+void hora__cross_layout(const struct hora__layout *s, struct hora__layout *x) {
+  *x = (struct hora__layout){.size = s->hosts, .hosts = s->hosts, .chunk = s->chunk};
+}
+
 const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
                                          const struct hora__cost_model *m,
                                          enum hora__coll_kind kind, size_t bytes) {
@@ -227,7 +231,8 @@ const struct hora__algo *hora__cross_pick(const struct hora__layout *s,
    * ranks' groups run at once, sharing each host's link; a broadcast
    * crosses hosts in the root's group only. */
   int L = HORA_MAX(s->size / HORA_MAX(s->hosts, 1), 1);
-  struct hora__layout x = {.size = s->hosts, .hosts = s->hosts, .chunk = s->chunk};
+  struct hora__layout x;
+  hora__cross_layout(s, &x);
   struct hora__cost_model shared = *m;
   if (kind != HORA_COLL_BROADCAST) {
     shared.link.beta *= L;

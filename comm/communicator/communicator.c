@@ -117,10 +117,11 @@ static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int
   if (cm.calibrate) {
     HORA_CHECK(hora__rdv_agree(rdv, hora__cost_calibrate(c, &cm.m), "cost model calibration"));
     HORA_CHECK(hora__rdv_bcast(rdv, 0, &cm.m, sizeof(cm.m)));
-    cm.m.source[sizeof(cm.m.source) - 1] = '\0';
-    hora__cost_remember(c, &cm.m);
   }
   cm.m.source[sizeof(cm.m.source) - 1] = '\0';
+  if (cm.calibrate) {
+    hora__cost_remember(c, &cm.m);
+  }
   c->model = cm.m;
   c->proc->local_transport = c->local_size == 1 ? "none"
                              : c->proc->shm     ? "shm"
