@@ -13,6 +13,8 @@
 #              HORA_TEST_ONLY  only multi-rank programs matching this regex
 #                              (bootstrap-tcp/NAME, bootstrap-env/NAME for
 #                              those started without MPI)
+#              HORA_TEST_UNIT  only the unit tests whose name holds one of
+#                              these words, none holding a -WORD
 #              HORA_TEST_TIMEOUT  seconds per mpirun (default 300)
 #              HORA_TEST_SANITIZED_NPS  the runs a sanitized build given
 #                              HORA_TEST_NPS=these and HORA_TEST_VARIANTS_ONCE=1
@@ -139,7 +141,8 @@ judge() { # rc prefix who what
 sanitizer_report() { grep -qE 'runtime error:|ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer' "$@"; }
 
 section "unit tests"
-"$builddir/tests/unit/unit_tests" >"$work/unit" 2>&1
+# shellcheck disable=SC2086
+"$builddir/tests/unit/unit_tests" ${HORA_TEST_UNIT:-} >"$work/unit" 2>&1
 rc=$?
 tally "" <"$work/unit"
 if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$work/unit"; then

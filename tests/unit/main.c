@@ -124,11 +124,29 @@ UNIT_TESTS(DECLARE)
 #define ENTRY(name) {#name, test_##name},
 static const struct test_case tests[] = {UNIT_TESTS(ENTRY)};
 
+/* Arguments choose tests: a test runs when its name contains one of the
+ * plain ones (all run where there is none) and none of those given as
+ * -NAME. */
+static bool chosen(const char *name, int argc, char **argv) {
+  bool any = false, included = false;
+  for (int a = 1; a < argc; a++) {
+    if (argv[a][0] == '-') {
+      if (strstr(name, argv[a] + 1)) {
+        return false;
+      }
+    } else {
+      any = true;
+      included = included || strstr(name, argv[a]);
+    }
+  }
+  return !any || included;
+}
+
 int main(int argc, char **argv) {
   /* volatile: these live across longjmp. */
   volatile int passed = 0, failed = 0, skipped = 0;
   for (volatile size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-    if (argc > 1 && !strstr(tests[i].name, argv[1])) {
+    if (!chosen(tests[i].name, argc, argv)) {
       continue;
     }
     test_skipped = 0;
