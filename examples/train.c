@@ -65,6 +65,7 @@ struct options {
   int elastic;     /* --elastic: survive lost ranks, admit new ones */
   int commit_every;
   int die_at, die_rank, die_in_reset_rank; /* failure drills, -1: none */
+  int die_with_ranks;                       /* 0: at die_at whatever the size */
 };
 
 static void usage(FILE *f) {
@@ -101,6 +102,8 @@ static void usage(FILE *f) {
           "Failure drills, for tests of --elastic (they kill a process on purpose):\n"
           "  --die-at STEP --die-rank R   the process that started as rank R kills itself\n"
           "                        (SIGKILL) when the step count reaches STEP\n"
+          "  --die-with-ranks N    ... at the first step from STEP on at which the job has\n"
+          "                        N ranks (a loss after a newcomer, however late it starts)\n"
           "  --die-in-reset-rank R the process that started as rank R kills itself 50 ms\n"
           "                        into the first reset after a lost rank\n"
           "Rank 0 prints one line per epoch; the last line is test_accuracy=0.XXXX.\n"
@@ -131,7 +134,7 @@ static int parse_options(int argc, char **argv, struct options *o) {
       {"resume", no_argument, 0, 'r'},            {"print-steps", required_argument, 0, 'p'},
       {"max-steps", required_argument, 0, 'x'},   {"help", no_argument, 0, 'h'},
       {"device", required_argument, 0, 'g'},      {"elastic", no_argument, 0, 'E'},
-      {"commit-every", required_argument, 0, 'C'}, {"die-at", required_argument, 0, 'D'},
+      {"commit-every", required_argument, 0, 'C'}, {"die-at", required_argument, 0, 'D'}, {"die-with-ranks", required_argument, 0, 'W'},
       {"die-rank", required_argument, 0, 'R'},    {"die-in-reset-rank", required_argument, 0, 'Q'},
       {0, 0, 0, 0}};
   int c;
@@ -161,6 +164,7 @@ static int parse_options(int argc, char **argv, struct options *o) {
       case 'C': o->commit_every = atoi(optarg); break;
       case 'D': o->die_at = atoi(optarg); break;
       case 'R': o->die_rank = atoi(optarg); break;
+      case 'W': o->die_with_ranks = atoi(optarg); break;
       case 'Q': o->die_in_reset_rank = atoi(optarg); break;
       case 'h': usage(stdout); exit(0);
       default: usage(stderr); return -1;
@@ -168,7 +172,8 @@ static int parse_options(int argc, char **argv, struct options *o) {
   }
   if (optind < argc || o->epochs < 1 || o->batch < 1 || o->lr <= 0 || o->accum_steps < 1 ||
       o->warmup_steps < 0 || o->momentum < 0 || o->momentum >= 1 || o->commit_every < 1 ||
-      (o->die_at >= 0) != (o->die_rank >= 0)) {
+      (o->die_at >= 0) != (o->die_rank >= 0) || o->die_with_ranks < 0 ||
+      (o->die_with_ranks > 0 && o->die_at < 0)) {
     usage(stderr);
     return -1;
   }
@@ -1134,7 +1139,9 @@ static double train_elastic(struct model *m, const struct options *o, const stru
   }
   while (rc != HORA_SUCCESS || !el_done(&e, o)) {
     if (rc == HORA_SUCCESS) {
-      if (e.orig_rank >= 0 && e.orig_rank == o->die_rank && e.at.step == o->die_at) {
+      if (e.orig_rank >= 0 && e.orig_rank == o->die_rank &&
+          (o->die_with_ranks > 0 ? e.at.step >= o->die_at && nranks == o->die_with_ranks
+                                 : e.at.step == o->die_at)) {
         fprintf(stderr, "train: rank %d: drill: killing this process at step %lld\n", rank,
                 (long long)e.at.step);
         raise(SIGKILL);
