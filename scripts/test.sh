@@ -150,8 +150,13 @@ if [ "$quick" = no ]; then
   # threads of one process, whose interplay np=2 already has; np=4 doubled
   # its minutes without reaching other code.
   sanitized "$src/build/asan" "--enable-sanitizers $cuda" HORA_TEST_NPS="$san_nps" HORA_TEST_VARIANTS_ONCE=1
+  # Of the unit tests, those whose threads are the runtime's (the control
+  # connections, cycles, progress engine, rendezvous): the simulations of
+  # the collectives run one thread per simulated rank, where a process
+  # runs its collectives on one thread.
   sanitized "$src/build/tsan" "--enable-sanitizers=thread $cuda" HORA_TEST_NPS="2" HORA_TEST_VARIANTS_ONCE=1 \
-    HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall|test_shared_mem|test_shutdown|test_process_sets|test_exchange|test_groups|^elastic$"
+    HORA_TEST_UNIT="ctrl cycle progress mock rendezvous strangers connections" \
+    HORA_TEST_ONLY="test_threads|test_collectives|test_join|test_abort|test_user_mpi|test_engine|test_stall|test_shared_mem|test_shutdown|test_process_sets|test_groups|^elastic$"
   without_mpi "$src/build/nompi"
 fi
 
