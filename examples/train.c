@@ -134,9 +134,9 @@ static int parse_options(int argc, char **argv, struct options *o) {
       {"resume", no_argument, 0, 'r'},            {"print-steps", required_argument, 0, 'p'},
       {"max-steps", required_argument, 0, 'x'},   {"help", no_argument, 0, 'h'},
       {"device", required_argument, 0, 'g'},      {"elastic", no_argument, 0, 'E'},
-      {"commit-every", required_argument, 0, 'C'}, {"die-at", required_argument, 0, 'D'}, {"die-with-ranks", required_argument, 0, 'W'},
+      {"commit-every", required_argument, 0, 'C'}, {"die-at", required_argument, 0, 'D'},
       {"die-rank", required_argument, 0, 'R'},    {"die-in-reset-rank", required_argument, 0, 'Q'},
-      {0, 0, 0, 0}};
+      {"die-with-ranks", required_argument, 0, 'W'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     switch (c) {

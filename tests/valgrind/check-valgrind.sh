@@ -36,7 +36,7 @@ if ! command -v valgrind >/dev/null 2>&1; then
   echo "SKIP valgrind/all: valgrind is not installed (scripts/install-deps.sh)" | tee -a "$results"
 else
   # The short set leaves out the two slowest simulations under valgrind
-  # (a third of its minutes): others run the same ring allreduce and the
+  # (21 s of its 75): others run the same ring allreduce and the
   # same broken link, and AddressSanitizer runs them all.
   unit_skip="-ring_allreduce_matches_direct_reductions -broken_link_fails_every_rank_rd"
   [ -n "${HORA_VALGRIND_ALL:-}" ] && unit_skip=
