@@ -75,6 +75,7 @@ int test_skipped;
   X(ib_record_roundtrip_and_rejects)                                                         \
   X(cycle_steps_are_checked_on_arrival)                                                      \
   X(cycle_step_sent_again_after_it_was_taken_is_refused)                                     \
+  X(cycle_ask_overtaken_by_its_result_is_dropped)                                            \
   X(cycles_schedule_slots_ready_everywhere_and_submitted_somewhere)                          \
   X(cycles_apply_rank_0s_frames_at_their_end)                                                \
   X(cycles_tell_every_rank_someone_joined)                                                   \

@@ -82,3 +82,32 @@ TEST(cycle_step_sent_again_after_it_was_taken_is_refused) {
   ASSERT(!held);
   ASSERT_EQ_INT(rc2, HORA_SUCCESS);
 }
+
+/* A rank's ask travels by socket when the partner's mailbox is full, and
+ * its result of the same cycle may then come by mailbox first: the
+ * folded-out rank finishes the cycle before the ask arrives. The ask is
+ * spent (the rank took part), not a broken protocol; any other step of a
+ * finished cycle, or an ask from elsewhere, still is. */
+TEST(cycle_ask_overtaken_by_its_result_is_dropped) {
+  struct hora__cycle_partners cp; /* rank 4 of 6: folds out into rank 0 */
+  hora__cycle_partners(4, 6, &cp);
+  struct hora__cycle_inbox *inbox = calloc(2 * HORA_INBOX_STEPS, sizeof(*inbox));
+  ASSERT(inbox);
+  struct hora__wbuf w = {0};
+  int rc[4];
+  size_t n = encode(&w, 5, HORA_STEP_ASK, 0, NULL);
+  rc[0] = hora__cycle_accept(inbox, &cp, 5, 1, 0, w.data, n); /* cycle 5 done here */
+  int held = hora__cycle_inbox_of(inbox, 5, HORA_STEP_ASK)->has;
+  rc[1] = hora__cycle_accept(inbox, &cp, 6, 1, 0, w.data, n); /* two cycles on */
+  rc[2] = hora__cycle_accept(inbox, &cp, 5, 1, 1, w.data, n); /* not its fold partner */
+  const uint8_t vec[2] = {1, 2};
+  n = encode(&w, 5, HORA_STEP_FOLD_OUT, 1, vec);
+  rc[3] = hora__cycle_accept(inbox, &cp, 5, 1, 0, w.data, n); /* a result of a finished cycle */
+  hora__cycle_inbox_free(inbox);
+  hora__wbuf_free(&w);
+  ASSERT_EQ_INT(rc[0], HORA_SUCCESS);
+  ASSERT(!held);
+  ASSERT_EQ_INT(rc[1], HORA_SUCCESS);
+  ASSERT_EQ_INT(rc[2], HORA_ERR_PROTOCOL);
+  ASSERT_EQ_INT(rc[3], HORA_ERR_PROTOCOL);
+}
