@@ -100,7 +100,7 @@ TEST(cycle_ask_overtaken_by_its_result_is_dropped) {
   int held = hora__cycle_inbox_of(inbox, 5, HORA_STEP_ASK)->has;
   rc[1] = hora__cycle_accept(inbox, &cp, 6, 1, 0, w.data, n); /* two cycles on */
   rc[2] = hora__cycle_accept(inbox, &cp, 5, 1, 1, w.data, n); /* not its fold partner */
-  const uint8_t vec[2] = {1, 2};
+  const uint8_t vec[HORA_CYCLE_VECTORS] = {1, 2, 3, 4}; /* one byte of bits per vector */
   n = encode(&w, 5, HORA_STEP_FOLD_OUT, 1, vec);
   rc[3] = hora__cycle_accept(inbox, &cp, 5, 1, 0, w.data, n); /* a result of a finished cycle */
   hora__cycle_inbox_free(inbox);
