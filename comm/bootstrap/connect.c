@@ -15,6 +15,9 @@
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/transport/socket.h"
 
+/* The data-plane Unix sockets' send and receive buffers. */
+#define UNIX_SOCKET_BUFFER ((int64_t)4 << 20)
+
 static bool same_host(const hora__comm *c, int peer) {
   return c->net->peers[peer].host_index == c->net->peers[c->rank].host_index;
 }
@@ -545,8 +548,13 @@ static int run_plan(struct plan *pp, int rc) {
     }
     int fd = s->fd;
     s->fd = -1;
-    rc = hora__socket_tune(fd, !s->unix_socket,
-                           s->kind == HORA_CONN_CTRL ? 0 : hora__params.SOCKET_BUFFER);
+    /* TCP: HORA_SOCKET_BUFFER (0: the kernel's autotuning). A Unix socket
+     * has no autotuning, and its default (about 200 KiB) would cut a
+     * large transfer into many wake-ups. */
+    int64_t buffer = s->kind == HORA_CONN_CTRL ? 0
+                     : s->unix_socket         ? UNIX_SOCKET_BUFFER
+                                              : hora__params.SOCKET_BUFFER;
+    rc = hora__socket_tune(fd, !s->unix_socket, buffer);
     if (rc != HORA_SUCCESS) {
       close(fd);
       goto out;
