@@ -46,7 +46,7 @@ struct hora__cost {
 struct hora__cost_model {
   struct hora__cost link;  /* over the connections, the slowest kind comm uses */
   struct hora__cost local; /* within a host, through the shared segment */
-  char source[160];        /* where the constants came from */
+  char source[256];        /* where the constants came from */
 };
 
 /* Kinds with a choice of algorithm: allreduce, broadcast, allgather,

@@ -341,7 +341,7 @@ if [ $without_mpi = no ] && { [ -z "${HORA_TEST_ONLY:-}" ] || echo "calibrate" |
   nums=$(sed -n 's/^HORA_COST_MODEL=//p' "$work/out")
   if [ $rc -eq 0 ] && [ -n "$nums" ] &&
      echo "$nums" | awk -F, 'NF == 3 && $1 > 0 && $2 > 0 && $3 > 0 { ok = 1 } END { exit !ok }' &&
-     grep -q "^latency .* us, bandwidth .* GB/s, .*calibrated at start-up in .* ms: rank 0 (.*) with rank 1 (" "$work/out" &&
+     grep -q "^latency .* us, bandwidth .* GB/s, .*calibrated at start-up in .* ms: rank 0 (.*) with rank 1 (.*); latency: a step of all 2 ranks at once (the pair alone: [0-9.]* us)" "$work/out" &&
      [ "$(grep -v '^#' "$cal" 2>/dev/null)" = "$nums" ]; then
     echo "PASS np=2 cost_model/calibrate_prints_positive_constants_and_saves_them" | tee -a "$results"
   else

@@ -206,7 +206,7 @@ static bool recall_measured(const hora__comm *comm, struct hora__cost_model *m) 
   bool have = measured.have && measured.across == (comm->cross_size > 1);
   if (have) {
     m->link = measured.link;
-    snprintf(m->source, sizeof(m->source), "%.100s (this process's first)", measured.source);
+    snprintf(m->source, sizeof(m->source), "%.200s (this process's first)", measured.source);
   }
   pthread_mutex_unlock(&measured_mu);
   return have;
@@ -326,16 +326,63 @@ static int time_reduction(double *gamma) {
   return HORA_SUCCESS;
 }
 
+static int floor_pow2(int p) {
+  int p2 = 1;
+  while (p2 <= p / 2) {
+    p2 *= 2;
+  }
+  return p2;
+}
+
 static double clamp(double v, double lo, double hi) { return !(v >= lo) ? lo : v > hi ? hi : v; }
+
+/* Seconds per step of an 8-byte recursive doubling over every rank, as
+ * rank 0 saw it: the median of SMALL_BATCHES batches of SMALL_ROUNDS after
+ * a warm-up. Every rank steps at once, as in the algorithms and the
+ * negotiation cycle, so this is the latency a step costs under the job's
+ * own load (processes sharing cores, each waking for every message),
+ * which an idle pair's round trip can understate several times. */
+static int time_loaded_step(hora__comm *comm, double *per_step) {
+  float v[2] = {0, 0};
+  double batch[SMALL_BATCHES];
+  for (int i = 0; i < SMALL_WARMUP; i++) {
+    HORA_CHECK(hora__rd_allreduce(comm, v, v, 2, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32));
+  }
+  for (int b = 0; b < SMALL_BATCHES; b++) {
+    uint64_t t0 = hora__now_ns();
+    for (int i = 0; i < SMALL_ROUNDS; i++) {
+      HORA_CHECK(hora__rd_allreduce(comm, v, v, 2, HORA_FLOAT32, HORA_SUM, HORA_FLOAT32));
+    }
+    batch[b] = (double)(hora__now_ns() - t0) * 1e-9 / SMALL_ROUNDS;
+  }
+  for (int i = 1; i < SMALL_BATCHES; i++) { /* insertion sort: five numbers */
+    for (int j = i; j > 0 && batch[j] < batch[j - 1]; j--) {
+      double t = batch[j];
+      batch[j] = batch[j - 1];
+      batch[j - 1] = t;
+    }
+  }
+  int p = comm->size, p2 = floor_pow2(p), steps = p2 == p ? 0 : 2; /* the fold: in and out */
+  for (int d = 1; d < p2; d *= 2) {
+    steps++;
+  }
+  *per_step = batch[SMALL_BATCHES / 2] / steps;
+  return HORA_SUCCESS;
+}
 
 int hora__cost_calibrate(hora__comm *comm, struct hora__cost_model *m) {
   int partner = calibration_partner(comm);
   bool first = comm->rank == 0;
+  uint64_t t0 = hora__now_ns();
+  double loaded = 0;
+  if (partner > 0) {
+    HORA_CHECK(time_loaded_step(comm, &loaded));
+  }
   if (!first && comm->rank != partner) {
     return HORA_SUCCESS; /* rank 0's result comes in the broadcast that follows */
   }
-  uint64_t t0 = hora__now_ns();
   struct hora__cost link = m->link;
+  double idle = 0; /* half the pair's small round trip */
   if (partner > 0) {
     int peer = first ? partner : 0;
     if (!comm->proc->data[peer]) {
@@ -349,7 +396,8 @@ int hora__cost_calibrate(hora__comm *comm, struct hora__cost_model *m) {
     }
     char *in = out + LARGE_BYTES;
     memset(out, 0, 2 * LARGE_BYTES);
-    /* Alpha: half a small round trip. Beta: large swaps, not round trips:
+    /* Alpha: the loaded step, at least half the pair's small round trip
+     * (which also comes off the large swap's time). Beta: large swaps, not round trips:
      * a link moving both ways at once (two kernel copies on each end, over
      * a Unix socket) can be several times slower per byte than one way,
      * and the algorithms' steps move both ways. Warm-ups first (the large
@@ -372,8 +420,9 @@ int hora__cost_calibrate(hora__comm *comm, struct hora__cost_model *m) {
     if (!first) {
       return HORA_SUCCESS;
     }
-    link.alpha = small / 2;
-    link.beta = (large - link.alpha) / (double)LARGE_BYTES;
+    idle = small / 2;
+    link.beta = (large - idle) / (double)LARGE_BYTES;
+    link.alpha = HORA_MAX(idle, loaded);
   }
   HORA_CHECK(time_reduction(&link.gamma));
   /* Sane positives whatever the clock said: 0.1 us to 1 s a message,
@@ -385,21 +434,14 @@ int hora__cost_calibrate(hora__comm *comm, struct hora__cost_model *m) {
   if (partner > 0) {
     const struct hora__peer_info *p = comm->net->peers;
     snprintf(m->source, sizeof(m->source),
-             "calibrated at start-up in %.0f ms: rank 0 (%.40s) with rank %d (%.40s)", ms,
-             p ? p[0].host : "?", partner, p ? p[partner].host : "?");
+             "calibrated at start-up in %.0f ms: rank 0 (%.40s) with rank %d (%.40s); latency: a "
+             "step of all %d ranks at once (the pair alone: %.1f us)",
+             ms, p ? p[0].host : "?", partner, p ? p[partner].host : "?", comm->size, idle * 1e6);
   } else {
     snprintf(m->source, sizeof(m->source),
              "calibrated at start-up in %.0f ms: the reduction only (one rank)", ms);
   }
   return HORA_SUCCESS;
-}
-
-static int floor_pow2(int p) {
-  int p2 = 1;
-  while (p2 <= p / 2) {
-    p2 *= 2;
-  }
-  return p2;
 }
 
 static int per_host(const struct hora__layout *s) { return HORA_MAX(s->size / HORA_MAX(s->hosts, 1), 1); }
