@@ -40,8 +40,9 @@ static void usage(FILE *f) {
           "                  writes them), printed as HORA_COST_MODEL\n"
           "  --calibrate     as a job of 2 or more processes (mpirun -np 2 hora-info\n"
           "                  --calibrate): measures the links' constants as\n"
-          "                  HORA_COST_MODEL=calibrate does at start-up, between rank 0 and the\n"
-          "                  first rank on another host (else rank 1), and prints them as\n"
+          "                  HORA_COST_MODEL=calibrate does at start-up (the latency: a step\n"
+          "                  with every rank stepping; the bandwidth: rank 0 and the first\n"
+          "                  rank on another host, else rank 1), and prints them as\n"
           "                  HORA_COST_MODEL; --save FILE writes them for\n"
           "                  HORA_COST_MODEL=file:FILE\n");
 }
