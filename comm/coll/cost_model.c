@@ -334,6 +334,14 @@ static int floor_pow2(int p) {
   return p2;
 }
 
+static int tree_depth(int p) {
+  int depth = 0;
+  while ((1L << depth) < p) {
+    depth++;
+  }
+  return depth;
+}
+
 static double clamp(double v, double lo, double hi) { return !(v >= lo) ? lo : v > hi ? hi : v; }
 
 /* Seconds per step of an 8-byte recursive doubling over every rank, as
@@ -362,10 +370,8 @@ static int time_loaded_step(hora__comm *comm, double *per_step) {
       batch[j - 1] = t;
     }
   }
-  int p = comm->size, p2 = floor_pow2(p), steps = p2 == p ? 0 : 2; /* the fold: in and out */
-  for (int d = 1; d < p2; d *= 2) {
-    steps++;
-  }
+  int p2 = floor_pow2(comm->size);
+  int steps = tree_depth(p2) + (p2 == comm->size ? 0 : 2); /* the fold: in and out */
   *per_step = batch[SMALL_BATCHES / 2] / steps;
   return HORA_SUCCESS;
 }
@@ -544,14 +550,6 @@ bool hora__eager(enum hora__coll_kind kind, size_t bytes, int size, size_t *carr
     *carried = b;
   }
   return true;
-}
-
-static int tree_depth(int p) {
-  int depth = 0;
-  while ((1L << depth) < p) {
-    depth++;
-  }
-  return depth;
 }
 
 /* A pipeline's chunk: c, in whole KiB, between 4 KiB and `most`. */
