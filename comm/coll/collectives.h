@@ -381,14 +381,6 @@ int hora__exchange_records(hora__comm *comm, const uint64_t *record, size_t widt
  * (the same connection or not), pipelined in chunks; either may be 0. */
 int hora__exchange_step(hora__comm *comm, hora__conn *to, const void *send, size_t send_len,
                         hora__conn *from, void *recv, size_t recv_len);
-/* hora__exchange_step, calling arrived(arg, off, len) in order as each
- * received chunk lands (bytes [off, off + len) of recv), so that the
- * caller reduces one chunk while the next is on the wire; chunks are a
- * whole number of `unit` bytes. */
-int hora__exchange_step_each(hora__comm *comm, hora__conn *to, const void *send,
-                             size_t send_len, hora__conn *from, void *recv, size_t recv_len,
-                             size_t unit, void (*arrived)(void *arg, size_t off, size_t len),
-                             void *arg);
 /* Returns once every member has reached this point of its collectives
  * (a one-byte ring allgather): before a connection plan, which an idle
  * rank would refuse. */
@@ -526,7 +518,7 @@ int hora__ring_run(hora__comm *comm, const struct hora__ring *ring);
  * each dependency earlier, and a message at the same place among its
  * lane's operations at both ends; then the schedule cannot deadlock. */
 #define HORA_SCHED_DEPS 2
-#define HORA_SCHED_LANES 48
+#define HORA_SCHED_LANES 16
 struct hora__sched_lane {
   hora__conn *conn; /* NULL: a local lane */
   bool send;

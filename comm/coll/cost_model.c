@@ -467,13 +467,6 @@ static double step(const struct hora__cost_model *m, const struct hora__layout *
   return m->link.alpha + bytes * m->link.beta * (double)HORA_MIN(dist, (long)L);
 }
 
-/* The reduction of `bytes` received in one step: chunk by chunk as they
- * land, so only the last chunk's is not hidden behind the transfer. */
-static double reduced(const struct hora__cost_model *m, const struct hora__layout *s,
-                      double bytes) {
-  return HORA_MIN(bytes, (double)HORA_MAX(s->chunk, (size_t)1)) * m->link.gamma;
-}
-
 /* The fold of a rank count that is not a power of two: data in, result
  * out, one reduction. */
 static double fold(const struct hora__cost_model *m, const struct hora__layout *s, double n) {
@@ -481,7 +474,7 @@ static double fold(const struct hora__cost_model *m, const struct hora__layout *
   if (p2 == s->size) {
     return 0;
   }
-  return 2 * step(m, s, p2, n) + reduced(m, s, n);
+  return 2 * step(m, s, p2, n) + n * m->link.gamma;
 }
 
 HORA_COST_FN(allreduce_ring) {
@@ -517,7 +510,7 @@ HORA_COST_FN(allreduce_rabenseifner) {
   double n = (double)bytes, t = fold(m, s, n);
   for (long d = p2 / 2; d >= 1; d /= 2) {
     double moved = n * (double)d / p2;
-    t += 2 * step(m, s, d, moved) + reduced(m, s, moved); /* halving, then doubling back */
+    t += 2 * step(m, s, d, moved) + moved * m->link.gamma; /* halving, then doubling back */
   }
   return t;
 }
@@ -768,11 +761,11 @@ HORA_COST_FN(reducescatter_halving) {
   double n = (double)bytes, t = n * m->local.beta; /* the input copied in the halving's order */
   if (p2 != p) {
     /* The fold: the whole in, one block out. */
-    t += step(m, s, p2, n) + reduced(m, s, n) + step(m, s, p2, n / p);
+    t += step(m, s, p2, n) + n * m->link.gamma + step(m, s, p2, n / p);
   }
   for (long d = p2 / 2; d >= 1; d /= 2) {
     double moved = n * (double)d / p2;
-    t += step(m, s, d, moved) + reduced(m, s, moved);
+    t += step(m, s, d, moved) + moved * m->link.gamma;
   }
   return t;
 }

@@ -26,8 +26,6 @@ struct step {
   const char *send;
   char *recv;
   size_t send_len, recv_len, chunk;
-  void (*arrived)(void *arg, size_t off, size_t len);
-  void *arg;
 };
 
 static size_t chunks(size_t bytes, size_t chunk) { return (bytes + chunk - 1) / chunk; }
@@ -53,45 +51,21 @@ static void step_recv_at(void *arg, size_t i, void **ptr, size_t *len, bool *scr
   *scratch = false;
 }
 
-static void step_received(void *arg, size_t i, void *staged) {
-  (void)staged;
-  struct step *s = arg;
-  size_t off, n;
-  piece(i, s->chunk, s->recv_len, &off, &n);
-  s->arrived(s->arg, off, n);
-}
-
-static int run_step(hora__comm *comm, hora__conn *to, hora__conn *from, struct step *s) {
-  struct hora__ring ring = {
-      .next = to,
-      .prev = from,
-      .nsend = chunks(s->send_len, s->chunk),
-      .nrecv = chunks(s->recv_len, s->chunk),
-      .arg = s,
-      .send_at = step_send_at,
-      .recv_at = step_recv_at,
-      .received = s->arrived ? step_received : NULL,
-  };
-  return hora__ring_run(comm, &ring);
-}
-
 /* Sends send_len bytes to `to` while receiving recv_len bytes from `from`,
  * in pipelined chunks; either length may be 0. */
 int hora__exchange_step(hora__comm *comm, hora__conn *to, const void *send, size_t send_len,
                         hora__conn *from, void *recv, size_t recv_len) {
-  struct step s = {send, recv, send_len, recv_len, (size_t)comm->proc->chunk_bytes, NULL, NULL};
-  return run_step(comm, to, from, &s);
-}
-
-int hora__exchange_step_each(hora__comm *comm, hora__conn *to, const void *send,
-                             size_t send_len, hora__conn *from, void *recv, size_t recv_len,
-                             size_t unit, void (*arrived)(void *arg, size_t off, size_t len),
-                             void *arg) {
-  size_t chunk = (size_t)HORA_MAX(comm->proc->chunk_bytes, 1);
-  unit = HORA_MAX(unit, (size_t)1);
-  chunk = HORA_MAX(chunk / unit, (size_t)1) * unit;
-  struct step s = {send, recv, send_len, recv_len, chunk, arrived, arg};
-  return run_step(comm, to, from, &s);
+  struct step s = {send, recv, send_len, recv_len, (size_t)comm->proc->chunk_bytes};
+  struct hora__ring ring = {
+      .next = to,
+      .prev = from,
+      .nsend = chunks(send_len, s.chunk),
+      .nrecv = chunks(recv_len, s.chunk),
+      .arg = &s,
+      .send_at = step_send_at,
+      .recv_at = step_recv_at,
+  };
+  return hora__ring_run(comm, &ring);
 }
 
 static void offsets(const size_t *bytes, int p, size_t *at) {

@@ -29,8 +29,6 @@
  *
  * Every step is one hora__exchange_step: the send and the receive go at
  * once, pipelined in chunks, sleeping in poll while the network works.
- * A large Rabenseifner runs as one schedule instead, its steps
- * overlapping chunk by chunk (rabenseifner_pipelined).
  *
  * Compressed (wire dtype != dtype): data goes narrowed. Where two ranks
  * compute the same values (recursive doubling), each first rounds its own
@@ -200,31 +198,6 @@ static void reduce_in(struct rd *s, size_t lo, size_t n) {
   }
 }
 
-/* A receive into tmp that reduces each chunk into buf as it lands, while
- * the next is still on the wire: with many ranks to a core, reducing a
- * whole half at once after it arrived left the cores idle during the
- * transfer and then every rank contending for them. */
-struct reducing {
-  struct rd *s;
-  size_t lo; /* element that tmp's received byte 0 belongs to */
-};
-
-static void reduce_arrived(void *arg, size_t off, size_t len) {
-  struct reducing *r = arg;
-  reduce_in(r->s, r->lo + off / r->s->ws, len / r->s->ws);
-}
-
-/* Sends [send, send + send_len) to peer while receiving elements
- * [lo, lo + n) into tmp and reducing them into buf; the sent bytes must
- * not lie in buf[lo, lo + n). */
-static int swap_reducing(struct rd *s, int peer, const void *send, size_t send_len, size_t lo,
-                         size_t n) {
-  hora__conn *c = conn_to(&s->g, peer);
-  struct reducing r = {s, lo};
-  return hora__exchange_step_each(s->comm, send_len ? c : NULL, send, send_len, c,
-                                  s->tmp + lo * s->ws, n * s->ws, s->ws, reduce_arrived, &r);
-}
-
 /* Rounds buf[lo, lo + n) through the wire type (compressed only). */
 static void round_own(struct rd *s, size_t lo, size_t n) {
   if (s->compressed) {
@@ -243,7 +216,8 @@ static int fold_in(struct rd *s, bool *out) {
     return send_to(&s->g, r - s->p2, outgoing(s, 0, s->count), s->count * s->ws);
   }
   if (r + s->p2 < p) {
-    HORA_CHECK(swap_reducing(s, r + s->p2, NULL, 0, 0, s->count));
+    HORA_CHECK(recv_from(&s->g, r + s->p2, s->tmp, s->count * s->ws));
+    reduce_in(s, 0, s->count);
   }
   return HORA_SUCCESS;
 }
@@ -308,8 +282,9 @@ static int halve(struct rd *s, const size_t *at, struct halving *steps, int *nst
     bool lower = (r & mask) == 0;
     size_t klo = lower ? *lo : mid, khi = lower ? mid : *hi;
     size_t slo = lower ? mid : *lo, shi = lower ? *hi : mid;
-    HORA_CHECK(swap_reducing(s, r ^ mask, outgoing(s, slo, shi - slo), (shi - slo) * s->ws, klo,
-                             khi - klo));
+    HORA_CHECK(swap_with(&s->g, r ^ mask, outgoing(s, slo, shi - slo), (shi - slo) * s->ws,
+                         s->tmp + klo * s->ws, (khi - klo) * s->ws));
+    reduce_in(s, klo, khi - klo);
     if (steps) {
       steps[(*nsteps)++] = (struct halving){*lo, *hi, klo, khi, r ^ mask};
     }
@@ -318,131 +293,6 @@ static int halve(struct rd *s, const size_t *at, struct halving *steps, int *nst
     *hi = khi;
   }
   return HORA_SUCCESS;
-}
-
-static int64_t comm_chunk(const hora__comm *comm) { return HORA_MAX(comm->proc->chunk_bytes, 1); }
-
-/* Rabenseifner as one pipelined schedule (uncompressed, and each rank's
- * block at least two chunks: below that the steps are one chunk each and
- * the step-by-step form is faster, 6.4-7.0 against 8.6-8.9 ms at 256 KiB
- * on 8 fake hosts): every step cut
- * into chunks at the same element bounds (multiples of `chunk` from 0),
- * a chunk of step k + 1 leaving as soon as the chunk of step k it came
- * from is reduced, instead of each step waiting for the whole of the one
- * before. The steps overlap on the link as the ring's do, and a partner
- * late in one step holds back only what depends on its data. */
-struct rab_sched {
-  struct rd *s;
-  size_t chunk;                 /* elements */
-  long *last;                   /* per chunk: the last local step that wrote into it, or -1 */
-  struct hora__sched_op *ops;
-  size_t nops;
-  struct hora__sched_lane lanes[HORA_SCHED_LANES];
-};
-
-static size_t pieces(size_t lo, size_t hi, size_t chunk) {
-  return hi > lo ? (hi - 1) / chunk - lo / chunk + 1 : 0;
-}
-
-static long rab_emit(struct rab_sched *r, int lane, void *buf, size_t len, long dep) {
-  r->ops[r->nops] = (struct hora__sched_op){lane, buf, len, {dep, -1}};
-  return (long)r->nops++;
-}
-
-/* Sends elements [lo, hi) of buf over `lane`, each chunk once what last
- * wrote it is done. */
-static void rab_sends(struct rab_sched *r, int lane, size_t lo, size_t hi) {
-  struct rd *s = r->s;
-  for (size_t a = lo; a < hi;) {
-    size_t b = HORA_MIN((a / r->chunk + 1) * r->chunk, hi);
-    rab_emit(r, lane, s->buf + a * s->es, (b - a) * s->es, r->last[a / r->chunk]);
-    a = b;
-  }
-}
-
-/* Receives elements [lo, hi) over `lane` (into tmp to be reduced, or
- * straight into buf), each chunk followed by its local step. */
-static void rab_recvs(struct rab_sched *r, int lane, size_t lo, size_t hi, bool reduce) {
-  struct rd *s = r->s;
-  for (size_t a = lo; a < hi;) {
-    size_t b = HORA_MIN((a / r->chunk + 1) * r->chunk, hi);
-    char *into = reduce ? s->tmp + a * s->es : s->buf + a * s->es;
-    /* A halving step lands where the one before landed: only once that
-     * was reduced. */
-    long got = rab_emit(r, lane, into, (b - a) * s->es, reduce ? r->last[a / r->chunk] : -1);
-    /* The local step: a reduction, or a marker that the chunk is in. */
-    r->last[a / r->chunk] = rab_emit(r, 0, s->buf + a * s->es, reduce ? b - a : 0, got);
-    a = b;
-  }
-}
-
-static void rab_local(void *arg, const struct hora__sched_op *op) {
-  struct rd *s = arg;
-  if (op->len) {
-    reduce_in(s, (size_t)((char *)op->buf - s->buf) / s->es, op->len);
-  }
-}
-
-static int rabenseifner_pipelined(struct rd *s) {
-  int r = s->g.pos, nsteps = 0;
-  struct halving steps[32];
-  size_t lo = 0, hi = s->count;
-  for (int mask = s->p2 / 2; mask >= 1; mask /= 2) {
-    size_t mid = lo + (hi - lo) / 2;
-    bool lower = (r & mask) == 0;
-    steps[nsteps++] = (struct halving){lo, hi, lower ? lo : mid, lower ? mid : hi, r ^ mask};
-    lo = steps[nsteps - 1].keep_lo;
-    hi = steps[nsteps - 1].keep_hi;
-  }
-  if (2 * nsteps + 1 > HORA_SCHED_LANES) {
-    return hora__error(HORA_ERR_INVALID_ARG, "Rabenseifner over %d ranks: more steps than lanes",
-                       s->p2);
-  }
-  struct rab_sched rs = {.s = s};
-  rs.chunk = HORA_MAX((size_t)comm_chunk(s->comm) / s->es, (size_t)1);
-  size_t nchunks = (s->count + rs.chunk - 1) / rs.chunk, nops = 0;
-  for (int k = 0; k < nsteps; k++) {
-    /* Halving and doubling back, each half once sent and once received
-     * with its local step. */
-    const struct halving *h = &steps[k];
-    nops += 3 * (pieces(h->lo, h->keep_lo, rs.chunk) + pieces(h->keep_lo, h->keep_hi, rs.chunk) +
-                 pieces(h->keep_hi, h->hi, rs.chunk));
-  }
-  rs.last = hora__malloc(nchunks * sizeof(*rs.last));
-  rs.ops = hora__malloc(HORA_MAX(nops, (size_t)1) * sizeof(*rs.ops));
-  if (!rs.last || !rs.ops) {
-    free(rs.last);
-    free(rs.ops);
-    return HORA_ERR_NO_MEMORY;
-  }
-  for (size_t i = 0; i < nchunks; i++) {
-    rs.last[i] = -1;
-  }
-  rs.lanes[0] = (struct hora__sched_lane){NULL, false};
-  for (int k = 0; k < nsteps; k++) {
-    hora__conn *c = conn_to(&s->g, steps[k].peer);
-    rs.lanes[1 + 2 * k] = (struct hora__sched_lane){c, true};
-    rs.lanes[2 + 2 * k] = (struct hora__sched_lane){c, false};
-  }
-  /* Step by step, every rank in the same order, so that the two ends of
-   * each message stand at the same place in their lanes. */
-  for (int k = 0; k < nsteps; k++) {
-    const struct halving *h = &steps[k];
-    bool lower = h->keep_lo == h->lo;
-    rab_sends(&rs, 1 + 2 * k, lower ? h->keep_hi : h->lo, lower ? h->hi : h->keep_lo);
-    rab_recvs(&rs, 2 + 2 * k, h->keep_lo, h->keep_hi, true);
-  }
-  for (int k = nsteps - 1; k >= 0; k--) {
-    const struct halving *h = &steps[k];
-    bool lower = h->keep_lo == h->lo;
-    rab_sends(&rs, 1 + 2 * k, h->keep_lo, h->keep_hi);
-    rab_recvs(&rs, 2 + 2 * k, lower ? h->keep_hi : h->lo, lower ? h->hi : h->keep_lo, false);
-  }
-  struct hora__sched sched = {rs.lanes, 1 + 2 * nsteps, rs.ops, rs.nops, s, rab_local};
-  int rc = hora__sched_run(s->comm, &sched);
-  free(rs.last);
-  free(rs.ops);
-  return rc;
 }
 
 static int rabenseifner_run(const struct group *g, void *buf, size_t count, hora_dtype dtype,
@@ -454,9 +304,7 @@ static int rabenseifner_run(const struct group *g, void *buf, size_t count, hora
   bool out;
   HORA_CHECK(rd_begin(&s, g, buf, count, dtype, op, wire));
   HORA_CHECK(fold_in(&s, &out));
-  if (!out && !s.compressed && count * s.es / (size_t)s.p2 >= 2 * (size_t)comm_chunk(g->comm)) {
-    HORA_CHECK(rabenseifner_pipelined(&s));
-  } else if (!out) {
+  if (!out) {
     /* Reduce-scatter by recursive halving: at the end rank r owns block r
      * of p2. */
     struct halving steps[32];
