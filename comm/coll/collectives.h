@@ -142,6 +142,7 @@ struct hora__algo {
   /* Predicted seconds for an operation of `bytes` (allgather: each
    * rank's block; the others: the whole buffer). */
   double (*cost)(const struct hora__cost_model *m, const struct hora__layout *s, size_t bytes);
+  bool lockstep; /* each step waits for the whole of the one before */
   hora__allreduce_fn *allreduce;
   hora__broadcast_fn *broadcast;
   hora__allgather_fn *allgather;
@@ -158,7 +159,17 @@ extern const struct hora__algo *const hora__algos[];
 extern const int hora__nalgos;
 /* The algorithm named `name` for kind, or NULL. */
 const struct hora__algo *hora__algo_find(enum hora__coll_kind kind, const char *name);
-/* The cheapest usable algorithm for an operation of `bytes` by the model. */
+/* A lockstep algorithm must be priced this much under the ring to be
+ * taken. In Rabenseifner, recursive doubling or halving, Bruck and the
+ * binomial tree each step waits for the whole of the one before, so a
+ * late rank holds up its partner and, a step on, the partner's partner;
+ * the ring's chunks pass that skew on one chunk at a time. The model
+ * prices no skew: on 16 fake hosts at 16 and 64 MiB it had Rabenseifner
+ * 0.7% under the ring, which ran 12-14% faster (docs/benchmarks.md). */
+#define HORA_RING_MARGIN 0.05
+
+/* The cheapest usable algorithm for an operation of `bytes` by the model,
+ * but the ring within HORA_RING_MARGIN of a lockstep one. */
 const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
                                          const struct hora__cost_model *m,
                                          enum hora__coll_kind kind, size_t bytes);

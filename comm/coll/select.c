@@ -102,13 +102,18 @@ static bool across_hosts(const struct hora__layout *s) { return s->hierarchical;
  * bytes where the hierarchical allreduce sends 2(H-1)/H. */
 static bool not_one_shm_host(const struct hora__layout *s) { return !s->shm_host; }
 
-#define ALGO(ident, nm, k, sum, use, field, fn)                                                   \
+#define ALGO_FLAGGED(ident, nm, k, sum, use, field, fn, steps_wait)                           \
   static const struct hora__algo ident = {.name = nm,                                           \
                                           .kind = k,                                           \
                                           .summary = sum,                                      \
                                           .usable = use,                                       \
                                           .cost = hora__cost_##ident,                          \
+                                          .lockstep = steps_wait,                              \
                                           .field = fn}
+#define ALGO(ident, nm, k, sum, use, field, fn) ALGO_FLAGGED(ident, nm, k, sum, use, field, fn, false)
+/* Each step waits for the whole of the one before (the selector's margin). */
+#define ALGO_LOCKSTEP(ident, nm, k, sum, use, field, fn)                                          \
+  ALGO_FLAGGED(ident, nm, k, sum, use, field, fn, true)
 
 ALGO(allreduce_shm, "shm", HORA_COLL_ALLREDUCE,
      "one host: the shared segment, or the kernel's single copy for large operations",
@@ -119,10 +124,10 @@ ALGO(allreduce_hierarchical, "hierarchical", HORA_COLL_ALLREDUCE,
 ALGO(allreduce_ring, "ring", HORA_COLL_ALLREDUCE,
      "pipelined ring: reduce-scatter then allgather, 2(p-1) steps, 2(p-1)/p of the bytes",
      always, allreduce, ring_allreduce);
-ALGO(allreduce_rd, "rd", HORA_COLL_ALLREDUCE,
+ALGO_LOCKSTEP(allreduce_rd, "rd", HORA_COLL_ALLREDUCE,
      "recursive doubling: log2 p swaps of the whole buffer (small operations)", always,
      allreduce, rd_allreduce);
-ALGO(allreduce_rabenseifner, "rabenseifner", HORA_COLL_ALLREDUCE,
+ALGO_LOCKSTEP(allreduce_rabenseifner, "rabenseifner", HORA_COLL_ALLREDUCE,
      "recursive halving reduce-scatter, recursive doubling allgather: 2 log2 p steps",
      always, allreduce, rabenseifner_allreduce);
 ALGO(allreduce_tree, "tree", HORA_COLL_ALLREDUCE,
@@ -137,10 +142,10 @@ ALGO(broadcast_hierarchical, "hierarchical", HORA_COLL_BROADCAST,
 ALGO(broadcast_ring, "ring", HORA_COLL_BROADCAST,
      "pipelined chain from the root along the ring (large operations)", always, broadcast,
      ring_broadcast);
-ALGO(broadcast_binomial, "binomial", HORA_COLL_BROADCAST,
+ALGO_LOCKSTEP(broadcast_binomial, "binomial", HORA_COLL_BROADCAST,
      "binomial tree from the root: ceil(log2 p) steps (small operations)", always, broadcast,
      binomial_broadcast);
-ALGO(broadcast_scatter_allgather, "scatter_allgather", HORA_COLL_BROADCAST,
+ALGO_LOCKSTEP(broadcast_scatter_allgather, "scatter_allgather", HORA_COLL_BROADCAST,
      "binomial scatter of p blocks, then the ring's allgather of them (large operations)",
      always, broadcast, scatter_allgather_broadcast);
 ALGO(allgather_shm, "shm", HORA_COLL_ALLGATHER, "one host: through the shared segment",
@@ -151,7 +156,7 @@ ALGO(allgather_hierarchical, "hierarchical", HORA_COLL_ALLGATHER,
      across_hosts, allgather, hora__hierarchical_allgather);
 ALGO(allgather_ring, "ring", HORA_COLL_ALLGATHER, "ring: p-1 steps, one block each", always,
      allgather, ring_allgather);
-ALGO(allgather_bruck, "bruck", HORA_COLL_ALLGATHER,
+ALGO_LOCKSTEP(allgather_bruck, "bruck", HORA_COLL_ALLGATHER,
      "Bruck: ceil(log2 p) steps of doubling block counts, any p", always, allgather,
      hora__bruck_allgather);
 ALGO(reducescatter_ring, "ring", HORA_COLL_REDUCESCATTER,
@@ -160,7 +165,7 @@ ALGO(reducescatter_ring, "ring", HORA_COLL_REDUCESCATTER,
 ALGO(reducescatter_allreduce, "allreduce", HORA_COLL_REDUCESCATTER,
      "the chosen allreduce, of which each rank keeps its block", always, scatter,
      HORA_SCATTER_ALLREDUCE);
-ALGO(reducescatter_halving, "halving", HORA_COLL_REDUCESCATTER,
+ALGO_LOCKSTEP(reducescatter_halving, "halving", HORA_COLL_REDUCESCATTER,
      "recursive halving: log2 p steps of halving sizes (over sockets)", not_one_shm_host,
      scatter, HORA_SCATTER_HALVING);
 
@@ -208,8 +213,8 @@ void hora__cross_layout(const struct hora__layout *s, struct hora__layout *x) {
 const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
                                          const struct hora__cost_model *m,
                                          enum hora__coll_kind kind, size_t bytes) {
-  const struct hora__algo *best = NULL;
-  double best_cost = 0;
+  const struct hora__algo *best = NULL, *ring = NULL;
+  double best_cost = 0, ring_cost = 0;
   for (int i = 0; i < hora__nalgos; i++) {
     const struct hora__algo *a = hora__algos[i];
     if (a->kind != kind || !a->usable(s)) {
@@ -220,6 +225,13 @@ const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
       best = a;
       best_cost = c;
     }
+    if (strcmp(a->name, "ring") == 0) {
+      ring = a;
+      ring_cost = c;
+    }
+  }
+  if (best && best->lockstep && ring && ring_cost <= best_cost * (1 + HORA_RING_MARGIN)) {
+    return ring;
   }
   return best;
 }

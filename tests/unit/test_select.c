@@ -183,6 +183,17 @@ TEST(selector_picks_by_the_cost_model) {
   ASSERT_PICK(&s, &m, HORA_COLL_REDUCESCATTER, 64 * MiB, "ring");
   ASSERT_PICK(&s, &m, HORA_COLL_ALLGATHER, 8, "bruck");
   ASSERT_PICK(&s, &m, HORA_COLL_ALLGATHER, 16 * MiB, "ring");
+  /* Rabenseifner priced 0.7% under the ring (the constants hora-info
+   * --model --fit found on 16 fake hosts): the ring, which ran 12-14%
+   * faster there; 6% under at 2 MiB: Rabenseifner. */
+  const struct hora__cost_model fitted = {.link = {80e-6, 7.0e-9, 0.025e-9},
+                                          .local = {6e-6, 0.1e-9, 0.25e-9}};
+  ASSERT_PICK(&s, &fitted, HORA_COLL_ALLREDUCE, 16 * MiB, "ring");
+  ASSERT_PICK(&s, &fitted, HORA_COLL_ALLREDUCE, 2 * MiB, "rabenseifner");
+  const struct hora__algo *rab = hora__algo_find(HORA_COLL_ALLREDUCE, "rabenseifner");
+  const struct hora__algo *ring = hora__algo_find(HORA_COLL_ALLREDUCE, "ring");
+  ASSERT(rab->cost(&fitted, &s, 16 * MiB) < ring->cost(&fitted, &s, 16 * MiB));
+  ASSERT(rab->lockstep && !ring->lockstep);
   for (int kind = 0; kind < HORA_ALGO_KINDS; kind++) {
     for (size_t bytes = 1; bytes <= 64 * MiB; bytes *= 2) {
       const struct hora__algo *a = hora__algo_pick(&s, &m, (enum hora__coll_kind)kind, bytes);
@@ -192,8 +203,13 @@ TEST(selector_picks_by_the_cost_model) {
       }
       for (int i = 0; i < hora__nalgos; i++) {
         const struct hora__algo *b = hora__algos[i];
-        if ((int)b->kind == kind && b->usable(&s) &&
-            b->cost(&m, &s, bytes) < a->cost(&m, &s, bytes)) {
+        if ((int)b->kind != kind || !b->usable(&s)) {
+          continue;
+        }
+        double ca = a->cost(&m, &s, bytes), cb = b->cost(&m, &s, bytes);
+        bool ring_kept = strcmp(a->name, "ring") == 0 && b->lockstep &&
+                         ca <= cb * (1 + HORA_RING_MARGIN);
+        if (cb < ca && !ring_kept) {
           FAIL("%s of %zu bytes: picked %s, but %s costs less", a->name, bytes, a->name, b->name);
         }
       }
