@@ -375,6 +375,15 @@ int hora_info_model(int argc, char **argv) {
          : strncmp(link, "file:", 5) == 0 ? link + 5
                                             : "given", m.local.alpha * 1e6, m.local.beta * 1e9,
          m.local.gamma * 1e9);
+  printf("chosen: the cheapest, but the ring where the cheapest's steps each wait for the "
+         "one before\n(");
+  for (int i = 0, first = 1; i < hora__nalgos; i++) {
+    if (hora__algos[i]->lockstep) {
+      printf("%s%s", first ? "" : ", ", hora__algos[i]->name);
+      first = 0;
+    }
+  }
+  printf(") and it is priced less than %.0f%% under the ring\n\n", HORA_RING_MARGIN * 100);
   struct hora__layout s = {.size = ranks, .hosts = hosts, .shm_host = hosts == 1 && ranks > 1,
                            .hierarchical = hosts > 1 && ranks > hosts,
                            .chunk = (size_t)hora__params.CHUNK_SIZE};
