@@ -102,7 +102,7 @@ static bool across_hosts(const struct hora__layout *s) { return s->hierarchical;
  * bytes where the hierarchical allreduce sends 2(H-1)/H. */
 static bool not_one_shm_host(const struct hora__layout *s) { return !s->shm_host; }
 
-#define ALGO_FLAGGED(ident, nm, k, sum, use, field, fn, steps_wait)                           \
+#define ALGO_FLAGGED(ident, nm, k, sum, use, field, fn, steps_wait)                             \
   static const struct hora__algo ident = {.name = nm,                                           \
                                           .kind = k,                                           \
                                           .summary = sum,                                      \
@@ -110,7 +110,8 @@ static bool not_one_shm_host(const struct hora__layout *s) { return !s->shm_host
                                           .cost = hora__cost_##ident,                          \
                                           .lockstep = steps_wait,                              \
                                           .field = fn}
-#define ALGO(ident, nm, k, sum, use, field, fn) ALGO_FLAGGED(ident, nm, k, sum, use, field, fn, false)
+#define ALGO(ident, nm, k, sum, use, field, fn)                                                   \
+  ALGO_FLAGGED(ident, nm, k, sum, use, field, fn, false)
 /* Each step waits for the whole of the one before (the selector's margin). */
 #define ALGO_LOCKSTEP(ident, nm, k, sum, use, field, fn)                                          \
   ALGO_FLAGGED(ident, nm, k, sum, use, field, fn, true)
@@ -125,11 +126,11 @@ ALGO(allreduce_ring, "ring", HORA_COLL_ALLREDUCE,
      "pipelined ring: reduce-scatter then allgather, 2(p-1) steps, 2(p-1)/p of the bytes",
      always, allreduce, ring_allreduce);
 ALGO_LOCKSTEP(allreduce_rd, "rd", HORA_COLL_ALLREDUCE,
-     "recursive doubling: log2 p swaps of the whole buffer (small operations)", always,
-     allreduce, rd_allreduce);
+              "recursive doubling: log2 p swaps of the whole buffer (small operations)", always,
+              allreduce, rd_allreduce);
 ALGO_LOCKSTEP(allreduce_rabenseifner, "rabenseifner", HORA_COLL_ALLREDUCE,
-     "recursive halving reduce-scatter, recursive doubling allgather: 2 log2 p steps",
-     always, allreduce, rabenseifner_allreduce);
+              "recursive halving reduce-scatter, recursive doubling allgather: 2 log2 p steps",
+              always, allreduce, rabenseifner_allreduce);
 ALGO(allreduce_tree, "tree", HORA_COLL_ALLREDUCE,
      "pipelined double binary tree: 2 log2 p steps plus one per chunk (medium sizes, many ranks)",
      always, allreduce, tree_allreduce);
@@ -143,11 +144,11 @@ ALGO(broadcast_ring, "ring", HORA_COLL_BROADCAST,
      "pipelined chain from the root along the ring (large operations)", always, broadcast,
      ring_broadcast);
 ALGO_LOCKSTEP(broadcast_binomial, "binomial", HORA_COLL_BROADCAST,
-     "binomial tree from the root: ceil(log2 p) steps (small operations)", always, broadcast,
-     binomial_broadcast);
+              "binomial tree from the root: ceil(log2 p) steps (small operations)", always,
+              broadcast, binomial_broadcast);
 ALGO_LOCKSTEP(broadcast_scatter_allgather, "scatter_allgather", HORA_COLL_BROADCAST,
-     "binomial scatter of p blocks, then the ring's allgather of them (large operations)",
-     always, broadcast, scatter_allgather_broadcast);
+              "binomial scatter of p blocks, then the ring's allgather of them (large operations)",
+              always, broadcast, scatter_allgather_broadcast);
 ALGO(allgather_shm, "shm", HORA_COLL_ALLGATHER, "one host: through the shared segment",
      on_one_host, allgather, hora__shm_allgather);
 ALGO(allgather_hierarchical, "hierarchical", HORA_COLL_ALLGATHER,
@@ -157,8 +158,8 @@ ALGO(allgather_hierarchical, "hierarchical", HORA_COLL_ALLGATHER,
 ALGO(allgather_ring, "ring", HORA_COLL_ALLGATHER, "ring: p-1 steps, one block each", always,
      allgather, ring_allgather);
 ALGO_LOCKSTEP(allgather_bruck, "bruck", HORA_COLL_ALLGATHER,
-     "Bruck: ceil(log2 p) steps of doubling block counts, any p", always, allgather,
-     hora__bruck_allgather);
+              "Bruck: ceil(log2 p) steps of doubling block counts, any p", always, allgather,
+              hora__bruck_allgather);
 ALGO(reducescatter_ring, "ring", HORA_COLL_REDUCESCATTER,
      "the ring allreduce's reduce-scatter half: p-1 steps (over sockets)", not_one_shm_host,
      scatter, HORA_SCATTER_RING);
@@ -166,8 +167,8 @@ ALGO(reducescatter_allreduce, "allreduce", HORA_COLL_REDUCESCATTER,
      "the chosen allreduce, of which each rank keeps its block", always, scatter,
      HORA_SCATTER_ALLREDUCE);
 ALGO_LOCKSTEP(reducescatter_halving, "halving", HORA_COLL_REDUCESCATTER,
-     "recursive halving: log2 p steps of halving sizes (over sockets)", not_one_shm_host,
-     scatter, HORA_SCATTER_HALVING);
+              "recursive halving: log2 p steps of halving sizes (over sockets)", not_one_shm_host,
+              scatter, HORA_SCATTER_HALVING);
 
 const struct hora__algo *const hora__algos[] = {
     &allreduce_shm,          &allreduce_hierarchical,
