@@ -214,8 +214,8 @@ void hora__cross_layout(const struct hora__layout *s, struct hora__layout *x) {
 const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
                                          const struct hora__cost_model *m,
                                          enum hora__coll_kind kind, size_t bytes) {
-  const struct hora__algo *best = NULL, *ring = NULL;
-  double best_cost = 0, ring_cost = 0;
+  const struct hora__algo *best = NULL;
+  double best_cost = 0;
   for (int i = 0; i < hora__nalgos; i++) {
     const struct hora__algo *a = hora__algos[i];
     if (a->kind != kind || !a->usable(s)) {
@@ -226,13 +226,12 @@ const struct hora__algo *hora__algo_pick(const struct hora__layout *s,
       best = a;
       best_cost = c;
     }
-    if (strcmp(a->name, "ring") == 0) {
-      ring = a;
-      ring_cost = c;
-    }
   }
-  if (best && best->lockstep && ring && ring_cost <= best_cost * (1 + HORA_RING_MARGIN)) {
-    return ring;
+  if (best && best->lockstep) {
+    const struct hora__algo *ring = hora__algo_find(kind, "ring");
+    if (ring && ring->usable(s) && ring->cost(m, s, bytes) <= best_cost * (1 + HORA_RING_MARGIN)) {
+      return ring;
+    }
   }
   return best;
 }
