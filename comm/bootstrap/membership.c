@@ -1,6 +1,23 @@
-/* Elastic membership (see membership.h for the protocol and why it is
- * safe). Frames after the handshake: { u32 type, u32 len, payload }. */
-#include "comm/bootstrap/membership_impl.h"
+/* Elastic membership: the driver. The agreement itself is a state machine
+ * with no I/O (membership_fsm.c, where the protocol and why it is safe are
+ * described); here one thread per process owns its listener, the door,
+ * every connection and the clock, and steps the machine with what arrives.
+ *
+ * Frames go one way per connection: a process sends on connections it
+ * dialled and reads those it accepted, each served from one poll loop, so
+ * a peer that is slow or silent (or idle connections opened by anyone)
+ * delays nobody else. With a secret every connection opens with the
+ * handshake of comm/transport/handshake.h, of one of two kinds:
+ *   member    the job's agreement (RESET, PREPARE, ...): a key derived from
+ *             the secret and the job id, so a job sharing the secret cannot
+ *             take part
+ *   door      what newcomers send and are sent (JOIN, COMMIT, REFUSE,
+ *             REDIRECT): a key from the secret alone, which newcomers know
+ *
+ * Threads: the listener's thread steps the machine; callers of agree and
+ * join hand it a command and wait for the decision. Lock order: m->mu, then
+ * whatever on_request takes (the runtime's lock). */
+#include "comm/bootstrap/membership.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -9,6 +26,7 @@
 #include <openssl/sha.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,381 +37,468 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/bootstrap/bootstrap.h"
+#include "comm/bootstrap/membership_fsm.h"
+#include "comm/transport/handshake.h"
 #include "comm/transport/socket.h"
 
-/* ---- views, buffers, frames ----------------------------------------------------- */
+#define IO_NS (1000ull * 1000000ull)       /* a connection's handshake */
+#define IDLE_NS (60000ull * 1000000ull)    /* an accepted connection that says nothing */
+#define CONN_MAX 512                       /* connections held at once */
+#define QUEUE_MAX 512                      /* frames waiting for one connection */
+#define HS_SIZE 3                          /* the handshake's ranks: the door's */
 
-void hora__mb_view_free(struct hora__view *v) {
-  free(v->m);
-  memset(v, 0, sizeof(*v));
-}
+enum { K_DOOR = 1, K_MEMBER = 2 }; /* handshake kinds */
+enum { C_CONNECTING, C_SHAKING, C_OPEN };
 
-int hora__mb_view_copy(struct hora__view *dst, const struct hora__view *src) {
-  struct hora__member *m = src->n ? malloc((size_t)src->n * sizeof(*m)) : NULL;
-  if (src->n && !m) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  if (src->n) {
-    memcpy(m, src->m, (size_t)src->n * sizeof(*m));
-  }
-  free(dst->m);
-  *dst = *src;
-  dst->m = m;
-  return HORA_SUCCESS;
-}
+/* The frame types (membership_fsm.c) a door connection may carry. */
+static bool door_frame(uint32_t type) { return type == 2 || type == 8 || type == 9 || type == 10; }
 
-int hora__mb_view_index(const struct hora__view *v, uint32_t id) {
-  for (int i = 0; i < v->n; i++) {
-    if (v->m[i].id == id) {
-      return i;
-    }
-  }
-  return -1;
-}
+struct frame {
+  uint8_t *p;
+  size_t len;
+};
 
-void hora__mb_put(struct hora__mb_buf *b, const void *d, size_t n) {
-  if (b->bad) {
-    return;
-  }
-  if (b->len + n > b->cap) {
-    size_t cap = HORA_MAX(b->cap * 2, b->len + n + 64);
-    uint8_t *p = realloc(b->p, cap);
-    if (!p) {
-      b->bad = true;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, d, n);
-  b->len += n;
-}
-void hora__mb_put32(struct hora__mb_buf *b, uint32_t v) {
-  v = htonl(v);
-  hora__mb_put(b, &v, 4);
-}
-void hora__mb_put64(struct hora__mb_buf *b, uint64_t v) {
-  hora__mb_put32(b, (uint32_t)(v >> 32));
-  hora__mb_put32(b, (uint32_t)v);
-}
-void hora__mb_put_view(struct hora__mb_buf *b, const struct hora__view *v) {
-  hora__mb_put64(b, v->epoch);
-  hora__mb_put32(b, v->next_id);
-  hora__mb_put32(b, (uint32_t)v->n);
-  for (int i = 0; i < v->n; i++) {
-    hora__mb_put32(b, v->m[i].id);
-    hora__mb_put(b, &v->m[i].ip, 4);
-    hora__mb_put32(b, v->m[i].port);
-  }
-}
-bool hora__mb_get(struct hora__mb_buf *b, void *d, size_t n) {
-  if (b->bad || b->off + n > b->len) {
-    b->bad = true;
-    memset(d, 0, n);
-    return false;
-  }
-  memcpy(d, b->p + b->off, n);
-  b->off += n;
-  return true;
-}
-uint32_t hora__mb_get32(struct hora__mb_buf *b) {
-  uint32_t v;
-  hora__mb_get(b, &v, 4);
-  return ntohl(v);
-}
-uint64_t hora__mb_get64(struct hora__mb_buf *b) {
-  uint64_t hi = hora__mb_get32(b);
-  return hi << 32 | hora__mb_get32(b);
-}
-bool hora__mb_get_view(struct hora__mb_buf *b, struct hora__view *v) {
-  hora__mb_view_free(v);
-  v->epoch = hora__mb_get64(b);
-  v->next_id = hora__mb_get32(b);
-  uint32_t n = hora__mb_get32(b);
-  if (b->bad || n > (b->len - b->off) / 12) {
-    b->bad = true;
-    return false;
-  }
-  v->n = (int)n;
-  v->m = n ? calloc(n, sizeof(*v->m)) : NULL;
-  if (n && !v->m) {
-    b->bad = true;
-    v->n = 0;
-    return false;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    v->m[i].id = hora__mb_get32(b);
-    hora__mb_get(b, &v->m[i].ip, 4);
-    v->m[i].port = (uint16_t)hora__mb_get32(b);
-  }
-  return !b->bad;
-}
-
-int hora__mb_move_all(int fd, void *p, size_t n, bool out, uint64_t deadline) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = out ? send(fd, (char *)p + done, n - done, MSG_NOSIGNAL)
-                    : recv(fd, (char *)p + done, n - done, 0);
-    if (r > 0) {
-      done += (size_t)r;
-      continue;
-    }
-    if (r == 0 && !out) {
-      return hora__error(HORA_ERR_PEER_LOST, "the connection closed");
-    }
-    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return hora__error_errno(HORA_ERR_PEER_LOST, "the connection broke");
-    }
-    uint64_t t = hora__now_ns();
-    if (t >= deadline) {
-      return hora__error(HORA_ERR_TIMEOUT, "no answer in time");
-    }
-    struct pollfd pf = {fd, (short)(out ? POLLOUT : POLLIN), 0};
-    poll(&pf, 1, (int)HORA_MIN((deadline - t) / 1000000ull + 1, 1000));
-  }
-  return HORA_SUCCESS;
-}
-
-int hora__mb_send_msg(int fd, uint32_t type, const struct hora__mb_buf *b, uint64_t deadline) {
-  if (b && b->bad) {
-    return HORA_ERR_NO_MEMORY;
-  }
-  uint32_t h[2] = {htonl(type), htonl(b ? (uint32_t)b->len : 0)};
-  HORA_CHECK(hora__mb_move_all(fd, h, sizeof(h), true, deadline));
-  return b && b->len ? hora__mb_move_all(fd, b->p, b->len, true, deadline) : HORA_SUCCESS;
-}
-
-/* One frame into *b (reset for reading); *type. */
-int hora__mb_recv_msg(int fd, uint32_t *type, struct hora__mb_buf *b, uint64_t deadline) {
-  uint32_t h[2];
-  HORA_CHECK(hora__mb_move_all(fd, h, sizeof(h), false, deadline));
-  uint32_t len = ntohl(h[1]);
-  *type = ntohl(h[0]);
-  if (len > FRAME_MAX) {
-    return hora__error(HORA_ERR_PEER_LOST, "a %u-byte membership message", len);
-  }
-  b->len = b->off = 0;
-  b->bad = false;
-  if (len > b->cap) {
-    uint8_t *p = realloc(b->p, len);
-    if (!p) {
-      return HORA_ERR_NO_MEMORY;
-    }
-    b->p = p;
-    b->cap = len;
-  }
-  b->len = len;
-  return len ? hora__mb_move_all(fd, b->p, len, false, deadline) : HORA_SUCCESS;
-}
-
-void hora__mb_send_refuse(int fd, int code, const char *msg) {
-  struct hora__mb_buf b = {0};
-  hora__mb_put32(&b, (uint32_t)code);
-  hora__mb_put(&b, msg, strlen(msg));
-  hora__mb_send_msg(fd, M_REFUSE, &b, hora__now_ns() + IO_NS);
-  free(b.p);
-}
-
-static void membership_key(const uint8_t *secret, uint8_t out[HORA_SECRET_LEN]) {
-  uint8_t in[HORA_SECRET_LEN + 16];
-  memcpy(in, "hora-elastic0001", 16);
-  memcpy(in + 16, secret, HORA_SECRET_LEN);
-  SHA256(in, sizeof(in), out);
-  OPENSSL_cleanse(in, sizeof(in));
-}
-
-/* The handshake proving the key, on a connected non-blocking socket. */
-static int prove(struct hora__membership *m, int fd, bool connector, uint64_t deadline) {
-  if (!m->has_key) {
-    return HORA_SUCCESS;
-  }
+struct conn {
+  int fd;
+  bool out, door;
+  int state, kind;
+  uint32_t ip; /* outbound: the destination; inbound: the peer */
+  uint16_t port;
   struct hora__hs hs;
-  uint8_t nonce[HORA_HS_NONCE_LEN];
-  HORA_CHECK(hora__boot_random_bytes(nonce, sizeof(nonce), "membership nonce"));
-  if (connector) {
-    hora__hs_connector(&hs, m->key, HORA_DOOR_HS_SIZE, 1, 1, 0, 1, nonce); /* kind 1 of 1 */
-  } else {
-    hora__hs_acceptor(&hs, m->key, HORA_DOOR_HS_SIZE, 1, 0, nonce);
-  }
-  while (hs.state == HORA_HS_SEND || hs.state == HORA_HS_RECV) {
-    int err = 0;
-    if (hora__boot_pump(fd, &hs, &err) < 0) {
-      /* A connector that leaves after our challenge could not verify it. */
-      return !connector && hs.claimed
-                 ? hora__error(HORA_ERR_INVALID_ARG, "it left after the challenge: it holds "
-                               "another secret (another job, or a different HORA_SECRET_FILE)")
-                 : hora__error(HORA_ERR_PEER_LOST, "closed during the handshake");
-    }
-    if (hs.state != HORA_HS_SEND && hs.state != HORA_HS_RECV) {
-      break;
-    }
-    uint64_t t = hora__now_ns();
-    if (t >= deadline) {
-      return hora__error(HORA_ERR_TIMEOUT, "no handshake in time");
-    }
-    struct pollfd pf = {fd, (short)(hs.state == HORA_HS_SEND ? POLLOUT : POLLIN), 0};
-    poll(&pf, 1, (int)HORA_MIN((deadline - t) / 1000000ull + 1, 1000));
-  }
-  if (hs.state == HORA_HS_FAILED) {
-    return hora__error(HORA_ERR_INVALID_ARG, "did not prove the job's secret (%s)", hs.why);
-  }
-  return HORA_SUCCESS;
+  uint64_t deadline, last_io;
+  struct frame *q;
+  int nq, capq;
+  size_t qoff; /* bytes of q[0] sent */
+  uint8_t hdr[HORA_MB_HEADER];
+  size_t got;
+  uint8_t *body;
+  uint32_t body_len;
+};
+
+struct hint {
+  uint32_t ip;
+  uint16_t port;
+  enum hora__mb_unreachable why;
+};
+
+struct hora__membership {
+  int lfd, wake_fd;
+  int door_fd, door_port, door_failed; /* the listener's thread's own (apply_door) */
+  uint32_t my_ip;
+  uint16_t my_port;
+  bool has_key;
+  uint8_t door_key[HORA_SECRET_LEN], member_key[HORA_SECRET_LEN];
+  const uint8_t *keys[2]; /* by kind, for accepted connections */
+  pthread_t thread;
+  bool thread_started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  /* Under mu: */
+  bool stop, in_reset;
+  int want_door; /* the door's port rank 0 should hold, 0 for none */
+  struct hora__mfsm *sm;
+  enum { CMD_NONE, CMD_RESET, CMD_JOIN } cmd;
+  uint32_t cmd_ip;
+  uint16_t cmd_port, build_port;
+  bool busy, have_result;
+  struct hora__mfsm_event result;
+  void (*on_request)(void *, uint32_t);
+  void *on_request_arg;
+  /* The listener's thread's own: */
+  struct conn *c;
+  int nc, capc;
+  struct hint hints[64];
+  int nhints;
+};
+
+static void wake(struct hora__membership *m) {
+  uint64_t one = 1;
+  (void)!write(m->wake_fd, &one, sizeof(one));
 }
 
-void hora__mb_addr_str(uint32_t ip, uint16_t port, char *out, size_t n) {
+static void addr_str(uint32_t ip, uint16_t port, char *out, size_t n) {
   char s[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &ip, s, sizeof(s));
   snprintf(out, n, "%s:%u", s, (unsigned)port);
 }
 
-/* A non-blocking connect started; *fd, or -1 with errno. */
-int hora__mb_start_connect(uint32_t ip, uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    return -1;
+/* The keys a connection proves: the door's from the secret, the members'
+ * from the secret and the job. */
+static void derive_key(const uint8_t *secret, const char *label, uint64_t job,
+                       uint8_t out[HORA_SECRET_LEN]) {
+  uint8_t in[16 + HORA_SECRET_LEN + 8];
+  memcpy(in, label, 16);
+  memcpy(in + 16, secret, HORA_SECRET_LEN);
+  for (int i = 0; i < 8; i++) {
+    in[16 + HORA_SECRET_LEN + i] = (uint8_t)(job >> (56 - 8 * i));
   }
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-  sa.sin_addr.s_addr = ip;
-  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    return -1;
-  }
-  return fd;
+  SHA256(in, sizeof(in), out);
+  OPENSSL_cleanse(in, sizeof(in));
 }
 
-/* Connected and proved within `ns`, or -1 (the peer is gone or refuses). */
-int hora__mb_dial(struct hora__membership *m, uint32_t ip, uint16_t port, uint64_t ns) {
-  uint64_t deadline = hora__now_ns() + ns;
-  int fd = hora__mb_start_connect(ip, port);
-  if (fd < 0) {
-    return -1;
+static void sm_log(void *arg, int level, const char *msg) {
+  (void)arg;
+  if (hora__log_enabled(level)) {
+    hora__log_write(level, __FILE__, __LINE__, "%s", msg);
   }
-  struct pollfd pf = {fd, POLLOUT, 0};
-  int err = ETIMEDOUT;
-  socklen_t len = sizeof(err);
-  while (poll(&pf, 1, (int)(ns / 1000000ull)) < 0 && errno == EINTR) {
-  }
-  if (pf.revents) {
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-  }
-  if (err == 0 && hora__socket_is_self_connected(fd)) {
-    err = ECONNREFUSED; /* nobody listens there */
-  }
-  int rc = err != 0 ? HORA_ERR_PEER_LOST : prove(m, fd, true, deadline + IO_NS);
-  if (rc != HORA_SUCCESS) {
-    close(fd);
-    return rc == HORA_ERR_INVALID_ARG ? -2 : -1;
-  }
-  hora__socket_tune(fd, true, 0);
-  return fd;
 }
 
-/* ---- the listener's thread -------------------------------------------------------- */
+/* HORA_ELASTIC_TEST_CRASH=POINT@ID: this process dies at POINT (tests). */
+static void crash_point(void *arg, const char *point) {
+  struct hora__membership *m = arg;
+  const char *v = hora__params.ELASTIC_TEST_CRASH;
+  size_t n = strlen(point);
+  if (m->sm && v[0] && strncmp(v, point, n) == 0 && v[n] == '@' &&
+      (uint32_t)atoi(v + n + 1) == hora__mfsm_my_id(m->sm)) {
+    HORA_WARN("elastic: HORA_ELASTIC_TEST_CRASH=%s: dying now", v);
+    raise(SIGKILL);
+  }
+}
 
-static void queue_push(struct queued **q, int *n, int *cap, const struct queued *e) {
-  if (*n == *cap) {
-    int c = *cap ? *cap * 2 : 16;
-    struct queued *p = realloc(*q, (size_t)c * sizeof(*p));
+static int new_machine(struct hora__membership *m) {
+  uint64_t seed = 0;
+  HORA_CHECK(hora__boot_random_bytes(&seed, sizeof(seed), "membership jitter"));
+  struct hora__mfsm_config c = {
+      .ip = m->my_ip, .port = m->my_port, .min_size = (int)hora__params.ELASTIC_MIN_SIZE,
+      .max_size = (int)hora__params.ELASTIC_MAX_SIZE,
+      .elastic_timeout_ns = (uint64_t)(hora__params.ELASTIC_TIMEOUT_SECONDS * 1e9),
+      .insecure = !m->has_key, .seed = seed | 1, .log = sm_log, .log_arg = m,
+      .point = crash_point, .point_arg = m};
+  hora__mfsm_free(m->sm);
+  m->sm = NULL;
+  return hora__mfsm_new(&c, &m->sm);
+}
+
+/* ---- connections -------------------------------------------------------------------- */
+
+static void conn_close(struct hora__membership *m, int i) {
+  struct conn *c = &m->c[i];
+  close(c->fd);
+  for (int k = 0; k < c->nq; k++) {
+    free(c->q[k].p);
+  }
+  free(c->q);
+  free(c->body);
+  m->c[i] = m->c[--m->nc];
+}
+
+static struct conn *conn_add(struct hora__membership *m, int fd, bool out, uint32_t ip,
+                             uint16_t port, uint64_t now) {
+  if (m->nc == m->capc) {
+    int cap = m->capc ? 2 * m->capc : 32;
+    struct conn *p = realloc(m->c, (size_t)cap * sizeof(*p));
     if (!p) {
-      close(e->fd);
-      free(e->view.m);
+      close(fd);
+      return NULL;
+    }
+    m->c = p;
+    m->capc = cap;
+  }
+  struct conn *c = &m->c[m->nc++];
+  memset(c, 0, sizeof(*c));
+  c->fd = fd;
+  c->out = out;
+  c->ip = ip;
+  c->port = port;
+  c->last_io = now;
+  return c;
+}
+
+static void add_hint(struct hora__membership *m, uint32_t ip, uint16_t port,
+                     enum hora__mb_unreachable why) {
+  if (m->nhints < (int)(sizeof(m->hints) / sizeof(m->hints[0]))) {
+    m->hints[m->nhints++] = (struct hint){ip, port, why};
+  }
+}
+
+static int start_handshake(struct hora__membership *m, struct conn *c, uint64_t now) {
+  uint8_t nonce[HORA_HS_NONCE_LEN];
+  HORA_CHECK(hora__boot_random_bytes(nonce, sizeof(nonce), "membership nonce"));
+  if (c->out) {
+    hora__hs_connector(&c->hs, c->kind == K_DOOR ? m->door_key : m->member_key, HS_SIZE, 2, 1, 0,
+                       c->kind, nonce);
+  } else {
+    hora__hs_acceptor_keys(&c->hs, m->keys, HS_SIZE, 2, 0, nonce);
+  }
+  c->state = C_SHAKING;
+  c->deadline = now + IO_NS;
+  return HORA_SUCCESS;
+}
+
+/* A frame for ip:port, on the connection of its kind (dialled if none). */
+static void enqueue(struct hora__membership *m, uint32_t ip, uint16_t port, uint8_t *p, size_t len,
+                    uint64_t now) {
+  uint32_t type = len >= 4 ? ntohl(*(uint32_t *)p) : 0;
+  int kind = m->has_key && !door_frame(type) ? K_MEMBER : K_DOOR;
+  struct conn *c = NULL;
+  for (int i = 0; i < m->nc; i++) {
+    if (m->c[i].out && m->c[i].ip == ip && m->c[i].port == port && m->c[i].kind == kind) {
+      c = &m->c[i];
+      break;
+    }
+  }
+  if (!c) {
+    if (m->nc >= CONN_MAX) {
+      free(p);
       return;
     }
-    *q = p;
-    *cap = c;
-  }
-  (*q)[(*n)++] = *e;
-}
-
-static void serve_one(struct hora__membership *m, int fd) {
-  struct sockaddr_in peer;
-  socklen_t plen = sizeof(peer);
-  char who[64] = "?";
-  if (getpeername(fd, (struct sockaddr *)&peer, &plen) == 0) {
-    hora__mb_addr_str(peer.sin_addr.s_addr, ntohs(peer.sin_port), who, sizeof(who));
-  }
-  uint64_t deadline = hora__now_ns() + IO_NS;
-  int rc = prove(m, fd, false, deadline);
-  struct hora__mb_buf b = {0};
-  uint32_t type = 0;
-  if (rc == HORA_SUCCESS) {
-    rc = hora__mb_recv_msg(fd, &type, &b, deadline);
-  }
-  if (rc != HORA_SUCCESS) {
-    /* A probe (connect, then close) says nothing: only a wrong proof is news. */
-    if (rc == HORA_ERR_INVALID_ARG) {
-      HORA_WARN("elastic: refused a connection from %s: %s", who, hora__error_message());
+    int fd = hora__mb_start_connect(ip, port);
+    if (fd < 0) {
+      add_hint(m, ip, port, errno == ECONNREFUSED ? HORA_MB_REFUSED : HORA_MB_SILENT);
+      free(p);
+      return;
     }
-    close(fd);
-    free(b.p);
+    c = conn_add(m, fd, true, ip, port, now);
+    if (!c) {
+      free(p);
+      return;
+    }
+    c->kind = kind;
+    c->state = C_CONNECTING;
+    c->deadline = now + HORA_MB_PROBE_NS;
+  }
+  if (c->nq >= QUEUE_MAX) {
+    free(p); /* the peer does not read: the machine sends again */
     return;
   }
-  struct queued e = {.fd = fd};
-  pthread_mutex_lock(&m->mu);
-  if (type == M_RESET) {
-    e.id = hora__mb_get32(&b);
-    e.promised = hora__mb_get64(&b);
-    hora__mb_get(&b, &e.ip, 4);
-    e.port = (uint16_t)hora__mb_get32(&b);
-    hora__mb_get_view(&b, &e.view);
-    if (b.bad) {
-      HORA_WARN("elastic: a malformed reset request from %s", who);
-      close(fd);
-      free(e.view.m);
-    } else if (m->view.n > 0 && e.view.epoch < m->view.epoch &&
-               hora__mb_view_index(&m->view, e.id) < 0) {
-      /* Not in the membership that followed its own: it was left out. */
-      char msg[200];
-      snprintf(msg, sizeof(msg), "elastic: this process (id %u) was left out of the job's "
-               "membership %llu", e.id, (unsigned long long)m->view.epoch);
-      hora__mb_send_refuse(fd, HORA_ERR_PEER_LOST, msg);
-      close(fd);
-      free(e.view.m);
-    } else {
-      bool news = !m->in_reset && m->on_request && e.view.epoch >= m->view.epoch &&
-                  hora__mb_view_index(&m->view, e.id) >= 0;
-      queue_push(&m->resets, &m->nresets, &m->cap_resets, &e);
-      if (news) {
-        m->on_request(m->on_request_arg, e.id);
+  if (c->nq == c->capq) {
+    int cap = c->capq ? 2 * c->capq : 8;
+    struct frame *q = realloc(c->q, (size_t)cap * sizeof(*q));
+    if (!q) {
+      free(p);
+      return;
+    }
+    c->q = q;
+    c->capq = cap;
+  }
+  c->q[c->nq++] = (struct frame){p, len};
+}
+
+/* The machine's frames and decisions, taken (under mu). */
+static void flush_locked(struct hora__membership *m, uint64_t now) {
+  for (int round = 0; round < 8 && m->sm; round++) {
+    struct hora__mfsm_send s;
+    while (hora__mfsm_take_send(m->sm, &s)) {
+      enqueue(m, s.ip, s.port, s.frame, s.len, now);
+    }
+    struct hora__mfsm_event e;
+    while (hora__mfsm_take_event(m->sm, &e)) {
+      if (e.kind == HORA_MFSM_ASKED) {
+        if (!m->in_reset && m->on_request) {
+          m->on_request(m->on_request_arg, e.from);
+        }
+      } else if (m->busy) {
+        m->result = e;
+        m->have_result = true;
+        pthread_cond_broadcast(&m->cv);
       }
-      uint64_t one = 1;
-      (void)!write(m->wake_fd, &one, sizeof(one));
     }
-  } else if (type == M_JOIN) {
-    hora__mb_get(&b, &e.ip, 4);
-    e.port = (uint16_t)hora__mb_get32(&b);
-    int me = hora__mb_view_index(&m->view, m->my_id);
-    int max = (int)hora__params.ELASTIC_MAX_SIZE;
-    if (b.bad) {
-      close(fd);
-    } else if (me != 0 && m->view.n > 0) {
-      struct hora__mb_buf r = {0};
-      hora__mb_put(&r, &m->view.m[0].ip, 4);
-      hora__mb_put32(&r, m->view.m[0].port);
-      hora__mb_send_msg(fd, M_REDIRECT, &r, hora__now_ns() + IO_NS);
-      free(r.p);
-      close(fd);
-    } else if (max > 0 && m->view.n + m->njoins >= max) {
-      char msg[256];
-      snprintf(msg, sizeof(msg),
-               "the job has %d ranks%s and HORA_ELASTIC_MAX_SIZE=%d: no more may join", m->view.n,
-               m->njoins ? " and more waiting to join" : "", max);
-      HORA_WARN("elastic: refused the process at %s asking to join: %s", who, msg);
-      hora__mb_send_refuse(fd, HORA_ERR_INVALID_USAGE, msg);
-      close(fd);
-    } else {
-      HORA_INFO("elastic: the process at %s asks to join; it is admitted at the next commit", who);
-      queue_push(&m->joins, &m->njoins, &m->cap_joins, &e);
+    if (!m->nhints) {
+      break;
     }
-  } else {
-    HORA_WARN("elastic: refused a connection from %s: message %u is not a request", who, type);
-    close(fd);
+    int n = m->nhints;
+    m->nhints = 0;
+    for (int i = 0; i < n; i++) {
+      hora__mfsm_unreachable(m->sm, now, m->hints[i].ip, m->hints[i].port, m->hints[i].why);
+    }
+  }
+  m->nhints = 0;
+}
+
+static void deliver_frame(struct hora__membership *m, struct conn *c, uint64_t now) {
+  uint32_t type = ntohl(*(uint32_t *)c->hdr);
+  size_t len = HORA_MB_HEADER + c->body_len;
+  uint8_t *f = malloc(len);
+  if (!f) {
+    return;
+  }
+  memcpy(f, c->hdr, HORA_MB_HEADER);
+  if (c->body_len) {
+    memcpy(f + HORA_MB_HEADER, c->body, c->body_len);
+  }
+  pthread_mutex_lock(&m->mu);
+  bool allowed = !m->has_key || (c->hs.kind == K_MEMBER) == !door_frame(type);
+  if (m->sm && allowed) {
+    hora__mfsm_receive(m->sm, now, c->ip, f, len);
+    flush_locked(m, now);
   }
   pthread_mutex_unlock(&m->mu);
-  free(b.p);
+  free(f);
 }
+
+/* Reads what an accepted connection has; false when it is to be closed. */
+static bool read_frames(struct hora__membership *m, struct conn *c, uint64_t now) {
+  for (int frames = 0; frames < 64; frames++) {
+    bool in_body = c->got >= HORA_MB_HEADER;
+    uint8_t *dst = in_body ? c->body + (c->got - HORA_MB_HEADER) : c->hdr + c->got;
+    size_t want = in_body ? HORA_MB_HEADER + c->body_len - c->got : HORA_MB_HEADER - c->got;
+    ssize_t r = want ? recv(c->fd, dst, want, 0) : 0;
+    if (want && r == 0) {
+      return false;
+    }
+    if (want && r < 0) {
+      return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    }
+    c->got += (size_t)r;
+    c->last_io = now;
+    if (c->got == HORA_MB_HEADER) {
+      uint32_t len = ntohl(*(uint32_t *)(c->hdr + 4));
+      if (len > HORA_MB_FRAME_MAX) {
+        char who[64];
+        addr_str(c->ip, 0, who, sizeof(who));
+        HORA_WARN("elastic: a %u-byte membership frame from %s: connection closed", len, who);
+        return false;
+      }
+      uint8_t *b = len ? realloc(c->body, len) : c->body;
+      if (len && !b) {
+        return false;
+      }
+      c->body = b;
+      c->body_len = len;
+    }
+    if (c->got == HORA_MB_HEADER + c->body_len && c->got >= HORA_MB_HEADER) {
+      deliver_frame(m, c, now);
+      c->got = 0;
+      c->body_len = 0;
+    }
+  }
+  return true;
+}
+
+/* Writes what a dialled connection has queued; false when it broke. */
+static bool write_frames(struct conn *c, uint64_t now) {
+  while (c->nq) {
+    struct frame *f = &c->q[0];
+    ssize_t r = send(c->fd, f->p + c->qoff, f->len - c->qoff, MSG_NOSIGNAL);
+    if (r < 0) {
+      return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    }
+    c->last_io = now;
+    c->qoff += (size_t)r;
+    if (c->qoff == f->len) {
+      free(f->p);
+      memmove(c->q, c->q + 1, (size_t)(c->nq - 1) * sizeof(*c->q));
+      c->nq--;
+      c->qoff = 0;
+    }
+  }
+  return true;
+}
+
+/* One connection's turn; false when it is to be closed. */
+static bool step_conn(struct hora__membership *m, struct conn *c, short revents, uint64_t now) {
+  if (c->state == C_CONNECTING) {
+    if (!(revents & (POLLOUT | POLLERR | POLLHUP))) {
+      return true;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err == 0 && hora__socket_is_self_connected(c->fd)) {
+      err = ECONNREFUSED; /* nobody listens there */
+    }
+    if (err) {
+      add_hint(m, c->ip, c->port, err == ECONNREFUSED ? HORA_MB_REFUSED : HORA_MB_SILENT);
+      return false;
+    }
+    hora__socket_tune(c->fd, true, 0);
+    if (!m->has_key) {
+      c->state = C_OPEN;
+    } else if (start_handshake(m, c, now) != HORA_SUCCESS) {
+      return false;
+    }
+  }
+  if (c->state == C_SHAKING) {
+    int err = 0;
+    if (hora__boot_pump(c->fd, &c->hs, &err) < 0) {
+      if (c->out) {
+        add_hint(m, c->ip, c->port, HORA_MB_REFUSED);
+      } else if (c->hs.claimed && c->hs.step >= 2) {
+        /* A connector that leaves after our challenge could not verify it. */
+        char who[64];
+        addr_str(c->ip, 0, who, sizeof(who));
+        HORA_WARN("elastic: refused a connection from %s: it left after the challenge: it holds "
+                  "another secret (another job, or a different HORA_SECRET_FILE)", who);
+      }
+      return false;
+    }
+    if (c->hs.state == HORA_HS_FAILED) {
+      char who[64];
+      addr_str(c->ip, c->out ? c->port : 0, who, sizeof(who));
+      if (c->out) {
+        add_hint(m, c->ip, c->port, HORA_MB_FOREIGN);
+      } else {
+        HORA_WARN("elastic: refused a connection from %s: %s", who, c->hs.why);
+      }
+      return false;
+    }
+    if (c->hs.state != HORA_HS_DONE) {
+      return true;
+    }
+    c->state = C_OPEN;
+    c->last_io = now;
+  }
+  if (c->out) {
+    if (revents & POLLIN) { /* the peer never writes here: EOF or garbage */
+      char junk[64];
+      ssize_t r = recv(c->fd, junk, sizeof(junk), 0);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        return false;
+      }
+    }
+    return write_frames(c, now);
+  }
+  return !(revents & (POLLIN | POLLHUP | POLLERR)) || read_frames(m, c, now);
+}
+
+/* Too many connections: the oldest accepted one still proving nothing goes. */
+static bool make_room(struct hora__membership *m) {
+  int victim = -1;
+  for (int i = 0; i < m->nc; i++) {
+    if (!m->c[i].out && m->c[i].state != C_OPEN &&
+        (victim < 0 || m->c[i].last_io < m->c[victim].last_io)) {
+      victim = i;
+    }
+  }
+  for (int i = 0; victim < 0 && i < m->nc; i++) {
+    if (!m->c[i].out && (victim < 0 || m->c[i].last_io < m->c[victim].last_io)) {
+      victim = i;
+    }
+  }
+  if (victim < 0) {
+    return false;
+  }
+  conn_close(m, victim);
+  return true;
+}
+
+static void accept_from(struct hora__membership *m, int lfd, bool door, uint64_t now) {
+  for (int k = 0; k < 64; k++) {
+    struct sockaddr_in peer;
+    socklen_t plen = sizeof(peer);
+    int fd = accept4(lfd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      return;
+    }
+    if (m->nc >= CONN_MAX && !make_room(m)) {
+      close(fd);
+      continue;
+    }
+    struct conn *c = conn_add(m, fd, false, peer.sin_addr.s_addr, ntohs(peer.sin_port), now);
+    if (!c) {
+      continue;
+    }
+    c->door = door;
+    if (!m->has_key) {
+      c->state = C_OPEN;
+      c->deadline = now + IO_NS; /* its first frame */
+    } else if (start_handshake(m, c, now) != HORA_SUCCESS) {
+      conn_close(m, m->nc - 1);
+    }
+  }
+}
+
+/* ---- the listener's thread ----------------------------------------------------------- */
 
 /* The listener's thread alone opens and closes the door, so the descriptor
  * it polls is never closed (and its number reused) under it. */
@@ -430,68 +535,127 @@ static void apply_door(struct hora__membership *m) {
   }
 }
 
-/* Members waiting for this process to coordinate (it is still ending its
- * world, or computing) hear that it lives, so they do not go elsewhere. */
-static void beat_queued(struct hora__membership *m) {
-  uint64_t t = hora__now_ns();
-  if (t - m->last_beat < BEAT_NS) {
-    return;
+static void run_command_locked(struct hora__membership *m, uint64_t now) {
+  if (m->cmd == CMD_RESET) {
+    hora__mfsm_reset(m->sm, now, m->build_port);
+  } else if (m->cmd == CMD_JOIN) {
+    hora__mfsm_join(m->sm, now, m->cmd_ip, m->cmd_port, m->build_port);
   }
-  m->last_beat = t;
-  uint32_t h[2] = {htonl(M_BEAT), 0};
-  pthread_mutex_lock(&m->mu);
-  for (int i = 0; i < m->nresets; i++) {
-    ssize_t r = send(m->resets[i].fd, h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (r >= 0 && r != (ssize_t)sizeof(h)) {
-      /* A partial frame would garble the stream: drop this one. */
-      r = -1;
-      errno = EPIPE;
-    }
-    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-      close(m->resets[i].fd);
-      free(m->resets[i].view.m);
-      m->resets[i--] = m->resets[--m->nresets];
-    }
+  if (m->cmd != CMD_NONE) {
+    m->cmd = CMD_NONE;
+    flush_locked(m, now);
   }
-  pthread_mutex_unlock(&m->mu);
 }
 
 static void *listener_main(void *arg) {
   struct hora__membership *m = arg;
+  struct pollfd *pf = NULL;
+  int cap = 0;
   for (;;) {
+    uint64_t now = hora__now_ns();
     pthread_mutex_lock(&m->mu);
-    bool stop = m->stop;
-    pthread_mutex_unlock(&m->mu);
-    if (stop) {
+    if (m->stop) {
+      pthread_mutex_unlock(&m->mu);
       break;
     }
+    run_command_locked(m, now);
+    uint64_t due = m->sm ? hora__mfsm_next_tick(m->sm) : UINT64_MAX;
+    pthread_mutex_unlock(&m->mu);
     apply_door(m);
-    int door = m->door_fd;
-    struct pollfd pf[3] = {{m->lfd, POLLIN, 0}, {m->wake_fd, POLLIN, 0}, {door, POLLIN, 0}};
-    int ready = poll(pf, door >= 0 ? 3 : 2, (int)(BEAT_NS / 1000000ull));
-    beat_queued(m);
-    if (ready <= 0) {
-      continue;
+    if (cap < m->nc + 3) {
+      cap = m->nc + 35;
+      struct pollfd *p = realloc(pf, (size_t)cap * sizeof(*p));
+      if (!p) {
+        break;
+      }
+      pf = p;
     }
+    int n = 0;
+    pf[n++] = (struct pollfd){m->lfd, POLLIN, 0};
+    pf[n++] = (struct pollfd){m->wake_fd, POLLIN, 0};
+    pf[n++] = (struct pollfd){m->door_fd, POLLIN, 0};
+    for (int i = 0; i < m->nc; i++) {
+      struct conn *c = &m->c[i];
+      short ev = c->state == C_CONNECTING ? POLLOUT
+                 : c->state == C_SHAKING  ? (c->hs.state == HORA_HS_SEND ? POLLOUT : POLLIN)
+                 : c->out                 ? (short)(POLLIN | (c->nq ? POLLOUT : 0))
+                                          : POLLIN;
+      pf[n++] = (struct pollfd){c->fd, ev, 0};
+      if (c->state != C_OPEN || (!c->out && !m->has_key && c->got == 0 && c->deadline)) {
+        due = HORA_MIN(due, c->deadline);
+      }
+    }
+    int ms = 500;
+    if (due != UINT64_MAX) {
+      ms = due <= now ? 0 : (int)HORA_MIN((due - now) / 1000000ull + 1, 500);
+    }
+    int nconn = m->nc;
+    if (poll(pf, (nfds_t)n, ms) < 0 && errno != EINTR) {
+      break;
+    }
+    now = hora__now_ns();
     if (pf[1].revents) {
       uint64_t v;
       (void)!read(m->wake_fd, &v, sizeof(v));
     }
-    for (int k = 0; k < 3; k += 2) {
-      if (pf[k].revents & POLLIN) {
-        int fd = accept4(pf[k].fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0) {
-          serve_one(m, fd);
+    /* Connections first (their indices are the poll set's), newest last. */
+    for (int i = nconn - 1; i >= 0; i--) {
+      struct conn *c = &m->c[i];
+      short rev = pf[3 + i].revents;
+      bool keep = rev ? step_conn(m, c, rev, now) : true;
+      if (keep && c->state != C_OPEN && now >= c->deadline) {
+        if (c->out) {
+          add_hint(m, c->ip, c->port, HORA_MB_SILENT);
+        }
+        keep = false;
+      }
+      if (keep && c->state == C_OPEN && !c->out && c->deadline && !m->has_key) {
+        if (c->got || c->last_io > c->deadline - IO_NS) {
+          c->deadline = 0; /* it spoke */
+        } else if (now >= c->deadline) {
+          keep = false;
         }
       }
+      if (keep && !c->out && c->state == C_OPEN && now - c->last_io > IDLE_NS) {
+        keep = false;
+      }
+      if (!keep) {
+        conn_close(m, i);
+      }
     }
+    if (pf[0].revents & POLLIN) {
+      accept_from(m, m->lfd, false, now);
+    }
+    if (m->door_fd >= 0 && (pf[2].revents & POLLIN)) {
+      accept_from(m, m->door_fd, true, now);
+    }
+    pthread_mutex_lock(&m->mu);
+    if (m->sm && hora__mfsm_next_tick(m->sm) <= now) {
+      hora__mfsm_tick(m->sm, now);
+    }
+    flush_locked(m, now);
+    pthread_mutex_unlock(&m->mu);
   }
+  free(pf);
   return NULL;
 }
 
-static void wake(struct hora__membership *m) {
-  uint64_t one = 1;
-  (void)!write(m->wake_fd, &one, sizeof(one));
+/* ---- the interface ---------------------------------------------------------------------- */
+
+int hora__mb_start_connect(uint32_t ip, uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    return -1;
+  }
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+  sa.sin_addr.s_addr = ip;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
 }
 
 int hora__membership_open(const uint8_t *key, struct hora__membership **out) {
@@ -502,13 +666,21 @@ int hora__membership_open(const uint8_t *key, struct hora__membership **out) {
   }
   m->lfd = m->door_fd = m->wake_fd = -1;
   pthread_mutex_init(&m->mu, NULL);
+  pthread_cond_init(&m->cv, NULL);
+  int rc = HORA_SUCCESS;
   if (key) {
     m->has_key = true;
-    membership_key(key, m->key);
+    derive_key(key, "hora-elastic-dr3", 0, m->door_key);
+    /* Members' connections fail until the job id is known. */
+    rc = hora__boot_random_bytes(m->member_key, sizeof(m->member_key), "membership key");
+    m->keys[0] = m->door_key;
+    m->keys[1] = m->member_key;
   }
   struct in_addr any = {htonl(INADDR_ANY)};
   struct sockaddr_in bound;
-  int rc = hora__listen_tcp(any, &m->lfd, &bound);
+  if (rc == HORA_SUCCESS) {
+    rc = hora__listen_tcp(any, &m->lfd, &bound);
+  }
   if (rc == HORA_SUCCESS) {
     m->my_port = ntohs(bound.sin_port);
     m->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -531,15 +703,6 @@ int hora__membership_open(const uint8_t *key, struct hora__membership **out) {
   return HORA_SUCCESS;
 }
 
-void hora__mb_drop_queue(struct queued *q, int n) {
-  for (int i = 0; i < n; i++) {
-    if (q[i].fd >= 0) {
-      close(q[i].fd);
-    }
-    free(q[i].view.m);
-  }
-}
-
 void hora__membership_close(struct hora__membership *m) {
   if (!m) {
     return;
@@ -547,57 +710,91 @@ void hora__membership_close(struct hora__membership *m) {
   if (m->thread_started) {
     pthread_mutex_lock(&m->mu);
     m->stop = true;
+    pthread_cond_broadcast(&m->cv);
     pthread_mutex_unlock(&m->mu);
     wake(m);
     pthread_join(m->thread, NULL);
   }
+  while (m->nc) {
+    conn_close(m, m->nc - 1);
+  }
+  free(m->c);
   int fds[] = {m->lfd, m->door_fd, m->wake_fd};
   for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
     if (fds[i] >= 0) {
       close(fds[i]);
     }
   }
-  hora__mb_drop_queue(m->resets, m->nresets);
-  hora__mb_drop_queue(m->joins, m->njoins);
-  free(m->resets);
-  free(m->joins);
-  hora__mb_view_free(&m->view);
-  hora__mb_view_free(&m->accepted);
-  OPENSSL_cleanse(m->key, sizeof(m->key));
+  hora__mfsm_free(m->sm);
+  OPENSSL_cleanse(m->door_key, sizeof(m->door_key));
+  OPENSSL_cleanse(m->member_key, sizeof(m->member_key));
+  pthread_cond_destroy(&m->cv);
   pthread_mutex_destroy(&m->mu);
   free(m);
 }
 
+/* The machine's view becomes v, with this process's id (under mu). */
+static int start_locked(struct hora__membership *m, const struct hora__view *v, uint32_t my_id,
+                        const uint8_t *secret) {
+  HORA_CHECK(new_machine(m));
+  if (m->has_key && secret) {
+    derive_key(secret, "hora-elastic-mb3", v->job, m->member_key);
+  }
+  return hora__mfsm_start(m->sm, v, my_id);
+}
+
 int hora__membership_start(struct hora__membership *m, struct hora__rdv *rdv, uint64_t epoch,
-                           uint32_t my_ip) {
-  uint8_t mine[8], *all = hora__calloc((size_t)rdv->size, 8);
+                           uint32_t my_ip, const uint8_t *secret) {
+  uint8_t mine[16], *all = hora__calloc((size_t)rdv->size, sizeof(mine));
   if (!all) {
     return HORA_ERR_NO_MEMORY;
   }
+  uint64_t job = 0;
+  int rc = hora__boot_random_bytes(&job, sizeof(job), "job id");
   uint32_t port = htonl(m->my_port);
   memcpy(mine, &my_ip, 4);
   memcpy(mine + 4, &port, 4);
-  int rc = hora__rdv_allgather(rdv, mine, sizeof(mine), all);
+  memcpy(mine + 8, &job, 8);
+  if (rc == HORA_SUCCESS) {
+    rc = hora__rdv_allgather(rdv, mine, sizeof(mine), all);
+  }
   struct hora__view v = {.epoch = epoch, .next_id = (uint32_t)rdv->size, .n = rdv->size};
   v.m = rc == HORA_SUCCESS ? hora__calloc((size_t)rdv->size, sizeof(*v.m)) : NULL;
   if (rc == HORA_SUCCESS && !v.m) {
     rc = HORA_ERR_NO_MEMORY;
   }
+  if (rc == HORA_SUCCESS) {
+    memcpy(&v.job, all + 8, 8); /* rank 0's draw names the job */
+  }
   for (int r = 0; rc == HORA_SUCCESS && r < rdv->size; r++) {
     v.m[r].id = (uint32_t)r;
-    memcpy(&v.m[r].ip, all + 8 * r, 4);
-    memcpy(&port, all + 8 * r + 4, 4);
+    memcpy(&v.m[r].ip, all + 16 * r, 4);
+    memcpy(&port, all + 16 * r + 4, 4);
     v.m[r].port = (uint16_t)ntohl(port);
   }
   free(all);
   if (rc == HORA_SUCCESS) {
     pthread_mutex_lock(&m->mu);
-    hora__mb_view_free(&m->view);
-    m->view = v;
     m->my_ip = my_ip;
-    m->my_id = (uint32_t)rdv->rank;
+    rc = start_locked(m, &v, (uint32_t)rdv->rank, secret);
     pthread_mutex_unlock(&m->mu);
   }
+  hora__mb_view_free(&v);
+  return rc;
+}
+
+int hora__membership_start_view(struct hora__membership *m, const struct hora__view *v,
+                                uint32_t my_id, const uint8_t *secret) {
+  int k = hora__mb_view_index(v, my_id);
+  if (k < 0) {
+    return hora__error(HORA_ERR_INVALID_ARG, "elastic: id %u is not in the view", my_id);
+  }
+  pthread_mutex_lock(&m->mu);
+  m->my_ip = v->m[k].ip;
+  int rc = m->my_port == v->m[k].port ? start_locked(m, v, my_id, secret)
+                                      : hora__error(HORA_ERR_INVALID_ARG, "elastic: the view "
+                                                    "gives this process another port");
+  pthread_mutex_unlock(&m->mu);
   return rc;
 }
 
@@ -630,7 +827,7 @@ void hora__membership_expect_reset(struct hora__membership *m) {
 
 int hora__membership_waiting(struct hora__membership *m) {
   pthread_mutex_lock(&m->mu);
-  int n = m->njoins;
+  int n = m->sm ? hora__mfsm_waiting(m->sm) : 0;
   pthread_mutex_unlock(&m->mu);
   return n;
 }
@@ -645,16 +842,75 @@ void hora__membership_on_request(struct hora__membership *m, void (*fn)(void *, 
 
 uint64_t hora__membership_epoch(struct hora__membership *m) {
   pthread_mutex_lock(&m->mu);
-  uint64_t e = m->view.epoch;
+  uint64_t e = m->sm ? hora__mfsm_view(m->sm)->epoch : 0;
   pthread_mutex_unlock(&m->mu);
   return e;
 }
 
-/* ---- a newcomer ------------------------------------------------------------------------ */
+/* Hands the listener's thread a command and waits for its decision. */
+static int run_command(struct hora__membership *m, int cmd, uint32_t ip, uint16_t port,
+                       struct hora__agreed *out, uint64_t wait_ns) {
+  int lfd = -1;
+  struct in_addr me = {m->my_ip};
+  struct sockaddr_in bound;
+  HORA_CHECK(hora__listen_tcp(me, &lfd, &bound)); /* the next world's rendezvous, if it hosts it */
+  uint64_t deadline = hora__now_ns() + wait_ns;
+  pthread_mutex_lock(&m->mu);
+  if (m->busy || !m->sm) {
+    pthread_mutex_unlock(&m->mu);
+    close(lfd);
+    return hora__error(HORA_ERR_INVALID_USAGE, "elastic: %s", m->busy ? "a reset is under way "
+                       "on another thread" : "the membership has not started");
+  }
+  m->busy = true;
+  m->have_result = false;
+  m->in_reset = true;
+  m->cmd = cmd;
+  m->cmd_ip = ip;
+  m->cmd_port = port;
+  m->build_port = ntohs(bound.sin_port);
+  wake(m);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t abs_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + wait_ns;
+  ts.tv_sec = (time_t)(abs_ns / 1000000000ull);
+  ts.tv_nsec = (long)(abs_ns % 1000000000ull);
+  while (!m->have_result && !m->stop && hora__now_ns() < deadline) {
+    pthread_cond_timedwait(&m->cv, &m->mu, &ts);
+  }
+  struct hora__mfsm_event e = m->result;
+  bool got = m->have_result;
+  m->busy = false;
+  m->in_reset = false;
+  pthread_mutex_unlock(&m->mu);
+  if (!got) {
+    close(lfd);
+    return hora__error(m->stop ? HORA_ERR_INVALID_USAGE : HORA_ERR_TIMEOUT,
+                       "elastic: %s", m->stop ? "the membership was closed during the reset"
+                                              : "no membership was agreed in time");
+  }
+  if (e.kind == HORA_MFSM_FAILED) {
+    close(lfd);
+    return hora__error(e.code, "%s", e.msg);
+  }
+  if (!e.builder) {
+    close(lfd);
+    lfd = -1;
+  }
+  *out = (struct hora__agreed){.rank = e.rank, .size = e.size, .epoch = e.epoch,
+                               .port = e.builder ? ntohs(bound.sin_port) : e.port,
+                               .listen_fd = lfd, .joined = e.joined, .lost = e.lost};
+  inet_ntop(AF_INET, &e.host_ip, out->host, sizeof(out->host));
+  return HORA_SUCCESS;
+}
+
+int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out) {
+  uint64_t wait_ns = (uint64_t)((2 * hora__params.ELASTIC_TIMEOUT_SECONDS + 40) * 1e9);
+  return run_command(m, CMD_RESET, 0, 0, out, wait_ns);
+}
 
 int hora__membership_join(struct hora__membership *m, const char *host, int port,
-                          struct hora__agreed *out) {
-  uint64_t deadline = hora__now_ns() + (uint64_t)(hora__params.ELASTIC_TIMEOUT_SECONDS * 1e9);
+                          struct hora__agreed *out, const uint8_t *secret) {
   struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
   char ps[16];
   snprintf(ps, sizeof(ps), "%d", port);
@@ -663,102 +919,34 @@ int hora__membership_join(struct hora__membership *m, const char *host, int port
     return hora__error(HORA_ERR_INVALID_ARG, "elastic: cannot resolve %s: %s", host,
                        gai_strerror(g));
   }
-  uint32_t ip = ((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr;
+  struct sockaddr_in door = *(struct sockaddr_in *)ai->ai_addr;
   freeaddrinfo(ai);
-  uint16_t at = (uint16_t)port;
-  struct hora__mb_buf b = {0};
-  int rc = HORA_ERR_TIMEOUT;
-  char where[64];
-  while (hora__now_ns() < deadline) {
-    hora__mb_addr_str(ip, at, where, sizeof(where));
-    int fd = hora__mb_dial(m, ip, at, PROBE_NS);
-    if (fd == -2) {
-      rc = hora__error(HORA_ERR_INVALID_ARG,
-                       "elastic: the process listening at %s did not prove this job's secret: "
-                       "another job, or a different HORA_SECRET_FILE/HORA_SECRET", where);
-      break;
+  /* The address the job reaches this process at: the one the door's route
+   * leaves from (a UDP connect sends nothing). */
+  int u = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in self = {0};
+  socklen_t len = sizeof(self);
+  if (u < 0 || connect(u, (struct sockaddr *)&door, sizeof(door)) < 0 ||
+      getsockname(u, (struct sockaddr *)&self, &len) < 0) {
+    int e = errno;
+    if (u >= 0) {
+      close(u);
     }
-    if (fd < 0) {
-      struct timespec ts = {0, 100 * 1000000};
-      nanosleep(&ts, NULL);
-      continue;
-    }
-    struct sockaddr_in self;
-    socklen_t len = sizeof(self);
-    getsockname(fd, (struct sockaddr *)&self, &len);
-    m->my_ip = self.sin_addr.s_addr;
-    b.len = 0;
-    hora__mb_put(&b, &m->my_ip, 4);
-    hora__mb_put32(&b, m->my_port);
-    uint32_t type = 0;
-    rc = hora__mb_send_msg(fd, M_JOIN, &b, hora__now_ns() + IO_NS);
-    if (rc == HORA_SUCCESS) {
-      rc = hora__mb_recv_msg(fd, &type, &b, deadline);
-    }
-    close(fd);
-    if (rc != HORA_SUCCESS) {
-      if (rc == HORA_ERR_TIMEOUT) {
-        break;
-      }
-      continue; /* the one holding the door went away: knock again */
-    }
-    if (type == M_REDIRECT) {
-      hora__mb_get(&b, &ip, 4);
-      at = (uint16_t)hora__mb_get32(&b);
-      continue;
-    }
-    if (type == M_REFUSE) {
-      int code = (int)hora__mb_get32(&b);
-      char msg[600];
-      size_t n = HORA_MIN(b.len - b.off, sizeof(msg) - 1);
-      memcpy(msg, b.p + b.off, n);
-      msg[n] = '\0';
-      rc = hora__error(code > 0 && code < 64 ? code : HORA_ERR_PEER_LOST,
-                       "elastic: the job at %s:%d refused to admit this process: %s", host, port,
-                       msg);
-      break;
-    }
-    if (type != M_COMMIT) {
-      rc = hora__error(HORA_ERR_PEER_LOST, "elastic: unexpected message %u from %s", type, where);
-      break;
-    }
-    (void)hora__mb_get64(&b);
-    (void)hora__mb_get32(&b);
-    uint32_t rport = hora__mb_get32(&b);
-    struct hora__view nv = {0};
-    if (!hora__mb_get_view(&b, &nv)) {
-      hora__mb_view_free(&nv);
-      rc = hora__error(HORA_ERR_PEER_LOST, "elastic: a malformed commit from %s", where);
-      break;
-    }
-    int me = -1;
-    for (int i = 0; i < nv.n; i++) {
-      if (nv.m[i].ip == m->my_ip && nv.m[i].port == m->my_port) {
-        me = i;
-      }
-    }
-    if (me < 0) {
-      hora__mb_view_free(&nv);
-      rc = hora__error(HORA_ERR_PEER_LOST, "elastic: the commit from %s does not name this "
-                       "process", where);
-      break;
-    }
-    pthread_mutex_lock(&m->mu);
-    m->my_id = nv.m[me].id;
-    hora__mb_view_free(&m->view);
-    m->view = nv;
-    pthread_mutex_unlock(&m->mu);
-    *out = (struct hora__agreed){.rank = me, .size = nv.n, .epoch = nv.epoch, .port = (int)rport,
-                                 .listen_fd = -1};
-    inet_ntop(AF_INET, &nv.m[0].ip, out->host, sizeof(out->host));
-    rc = HORA_SUCCESS;
-    break;
+    errno = e;
+    return hora__error_errno(HORA_ERR_PEER_LOST, "elastic: no route to %s:%d", host, port);
   }
-  free(b.p);
-  if (rc == HORA_ERR_TIMEOUT) {
-    rc = hora__error(HORA_ERR_TIMEOUT, "elastic: not admitted by the job at %s:%d within %.0f s "
-                     "(HORA_ELASTIC_TIMEOUT_SECONDS): no commit point came, or nothing listens "
-                     "there", host, port, hora__params.ELASTIC_TIMEOUT_SECONDS);
+  close(u);
+  pthread_mutex_lock(&m->mu);
+  m->my_ip = self.sin_addr.s_addr;
+  int rc = new_machine(m);
+  pthread_mutex_unlock(&m->mu);
+  HORA_CHECK(rc);
+  uint64_t wait_ns = (uint64_t)((3 * hora__params.ELASTIC_TIMEOUT_SECONDS + 40) * 1e9);
+  rc = run_command(m, CMD_JOIN, door.sin_addr.s_addr, (uint16_t)port, out, wait_ns);
+  if (rc == HORA_SUCCESS && m->has_key && secret) {
+    pthread_mutex_lock(&m->mu);
+    derive_key(secret, "hora-elastic-mb3", hora__mfsm_view(m->sm)->job, m->member_key);
+    pthread_mutex_unlock(&m->mu);
   }
   return rc;
 }

@@ -1,32 +1,12 @@
 /* Elastic membership: the processes of an elastic job agree among
  * themselves, with no driver, on who the job's members are after one is
- * lost or one asks to join.
- *
- * Every process keeps a small listener for the whole of its life (its
- * address is exchanged at start-up and travels in every membership), served
- * by a thread that queues what arrives: members asking for a reset, and at
- * rank 0 (which also holds the job's rendezvous port, "the door") processes
- * asking to join. A reset is single-decree Paxos over the membership's
- * listeners:
- *
- *   member       tries the members in rank order; the first it reaches (or
- *                itself) coordinates: the lowest surviving rank
- *   coordinator  waits until every member has asked or is gone (its
- *                listener refuses, or stays unreachable, or it has not
- *                asked within HORA_ELASTIC_TIMEOUT_SECONDS), then, with a
- *                quorum of the previous membership (a strict majority, or
- *                exactly half including its first member):
- *                  PREPARE(b) -> PROMISE(accepted)   b above every promise
- *                  PROPOSE(b, next) -> ACCEPTED      next: an accepted
- *                                                    proposal if any, else
- *                                                    the survivors in order
- *                                                    and the newcomers
- *                  COMMIT(next, rendezvous port)     everyone builds it
- *
- * Two quorums of one membership always share a member, and a membership is
- * committed only after a whole quorum accepted it, so a later coordinator
- * learns of it from that member and commits the same one: two survivors
- * never end in different memberships, whatever fails when. A side of a
+ * lost or one asks to join. The agreement is single-decree Paxos per epoch
+ * among the last membership's members, as a state machine without I/O
+ * (membership_fsm.h says how it works and why two survivors never end in
+ * different memberships); this is its driver: every process keeps a small
+ * listener for the whole of its life (its address is exchanged at start-up
+ * and travels in every membership), and rank 0 also holds the job's
+ * rendezvous port ("the door") where processes ask to join. A side of a
  * partition without a quorum fails, with an error saying so. */
 #ifndef HORA_MEMBERSHIP_H
 #define HORA_MEMBERSHIP_H
@@ -34,20 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "comm/bootstrap/membership_fsm.h"
 #include "comm/bootstrap/rendezvous.h"
-
-struct hora__member {
-  uint32_t id;   /* stable across memberships: the start-up rank, then the next free */
-  uint32_t ip;   /* the listener's IPv4 address, network order */
-  uint16_t port; /* host order */
-};
-
-struct hora__view {
-  uint64_t epoch;
-  uint32_t next_id;
-  int n;
-  struct hora__member *m; /* [n], in rank order */
-};
 
 /* What an agreement ends with: the new membership and where its
  * communicator's rendezvous is (the coordinator's listener). */
@@ -70,9 +38,14 @@ struct hora__membership;
 int hora__membership_open(const uint8_t *key, struct hora__membership **out);
 void hora__membership_close(struct hora__membership *m);
 /* The start-up's membership: ids are the ranks, addresses exchanged over
- * the start-up's rendezvous. my_ip: this process's data-plane address. */
+ * the start-up's rendezvous, and a job id drawn by rank 0. my_ip: this
+ * process's data-plane address; secret: the job's (as for open), which with
+ * the job id keys the members' connections. */
 int hora__membership_start(struct hora__membership *m, struct hora__rdv *rdv, uint64_t epoch,
-                           uint32_t my_ip);
+                           uint32_t my_ip, const uint8_t *secret);
+/* A membership given whole (tests: a process of another job). */
+int hora__membership_start_view(struct hora__membership *m, const struct hora__view *v,
+                                uint32_t my_id, const uint8_t *secret);
 /* The job's rendezvous port, where newcomers knock: rank 0 listens on it
  * (when it can: only one process per host can). 0 closes it. */
 void hora__membership_door(struct hora__membership *m, int port);
@@ -93,11 +66,13 @@ int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out)
 /* A process started later: asks the job at host:port to admit it, and
  * waits for a commit point (HORA_ELASTIC_TIMEOUT_SECONDS). */
 int hora__membership_join(struct hora__membership *m, const char *host, int port,
-                          struct hora__agreed *out);
+                          struct hora__agreed *out, const uint8_t *secret);
 /* The current membership's number and this process's id in it. */
 uint64_t hora__membership_epoch(struct hora__membership *m);
 /* Whether `port` on this host is held by a running elastic job's door or
  * another program (bind fails with EADDRINUSE). */
 bool hora__port_in_use(int port);
+/* A non-blocking connect started; the socket, or -1 with errno. */
+int hora__mb_start_connect(uint32_t ip, uint16_t port);
 
 #endif

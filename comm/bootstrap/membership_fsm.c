@@ -442,6 +442,12 @@ static void ask_app(struct hora__mfsm *s, uint32_t from) {
   }
 }
 
+static void point(struct hora__mfsm *s, const char *name) {
+  if (s->c.point) {
+    s->c.point(s->c.point_arg, name);
+  }
+}
+
 static int my_index(const struct hora__mfsm *s) { return hora__mb_view_index(&s->view, s->my_id); }
 
 static void addr_str(uint32_t ip, uint16_t port, char *out, size_t n) {
@@ -734,6 +740,7 @@ static void phase_check(struct hora__mfsm *s, uint64_t now) {
         coord_check(s, now);
       }
     } else if (q) {
+      point(s, "accepted");
       commit(s, now);
     } else {
       backoff(s, now);
@@ -1237,6 +1244,7 @@ static void on_propose(struct hora__mfsm *s, uint64_t now, const struct header *
     hora__mb_view_free(&pv);
     return;
   }
+  point(s, "propose");
   struct buf r;
   if (ballot >= s->promised) {
     s->promised = ballot;
@@ -1436,7 +1444,9 @@ void hora__mfsm_receive(struct hora__mfsm *s, uint64_t now, uint32_t src_ip, con
   h.epoch = get64(&b);
   if (b.bad || plen != len - HORA_MB_HEADER || magic != WIRE_MAGIC || h.type == 0 ||
       h.type >= M_TYPES) {
-    logf_(s, HORA_LOG_DEBUG, "elastic: a malformed membership frame dropped");
+    char who[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &src_ip, who, sizeof(who));
+    logf_(s, HORA_LOG_WARN, "elastic: dropped a malformed membership frame from %s", who);
     return;
   }
   if (s->c.insecure && src_ip != h.from.ip && !MUTANT(s, HORA_MB_MUTANT_NO_ADDR_CHECK)) {

@@ -127,6 +127,11 @@ struct hora__mfsm_config {
   uint64_t seed;                   /* backoff jitter */
   void (*log)(void *arg, int level, const char *msg); /* level: base/log.h's; may be NULL */
   void *log_arg;
+  /* Named points of the protocol (tests: HORA_ELASTIC_TEST_CRASH dies at
+   * one): "accepted" (a coordinator's value accepted by a quorum, not yet
+   * committed), "propose" (a proposal reached a member, not yet accepted). */
+  void (*point)(void *arg, const char *name);
+  void *point_arg;
   unsigned mutants; /* the simulator's planted defects (HORA_MB_MUTANTS builds only) */
 };
 

@@ -136,6 +136,12 @@ void hora__hs_acceptor(struct hora__hs *hs, const uint8_t secret[HORA_SECRET_LEN
   expect(hs, 0, HORA_HELLO_WIRE_SIZE);
 }
 
+void hora__hs_acceptor_keys(struct hora__hs *hs, const uint8_t *const *secrets, int size, int kinds,
+                            int rank, const uint8_t nonce[HORA_HS_NONCE_LEN]) {
+  hora__hs_acceptor(hs, secrets[0], size, kinds, rank, nonce);
+  hs->secrets = secrets;
+}
+
 void hora__hs_io(struct hora__hs *hs, uint8_t **p, size_t *n) {
   if (hs->state != HORA_HS_SEND && hs->state != HORA_HS_RECV) {
     *p = hs->buf;
@@ -160,6 +166,9 @@ static void received(struct hora__hs *hs) {
       hs->peer = h.rank;
       hs->kind = h.kind;
       hs->claimed = true;
+      if (hs->secrets) {
+        hs->secret = hs->secrets[h.kind - 1]; /* each kind proves its own key */
+      }
       memcpy(hs->nonce_c, h.nonce, HORA_HS_NONCE_LEN);
       put32(hs->buf, HORA_HELLO_MAGIC);
       put32(hs->buf + 4, (uint32_t)hs->rank);

@@ -79,6 +79,7 @@ struct hora__hs {
   int step;           /* message being moved: 0 hello, 1 challenge, 2 proof, 3 ack */
   int rank, peer, size, kinds, kind;
   const uint8_t *secret; /* HORA_SECRET_LEN bytes, the caller's */
+  const uint8_t *const *secrets; /* acceptor: one per kind, or NULL */
   uint8_t nonce_c[HORA_HS_NONCE_LEN], nonce_a[HORA_HS_NONCE_LEN];
   uint8_t buf[HORA_HS_CHALLENGE_SIZE];
   size_t len, done; /* bytes of buf this message has, bytes moved so far */
@@ -93,6 +94,9 @@ void hora__hs_connector(struct hora__hs *hs, const uint8_t secret[HORA_SECRET_LE
 /* The side that accepted: learns peer and kind from the hello. */
 void hora__hs_acceptor(struct hora__hs *hs, const uint8_t secret[HORA_SECRET_LEN], int size,
                        int kinds, int rank, const uint8_t nonce[HORA_HS_NONCE_LEN]);
+/* An acceptor whose connections of kind k prove secrets[k - 1]. */
+void hora__hs_acceptor_keys(struct hora__hs *hs, const uint8_t *const *secrets, int size, int kinds,
+                            int rank, const uint8_t nonce[HORA_HS_NONCE_LEN]);
 /* Where the next bytes go (RECV) or come from (SEND): *n bytes at *p. */
 void hora__hs_io(struct hora__hs *hs, uint8_t **p, size_t *n);
 /* n of those bytes were moved; a completed message is checked at once. */

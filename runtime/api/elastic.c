@@ -89,7 +89,8 @@ int hora__elastic_begin(struct hora__rdv *rdv, struct hora__runtime *rt,
   }
   if (rc == HORA_SUCCESS) {
     rc = hora__membership_start(membership, rdv, rt->comm->proc->epoch,
-                                rt->comm->proc->tcp_addr.sin_addr.s_addr);
+                                rt->comm->proc->tcp_addr.sin_addr.s_addr,
+                                has_secret ? secret : NULL);
   }
   rc = hora__rdv_agree(rdv, rc, "elastic membership");
   if (rc == HORA_SUCCESS) {
@@ -181,7 +182,8 @@ int hora__elastic_join_locked(const struct hora__rdv_choice *choice) {
   int rc = membership ? HORA_SUCCESS : open_membership(choice);
   struct hora__agreed a;
   if (rc == HORA_SUCCESS) {
-    rc = hora__membership_join(membership, choice->host, choice->port, &a);
+    rc = hora__membership_join(membership, choice->host, choice->port, &a,
+                               has_secret ? secret : NULL);
   }
   if (rc == HORA_SUCCESS) {
     /* Admitted, it is a member: it agrees again like the others if needed. */

@@ -224,8 +224,8 @@ send(struct.pack("!II", 1, 4 + 8 + 4 + 2 + len(view)) + struct.pack("!IQ", 7, 0)
 PY
 wait
 survivors stranger stranger 3 0 1 2
-grep -q "malformed reset request\|not a request" "$work/stranger.0.err" &&
-  echo "PASS elastic/stranger-logged: $(grep -ho 'elastic: \(a malformed reset request\|refused a connection\)[^;]*' "$work/stranger.0.err" | head -n 1)" ||
+grep -q "malformed membership frame\|-byte membership frame" "$work/stranger.0.err" &&
+  echo "PASS elastic/stranger-logged: $(grep -ho 'elastic: \(dropped a malformed membership frame\|a [0-9]*-byte membership frame\)[^;]*' "$work/stranger.0.err" | head -n 1)" ||
   echo "FAIL elastic/stranger-logged: rank 0 logged nothing about the strangers"
 
 steps=150 every=10
