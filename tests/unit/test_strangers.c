@@ -141,19 +141,14 @@ static int stranger_marked(const struct plan *p, uint8_t mark) {
 }
 
 /* Moves the client's side of a handshake until it waits for the other
- * side; waits at most 2 s for bytes to arrive. */
+ * side, once what it waits for has come (at most 2 s). */
 static void client_pump(int fd, struct hora__hs *hs) {
-  for (int turns = 0; turns < 16; turns++) {
-    int err = 0, r = hora__boot_pump(fd, hs, &err);
-    if (r < 0 || (hs->state != HORA_HS_SEND && hs->state != HORA_HS_RECV)) {
-      return;
-    }
-    if (r == 0) {
-      struct pollfd pfd = {.fd = fd, .events = hs->state == HORA_HS_SEND ? POLLOUT : POLLIN};
-      if (poll(&pfd, 1, 2000) <= 0) {
-        return;
-      }
-    }
+  struct pollfd pfd = {.fd = fd, .events = hs->state == HORA_HS_SEND ? POLLOUT : POLLIN};
+  if (poll(&pfd, 1, 2000) != 1) {
+    return;
+  }
+  int err = 0;
+  while (hora__boot_pump(fd, hs, &err) == 1) {
   }
 }
 
