@@ -119,7 +119,8 @@ int test_skipped;
   X(cost_model_init_reads_rank_0s_setting_only)                                              \
   X(cost_calibrate_over_mock_links)                                                          \
   X(strangers_flood_never_pushes_out_a_ranks_handshake)                                      \
-  X(strangers_forged_claim_cannot_lock_out_the_real_rank)
+  X(strangers_forged_claim_cannot_lock_out_the_real_rank)                                    \
+  X(strangers_of_another_uid_are_refused_on_the_unix_listener)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)

@@ -6,8 +6,10 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../runner.h"
@@ -216,4 +218,60 @@ TEST(strangers_forged_claim_cannot_lock_out_the_real_rank) {
   ASSERT(real_left);
   ASSERT_EQ_INT(hs.state, HORA_HS_DONE);
   ASSERT(connected);
+}
+
+/* A local process of another user that connects to a Unix listener (its
+ * name is public, in /proc/net/unix) is refused at once, naming its uid,
+ * even with a well-formed hello claiming an expected connection. */
+TEST(strangers_of_another_uid_are_refused_on_the_unix_listener) {
+  if (geteuid() != 0) {
+    SKIP("needs root, to connect as another user (uid 65534)");
+  }
+  struct door d;
+  door_open(&d);
+  int go[2];
+  ASSERT(pipe(go) == 0);
+  pid_t child = fork();
+  ASSERT(child >= 0);
+  if (child == 0) {
+    /* Another user: connects, sends rank 1's hello, waits (at most 5 s)
+     * for the close. */
+    close(go[0]);
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) {
+      _exit(2);
+    }
+    int fd = door_dial(&d);
+    uint8_t wire[HORA_HELLO_WIRE_SIZE];
+    hello_of_rank_1(wire, 0x22);
+    if (fd < 0 || write(fd, wire, sizeof(wire)) != (ssize_t)sizeof(wire)) {
+      _exit(3);
+    }
+    (void)!write(go[1], "x", 1);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    char buf[128];
+    while (poll(&pfd, 1, 5000) == 1 && read(fd, buf, sizeof(buf)) > 0) {
+    }
+    _exit(0);
+  }
+  close(go[1]);
+  char x;
+  struct pollfd pfd = {.fd = go[0], .events = POLLIN};
+  bool dialled = poll(&pfd, 1, 5000) == 1 && read(go[0], &x, 1) == 1;
+  close(go[0]);
+  int rc = dialled ? hora__boot_accept_from(&d.p, d.lfd, true) : HORA_ERR_SYSTEM;
+  int kept = d.p.nhalf, refused = d.p.refused;
+  char why[300];
+  snprintf(why, sizeof(why), "%s", d.p.first_refused);
+  door_close(&d);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT(dialled);
+  ASSERT_EQ_INT(rc, HORA_SUCCESS);
+  if (kept != 0) {
+    FAIL("the connection of a process of uid 65534 was kept as a stranger (%d kept, %d refused)",
+         kept, refused);
+  }
+  ASSERT_EQ_INT(refused, 1);
+  ASSERT_STR_CONTAINS(why, "uid 65534");
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
