@@ -30,6 +30,24 @@ static void describe_peer(int fd, const struct sockaddr_storage *ss, char *who, 
   }
 }
 
+/* The Unix listeners' names are public (/proc/net/unix), and every rank
+ * of a job runs as one user: a local process of another one is refused
+ * before it costs a handshake. */
+static bool same_user(int fd, char *why, size_t n) {
+  struct ucred cred;
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    snprintf(why, n, "its credentials cannot be read (SO_PEERCRED: %s)", strerror(errno));
+    return false;
+  }
+  if (cred.uid != geteuid()) {
+    snprintf(why, n, "it runs as uid %u, and this job as uid %u", (unsigned)cred.uid,
+             (unsigned)geteuid());
+    return false;
+  }
+  return true;
+}
+
 /* Only the first few are logged one by one (a flood must not fill the
  * log); the bootstrap's closing line counts them all. */
 #define REFUSALS_LOGGED 8
@@ -258,6 +276,14 @@ int hora__boot_accept_from(struct plan *p, int lfd, bool unix_socket) {
           errno = err;
           return hora__error_errno(HORA_ERR_SYSTEM, "accept");
       }
+    }
+    char why[160];
+    if (unix_socket && !same_user(fd, why, sizeof(why))) {
+      char who[96];
+      describe_peer(fd, &ss, who, sizeof(who));
+      note_refusal(p, who, why);
+      close(fd);
+      continue;
     }
     if (p->nhalf == p->half_max &&
         !hora__boot_drop_oldest(p, "dropped as the oldest of too many connections that have not "
