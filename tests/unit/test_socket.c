@@ -3,9 +3,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "base/params.h"
@@ -57,4 +60,28 @@ TEST(tcp_sockets_get_the_congestion_control_asked_for) {
 
   unsetenv("HORA_TCP_CONGESTION_CONTROL");
   ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+}
+
+/* A rank's Unix listener: the job id is public (/proc/net/unix names it
+ * as soon as one rank listens), so a local process of another user could
+ * bind @hora.<job>.<rank> before that rank does. It must not keep the rank
+ * from listening. */
+TEST(unix_listener_name_cannot_be_taken_in_advance) {
+  char job[17];
+  snprintf(job, sizeof(job), "%016x", (unsigned)getpid());
+  int squatter = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ASSERT(squatter >= 0);
+  struct sockaddr_un sun = {.sun_family = AF_UNIX};
+  int n = snprintf(sun.sun_path + 1, sizeof(sun.sun_path) - 1, "hora.%s.%d", job, 3);
+  socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+  ASSERT(bind(squatter, (struct sockaddr *)&sun, len) == 0 && listen(squatter, 4) == 0);
+  int fd = -1;
+  int rc = hora__listen_unix(job, 3, &fd);
+  if (rc != HORA_SUCCESS) {
+    close(squatter);
+    FAIL("a process holding @hora.%s.3 keeps rank 3 from listening: %s", job,
+         hora__error_message());
+  }
+  close(fd);
+  close(squatter);
 }
