@@ -227,7 +227,8 @@ void hora__boot_connection_key(const uint8_t secret[HORA_SECRET_LEN], const uint
 static int listen_and_allocate(hora__comm *c, struct in_addr *ip, char *ifname, size_t n) {
   HORA_CHECK(hora__choose_ipv4(hora__params.IFACE, c->cross_size == 1, ip, ifname, n));
   HORA_CHECK(hora__listen_tcp(*ip, &c->proc->tcp_listen_fd, &c->proc->tcp_addr));
-  HORA_CHECK(hora__listen_unix(c->proc->job_id, c->rank, &c->proc->unix_listen_fd));
+  HORA_CHECK(hora__listen_unix(c->proc->secret, c->proc->job_id, c->rank,
+                               &c->proc->unix_listen_fd));
   c->net->peers = hora__calloc((size_t)c->size, sizeof(*c->net->peers));
   c->proc->ctrl = hora__calloc((size_t)c->size, sizeof(*c->proc->ctrl));
   c->proc->data = hora__calloc((size_t)c->size, sizeof(*c->proc->data));
@@ -254,7 +255,7 @@ int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv) {
   HORA_CHECK(hora__rdv_allgather(rdv, &me, sizeof(me), c->net->peers));
   char ipstr[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &ip, ipstr, sizeof(ipstr));
-  HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d", ipstr,
+  HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d.*", ipstr,
              ntohs(c->proc->tcp_addr.sin_port), ifname, c->proc->job_id, c->rank);
   return HORA_SUCCESS;
 }
