@@ -7,11 +7,14 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/params.h"
+#include "comm/bootstrap/bootstrap.h"
 #include "comm/bootstrap/rendezvous.h"
 #include "comm/transport/socket.h"
 #include "../runner.h"
@@ -279,5 +282,146 @@ TEST(rendezvous_rank_dropped_before_its_claim_connects_again) {
   for (int r = 0; r < 2; r++) {
     ASSERT_EQ_INT(side[r].gathered[0], 100);
     ASSERT_EQ_INT(side[r].gathered[1], 101);
+  }
+}
+
+/* ---- records a peer sends through the rendezvous ---- */
+
+/* A rendezvous of two where this process is rank 0 and rank 1's records
+ * are forged: a copy of rank 0's, changed by `forge` on the chosen
+ * exchange (the first is number 1). */
+struct forged_rdv {
+  struct hora__rdv r;
+  int call;
+  void (*forge)(struct forged_rdv *f, void *theirs, size_t len);
+  int32_t value;
+};
+
+static int forged_allgather(struct hora__rdv *r, const void *mine, size_t len, void *all) {
+  struct forged_rdv *f = (struct forged_rdv *)r;
+  f->call++;
+  memcpy(all, mine, len);
+  memcpy((char *)all + len, mine, len);
+  f->forge(f, (char *)all + len, len);
+  return HORA_SUCCESS;
+}
+
+static void forged_close(struct hora__rdv *r) {
+  (void)r;
+}
+
+static const struct hora__rdv_ops forged_ops = {.allgather = forged_allgather,
+                                                .close = forged_close};
+
+static void forged_open(struct forged_rdv *f,
+                        void (*forge)(struct forged_rdv *f, void *theirs, size_t len),
+                        int32_t value) {
+  memset(f, 0, sizeof(*f));
+  f->r.ops = &forged_ops;
+  f->r.kind = HORA_RDV_TCP;
+  f->r.rank = 0;
+  f->r.size = 2;
+  f->forge = forge;
+  f->value = value;
+}
+
+/* What a step returned, run in a child (at most 10 s), so that a crash or
+ * a read past a buffer fails the test and not the whole runner. */
+struct outcome {
+  int rc;
+  char msg[512];
+};
+
+static void run_in_child(int (*step)(void *), void *arg, struct outcome *out) {
+  int p[2];
+  memset(out, 0, sizeof(*out));
+  out->rc = -1000;
+  if (pipe(p) != 0) {
+    snprintf(out->msg, sizeof(out->msg), "pipe: %s", strerror(errno));
+    return;
+  }
+  fflush(stdout);
+  pid_t child = fork();
+  if (child == 0) {
+    close(p[0]);
+    alarm(10);
+    struct outcome o;
+    memset(&o, 0, sizeof(o));
+    o.rc = step(arg);
+    hora__strlcpy(o.msg, hora__error_message(), sizeof(o.msg));
+    (void)!write(p[1], &o, sizeof(o));
+    _exit(0);
+  }
+  close(p[1]);
+  struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+  size_t got = 0;
+  while (got < sizeof(*out) && poll(&pfd, 1, 15000) == 1) {
+    ssize_t n = read(p[0], (char *)out + got, sizeof(*out) - got);
+    if (n <= 0) {
+      break;
+    }
+    got += (size_t)n;
+  }
+  close(p[0]);
+  int status = 0;
+  if (child > 0) {
+    waitpid(child, &status, 0);
+  }
+  if (child < 0 || got != sizeof(*out)) {
+    out->rc = -1000;
+    snprintf(out->msg, sizeof(out->msg), "the step %s", child < 0 ? "could not fork"
+             : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "gave no answer");
+  }
+}
+
+struct fake_comm {
+  hora__comm c;
+  struct hora__proc proc;
+  struct forged_rdv f;
+};
+
+static void fake_comm_init(struct fake_comm *k) {
+  memset(&k->c, 0, sizeof(k->c));
+  memset(&k->proc, 0, sizeof(k->proc));
+  k->proc.tcp_listen_fd = k->proc.unix_listen_fd = k->proc.reserve_fd = -1;
+  k->c.proc = &k->proc;
+  k->c.net = &k->proc.net;
+}
+
+/* Exchange 2 (the who records): another settings digest, every byte
+ * flipped; exchange 3 (the settings' lengths): rank 1's is f->value. */
+static void forge_settings_length(struct forged_rdv *f, void *theirs, size_t len) {
+  if (f->call == 2) {
+    for (size_t i = 0; i < len; i++) {
+      ((uint8_t *)theirs)[i] ^= 0xff;
+    }
+  } else if (f->call == 3 && len == sizeof(int32_t)) {
+    memcpy(theirs, &f->value, sizeof(f->value));
+  }
+}
+
+static int membership_step(void *arg) {
+  struct fake_comm *k = arg;
+  return hora__boot_membership(&k->c, &k->f.r, 1);
+}
+
+/* The settings check, when digests differ, exchanges each rank's encoding
+ * after its length: a length no build sends (negative, or past any
+ * settings table) is refused naming the rank, before it sizes a buffer. */
+TEST(settings_length_from_a_peer_is_checked) {
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+  static const int32_t forged[] = {-1, INT32_MIN, 1 << 30};
+  for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+    struct fake_comm k;
+    fake_comm_init(&k);
+    forged_open(&k.f, forge_settings_length, forged[i]);
+    struct outcome o;
+    run_in_child(membership_step, &k, &o);
+    char want[64];
+    snprintf(want, sizeof(want), "%d bytes", (int)forged[i]);
+    if (o.rc != HORA_ERR_PROTOCOL || !strstr(o.msg, "rank 1") || !strstr(o.msg, want)) {
+      FAIL("rank 1's settings length %d: rc %d, '%.300s' (expected HORA_ERR_PROTOCOL naming "
+           "rank 1 and '%s')", (int)forged[i], o.rc, o.msg, want);
+    }
   }
 }
