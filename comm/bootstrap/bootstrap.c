@@ -82,17 +82,28 @@ static uint64_t host_key(void) {
   return fnv1a(h, boot, strlen(boot));
 }
 
+/* Far past any build's table of settings: a longer encoding, or a
+ * negative length, is not a rank's. */
+#define SETTINGS_ENCODING_MAX (1 << 20)
+
 /* The two ranks' encodings (rank 0's and other's), when digests differ, so
  * every rank fails naming the same setting. */
 static int settings_differ(hora__comm *c, struct hora__rdv *rdv, const char *mine, size_t len,
                            int other) {
-  int32_t mylen = (int32_t)len, maxlen = 0;
+  int32_t mylen = (int32_t)HORA_MIN(len, (size_t)INT32_MAX), maxlen = 0;
   int32_t *lens = hora__calloc((size_t)c->size, sizeof(*lens));
   if (!lens) {
     return HORA_ERR_NO_MEMORY;
   }
   int rc = hora__rdv_allgather(rdv, &mylen, sizeof(mylen), lens);
-  for (int r = 0; r < c->size; r++) {
+  /* Every rank sees the same lengths, so all refuse together. */
+  for (int r = 0; rc == HORA_SUCCESS && r < c->size; r++) {
+    if (lens[r] < 0 || lens[r] > SETTINGS_ENCODING_MAX) {
+      rc = hora__error(HORA_ERR_PROTOCOL,
+                       "rank %d sent %d bytes as the length of its job-wide settings (0 to %d "
+                       "expected): another build of hora, or not a rank of this job",
+                       r, (int)lens[r], SETTINGS_ENCODING_MAX);
+    }
     maxlen = HORA_MAX(maxlen, lens[r]);
   }
   int32_t len0 = lens[0], len1 = lens[other];
