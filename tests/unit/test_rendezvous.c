@@ -425,3 +425,74 @@ TEST(settings_length_from_a_peer_is_checked) {
     }
   }
 }
+
+/* Exchange 2 (the address records): rank 1's, from rank 0's, says it is
+ * local rank 1 of host 0, then is spoilt as f->value says. */
+enum { SPOIL_NONE, SPOIL_LOCAL_RANK_PAST, SPOIL_HOST_PAST, SPOIL_LOCAL_RANK_TWICE,
+       SPOIL_HOST_NEGATIVE, SPOIL_HOST_NAME_UNENDED, SPOILS };
+static const char *const spoil_names[SPOILS] = {
+    "none", "local rank 7 on a host of 2 ranks", "host 5 in a job of 1 host",
+    "local rank 0, rank 0's", "host -1", "a host name without its terminating NUL"};
+
+static void forge_address(struct forged_rdv *f, void *theirs, size_t len) {
+  struct hora__peer_info *p = theirs;
+  if (f->call != 2 || len != sizeof(*p)) {
+    return;
+  }
+  p->pid = 4242;
+  p->local_rank = 1;
+  switch (f->value) {
+    case SPOIL_LOCAL_RANK_PAST: p->local_rank = 7; break;
+    case SPOIL_HOST_PAST: p->host_index = 5; break;
+    case SPOIL_LOCAL_RANK_TWICE: p->local_rank = 0; break;
+    case SPOIL_HOST_NEGATIVE: p->host_index = -1; break;
+    case SPOIL_HOST_NAME_UNENDED: memset(p->host, 'x', sizeof(p->host)); break;
+    default: break;
+  }
+}
+
+static int addresses_with(int spoil, char *msg, size_t n) {
+  struct fake_comm k;
+  fake_comm_init(&k);
+  k.c.rank = 0;
+  k.c.size = 2;
+  k.c.local_size = 2;
+  k.c.cross_size = 1;
+  k.proc.net.rank = 0;
+  k.proc.net.size = 2;
+  memset(k.proc.secret, 0x33, sizeof(k.proc.secret));
+  snprintf(k.proc.job_id, sizeof(k.proc.job_id), "%016x", (unsigned)getpid());
+  forged_open(&k.f, forge_address, spoil);
+  int rc = hora__boot_addresses(&k.c, &k.f.r);
+  hora__strlcpy(msg, hora__error_message(), n);
+  if (k.proc.tcp_listen_fd >= 0) {
+    close(k.proc.tcp_listen_fd);
+  }
+  if (k.proc.unix_listen_fd >= 0) {
+    close(k.proc.unix_listen_fd);
+  }
+  free(k.c.net->peers);
+  free(k.proc.ctrl);
+  free(k.proc.data);
+  free(k.proc.cross);
+  return rc;
+}
+
+/* Where each rank sits (its host, its local rank there) indexes the host's
+ * exchanges and the hierarchical collectives' tables: a record that does
+ * not fit the job's hosts is refused, naming the rank. */
+TEST(address_record_from_a_peer_is_checked) {
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+  char msg[512];
+  int rc = addresses_with(SPOIL_NONE, msg, sizeof(msg));
+  if (rc != HORA_SUCCESS) {
+    FAIL("a well-formed record of rank 1 was refused: %.400s", msg);
+  }
+  for (int spoil = SPOIL_NONE + 1; spoil < SPOILS; spoil++) {
+    rc = addresses_with(spoil, msg, sizeof(msg));
+    if (rc != HORA_ERR_PROTOCOL || !strstr(msg, "rank 1")) {
+      FAIL("rank 1's record with %s: rc %d, '%.300s' (expected HORA_ERR_PROTOCOL naming rank 1)",
+           spoil_names[spoil], rc, rc == HORA_SUCCESS ? "" : msg);
+    }
+  }
+}
