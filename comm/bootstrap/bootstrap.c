@@ -250,6 +250,49 @@ static int listen_and_allocate(hora__comm *c, struct in_addr *ip, char *ifname, 
   return HORA_SUCCESS;
 }
 
+/* Each record must place its rank where step 1 did on every rank, from
+ * the same host identities: hosts numbered in the order of their lowest
+ * rank, local ranks in rank order. Host index and local rank index tables
+ * (the host's exchanges, the hierarchical collectives), so a record that
+ * does not fit is refused; every rank sees the same records. */
+static int check_addresses(const hora__comm *c) {
+  const struct hora__peer_info *peers = c->net->peers;
+  int *on_host = hora__calloc((size_t)HORA_MAX(c->cross_size, 1), sizeof(*on_host));
+  if (!on_host) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  int hosts = 0, rc = HORA_SUCCESS;
+  for (int r = 0; r < c->size && rc == HORA_SUCCESS; r++) {
+    const struct hora__peer_info *p = &peers[r];
+    int h = p->host_index;
+    if (!memchr(p->host, '\0', sizeof(p->host))) {
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank %d's address record has a host name of more "
+                       "than %d bytes, or without its end", r, HORA_HOST_MAX - 1);
+    } else if (h < 0 || h >= c->cross_size || h > hosts) {
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank %d's address record says it is on host %d, where "
+                       "it can only be on host 0 to %d (%d hosts, numbered by their lowest rank)",
+                       r, h, HORA_MIN(hosts, c->cross_size - 1), c->cross_size);
+    } else if (p->local_rank != on_host[h]) {
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank %d's address record says it is local rank %d of "
+                       "host %d, where rank order makes it local rank %d", r, (int)p->local_rank,
+                       h, on_host[h]);
+    } else {
+      hosts += h == hosts;
+      on_host[h]++;
+    }
+  }
+  if (rc == HORA_SUCCESS &&
+      (hosts != c->cross_size || on_host[c->cross_rank] != c->local_size ||
+       peers[c->rank].host_index != c->cross_rank || peers[c->rank].local_rank != c->local_rank)) {
+    rc = hora__error(HORA_ERR_PROTOCOL, "the address records place %d ranks on %d hosts, %d of "
+                     "them on this rank's host %d, where the host identities gave %d hosts, %d "
+                     "ranks on host %d", c->size, hosts, on_host[c->cross_rank], c->cross_rank,
+                     c->cross_size, c->local_size, c->cross_rank);
+  }
+  free(on_host);
+  return rc;
+}
+
 int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv) {
   struct in_addr ip;
   char ifname[64];
@@ -264,6 +307,7 @@ int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv) {
   me.ipv4 = c->proc->tcp_addr.sin_addr.s_addr;
   me.port = c->proc->tcp_addr.sin_port;
   HORA_CHECK(hora__rdv_allgather(rdv, &me, sizeof(me), c->net->peers));
+  HORA_CHECK(check_addresses(c));
   char ipstr[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &ip, ipstr, sizeof(ipstr));
   HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d.*", ipstr,
