@@ -496,3 +496,32 @@ TEST(address_record_from_a_peer_is_checked) {
     }
   }
 }
+
+/* Every exchange of one int32: rank 1's is f->value. */
+static void forge_int(struct forged_rdv *f, void *theirs, size_t len) {
+  if (len == sizeof(int32_t)) {
+    memcpy(theirs, &f->value, sizeof(f->value));
+  }
+}
+
+/* After each step every rank learns whether one failed, and which: a rank
+ * sends its own failure (rank * 64 + code) or INT_MAX. Anything else is
+ * refused naming the rank, never taken for a failure of another rank, a
+ * code out of range, or success. */
+TEST(agreement_record_from_a_peer_is_checked) {
+  struct forged_rdv f;
+  forged_open(&f, forge_int, INT32_MAX);
+  ASSERT_EQ_INT(hora__rdv_agree(&f.r, HORA_SUCCESS, "a step"), HORA_SUCCESS);
+  forged_open(&f, forge_int, 64 + HORA_ERR_TIMEOUT);
+  ASSERT_EQ_INT(hora__rdv_agree(&f.r, HORA_SUCCESS, "a step"), HORA_ERR_TIMEOUT);
+  ASSERT_STR_CONTAINS(hora__error_message(), "failed on rank 1");
+  static const int32_t forged[] = {-7, 0, HORA_ERR_TIMEOUT, 64, 2 * 64 + 1, INT32_MIN};
+  for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+    forged_open(&f, forge_int, forged[i]);
+    int rc = hora__rdv_agree(&f.r, HORA_SUCCESS, "a step");
+    if (rc != HORA_ERR_PROTOCOL || !strstr(hora__error_message(), "rank 1")) {
+      FAIL("rank 1's agreement record %d: rc %d, '%.300s' (expected HORA_ERR_PROTOCOL naming "
+           "rank 1)", (int)forged[i], rc, rc == HORA_SUCCESS ? "" : hora__error_message());
+    }
+  }
+}
