@@ -525,3 +525,24 @@ TEST(agreement_record_from_a_peer_is_checked) {
     }
   }
 }
+
+/* The minima start-up takes over the ranks (sockets per TCP connection,
+ * flags, the settings check's result) index and size things: a value out
+ * of its range is refused naming the rank, never taken as the minimum. */
+TEST(minimum_from_a_peer_is_checked) {
+  struct forged_rdv f;
+  int min = -1;
+  forged_open(&f, forge_int, 3);
+  ASSERT_EQ_INT(hora__rdv_min(&f.r, 5, 1, 8, "its sockets", &min), HORA_SUCCESS);
+  ASSERT_EQ_INT(min, 3);
+  static const int32_t forged[] = {0, -1, 9, INT32_MIN, INT32_MAX};
+  for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+    forged_open(&f, forge_int, forged[i]);
+    min = -1;
+    int rc = hora__rdv_min(&f.r, 5, 1, 8, "its sockets", &min);
+    if (rc != HORA_ERR_PROTOCOL || !strstr(hora__error_message(), "rank 1 sent")) {
+      FAIL("rank 1's value %d of 1 to 8: rc %d, minimum %d, '%.300s' (expected HORA_ERR_PROTOCOL "
+           "naming rank 1)", (int)forged[i], rc, min, rc == HORA_SUCCESS ? "" : hora__error_message());
+    }
+  }
+}
