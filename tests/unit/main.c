@@ -46,6 +46,7 @@ int test_skipped;
   X(address_record_from_a_peer_is_checked)                                                   \
   X(agreement_record_from_a_peer_is_checked)                                                 \
   X(minimum_from_a_peer_is_checked)                                                          \
+  X(shared_segment_smaller_than_its_layout_is_not_mapped)                                    \
   X(connections_of_another_epoch_are_refused)                                                \
   X(tcp_sockets_get_the_congestion_control_asked_for)                                        \
   X(unix_listener_name_cannot_be_taken_in_advance)                                           \

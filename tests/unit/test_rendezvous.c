@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "base/params.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/bootstrap/rendezvous.h"
+#include "comm/shm/shm.h"
 #include "comm/transport/socket.h"
 #include "../runner.h"
 
@@ -544,5 +546,38 @@ TEST(minimum_from_a_peer_is_checked) {
       FAIL("rank 1's value %d of 1 to 8: rc %d, minimum %d, '%.300s' (expected HORA_ERR_PROTOCOL "
            "naming rank 1)", (int)forged[i], rc, min, rc == HORA_SUCCESS ? "" : hora__error_message());
     }
+  }
+}
+
+/* The host's shared segment is local rank 0's memfd, named by its hello
+ * and opened through /proc. One smaller than this build's layout (a forged
+ * hello, or another build) must not be mapped: touching past its end would
+ * kill the process (SIGBUS) in the first collective. */
+TEST(shared_segment_smaller_than_its_layout_is_not_mapped) {
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+  hora__net net0 = {.rank = 0, .size = 2}, net1 = {.rank = 1, .size = 2};
+  struct hora__shm *leader = NULL, *follower = NULL, *fooled = NULL;
+  struct hora__shm_hello host[2], spare;
+  ASSERT_EQ_INT(hora__shm_begin(&net0, 0, 2, false, &leader, &host[0]), HORA_SUCCESS);
+  ASSERT_EQ_INT(hora__shm_begin(&net1, 1, 2, false, &follower, &host[1]), HORA_SUCCESS);
+  ASSERT_EQ_INT(hora__shm_begin(&net1, 1, 2, false, &fooled, &spare), HORA_SUCCESS);
+  struct hora__shm_verdict right, small;
+  hora__shm_attach(follower, host, &right);
+  int fd = memfd_create("hora-test-small-segment", MFD_CLOEXEC);
+  bool made = fd >= 0 && ftruncate(fd, 4096) == 0;
+  host[0].fd = fd;
+  hora__shm_attach(fooled, host, &small);
+  size_t half = hora__shm_half_bytes(fooled);
+  hora__shm_destroy(fooled);
+  hora__shm_destroy(follower);
+  hora__shm_destroy(leader);
+  if (fd >= 0) {
+    close(fd);
+  }
+  ASSERT(made);
+  ASSERT(right.mapped); /* the leader's own segment */
+  if (small.mapped) {
+    FAIL("a 4096-byte segment was mapped as the host's (its layout holds two %zu-byte halves "
+         "per local rank)", half);
   }
 }
