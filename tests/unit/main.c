@@ -127,7 +127,8 @@ int test_skipped;
   X(strangers_flood_never_pushes_out_a_ranks_handshake)                                      \
   X(strangers_forged_claim_cannot_lock_out_the_real_rank)                                    \
   X(strangers_of_another_uid_are_refused_on_the_unix_listener)                               \
-  X(metrics_endpoint_out_of_descriptors_does_not_spin)
+  X(metrics_endpoint_out_of_descriptors_does_not_spin)                                       \
+  X(metrics_file_temporary_name_does_not_follow_a_symlink)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)

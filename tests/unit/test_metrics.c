@@ -3,6 +3,7 @@
  * planted where the textfile's temporary copy goes. Each runs in a child
  * process: the thread and the descriptor limit are its alone. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -182,4 +183,93 @@ TEST(metrics_endpoint_out_of_descriptors_does_not_spin) {
   }
   ASSERT_STR_CONTAINS(reply, "HTTP/1.1 200 OK");
   ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* The child: the textfile written with a symlink planted at the name its
+ * temporary copy had (FILE.tmp.PID), pointing at `victim`. */
+static void symlink_child(const char *path, const char *victim) {
+  alarm(20);
+  char tmp[1200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+  if (symlink(victim, tmp) != 0) {
+    _exit(2);
+  }
+  setenv("HORA_METRICS_FILE", path, 1);
+  setenv("HORA_METRICS_INTERVAL_SECONDS", "0.05", 1);
+  unsetenv("HORA_METRICS_PORT");
+  if (hora__params_load() != HORA_SUCCESS || hora__metrics_start(0, 0) != HORA_SUCCESS) {
+    _exit(3);
+  }
+  struct timespec pause = {0, 300000000};
+  nanosleep(&pause, NULL);
+  hora__metrics_stop();
+  _exit(0);
+}
+
+static size_t slurp(const char *path, char *buf, size_t n) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  size_t got = 0;
+  ssize_t r;
+  while (fd >= 0 && got + 1 < n && (r = read(fd, buf + got, n - 1 - got)) > 0) {
+    got += (size_t)r;
+  }
+  if (fd >= 0) {
+    close(fd);
+  }
+  buf[got] = '\0';
+  return got;
+}
+
+/* Whoever may write the textfile's directory may plant a symlink where
+ * the temporary copy goes: the file it points at must not be overwritten,
+ * and the textfile must still be written, as a file of its own. */
+TEST(metrics_file_temporary_name_does_not_follow_a_symlink) {
+  char dir[] = "/tmp/hora-test-metrics.XXXXXX";
+  ASSERT(mkdtemp(dir));
+  char path[256], victim[256];
+  snprintf(path, sizeof(path), "%s/hora.prom", dir);
+  snprintf(victim, sizeof(victim), "%s/precious", dir);
+  static const char precious[] = "not the metrics\n";
+  int fd = open(victim, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT(fd >= 0);
+  ASSERT(write(fd, precious, sizeof(precious) - 1) == (ssize_t)sizeof(precious) - 1);
+  close(fd);
+  fflush(stdout);
+  pid_t child = fork();
+  ASSERT(child >= 0);
+  if (child == 0) {
+    symlink_child(path, victim);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  char now[4096], metrics[4096];
+  slurp(victim, now, sizeof(now));
+  struct stat st;
+  bool regular = lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+  slurp(path, metrics, sizeof(metrics));
+  /* What is left: the victim, the textfile, the planted link. */
+  int left = 0;
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] != '.') {
+      char f[600];
+      snprintf(f, sizeof(f), "%s/%s", dir, e->d_name);
+      unlink(f);
+      left++;
+    }
+  }
+  if (d) {
+    closedir(d);
+  }
+  rmdir(dir);
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (strcmp(now, precious) != 0) {
+    FAIL("the file a symlink at the temporary name pointed to was overwritten: it now begins "
+         "'%.60s'", now);
+  }
+  ASSERT(regular);
+  if (!strstr(metrics, "hora_")) {
+    FAIL("the textfile holds no metrics: '%.200s'", metrics);
+  }
+  ASSERT_EQ_INT(left, 3);
 }
