@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,7 +48,7 @@ struct server {
   bool accept_warned;
   char addr[64];
   int port;
-  char path[1024], tmp[1100];
+  char path[1024];
   uint64_t interval_ns, next_file_ns;
   bool file_warned;
   struct conn conns[MAX_CONNS];
@@ -301,6 +302,24 @@ static void accept_all(struct server *s, uint64_t now) {
 
 /* ---- the file --------------------------------------------------------------------- */
 
+/* A new file beside path, under a name nobody can know in advance, that
+ * is created here and nowhere else (O_EXCL, O_NOFOLLOW): a symlink planted
+ * where it goes is never followed. Its name in tmp; -1 with errno. */
+static int open_temporary(const char *path, char *tmp, size_t n) {
+  for (int tries = 0; tries < 8; tries++) {
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+      r ^= hora__now_ns() * 0x9e3779b97f4a7c15ull;
+    }
+    snprintf(tmp, n, "%s.tmp.%d.%016llx", path, (int)getpid(), (unsigned long long)r);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST) {
+      return fd;
+    }
+  }
+  return -1; /* errno: EEXIST */
+}
+
 static void write_file(struct server *s) {
   struct hora__metrics_writer w;
   memset(&w, 0, sizeof(w));
@@ -309,7 +328,8 @@ static void write_file(struct server *s) {
   if (w.text.failed) {
     err = ENOMEM;
   } else {
-    int fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    char tmp[sizeof(s->path) + 64];
+    int fd = open_temporary(s->path, tmp, sizeof(tmp));
     if (fd < 0) {
       err = errno;
     }
@@ -324,11 +344,11 @@ static void write_file(struct server *s) {
     if (fd >= 0 && close(fd) != 0 && !err) {
       err = errno;
     }
-    if (!err && rename(s->tmp, s->path) != 0) {
+    if (!err && rename(tmp, s->path) != 0) {
       err = errno;
     }
     if (err && fd >= 0) {
-      unlink(s->tmp);
+      unlink(tmp);
     }
   }
   hora__wbuf_free(&w.text);
@@ -487,7 +507,6 @@ int hora__metrics_start(int rank, int local_rank) {
   }
   if (hora__params.METRICS_FILE[0]) {
     expand_path(s->path, sizeof(s->path), hora__params.METRICS_FILE, rank);
-    snprintf(s->tmp, sizeof(s->tmp), "%s.tmp.%d", s->path, (int)getpid());
     s->interval_ns = (uint64_t)(hora__params.METRICS_INTERVAL_SECONDS * 1e9);
     s->next_file_ns = hora__now_ns(); /* at once: a bad path is told at start-up */
   }
