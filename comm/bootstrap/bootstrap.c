@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "base/log.h"
@@ -310,8 +311,11 @@ int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv) {
   HORA_CHECK(check_addresses(c));
   char ipstr[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &ip, ipstr, sizeof(ipstr));
-  HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d.*", ipstr,
-             ntohs(c->proc->tcp_addr.sin_port), ifname, c->proc->job_id, c->rank);
+  struct sockaddr_un sun;
+  unsigned sun_len;
+  hora__unix_address(c->proc->secret, c->proc->job_id, c->rank, &sun, &sun_len);
+  HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @%s", ipstr,
+             ntohs(c->proc->tcp_addr.sin_port), ifname, sun.sun_path + 1);
   return HORA_SUCCESS;
 }
 
