@@ -30,6 +30,24 @@ static void describe_peer(int fd, const struct sockaddr_storage *ss, char *who, 
   }
 }
 
+/* The Unix listeners' names are public (/proc/net/unix), and every rank
+ * of a job runs as one user: a local process of another one is refused
+ * before it costs a handshake. */
+static bool same_user(int fd, char *why, size_t n) {
+  struct ucred cred;
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    snprintf(why, n, "its credentials cannot be read (SO_PEERCRED: %s)", strerror(errno));
+    return false;
+  }
+  if (cred.uid != geteuid()) {
+    snprintf(why, n, "it runs as uid %u, and this job as uid %u", (unsigned)cred.uid,
+             (unsigned)geteuid());
+    return false;
+  }
+  return true;
+}
+
 /* Only the first few are logged one by one (a flood must not fill the
  * log); the bootstrap's closing line counts them all. */
 #define REFUSALS_LOGGED 8
@@ -44,11 +62,12 @@ static void note_refusal(struct plan *p, const char *who, const char *why) {
   }
 }
 
-/* Whether a stranger's hello claims a connection this rank still expects:
- * a rank's handshake under way (or a forgery, which its proof unmasks
- * within a round trip or the deadline). */
+/* Whether a stranger's hello is the latest claim of a connection this
+ * rank still expects: a rank's handshake under way (or a forgery, which its
+ * proof unmasks within a round trip or the deadline). */
 static bool claims_wanted(const struct plan *p, const struct stranger *t) {
-  return t->hs.claimed && p->want_in[hora__boot_slot_of(t->hs.peer, t->hs.kind)];
+  return t->hs.claimed && !t->superseded &&
+         p->want_in[hora__boot_slot_of(t->hs.peer, t->hs.kind)];
 }
 
 void hora__boot_refuse(struct plan *p, int i, const char *why) {
@@ -133,17 +152,18 @@ int hora__boot_step_stranger(struct plan *p, int i) {
       hora__boot_refuse(p, i, why);
       return HORA_SUCCESS;
     }
-    /* One claim per expected connection at a time (the rank itself makes
-     * one attempt at a time): claims are never pushed out, so a second
-     * would only hold a slot. The newcomer goes; a rank refused this way
-     * connects again. */
-    for (int j = 0; t->hs.claimed && j < p->nhalf; j++) {
-      const struct stranger *o = &p->half[j];
-      if (j != i && o->hs.claimed && o->hs.peer == t->hs.peer && o->hs.kind == t->hs.kind) {
-        snprintf(why, sizeof(why), "a second %s connection claiming rank %d while one is in its "
-                 "handshake", hora__boot_kind_name(t->hs.kind), t->hs.peer);
-        hora__boot_refuse(p, i, why);
-        return HORA_SUCCESS;
+    /* Only the latest claim of a connection is kept from being pushed out
+     * (the rank itself makes one attempt at a time). Earlier ones stay, and
+     * may still prove the secret, but as plain strangers: refusing the
+     * newcomer instead would let a stranger that keeps sending the hello
+     * first lock the rank out. */
+    if (t->hs.claimed && !t->claim_seen) {
+      t->claim_seen = true;
+      for (int j = 0; j < p->nhalf; j++) {
+        struct stranger *o = &p->half[j];
+        if (j != i && o->hs.claimed && o->hs.peer == t->hs.peer && o->hs.kind == t->hs.kind) {
+          o->superseded = true;
+        }
       }
     }
     if (t->hs.authenticated) {
@@ -257,6 +277,14 @@ int hora__boot_accept_from(struct plan *p, int lfd, bool unix_socket) {
           return hora__error_errno(HORA_ERR_SYSTEM, "accept");
       }
     }
+    char why[160];
+    if (unix_socket && !same_user(fd, why, sizeof(why))) {
+      char who[96];
+      describe_peer(fd, &ss, who, sizeof(who));
+      note_refusal(p, who, why);
+      close(fd);
+      continue;
+    }
     if (p->nhalf == p->half_max &&
         !hora__boot_drop_oldest(p, "dropped as the oldest of too many connections that have not "
                                    "claimed an expected connection")) {
@@ -269,10 +297,8 @@ int hora__boot_accept_from(struct plan *p, int lfd, bool unix_socket) {
       continue;
     }
     struct stranger *t = &p->half[p->nhalf++];
-    t->fd = fd;
-    t->unix_socket = unix_socket;
-    t->since = hora__now_ns();
-    t->pfd = -1;
+    *t = (struct stranger){.fd = fd, .unix_socket = unix_socket, .since = hora__now_ns(),
+                           .pfd = -1};
     describe_peer(fd, &ss, t->who, sizeof(t->who));
     uint8_t nonce[HORA_HS_NONCE_LEN];
     int rc = hora__boot_random_bytes(nonce, sizeof(nonce), "handshake nonce");

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "base/log.h"
@@ -82,17 +83,28 @@ static uint64_t host_key(void) {
   return fnv1a(h, boot, strlen(boot));
 }
 
+/* Far past any build's table of settings: a longer encoding, or a
+ * negative length, is not a rank's. */
+#define SETTINGS_ENCODING_MAX (1 << 20)
+
 /* The two ranks' encodings (rank 0's and other's), when digests differ, so
  * every rank fails naming the same setting. */
 static int settings_differ(hora__comm *c, struct hora__rdv *rdv, const char *mine, size_t len,
                            int other) {
-  int32_t mylen = (int32_t)len, maxlen = 0;
+  int32_t mylen = (int32_t)HORA_MIN(len, (size_t)INT32_MAX), maxlen = 0;
   int32_t *lens = hora__calloc((size_t)c->size, sizeof(*lens));
   if (!lens) {
     return HORA_ERR_NO_MEMORY;
   }
   int rc = hora__rdv_allgather(rdv, &mylen, sizeof(mylen), lens);
-  for (int r = 0; r < c->size; r++) {
+  /* Every rank sees the same lengths, so all refuse together. */
+  for (int r = 0; rc == HORA_SUCCESS && r < c->size; r++) {
+    if (lens[r] < 0 || lens[r] > SETTINGS_ENCODING_MAX) {
+      rc = hora__error(HORA_ERR_PROTOCOL,
+                       "rank %d sent %d bytes as the length of its job-wide settings (0 to %d "
+                       "expected): another build of hora, or not a rank of this job",
+                       r, (int)lens[r], SETTINGS_ENCODING_MAX);
+    }
     maxlen = HORA_MAX(maxlen, lens[r]);
   }
   int32_t len0 = lens[0], len1 = lens[other];
@@ -227,7 +239,8 @@ void hora__boot_connection_key(const uint8_t secret[HORA_SECRET_LEN], const uint
 static int listen_and_allocate(hora__comm *c, struct in_addr *ip, char *ifname, size_t n) {
   HORA_CHECK(hora__choose_ipv4(hora__params.IFACE, c->cross_size == 1, ip, ifname, n));
   HORA_CHECK(hora__listen_tcp(*ip, &c->proc->tcp_listen_fd, &c->proc->tcp_addr));
-  HORA_CHECK(hora__listen_unix(c->proc->job_id, c->rank, &c->proc->unix_listen_fd));
+  HORA_CHECK(hora__listen_unix(c->proc->secret, c->proc->job_id, c->rank,
+                               &c->proc->unix_listen_fd));
   c->net->peers = hora__calloc((size_t)c->size, sizeof(*c->net->peers));
   c->proc->ctrl = hora__calloc((size_t)c->size, sizeof(*c->proc->ctrl));
   c->proc->data = hora__calloc((size_t)c->size, sizeof(*c->proc->data));
@@ -236,6 +249,49 @@ static int listen_and_allocate(hora__comm *c, struct in_addr *ip, char *ifname, 
     return HORA_ERR_NO_MEMORY;
   }
   return HORA_SUCCESS;
+}
+
+/* Each record must place its rank where step 1 did on every rank, from
+ * the same host identities: hosts numbered in the order of their lowest
+ * rank, local ranks in rank order. Host index and local rank index tables
+ * (the host's exchanges, the hierarchical collectives), so a record that
+ * does not fit is refused; every rank sees the same records. */
+static int check_addresses(const hora__comm *c) {
+  const struct hora__peer_info *peers = c->net->peers;
+  int *on_host = hora__calloc((size_t)HORA_MAX(c->cross_size, 1), sizeof(*on_host));
+  if (!on_host) {
+    return HORA_ERR_NO_MEMORY;
+  }
+  int hosts = 0, rc = HORA_SUCCESS;
+  for (int r = 0; r < c->size && rc == HORA_SUCCESS; r++) {
+    const struct hora__peer_info *p = &peers[r];
+    int h = p->host_index;
+    if (!memchr(p->host, '\0', sizeof(p->host))) {
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank %d's address record has a host name of more "
+                       "than %d bytes, or without its end", r, HORA_HOST_MAX - 1);
+    } else if (h < 0 || h >= c->cross_size || h > hosts) {
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank %d's address record says it is on host %d, where "
+                       "it can only be on host 0 to %d (%d hosts, numbered by their lowest rank)",
+                       r, h, HORA_MIN(hosts, c->cross_size - 1), c->cross_size);
+    } else if (p->local_rank != on_host[h]) {
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank %d's address record says it is local rank %d of "
+                       "host %d, where rank order makes it local rank %d", r, (int)p->local_rank,
+                       h, on_host[h]);
+    } else {
+      hosts += h == hosts;
+      on_host[h]++;
+    }
+  }
+  if (rc == HORA_SUCCESS &&
+      (hosts != c->cross_size || on_host[c->cross_rank] != c->local_size ||
+       peers[c->rank].host_index != c->cross_rank || peers[c->rank].local_rank != c->local_rank)) {
+    rc = hora__error(HORA_ERR_PROTOCOL, "the address records place %d ranks on %d hosts, %d of "
+                     "them on this rank's host %d, where the host identities gave %d hosts, %d "
+                     "ranks on host %d", c->size, hosts, on_host[c->cross_rank], c->cross_rank,
+                     c->cross_size, c->local_size, c->cross_rank);
+  }
+  free(on_host);
+  return rc;
 }
 
 int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv) {
@@ -252,10 +308,14 @@ int hora__boot_addresses(hora__comm *c, struct hora__rdv *rdv) {
   me.ipv4 = c->proc->tcp_addr.sin_addr.s_addr;
   me.port = c->proc->tcp_addr.sin_port;
   HORA_CHECK(hora__rdv_allgather(rdv, &me, sizeof(me), c->net->peers));
+  HORA_CHECK(check_addresses(c));
   char ipstr[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &ip, ipstr, sizeof(ipstr));
-  HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @hora.%s.%d", ipstr,
-             ntohs(c->proc->tcp_addr.sin_port), ifname, c->proc->job_id, c->rank);
+  struct sockaddr_un sun;
+  unsigned sun_len;
+  hora__unix_address(c->proc->secret, c->proc->job_id, c->rank, &sun, &sun_len);
+  HORA_DEBUG("bootstrap: listening on %s:%d (%s) and @%s", ipstr,
+             ntohs(c->proc->tcp_addr.sin_port), ifname, sun.sun_path + 1);
   return HORA_SUCCESS;
 }
 

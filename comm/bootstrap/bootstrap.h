@@ -20,13 +20,16 @@
  * large job takes thousands of control connections at once, and needs
  * their descriptors anyway). When the table is full the oldest is dropped,
  * not the newcomer: connections held open (silent, or half a hello) then
- * cannot keep peers out. A connection whose hello claims one this rank
- * expects (one claim per expected connection at a time) is never dropped
- * for a newcomer, only by its deadline or a wrong proof, so no flood of
- * strangers, however fast, pushes a rank's handshake out; a stranger that
- * forges the claim holds that one connection back for at most the
- * deadline. A peer refused anyway is not lost: the connecting side retries
- * any connection closed before the acknowledgement, until
+ * cannot keep peers out. The latest connection whose hello claims one this
+ * rank expects is never dropped for a newcomer, only by its deadline or a
+ * wrong proof, so no flood of silent strangers, however fast, pushes a
+ * rank's handshake out. A second claim of the same connection is not
+ * refused (a stranger sending the rank's hello first, again after each
+ * expiry, would lock the rank out): both run, the older one as a plain
+ * stranger; to push the rank's own out, a stranger must both forge its
+ * claim again and flood the table within the rank's handshake round trip.
+ * A peer refused anyway is not lost: the connecting side retries any
+ * connection closed before the acknowledgement, until
  * HORA_CONNECT_TIMEOUT_SECONDS. */
 #define HALF_OPEN_MAX 64
 #define HELLO_DEADLINE_NS 1000000000ull
@@ -60,6 +63,8 @@ struct stranger {
   bool unix_socket;
   uint64_t since;
   int pfd;
+  bool claim_seen; /* its hello's claim has been compared with the others' */
+  bool superseded; /* a newer connection claims the same one */
   struct hora__hs hs;
   char who[96];
 };

@@ -107,7 +107,7 @@ static int start_connect(struct plan *p, struct pending *s) {
   int fd;
   if (s->unix_socket) {
     unsigned ulen;
-    hora__unix_address(c->proc->job_id, s->peer, &ss, &ulen);
+    hora__unix_address(c->proc->secret, c->proc->job_id, s->peer, &ss, &ulen);
     len = (socklen_t)ulen;
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   } else {

@@ -306,37 +306,64 @@ int hora__rdv_allgather(struct hora__rdv *r, const void *mine, size_t len, void 
   return r->ops->allgather(r, mine, len, all);
 }
 
-int hora__rdv_agree(struct hora__rdv *r, int rc, const char *step) {
-  enum { CODES = 64 };
-  int code = rc > 0 && rc < CODES ? rc : HORA_ERR_SYSTEM;
-  int mine = rc != HORA_SUCCESS ? r->rank * CODES + code : INT_MAX;
-  int first = INT_MAX;
-  int err = hora__rdv_min(r, mine, &first);
-  if (rc != HORA_SUCCESS) {
-    return rc;
-  }
-  if (err != HORA_SUCCESS) {
-    return err;
-  }
-  if (first != INT_MAX) {
-    return hora__error(first % CODES,
-                       "bootstrap (%s) failed on rank %d (its hora_init error says why)", step,
-                       first / CODES);
-  }
-  return HORA_SUCCESS;
-}
-
-int hora__rdv_min(struct hora__rdv *r, int mine, int *min) {
+/* Every rank's int32, as sent: *all is the caller's to free. */
+static int gather_ints(struct hora__rdv *r, int mine, int32_t **all) {
   int32_t v = mine;
-  int32_t *all = hora__calloc((size_t)r->size, sizeof(*all));
-  if (!all) {
+  *all = hora__calloc((size_t)r->size, sizeof(**all));
+  if (!*all) {
     return HORA_ERR_NO_MEMORY;
   }
-  int rc = hora__rdv_allgather(r, &v, sizeof(v), all);
-  if (rc == HORA_SUCCESS) {
-    *min = all[0];
-    for (int i = 1; i < r->size; i++) {
-      *min = HORA_MIN(*min, all[i]);
+  int rc = hora__rdv_allgather(r, &v, sizeof(v), *all);
+  if (rc != HORA_SUCCESS) {
+    free(*all);
+    *all = NULL;
+  }
+  return rc;
+}
+
+int hora__rdv_agree(struct hora__rdv *r, int rc, const char *step) {
+  /* A rank sends INT_MAX, or its own failure as rank * CODES + code. */
+  enum { CODES = 64 };
+  int code = rc > 0 && rc < HORA_RESULT_COUNT_ ? rc : HORA_ERR_SYSTEM;
+  int32_t *all = NULL;
+  int err = gather_ints(r, rc != HORA_SUCCESS ? r->rank * CODES + code : INT_MAX, &all);
+  if (rc != HORA_SUCCESS || err != HORA_SUCCESS) {
+    free(all);
+    return rc != HORA_SUCCESS ? rc : err;
+  }
+  int first = -1;
+  for (int q = 0; q < r->size; q++) {
+    int32_t v = all[q];
+    if (v == INT_MAX) {
+      continue;
+    }
+    if (v < 0 || v / CODES != q || v % CODES == 0 || v % CODES >= HORA_RESULT_COUNT_) {
+      err = hora__error(HORA_ERR_PROTOCOL,
+                        "bootstrap (%s): rank %d sent %d as whether it failed (%d, or its own "
+                        "rank * %d + an error code, expected)", step, q, (int)v, INT_MAX, CODES);
+      free(all);
+      return err;
+    }
+    first = first < 0 ? q : first;
+  }
+  if (first >= 0) {
+    err = hora__error(all[first] % CODES,
+                      "bootstrap (%s) failed on rank %d (its hora_init error says why)", step,
+                      first);
+  }
+  free(all);
+  return err;
+}
+
+int hora__rdv_min(struct hora__rdv *r, int mine, int lo, int hi, const char *what, int *min) {
+  int32_t *all = NULL;
+  int rc = gather_ints(r, mine, &all);
+  for (int q = 0; rc == HORA_SUCCESS && q < r->size; q++) {
+    if (all[q] < lo || all[q] > hi) {
+      rc = hora__error(HORA_ERR_PROTOCOL, "rank %d sent %d as %s (%d to %d expected)", q,
+                       (int)all[q], what, lo, hi);
+    } else {
+      *min = q == 0 ? all[q] : HORA_MIN(*min, all[q]);
     }
   }
   free(all);

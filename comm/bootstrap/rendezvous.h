@@ -107,8 +107,9 @@ int hora__rdv_allgather(struct hora__rdv *r, const void *mine, size_t len, void 
 /* Every rank learns whether the step failed anywhere: a failing rank keeps
  * its own error, the others name the lowest failing rank. */
 int hora__rdv_agree(struct hora__rdv *r, int rc, const char *step);
-/* The minimum of one int over the ranks. */
-int hora__rdv_min(struct hora__rdv *r, int mine, int *min);
+/* The minimum of one int over the ranks, each of which must send one from
+ * lo to hi: another is HORA_ERR_PROTOCOL naming the rank and `what`. */
+int hora__rdv_min(struct hora__rdv *r, int mine, int lo, int hi, const char *what, int *min);
 /* root's len bytes to every rank. */
 int hora__rdv_bcast(struct hora__rdv *r, int root, void *buf, size_t len);
 

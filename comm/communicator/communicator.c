@@ -34,7 +34,8 @@ static int choose_rdma(hora__comm *c, struct hora__rdv *rdv) {
   if (ib && (forced_ib || (auto_transport && c->cross_size > 1))) {
     ib_here = !ib->available || ib->available();
   }
-  HORA_CHECK(hora__rdv_min(rdv, ib_here, &ib_everywhere));
+  HORA_CHECK(hora__rdv_min(rdv, ib_here, 0, 1, "whether its host has an RDMA port",
+                           &ib_everywhere));
   if (forced_ib && !ib_everywhere) {
     return hora__error(HORA_ERR_NOT_SUPPORTED,
                        "HORA_TRANSPORT=ib, but %s%s",
@@ -73,7 +74,9 @@ static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int
   }
   /* Sockets per TCP connection: the smallest any rank asks for. */
   int streams = (int)HORA_MAX(1, HORA_MIN(hora__params.SOCKETS_PER_PEER, HORA_TCP_STREAMS_MAX));
-  HORA_CHECK(hora__rdv_min(rdv, streams, &c->proc->tcp_streams));
+  HORA_CHECK(hora__rdv_min(rdv, streams, 1, HORA_TCP_STREAMS_MAX,
+                           "its sockets per TCP connection (HORA_SOCKETS_PER_PEER)",
+                           &c->proc->tcp_streams));
   HORA_CHECK(hora__rdv_agree(rdv, hora__boot_connect_all(c, ctrl_peers, nctrl_peers),
                              "connections"));
   c->world_ring.pos = c->rank;
@@ -91,7 +94,7 @@ static int build(hora__comm *c, struct hora__rdv *rdv, uint64_t epoch, const int
   /* The algorithms must agree job-wide: if some host could not share
    * memory, every rank uses the rings. */
   int ok = forced_tcp || c->local_size == 1 || c->proc->shm != NULL, all_ok = 0;
-  HORA_CHECK(hora__rdv_min(rdv, ok, &all_ok));
+  HORA_CHECK(hora__rdv_min(rdv, ok, 0, 1, "whether its host's shared memory works", &all_ok));
   if (!all_ok) {
     hora__shm_destroy(c->proc->shm);
     c->proc->shm = NULL;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -285,6 +286,19 @@ static int map_segment(struct hora__shm *s, pid_t leader_pid, int leader_fd, int
     if (fd < 0) {
       return hora__error_errno(HORA_ERR_SYSTEM, "open %s (the host's shared segment)", path);
     }
+  }
+  /* The leader's hello names the segment: touching past the end of a
+   * smaller one would be a SIGBUS, not an error. */
+  struct stat st;
+  memset(&st, 0, sizeof(st));
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < (uint64_t)s->bytes) {
+    int rc = hora__error(HORA_ERR_PROTOCOL, "the host's shared segment (pid %d's descriptor %d) "
+                         "holds %lld bytes, where this rank's layout needs %zu",
+                         (int)leader_pid, leader_fd, (long long)st.st_size, s->bytes);
+    if (fd != my_fd) {
+      close(fd);
+    }
+    return rc;
   }
   /* Every page mapped now: no page faults in the first collectives, and
    * the resident set does not creep up later as bigger pieces first reach

@@ -5,6 +5,8 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -127,24 +129,39 @@ int hora__listen_tcp(struct in_addr addr, int *fd_out, struct sockaddr_in *bound
   return HORA_SUCCESS;
 }
 
-int hora__unix_address(const char *job_id, int rank, void *sun_out, unsigned *len) {
+int hora__unix_address(const uint8_t key[HORA_SECRET_LEN], const char *job_id, int rank,
+                       void *sun_out, unsigned *len) {
   struct sockaddr_un *sun = sun_out;
   memset(sun, 0, sizeof(*sun));
   sun->sun_family = AF_UNIX;
-  /* Abstract namespace: no file to clean up, gone when the process is. */
-  int n = snprintf(sun->sun_path + 1, sizeof(sun->sun_path) - 1, "hora.%s.%d", job_id, rank);
+  /* Abstract namespace: no file to clean up, gone when the process is. The
+   * tag comes from the key, which only the job's members know, so nobody
+   * else can bind a rank's name before it does. */
+  uint8_t in[16 + HORA_SECRET_LEN + 4], tag[SHA256_DIGEST_LENGTH];
+  memcpy(in, "hora-unix-name-1", 16);
+  memcpy(in + 16, key, HORA_SECRET_LEN);
+  for (int i = 0; i < 4; i++) {
+    in[16 + HORA_SECRET_LEN + i] = (uint8_t)((uint32_t)rank >> (8 * i));
+  }
+  SHA256(in, sizeof(in), tag);
+  OPENSSL_cleanse(in, sizeof(in));
+  int n = snprintf(sun->sun_path + 1, sizeof(sun->sun_path) - 1, "hora.%s.%d.", job_id, rank);
+  for (int i = 0; i < 8; i++) {
+    n += snprintf(sun->sun_path + 1 + n, sizeof(sun->sun_path) - 1 - (size_t)n, "%02x", tag[i]);
+  }
   *len = (unsigned)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
   return HORA_SUCCESS;
 }
 
-int hora__listen_unix(const char *job_id, int rank, int *fd_out) {
+int hora__listen_unix(const uint8_t key[HORA_SECRET_LEN], const char *job_id, int rank,
+                      int *fd_out) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     return hora__error_errno(HORA_ERR_SYSTEM, "socket(AF_UNIX)");
   }
   struct sockaddr_un sun;
   unsigned len;
-  hora__unix_address(job_id, rank, &sun, &len);
+  hora__unix_address(key, job_id, rank, &sun, &len);
   if (bind(fd, (struct sockaddr *)&sun, len) < 0 || listen(fd, SOMAXCONN) < 0) {
     int rc = hora__error_errno(HORA_ERR_SYSTEM, "bind/listen on unix socket @%s", sun.sun_path + 1);
     close(fd);

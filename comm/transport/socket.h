@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include "base/common.h"
+#include "comm/transport/handshake.h"
 
 int hora__socket_nonblocking(int fd);
 int hora__socket_tune(int fd, bool tcp, int64_t bufsize);
@@ -16,8 +17,11 @@ bool hora__socket_is_self_connected(int fd);
 int hora__choose_ipv4(const char *iface, bool single_host, struct in_addr *out, char *ifname,
                       size_t ifname_len);
 int hora__listen_tcp(struct in_addr addr, int *fd, struct sockaddr_in *bound);
-int hora__listen_unix(const char *job_id, int rank, int *fd);
-int hora__unix_address(const char *job_id, int rank, void *sun, unsigned *len);
+/* A rank's Unix listener: its abstract name holds a tag derived from key
+ * (the job's connection key), so only members can name it beforehand. */
+int hora__listen_unix(const uint8_t key[HORA_SECRET_LEN], const char *job_id, int rank, int *fd);
+int hora__unix_address(const uint8_t key[HORA_SECRET_LEN], const char *job_id, int rank,
+                       void *sun, unsigned *len);
 /* accept() failed with EMFILE/ENFILE: gives up the spare descriptor
  * *reserve_fd for a moment to accept one pending connection and close it at
  * once, so the listener's queue shrinks instead of poll() reporting it ready

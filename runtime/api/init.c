@@ -203,7 +203,8 @@ static int init_locked(const void *mpi_comm) {
    * waiting in the bootstrap for one that gave up. */
   if (rc == HORA_SUCCESS) {
     int worst = prc;
-    rc = hora__rdv_min(rdv, -prc, &worst);
+    rc = hora__rdv_min(rdv, -prc, 1 - HORA_RESULT_COUNT_, 0, "its settings check's result",
+                       &worst);
     if (rc == HORA_SUCCESS && prc != HORA_SUCCESS) {
       rc = hora__error(prc, "%s", perr);
     } else if (rc == HORA_SUCCESS && worst != HORA_SUCCESS) {

@@ -14,16 +14,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/log.h"
 #include "base/params.h"
+#include "comm/transport/socket.h"
 #include "runtime/observe/metrics.h"
 
 #define MAX_CONNS 64
 #define REQUEST_MAX 4096
 #define CONN_DEADLINE_NS (2ull * 1000000000ull)
+#define LISTEN_PAUSE_NS (100ull * 1000000ull) /* out of descriptors, none to spare */
 
 enum conn_state { READING, WRITING, DRAINING };
 
@@ -40,9 +43,12 @@ struct conn {
 struct server {
   pthread_t thread;
   int listen_fd, wake_fd;
+  int reserve_fd;            /* spare descriptor, to shed a client on EMFILE (hora__accept_shed) */
+  uint64_t listen_resume_ns; /* the listener is not polled before this */
+  bool accept_warned;
   char addr[64];
   int port;
-  char path[1024], tmp[1100];
+  char path[1024];
   uint64_t interval_ns, next_file_ns;
   bool file_warned;
   struct conn conns[MAX_CONNS];
@@ -229,11 +235,49 @@ static void conn_drain(struct conn *c) {
   }
 }
 
+/* Out of descriptors (or kernel memory) with clients waiting, poll()
+ * would report the listener ready again at once: each waiting client is
+ * shed through the spare descriptor (accepted and closed), and without a
+ * spare the listener is left alone for a moment. */
+static bool cannot_accept(struct server *s, uint64_t now, int err) {
+  if (err == EMFILE || err == ENFILE) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (hora__accept_shed(s->listen_fd, &s->reserve_fd, &ss, &len) == 0) {
+      if (!s->accept_warned) {
+        HORA_WARN("metrics: out of file descriptors (%s): closing the endpoint's new "
+                  "connections unanswered while it lasts", strerror(err));
+        s->accept_warned = true;
+      }
+      return true;
+    }
+  }
+  if (!s->accept_warned) {
+    HORA_WARN("metrics: accept: %s; the endpoint takes no connections while it lasts",
+              strerror(err));
+    s->accept_warned = true;
+  }
+  s->listen_resume_ns = now + LISTEN_PAUSE_NS;
+  return false;
+}
+
 static void accept_all(struct server *s, uint64_t now) {
   for (int i = 0; i < 256; i++) {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      return; /* EAGAIN, or out of descriptors: the rest wait in the backlog */
+      int err = errno;
+      if (err == EINTR || err == ECONNABORTED || err == EPROTO) {
+        continue; /* that connection's trouble, not the listener's */
+      }
+      if ((err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) &&
+          cannot_accept(s, now, err)) {
+        continue;
+      }
+      return; /* EAGAIN, or paused */
+    }
+    if (s->accept_warned) {
+      HORA_INFO("metrics: the endpoint accepts connections again");
+      s->accept_warned = false;
     }
     if (s->nconns == MAX_CONNS) {
       int oldest = 0;
@@ -258,6 +302,24 @@ static void accept_all(struct server *s, uint64_t now) {
 
 /* ---- the file --------------------------------------------------------------------- */
 
+/* A new file beside path, under a name nobody can know in advance, that
+ * is created here and nowhere else (O_EXCL, O_NOFOLLOW): a symlink planted
+ * where it goes is never followed. Its name in tmp; -1 with errno. */
+static int open_temporary(const char *path, char *tmp, size_t n) {
+  for (int tries = 0; tries < 8; tries++) {
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+      r ^= hora__now_ns() * 0x9e3779b97f4a7c15ull;
+    }
+    snprintf(tmp, n, "%s.tmp.%d.%016llx", path, (int)getpid(), (unsigned long long)r);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST) {
+      return fd;
+    }
+  }
+  return -1; /* errno: EEXIST */
+}
+
 static void write_file(struct server *s) {
   struct hora__metrics_writer w;
   memset(&w, 0, sizeof(w));
@@ -266,7 +328,8 @@ static void write_file(struct server *s) {
   if (w.text.failed) {
     err = ENOMEM;
   } else {
-    int fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    char tmp[sizeof(s->path) + 64];
+    int fd = open_temporary(s->path, tmp, sizeof(tmp));
     if (fd < 0) {
       err = errno;
     }
@@ -281,11 +344,11 @@ static void write_file(struct server *s) {
     if (fd >= 0 && close(fd) != 0 && !err) {
       err = errno;
     }
-    if (!err && rename(s->tmp, s->path) != 0) {
+    if (!err && rename(tmp, s->path) != 0) {
       err = errno;
     }
     if (err && fd >= 0) {
-      unlink(s->tmp);
+      unlink(tmp);
     }
   }
   hora__wbuf_free(&w.text);
@@ -307,8 +370,12 @@ static void *serve(void *arg) {
     uint64_t now = hora__now_ns(), due = UINT64_MAX;
     int n = 0;
     pfd[n++] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+    bool listening = now >= s->listen_resume_ns;
     if (s->listen_fd >= 0) {
-      pfd[n++] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+      pfd[n++] = (struct pollfd){.fd = s->listen_fd, .events = listening ? POLLIN : 0};
+      if (!listening) {
+        due = HORA_MIN(due, s->listen_resume_ns);
+      }
     }
     for (int i = 0; i < s->nconns; i++) {
       pfd[n++] = (struct pollfd){.fd = s->conns[i].fd,
@@ -348,7 +415,7 @@ static void *serve(void *arg) {
         conn_close(s, i);
       }
     }
-    if (rc > 0 && s->listen_fd >= 0 && pfd[1].revents) {
+    if (rc > 0 && s->listen_fd >= 0 && listening && pfd[1].revents) {
       accept_all(s, now);
     }
     if (s->path[0] && now >= s->next_file_ns) {
@@ -420,7 +487,7 @@ int hora__metrics_start(int rank, int local_rank) {
   if (!s) {
     return hora__error(HORA_ERR_NO_MEMORY, "metrics: out of memory");
   }
-  s->listen_fd = -1;
+  s->listen_fd = s->reserve_fd = -1;
   s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->wake_fd < 0) {
     free(s);
@@ -435,9 +502,11 @@ int hora__metrics_start(int rank, int local_rank) {
       s->listen_fd = listen_on(hora__params.METRICS_ADDR, s->port);
     }
   }
+  if (s->listen_fd >= 0) {
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* none: paused on EMFILE instead */
+  }
   if (hora__params.METRICS_FILE[0]) {
     expand_path(s->path, sizeof(s->path), hora__params.METRICS_FILE, rank);
-    snprintf(s->tmp, sizeof(s->tmp), "%s.tmp.%d", s->path, (int)getpid());
     s->interval_ns = (uint64_t)(hora__params.METRICS_INTERVAL_SECONDS * 1e9);
     s->next_file_ns = hora__now_ns(); /* at once: a bad path is told at start-up */
   }
@@ -457,6 +526,9 @@ int hora__metrics_start(int rank, int local_rank) {
     hora__metrics_remove_source(http_family, NULL);
     if (s->listen_fd >= 0) {
       close(s->listen_fd);
+    }
+    if (s->reserve_fd >= 0) {
+      close(s->reserve_fd);
     }
     close(s->wake_fd);
     free(s);
@@ -485,6 +557,9 @@ void hora__metrics_stop(void) {
   hora__metrics_remove_source(http_family, NULL);
   if (s->listen_fd >= 0) {
     close(s->listen_fd);
+  }
+  if (s->reserve_fd >= 0) {
+    close(s->reserve_fd);
   }
   close(s->wake_fd);
   free(s);

@@ -525,8 +525,8 @@ int MPI_Allgather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc, MPI
 }
 
 /* The first socket this rank sends on to rank 0's hora listener
- * (@hora.*.0) during hora_init: hand each message to the attacker, which
- * replays it before it really goes out. */
+ * (@hora.JOB.0.TAG) during hora_init: hand each message to the attacker,
+ * which replays it before it really goes out. */
 static int is_replay_target(int fd) {
   if (fd == replay_fd) {
     return 1;
@@ -542,7 +542,8 @@ static int is_replay_target(int fd) {
     return 0;
   }
   size_t nl = len - offsetof(struct sockaddr_un, sun_path) - 1;
-  if (nl < 2 || sun.sun_path[nl - 1] != '.' || sun.sun_path[nl] != '0') {
+  const char *name = sun.sun_path + 1, *tag = memrchr(name, '.', nl);
+  if (!tag || tag - name < 2 || tag[-1] != '0' || tag[-2] != '.') {
     return 0;
   }
   replay_fd = fd;

@@ -42,8 +42,14 @@ int test_skipped;
   X(slurm_first_node_of_a_node_list)                                                         \
   X(a_connection_to_itself_is_no_peer)                                                       \
   X(rendezvous_rank_dropped_before_its_claim_connects_again)                                 \
+  X(settings_length_from_a_peer_is_checked)                                                  \
+  X(address_record_from_a_peer_is_checked)                                                   \
+  X(agreement_record_from_a_peer_is_checked)                                                 \
+  X(minimum_from_a_peer_is_checked)                                                          \
+  X(shared_segment_smaller_than_its_layout_is_not_mapped)                                    \
   X(connections_of_another_epoch_are_refused)                                                \
   X(tcp_sockets_get_the_congestion_control_asked_for)                                        \
+  X(unix_listener_name_cannot_be_taken_in_advance)                                           \
   X(table_put_get_remove_grow)                                                               \
   X(table_reuses_removed_entries)                                                            \
   X(strerror_covers_every_code)                                                              \
@@ -118,7 +124,11 @@ int test_skipped;
   X(cost_model_setting_numbers_calibrate_and_file)                                           \
   X(cost_model_init_reads_rank_0s_setting_only)                                              \
   X(cost_calibrate_over_mock_links)                                                          \
-  X(strangers_flood_never_pushes_out_a_ranks_handshake)
+  X(strangers_flood_never_pushes_out_a_ranks_handshake)                                      \
+  X(strangers_forged_claim_cannot_lock_out_the_real_rank)                                    \
+  X(strangers_of_another_uid_are_refused_on_the_unix_listener)                               \
+  X(metrics_endpoint_out_of_descriptors_does_not_spin)                                       \
+  X(metrics_file_temporary_name_does_not_follow_a_symlink)
 
 #define DECLARE(name) void test_##name(void);
 UNIT_TESTS(DECLARE)

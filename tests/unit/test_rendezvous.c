@@ -7,12 +7,17 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/params.h"
+#include "comm/bootstrap/bootstrap.h"
 #include "comm/bootstrap/rendezvous.h"
+#include "comm/shm/shm.h"
 #include "comm/transport/socket.h"
 #include "../runner.h"
 
@@ -279,5 +284,300 @@ TEST(rendezvous_rank_dropped_before_its_claim_connects_again) {
   for (int r = 0; r < 2; r++) {
     ASSERT_EQ_INT(side[r].gathered[0], 100);
     ASSERT_EQ_INT(side[r].gathered[1], 101);
+  }
+}
+
+/* ---- records a peer sends through the rendezvous ---- */
+
+/* A rendezvous of two where this process is rank 0 and rank 1's records
+ * are forged: a copy of rank 0's, changed by `forge` on the chosen
+ * exchange (the first is number 1). */
+struct forged_rdv {
+  struct hora__rdv r;
+  int call;
+  void (*forge)(struct forged_rdv *f, void *theirs, size_t len);
+  int32_t value;
+};
+
+static int forged_allgather(struct hora__rdv *r, const void *mine, size_t len, void *all) {
+  struct forged_rdv *f = (struct forged_rdv *)r;
+  f->call++;
+  memcpy(all, mine, len);
+  memcpy((char *)all + len, mine, len);
+  f->forge(f, (char *)all + len, len);
+  return HORA_SUCCESS;
+}
+
+static void forged_close(struct hora__rdv *r) {
+  (void)r;
+}
+
+static const struct hora__rdv_ops forged_ops = {.allgather = forged_allgather,
+                                                .close = forged_close};
+
+static void forged_open(struct forged_rdv *f,
+                        void (*forge)(struct forged_rdv *f, void *theirs, size_t len),
+                        int32_t value) {
+  memset(f, 0, sizeof(*f));
+  f->r.ops = &forged_ops;
+  f->r.kind = HORA_RDV_TCP;
+  f->r.rank = 0;
+  f->r.size = 2;
+  f->forge = forge;
+  f->value = value;
+}
+
+/* What a step returned, run in a child (at most 10 s), so that a crash or
+ * a read past a buffer fails the test and not the whole runner. */
+struct outcome {
+  int rc;
+  char msg[512];
+};
+
+static void run_in_child(int (*step)(void *), void *arg, struct outcome *out) {
+  int p[2];
+  memset(out, 0, sizeof(*out));
+  out->rc = -1000;
+  if (pipe(p) != 0) {
+    snprintf(out->msg, sizeof(out->msg), "pipe: %s", strerror(errno));
+    return;
+  }
+  fflush(stdout);
+  pid_t child = fork();
+  if (child == 0) {
+    close(p[0]);
+    alarm(10);
+    struct outcome o;
+    memset(&o, 0, sizeof(o));
+    o.rc = step(arg);
+    hora__strlcpy(o.msg, hora__error_message(), sizeof(o.msg));
+    (void)!write(p[1], &o, sizeof(o));
+    _exit(0);
+  }
+  close(p[1]);
+  struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+  size_t got = 0;
+  while (got < sizeof(*out) && poll(&pfd, 1, 15000) == 1) {
+    ssize_t n = read(p[0], (char *)out + got, sizeof(*out) - got);
+    if (n <= 0) {
+      break;
+    }
+    got += (size_t)n;
+  }
+  close(p[0]);
+  int status = 0;
+  if (child > 0) {
+    waitpid(child, &status, 0);
+  }
+  if (child < 0 || got != sizeof(*out)) {
+    out->rc = -1000;
+    snprintf(out->msg, sizeof(out->msg), "the step %s", child < 0 ? "could not fork"
+             : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "gave no answer");
+  }
+}
+
+struct fake_comm {
+  hora__comm c;
+  struct hora__proc proc;
+  struct forged_rdv f;
+};
+
+static void fake_comm_init(struct fake_comm *k) {
+  memset(&k->c, 0, sizeof(k->c));
+  memset(&k->proc, 0, sizeof(k->proc));
+  k->proc.tcp_listen_fd = k->proc.unix_listen_fd = k->proc.reserve_fd = -1;
+  k->c.proc = &k->proc;
+  k->c.net = &k->proc.net;
+}
+
+/* Exchange 2 (the who records): another settings digest, every byte
+ * flipped; exchange 3 (the settings' lengths): rank 1's is f->value. */
+static void forge_settings_length(struct forged_rdv *f, void *theirs, size_t len) {
+  if (f->call == 2) {
+    for (size_t i = 0; i < len; i++) {
+      ((uint8_t *)theirs)[i] ^= 0xff;
+    }
+  } else if (f->call == 3 && len == sizeof(int32_t)) {
+    memcpy(theirs, &f->value, sizeof(f->value));
+  }
+}
+
+static int membership_step(void *arg) {
+  struct fake_comm *k = arg;
+  return hora__boot_membership(&k->c, &k->f.r, 1);
+}
+
+/* The settings check, when digests differ, exchanges each rank's encoding
+ * after its length: a length no build sends (negative, or past any
+ * settings table) is refused naming the rank, before it sizes a buffer. */
+TEST(settings_length_from_a_peer_is_checked) {
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+  static const int32_t forged[] = {-1, INT32_MIN, 1 << 30};
+  for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+    struct fake_comm k;
+    fake_comm_init(&k);
+    forged_open(&k.f, forge_settings_length, forged[i]);
+    struct outcome o;
+    run_in_child(membership_step, &k, &o);
+    char want[64];
+    snprintf(want, sizeof(want), "%d bytes", (int)forged[i]);
+    if (o.rc != HORA_ERR_PROTOCOL || !strstr(o.msg, "rank 1") || !strstr(o.msg, want)) {
+      FAIL("rank 1's settings length %d: rc %d, '%.300s' (expected HORA_ERR_PROTOCOL naming "
+           "rank 1 and '%s')", (int)forged[i], o.rc, o.msg, want);
+    }
+  }
+}
+
+/* Exchange 2 (the address records): rank 1's, from rank 0's, says it is
+ * local rank 1 of host 0, then is spoilt as f->value says. */
+enum { SPOIL_NONE, SPOIL_LOCAL_RANK_PAST, SPOIL_HOST_PAST, SPOIL_LOCAL_RANK_TWICE,
+       SPOIL_HOST_NEGATIVE, SPOIL_HOST_NAME_UNENDED, SPOILS };
+static const char *const spoil_names[SPOILS] = {
+    "none", "local rank 7 on a host of 2 ranks", "host 5 in a job of 1 host",
+    "local rank 0, rank 0's", "host -1", "a host name without its terminating NUL"};
+
+static void forge_address(struct forged_rdv *f, void *theirs, size_t len) {
+  struct hora__peer_info *p = theirs;
+  if (f->call != 2 || len != sizeof(*p)) {
+    return;
+  }
+  p->pid = 4242;
+  p->local_rank = 1;
+  switch (f->value) {
+    case SPOIL_LOCAL_RANK_PAST: p->local_rank = 7; break;
+    case SPOIL_HOST_PAST: p->host_index = 5; break;
+    case SPOIL_LOCAL_RANK_TWICE: p->local_rank = 0; break;
+    case SPOIL_HOST_NEGATIVE: p->host_index = -1; break;
+    case SPOIL_HOST_NAME_UNENDED: memset(p->host, 'x', sizeof(p->host)); break;
+    default: break;
+  }
+}
+
+static int addresses_with(int spoil, char *msg, size_t n) {
+  struct fake_comm k;
+  fake_comm_init(&k);
+  k.c.rank = 0;
+  k.c.size = 2;
+  k.c.local_size = 2;
+  k.c.cross_size = 1;
+  k.proc.net.rank = 0;
+  k.proc.net.size = 2;
+  memset(k.proc.secret, 0x33, sizeof(k.proc.secret));
+  snprintf(k.proc.job_id, sizeof(k.proc.job_id), "%016x", (unsigned)getpid());
+  forged_open(&k.f, forge_address, spoil);
+  int rc = hora__boot_addresses(&k.c, &k.f.r);
+  hora__strlcpy(msg, hora__error_message(), n);
+  if (k.proc.tcp_listen_fd >= 0) {
+    close(k.proc.tcp_listen_fd);
+  }
+  if (k.proc.unix_listen_fd >= 0) {
+    close(k.proc.unix_listen_fd);
+  }
+  free(k.c.net->peers);
+  free(k.proc.ctrl);
+  free(k.proc.data);
+  free(k.proc.cross);
+  return rc;
+}
+
+/* Where each rank sits (its host, its local rank there) indexes the host's
+ * exchanges and the hierarchical collectives' tables: a record that does
+ * not fit the job's hosts is refused, naming the rank. */
+TEST(address_record_from_a_peer_is_checked) {
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+  char msg[512];
+  int rc = addresses_with(SPOIL_NONE, msg, sizeof(msg));
+  if (rc != HORA_SUCCESS) {
+    FAIL("a well-formed record of rank 1 was refused: %.400s", msg);
+  }
+  for (int spoil = SPOIL_NONE + 1; spoil < SPOILS; spoil++) {
+    rc = addresses_with(spoil, msg, sizeof(msg));
+    if (rc != HORA_ERR_PROTOCOL || !strstr(msg, "rank 1")) {
+      FAIL("rank 1's record with %s: rc %d, '%.300s' (expected HORA_ERR_PROTOCOL naming rank 1)",
+           spoil_names[spoil], rc, rc == HORA_SUCCESS ? "" : msg);
+    }
+  }
+}
+
+/* Every exchange of one int32: rank 1's is f->value. */
+static void forge_int(struct forged_rdv *f, void *theirs, size_t len) {
+  if (len == sizeof(int32_t)) {
+    memcpy(theirs, &f->value, sizeof(f->value));
+  }
+}
+
+/* After each step every rank learns whether one failed, and which: a rank
+ * sends its own failure (rank * 64 + code) or INT_MAX. Anything else is
+ * refused naming the rank, never taken for a failure of another rank, a
+ * code out of range, or success. */
+TEST(agreement_record_from_a_peer_is_checked) {
+  struct forged_rdv f;
+  forged_open(&f, forge_int, INT32_MAX);
+  ASSERT_EQ_INT(hora__rdv_agree(&f.r, HORA_SUCCESS, "a step"), HORA_SUCCESS);
+  forged_open(&f, forge_int, 64 + HORA_ERR_TIMEOUT);
+  ASSERT_EQ_INT(hora__rdv_agree(&f.r, HORA_SUCCESS, "a step"), HORA_ERR_TIMEOUT);
+  ASSERT_STR_CONTAINS(hora__error_message(), "failed on rank 1");
+  static const int32_t forged[] = {-7, 0, HORA_ERR_TIMEOUT, 64, 2 * 64 + 1, INT32_MIN};
+  for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+    forged_open(&f, forge_int, forged[i]);
+    int rc = hora__rdv_agree(&f.r, HORA_SUCCESS, "a step");
+    if (rc != HORA_ERR_PROTOCOL || !strstr(hora__error_message(), "rank 1")) {
+      FAIL("rank 1's agreement record %d: rc %d, '%.300s' (expected HORA_ERR_PROTOCOL naming "
+           "rank 1)", (int)forged[i], rc, rc == HORA_SUCCESS ? "" : hora__error_message());
+    }
+  }
+}
+
+/* The minima start-up takes over the ranks (sockets per TCP connection,
+ * flags, the settings check's result) index and size things: a value out
+ * of its range is refused naming the rank, never taken as the minimum. */
+TEST(minimum_from_a_peer_is_checked) {
+  struct forged_rdv f;
+  int min = -1;
+  forged_open(&f, forge_int, 3);
+  ASSERT_EQ_INT(hora__rdv_min(&f.r, 5, 1, 8, "its sockets", &min), HORA_SUCCESS);
+  ASSERT_EQ_INT(min, 3);
+  static const int32_t forged[] = {0, -1, 9, INT32_MIN, INT32_MAX};
+  for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+    forged_open(&f, forge_int, forged[i]);
+    min = -1;
+    int rc = hora__rdv_min(&f.r, 5, 1, 8, "its sockets", &min);
+    if (rc != HORA_ERR_PROTOCOL || !strstr(hora__error_message(), "rank 1 sent")) {
+      FAIL("rank 1's value %d of 1 to 8: rc %d, minimum %d, '%.300s' (expected HORA_ERR_PROTOCOL "
+           "naming rank 1)", (int)forged[i], rc, min, rc == HORA_SUCCESS ? "" : hora__error_message());
+    }
+  }
+}
+
+/* The host's shared segment is local rank 0's memfd, named by its hello
+ * and opened through /proc. One smaller than this build's layout (a forged
+ * hello, or another build) must not be mapped: touching past its end would
+ * kill the process (SIGBUS) in the first collective. */
+TEST(shared_segment_smaller_than_its_layout_is_not_mapped) {
+  ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+  hora__net net0 = {.rank = 0, .size = 2}, net1 = {.rank = 1, .size = 2};
+  struct hora__shm *leader = NULL, *follower = NULL, *fooled = NULL;
+  struct hora__shm_hello host[2], spare;
+  ASSERT_EQ_INT(hora__shm_begin(&net0, 0, 2, false, &leader, &host[0]), HORA_SUCCESS);
+  ASSERT_EQ_INT(hora__shm_begin(&net1, 1, 2, false, &follower, &host[1]), HORA_SUCCESS);
+  ASSERT_EQ_INT(hora__shm_begin(&net1, 1, 2, false, &fooled, &spare), HORA_SUCCESS);
+  struct hora__shm_verdict right, small;
+  hora__shm_attach(follower, host, &right);
+  int fd = memfd_create("hora-test-small-segment", MFD_CLOEXEC);
+  bool made = fd >= 0 && ftruncate(fd, 4096) == 0;
+  host[0].fd = fd;
+  hora__shm_attach(fooled, host, &small);
+  size_t half = hora__shm_half_bytes(fooled);
+  hora__shm_destroy(fooled);
+  hora__shm_destroy(follower);
+  hora__shm_destroy(leader);
+  if (fd >= 0) {
+    close(fd);
+  }
+  ASSERT(made);
+  ASSERT(right.mapped); /* the leader's own segment */
+  if (small.mapped) {
+    FAIL("a 4096-byte segment was mapped as the host's (its layout holds two %zu-byte halves "
+         "per local rank)", half);
   }
 }

@@ -3,9 +3,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "base/params.h"
@@ -57,4 +60,50 @@ TEST(tcp_sockets_get_the_congestion_control_asked_for) {
 
   unsetenv("HORA_TCP_CONGESTION_CONTROL");
   ASSERT_EQ_INT(hora__params_load(), HORA_SUCCESS);
+}
+
+/* A rank's Unix listener: the job id is public (/proc/net/unix names it
+ * as soon as one rank listens), so a local process of another user could
+ * bind @hora.<job>.<rank> before that rank does. It must not keep the rank
+ * from listening. */
+TEST(unix_listener_name_cannot_be_taken_in_advance) {
+  char job[17];
+  snprintf(job, sizeof(job), "%016x", (unsigned)getpid());
+  int squatter = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ASSERT(squatter >= 0);
+  struct sockaddr_un sun = {.sun_family = AF_UNIX};
+  int n = snprintf(sun.sun_path + 1, sizeof(sun.sun_path) - 1, "hora.%s.%d", job, 3);
+  socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+  ASSERT(bind(squatter, (struct sockaddr *)&sun, len) == 0 && listen(squatter, 4) == 0);
+  uint8_t key[HORA_SECRET_LEN], other_key[HORA_SECRET_LEN];
+  memset(key, 0x42, sizeof(key));
+  memset(other_key, 0x43, sizeof(other_key));
+  int fd = -1;
+  int rc = hora__listen_unix(key, job, 3, &fd);
+  if (rc != HORA_SUCCESS) {
+    close(squatter);
+    FAIL("a process holding @hora.%s.3 keeps rank 3 from listening: %s", job,
+         hora__error_message());
+  }
+  /* Members, who know the key, reach the rank itself. */
+  struct sockaddr_un at, elsewhere;
+  unsigned at_len, elsewhere_len;
+  hora__unix_address(key, job, 3, &at, &at_len);
+  hora__unix_address(other_key, job, 3, &elsewhere, &elsewhere_len);
+  int client = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool reached = client >= 0 && connect(client, (struct sockaddr *)&at, at_len) == 0;
+  int in_rank = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  int in_squatter = accept4(squatter, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  bool same = at_len == elsewhere_len && memcmp(at.sun_path, elsewhere.sun_path, at_len -
+                                                offsetof(struct sockaddr_un, sun_path)) == 0;
+  int fds[] = {client, in_rank, in_squatter, fd, squatter};
+  for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+    if (fds[i] >= 0) {
+      close(fds[i]);
+    }
+  }
+  ASSERT(reached);
+  ASSERT(in_rank >= 0);
+  ASSERT(in_squatter < 0);
+  ASSERT(!same); /* the name depends on the key */
 }
