@@ -440,6 +440,20 @@ if [ -z "${HORA_TEST_ONLY:-}" ] || echo "python-elastic" | grep -Eq "$HORA_TEST_
         grep -v "^\[[0-9]*\]     " "$work/out" | tail -n 30
       fi
     done
+    # A reset callback that runs a collective and makes a process set, and
+    # a newcomer (2 ranks + 1): the callbacks run on the survivors only, as
+    # in Horovod, and the newcomer's start-up does the same.
+    HORA_LIBRARY="$builddir/.libs/libhora.so.0" timeout -k 10 180 "$py" \
+      "$srcdir/tests/python/elastic_callbacks.py" --launch --timeout 120 </dev/null \
+      >"$work/out" 2>&1
+    rc=$?
+    if grep -Eq "^(PASS|FAIL) " "$work/out"; then
+      grep -E "^(PASS|FAIL) " "$work/out" | sed 's#^\(PASS\|FAIL\) #\1 python/#' | tally ""
+    fi
+    if [ $rc -ne 0 ]; then
+      grep -q "^FAIL " "$work/out" || echo "FAIL python/elastic_callbacks: exit status $rc" | tee -a "$results"
+      grep -v "^\[[0-9]*\]     " "$work/out" | tail -n 30
+    fi
   fi
 fi
 

@@ -61,7 +61,10 @@ class State:
     def register_reset_callbacks(self, callbacks):
         """callbacks (functions of no argument) run after every reset, once
         the new membership is built and before the state is synced: e.g. to
-        scale the learning rate by the new size, or make process sets again."""
+        scale the learning rate by the new size, or make process sets again.
+        As in Horovod, only on processes that went through the reset: a
+        newcomer runs none, so its start-up code must run the collectives
+        they run (make the same sets), in the same order."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
@@ -140,7 +143,9 @@ def run_fn(func, reset):
     collective fails (HorovodInternalError) the state is restored to its last
     commit, reset() builds the new membership, the reset callbacks run, and
     func runs again from the synced state; a HostsUpdatedInterrupt resets
-    without restoring (and without syncing where it says skip_sync). A
+    without restoring (and without syncing where it says skip_sync). The
+    first try runs no callback (as Horovod's): a process that joins syncs at
+    once, while the survivors run the callbacks first. A
     failure in a reset callback is handled as one in func (in Horovod it
     ends the loop).
     A failure that no reset can mend (NothingToReset: the job is not
@@ -149,6 +154,9 @@ def run_fn(func, reset):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         skip_sync = False
+        # Not on the first try, a newcomer's included (Horovod's run_fn): its
+        # start-up code stands in for the callbacks; running them there too
+        # would make its sets twice (tests/python/elastic_callbacks.py).
         after_reset = False
         while True:
             failure = None

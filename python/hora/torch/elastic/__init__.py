@@ -15,8 +15,9 @@ a commit point. Enabled by HORA_ELASTIC=1 (or Horovod's HOROVOD_ELASTIC=1).
 A reset is hora_elastic_reset (no shutdown and init as in Horovod): the
 runtime and everything not tied to the old membership stay; what was
 (requests in flight, process sets, DistributedOptimizer's pending
-gradients) is dropped, and process sets must be made again, e.g. in a reset
-callback (their old objects raise a ValueError saying so).
+gradients) is dropped, and process sets must be made again, in a reset
+callback (their old objects raise a ValueError saying so) and at start-up:
+as in Horovod, a process that joins runs no reset callback.
 """
 from hora import _lib as L
 from hora.common.elastic import NothingToReset, ObjectState, State, run_fn
@@ -35,8 +36,10 @@ def run(func):
     collective (HorovodInternalError) restores the last commit, resets and
     tries again; a HostsUpdatedInterrupt (raised by state.commit() or
     state.check_host_updates() when processes wait to join) resets and tries
-    again from where it was. No collective may run before train is called:
-    processes joining later start there."""
+    again from where it was. Before train is called, run no collective but
+    those the reset callbacks run, in their order (making process sets): a
+    process joining later runs that code where the survivors run the
+    callbacks, and then syncs with them."""
     return run_fn(func, _reset)
 
 
