@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
       printf("FAIL round %d: hora_init: %s\n", round, hora_last_error());
       return 1;
     }
-    if (hora_elastic_epoch() != 1) {
+    if (hora_elastic_epoch() < 1) { /* (epochs go on counting across hora_init) */
       printf("FAIL round %d: not an elastic job (epoch %d): HORA_ELASTIC=1 expected\n", round,
              hora_elastic_epoch());
       return 1;
