@@ -137,17 +137,23 @@ HORA_EXTERN int hora_abort(const char *reason);
  * and process sets made before are invalid (their use fails with
  * HORA_ERR_INVALID_USAGE; make them again). Fails with HORA_ERR_PEER_LOST
  * when fewer than HORA_ELASTIC_MIN_SIZE ranks, or no majority, remain; with
- * HORA_ERR_INVALID_USAGE when the job is not elastic, or nothing is to be
- * done (no failure and no change reported). Requests still held fail; the
- * trainer restores its last committed state and broadcasts it from rank 0.
+ * HORA_ERR_INVALID_USAGE when the job is not elastic, nothing is to be
+ * done (no failure and no change reported), or hora is not running (before
+ * hora_init, after hora_finalize). Requests still held fail; the trainer
+ * restores its last committed state and broadcasts it from rank 0. After a
+ * reset that failed for good, hora_finalize ends what is left (this
+ * process's listener, rank 0's rendezvous port; members waiting on it are
+ * told at once) and returns HORA_SUCCESS.
  *
  * hora_elastic_commit: a commit point, collective (every rank, at the same
  * step). *changed becomes 1 on every rank when processes wait to join (then
- * call hora_elastic_reset), else 0.
+ * call hora_elastic_reset), else 0. HORA_ERR_INVALID_USAGE when the job is
+ * not elastic, hora is not running, or the last reset failed.
  *
  * A process started later with HORA_ELASTIC=1 and the job's rendezvous
  * address (and secret) joins in hora_init, which returns once it has been
- * admitted at a commit point; hora_elastic_joined() is then 1.
+ * admitted at a commit point; hora_elastic_joined() is then 1 (until
+ * hora_finalize).
  *
  * hora_elastic_epoch: the membership's number (1 at start-up, one more at
  * each reset), -1 when not running. */

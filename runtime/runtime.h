@@ -264,6 +264,9 @@ int hora__elastic_join_locked(const struct hora__rdv_choice *choice);
 /* After the world is built again (rank 0 holds the door) and at the end. */
 void hora__elastic_rebuilt(struct hora__runtime *rt);
 void hora__elastic_end(void);
+/* The membership is open: its listener's thread runs (after a reset that
+ * failed for good, with no world). Caller holds the life cycle's lock. */
+bool hora__elastic_open(void);
 /* No more calls into the world from the listener's thread (before freeing it). */
 void hora__elastic_quiet(void);
 /* A reset left processes out: MPI_Finalize would wait for them. */

@@ -2,7 +2,11 @@
  * _epoch) and elastic's share of the life cycle. The agreement itself is
  * comm/bootstrap/membership.c; here the world is ended, the agreed
  * membership built (hora__world_rebuild_locked) and rank 0 given the door
- * newcomers knock at. */
+ * newcomers knock at.
+ *
+ * Lock order: the life cycle's (hora__lifecycle_lock), then the membership's
+ * own (inside hora__membership_*; reset_requested runs under it), then the
+ * world's rt->mu. */
 #include <arpa/inet.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
@@ -17,7 +21,9 @@
 #include "runtime/observe/metrics.h"
 #include "runtime/runtime.h"
 
-/* Lives across memberships; written under the life cycle's lock. */
+/* Lives across memberships, and past a reset that failed for good until
+ * hora_finalize; read and written under the life cycle's lock only:
+ * hora_finalize frees it. */
 static struct hora__membership *membership;
 static int door_port;          /* the job's rendezvous port, where newcomers knock */
 static bool has_secret;
@@ -118,10 +124,16 @@ void hora__elastic_quiet(void) {
   }
 }
 
+bool hora__elastic_open(void) { return membership != NULL; }
+
 void hora__elastic_end(void) {
   hora__membership_close(membership);
   membership = NULL;
   memset(secret, 0, sizeof(secret));
+  /* A later hora_init starts afresh. */
+  atomic_store(&change_pending, false);
+  atomic_store(&joined, false);
+  atomic_store(&lost_members, false);
 }
 
 bool hora__elastic_is_newcomer(const struct hora__rdv_choice *c) {
@@ -199,13 +211,28 @@ int hora__elastic_join_locked(const struct hora__rdv_choice *choice) {
   return HORA_SUCCESS;
 }
 
+/* HORA_SUCCESS when `call` may use the membership (the world may be gone:
+ * a reset failed for good), else why not. Caller holds the life cycle's lock. */
+static int usable_locked(const char *call) {
+  if (!membership && !hora__world_runtime()) {
+    return hora__error(HORA_ERR_INVALID_USAGE, "%s: hora is not running (hora_init has not "
+                       "been called, or hora_finalize has)", call);
+  }
+  if (!hora__params.ELASTIC || !membership) {
+    return hora__error(HORA_ERR_INVALID_USAGE, "%s: the job is not elastic (HORA_ELASTIC=1 at "
+                       "start-up)", call);
+  }
+  return HORA_SUCCESS;
+}
+
 HORA_EXTERN int hora_elastic_reset(void) {
   hora__error_clear();
-  if (!hora__params.ELASTIC || !membership) {
-    return hora__error(HORA_ERR_INVALID_USAGE, "hora_elastic_reset: the job is not elastic "
-                       "(HORA_ELASTIC=1 at start-up)%s", membership ? "" : ", or not running");
-  }
   hora__lifecycle_lock();
+  int usable = usable_locked("hora_elastic_reset");
+  if (usable != HORA_SUCCESS) {
+    hora__lifecycle_unlock();
+    return usable;
+  }
   struct hora__runtime *rt = hora__world_runtime();
   if (rt && atomic_load(&rt->fatal_code) == HORA_SUCCESS && !rt->abort_asked &&
       !atomic_load(&change_pending)) {
@@ -241,12 +268,21 @@ HORA_EXTERN int hora_elastic_commit(int *changed) {
     return hora__error(HORA_ERR_INVALID_ARG, "hora_elastic_commit: changed is NULL");
   }
   *changed = 0;
-  if (!hora__params.ELASTIC || !membership) {
-    return hora__error(HORA_ERR_INVALID_USAGE, "hora_elastic_commit: the job is not elastic "
-                       "(HORA_ELASTIC=1 at start-up)%s", membership ? "" : ", or not running");
+  hora__lifecycle_lock();
+  int rc = usable_locked("hora_elastic_commit");
+  struct hora__runtime *rt = hora__world_runtime();
+  if (rc == HORA_SUCCESS && !rt) {
+    rc = hora__error(HORA_ERR_INVALID_USAGE, "hora_elastic_commit: no membership is running: the "
+                     "last hora_elastic_reset failed (call it again, or hora_finalize)");
   }
-  int32_t waiting = hora_rank() == 0 ? hora__membership_waiting(membership) : 0;
-  int rc = hora_allreduce("hora.elastic.commit", &waiting, &waiting, 1, HORA_INT32, HORA_MAX);
+  /* rt lives while the lock is held: only the life cycle frees it. */
+  int32_t waiting = rc == HORA_SUCCESS && rt->rank == 0 ? hora__membership_waiting(membership) : 0;
+  hora__lifecycle_unlock();
+  if (rc != HORA_SUCCESS) {
+    return rc;
+  }
+  /* Not under the lock: a collective, which hora_finalize may have to end. */
+  rc = hora_allreduce("hora.elastic.commit", &waiting, &waiting, 1, HORA_INT32, HORA_MAX);
   if (rc == HORA_SUCCESS && waiting > 0) {
     atomic_store(&change_pending, true);
     *changed = 1;
@@ -254,6 +290,7 @@ HORA_EXTERN int hora_elastic_commit(int *changed) {
   return rc;
 }
 
+/* An atomic, cleared when the membership ends: no lock needed. */
 HORA_EXTERN int hora_elastic_joined(void) { return atomic_load(&joined) ? 1 : 0; }
 
 HORA_EXTERN int hora_elastic_epoch(void) {

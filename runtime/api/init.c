@@ -3,7 +3,10 @@
  * job is over), hora_abort, the rank getters, and the count of the calls
  * using the runtime, which hora_finalize waits out before it frees the
  * runtime. What MPI adds (starting and finalizing it, hora_init_comm) is
- * api_mpi.c, built with MPI only: this file needs no mpi.h. */
+ * api_mpi.c, built with MPI only: this file needs no mpi.h.
+ *
+ * Lock order: lifecycle_mu, then the elastic membership's (api/elastic.c),
+ * then a runtime's rt->mu. */
 #include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -418,6 +421,18 @@ HORA_EXTERN int hora_finalize(void) {
   /* Its last file write sees the world's final counters. */
   hora__metrics_api_stop();
   struct hora__runtime *rt = hora__api_running(&rc, "hora_finalize");
+  if (!rt && hora__elastic_open()) {
+    /* A reset failed for good: the world is gone (and MPI's communicator
+     * with it) but the membership lives on: its listener and thread, rank
+     * 0's door, members queued here, who learn now that it has ended. MPI
+     * is left alone: processes were lost, MPI_Finalize could wait for them. */
+    hora__error_clear();
+    hora__elastic_end();
+    hora__timeline_close();
+    hora__log_close();
+    pthread_mutex_unlock(&lifecycle_mu);
+    return HORA_SUCCESS;
+  }
   if (!rt) {
     pthread_mutex_unlock(&lifecycle_mu);
     return rc;

@@ -14,6 +14,10 @@
 #   quorum    np=4: ranks 0 and 1 killed together; the other half has no
 #             majority and fails with a message saying so, within seconds
 #   min-size  HORA_ELASTIC_MIN_SIZE=3, np=3, one killed: the others fail
+#   finalize-after-failure  hora_finalize after a reset failed for good
+#             closes the listener and the door and ends the listener's
+#             thread; a member asking later is told at once
+#   finalize-race  hora_finalize while other threads make the elastic calls
 #   slow      a member alive but late is left out, and told so when it asks
 #   stranger  garbage and malformed frames at the door: dropped, logged
 #   secret    a newcomer with another secret is refused, the job unharmed
@@ -190,6 +194,66 @@ took=$(( $(date +%s) - t0 ))
 job minsize 3 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:2 HORA_ELASTIC_MIN_SIZE=3
 wait
 failed min-size minsize "HORA_ELASTIC_MIN_SIZE=3" 0 1
+
+# lifecycle_ended CHECK NAME WHO [DOOR]: WHO's "lifecycle:" line (the probe's,
+# HORA_TEST_FINALIZE_ON_FAILURE) says hora_finalize succeeded and left no
+# port listening or accepting (DOOR among those before) and one thread fewer.
+lifecycle_ended() {
+  line=$(grep '^lifecycle: ' "$work/$2.$3")
+  nb=$(echo "$line" | sed -n 's/.*before: listening on \([0-9]*\) port.*/\1/p')
+  tb=$(echo "$line" | sed -n 's/.*before: listening on [^;]*, \([0-9]*\) threads; after.*/\1/p')
+  na=$(echo "$line" | sed -n 's/.*after: listening on \([0-9]*\) port.*/\1/p')
+  ta=$(echo "$line" | sed -n 's/.*after: listening on [^,]*, \([0-9]*\) threads.*/\1/p')
+  open=$(echo "$line" | sed -n 's/.*threads, \([0-9]*\) of the ports before accepting.*/\1/p')
+  bad=""
+  echo "$line" | grep -q "hora_finalize returned success" || bad="$bad (hora_finalize failed)"
+  [ "${nb:-0}" -ge 1 ] || bad="$bad (no port listening before: not a test)"
+  if [ $# -ge 4 ] && ! echo "$line" | grep -Eq "before: listening on [0-9]+ port\(s\):[0-9 ]* $4[ ,]"; then
+    bad="$bad (the door $4 was not among the ports before)"
+  fi
+  [ "${na:-1}" = 0 ] && [ "${open:-1}" = 0 ] || bad="$bad (ports still open after hora_finalize)"
+  [ -n "$tb" ] && [ "${ta:-0}" = $((tb - 1)) ] || bad="$bad (threads $tb before, $ta after: want one fewer)"
+  if [ -z "$bad" ]; then
+    echo "PASS elastic/$1: rank $3: ${line#lifecycle: }"
+  else
+    echo "FAIL elastic/$1: rank $3:$bad: ${line:-no lifecycle line}"
+  fi
+}
+
+# The job fails for good (no majority left: rank 2 killed, rank 1 later
+# than HORA_ELASTIC_TIMEOUT_SECONDS); each process calls hora_finalize 3 s
+# after, then stays alive: rank 0's listener and door, rank 1's listener,
+# must be closed and the listener's thread gone. Rank 1 asks rank 0 for a
+# reset after rank 0 gave up but before its hora_finalize: it must be told
+# when that runs, not held until rank 0 exits 4 s later.
+job ended 3 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:2 HORA_TEST_SLOW=1:4 \
+  HORA_ELASTIC_TIMEOUT_SECONDS=2 HORA_TEST_FINALIZE_ON_FAILURE=4:3
+wait
+failed finalize-after-failure-fails ended "more than half of them" 0 1
+lifecycle_ended finalize-after-failure ended 0 "$(cut -d: -f2 "$work/ended.at")"
+lifecycle_ended finalize-after-failure ended 1
+ended0=$(sed -n 's/^lifecycle: .*hora_finalize returned [a-z ]* at \([0-9.]*\) .*/\1/p' "$work/ended.0")
+failed1=$(sed -n 's/^lifecycle: failed at \([0-9.]*\),.*/\1/p' "$work/ended.1")
+told=$(awk -v a="$ended0" -v b="$failed1" 'BEGIN { if (a != "" && b != "") printf "%.3f", b - a }')
+if [ -n "$told" ] && awk -v d="$told" 'BEGIN { exit !(d > -1 && d < 1) }'; then
+  echo "PASS elastic/finalize-after-failure-told: rank 1, queued at rank 0, failed $told s after rank 0's hora_finalize returned"
+else
+  echo "FAIL elastic/finalize-after-failure-told: rank 1 failed ${told:-?} s after rank 0's hora_finalize returned (want within 1 s)"
+fi
+
+# hora_finalize on one thread while others call hora_elastic_reset, _commit,
+# _epoch and _joined in a loop, 20 times over: no crash, no sanitizer report
+# (below), a clear error from each call after it.
+port=$(free_port)
+env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="127.0.0.1:$port" HORA_SIZE=1 HORA_RANK=0 HORA_ELASTIC=1 \
+  timeout 60 "$builddir/tests/launch/elastic_finalize_race" 20 >"$work/race.0" 2>"$work/race.0.err"
+rc=$?
+if [ $rc = 0 ] && grep -q '^PASS' "$work/race.0"; then
+  echo "PASS elastic/finalize-race: $(sed -n 's/^PASS //p' "$work/race.0")"
+else
+  echo "FAIL elastic/finalize-race: exit status $rc"
+  show race
+fi
 
 steps=300 every=10
 # A member alive but late (past HORA_ELASTIC_TIMEOUT_SECONDS) is left out;

@@ -19,14 +19,24 @@
  *   clear error, the new one must work.
  * HORA_TEST_SLOW=ID:S: the process ID sleeps S seconds before its first reset.
  * HORA_TEST_STEP_MS: milliseconds of "compute" per step (default 0).
+ * HORA_TEST_FINALIZE_ON_FAILURE=S[:D]: when the job fails for good here,
+ *   waits D seconds, calls hora_finalize, prints "lifecycle: ..." (when it
+ *   failed and when hora_finalize returned, on CLOCK_MONOTONIC; the TCP ports
+ *   this process listened on before and after, whether they still accept a
+ *   connection; its threads before and after) and stays alive S seconds more.
  * Prints "id I rank R size S resets N step T" and exits 0, or FAIL lines
  * and 1. usage: elastic_probe STEPS [COMMIT] */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -138,6 +148,107 @@ static int reset(void) {
   return rc;
 }
 
+/* The TCP ports this process listens on (its sockets' inodes looked up in
+ * /proc/self/net/tcp), at most `max`. */
+static int listening_ports(int *ports, int max) {
+  unsigned long inodes[256];
+  int ninodes = 0, n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  while (d && (e = readdir(d)) && ninodes < 256) {
+    char path[300], link[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    ssize_t len = readlink(path, link, sizeof(link) - 1);
+    if (len > 0) {
+      link[len] = 0;
+      if (sscanf(link, "socket:[%lu]", &inodes[ninodes]) == 1) {
+        ninodes++;
+      }
+    }
+  }
+  if (d) {
+    closedir(d);
+  }
+  FILE *f = fopen("/proc/self/net/tcp", "r");
+  char line[512];
+  while (f && fgets(line, sizeof(line), f) && n < max) {
+    unsigned port, state;
+    unsigned long inode;
+    if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*x:%*x %*x:%*x %*x %*u %*d %lu", &port, &state,
+               &inode) != 3 || state != 0x0A /* TCP_LISTEN */) {
+      continue;
+    }
+    for (int i = 0; i < ninodes; i++) {
+      if (inodes[i] == inode) {
+        ports[n++] = (int)port;
+        break;
+      }
+    }
+  }
+  if (f) {
+    fclose(f);
+  }
+  return n;
+}
+
+static int count_threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  int n = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    n += e->d_name[0] != '.';
+  }
+  if (d) {
+    closedir(d);
+  }
+  return n;
+}
+
+/* Whether something accepts connections at 127.0.0.1:port (a closed port
+ * refuses at once). */
+static bool accepts(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+  if (fd >= 0) {
+    close(fd);
+  }
+  return ok;
+}
+
+static void print_ports(const char *what, const int *ports, int n) {
+  printf(" %s %d port(s):", what, n);
+  for (int i = 0; i < n; i++) {
+    printf(" %d", ports[i]);
+  }
+}
+
+/* After the job failed for good here: what hora_finalize leaves behind. */
+static void finalize_after_failure(const char *setting) {
+  double failed_at = now();
+  unsigned linger_s = 0, delay_s = 0;
+  sscanf(setting, "%u:%u", &linger_s, &delay_s);
+  sleep(delay_s); /* members asking meanwhile are queued here */
+  int before[16], after[16];
+  int nbefore = listening_ports(before, 16), tbefore = count_threads();
+  double t0 = now();
+  int rc = hora_finalize();
+  double took = now() - t0;
+  int nafter = listening_ports(after, 16), tafter = count_threads();
+  int open = 0;
+  for (int i = 0; i < nbefore; i++) {
+    open += accepts(before[i]);
+  }
+  printf("lifecycle: failed at %.3f, hora_finalize returned %s at %.3f in %.3f s (%s);", failed_at,
+         hora_strerror(rc), t0 + took, took, rc == HORA_SUCCESS ? "" : hora_last_error());
+  print_ports("before: listening on", before, nbefore);
+  printf(", %d threads;", tbefore);
+  print_ports("after: listening on", after, nafter);
+  printf(", %d threads, %d of the ports before accepting\n", tafter, open);
+  sleep(linger_s); /* alive: nothing is closed by the process's exit */
+}
+
 int main(int argc, char **argv) {
   double started = now();
   bool times = getenv("HORA_TEST_TIMES") != NULL;
@@ -238,6 +349,10 @@ int main(int argc, char **argv) {
     }
     if (rc != HORA_SUCCESS) {
       printf("FAIL id %d step %d: %s (%s)\n", my_id, step, hora_strerror(rc), hora_last_error());
+      const char *linger = getenv("HORA_TEST_FINALIZE_ON_FAILURE");
+      if (linger) {
+        finalize_after_failure(linger);
+      }
       free(buf);
       return 1;
     }
