@@ -297,6 +297,15 @@ if { [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic" | grep -Eq "$HORA_TEST_ONLY"
   timeout 600 sh "$srcdir/tests/launch/check-elastic.sh" "$builddir" 2>&1 | tally ""
 fi
 
+if { [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic-defects" | grep -Eq "$HORA_TEST_ONLY"; } &&
+   ! sanitized_section "elastic membership's known defects (tests/launch/check-elastic-defects.sh)"; then
+  # Defects of the elastic membership that a review found, on real
+  # processes: idle connections at a member's listener and at the door, the
+  # size limit during a reset, two jobs with one secret, a refusal taken as
+  # final. They fail until the membership is fixed.
+  timeout 300 sh "$srcdir/tests/launch/check-elastic-defects.sh" "$builddir" 2>&1 | tally ""
+fi
+
 if [ $without_mpi = yes ]; then
   # The launchers' lines and the trainer's drills test no part of the
   # build that differs; check-elastic above ran the core without MPI.
