@@ -1103,9 +1103,14 @@ static void on_join(struct hora__mfsm *s, uint64_t now, const struct header *h) 
       return;
     }
   }
-  int max = s->c.max_size;
+  /* During a reset the members known gone leave room; the commit refuses
+   * whoever the new membership has no room for. */
+  int max = s->c.max_size, members = s->view.n;
+  for (int i = 0; s->mode == COORD && i < s->view.n; i++) {
+    members -= s->v[i].gone;
+  }
   int queued = MUTANT(s, HORA_MB_MUTANT_NO_MAX_AT_RESET) && s->mode == COORD ? 0 : s->nnc;
-  if (max > 0 && s->view.n + queued >= max) {
+  if (max > 0 && members + queued >= max) {
     char msg[256];
     snprintf(msg, sizeof(msg), "elastic: the job has %d ranks%s and HORA_ELASTIC_MAX_SIZE=%d: no "
              "more may join", s->view.n, s->nnc ? " and more waiting to join" : "", max);
