@@ -42,6 +42,7 @@ int test_skipped;
   X(slurm_first_node_of_a_node_list)                                                         \
   X(a_connection_to_itself_is_no_peer)                                                       \
   X(rendezvous_rank_dropped_before_its_claim_connects_again)                                 \
+  X(rendezvous_without_a_secret_survives_a_strangers_bad_claim)                              \
   X(settings_length_from_a_peer_is_checked)                                                  \
   X(address_record_from_a_peer_is_checked)                                                   \
   X(agreement_record_from_a_peer_is_checked)                                                 \

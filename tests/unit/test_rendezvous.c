@@ -287,6 +287,57 @@ TEST(rendezvous_rank_dropped_before_its_claim_connects_again) {
   }
 }
 
+/* Without a secret anyone may connect: a stranger's claim of a rank that
+ * does not exist is refused to it alone; the job starts. */
+static void *stranger_claim_main(void *arg) {
+  int port = *(int *)arg;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+    uint8_t claim[96] = {0}; /* rendezvous_tcp.c's: magic, version 2, rank 7 of 2, pid, host */
+    uint32_t w[5] = {htonl(0x56445248u), htonl(2), htonl(7), htonl(2), htonl(1)};
+    memcpy(claim, w, sizeof(w));
+    memcpy(claim + sizeof(w), "stranger", 8);
+    (void)!send(fd, claim, sizeof(claim), MSG_NOSIGNAL);
+    char answer[512];
+    (void)!recv(fd, answer, sizeof(answer), 0);
+  }
+  if (fd >= 0) {
+    close(fd);
+  }
+  return NULL;
+}
+
+TEST(rendezvous_without_a_secret_survives_a_strangers_bad_claim) {
+  int port = 0;
+  int sfd = listen_loopback(&port, SOCK_NONBLOCK);
+  ASSERT(sfd >= 0);
+  struct rdv_side side[2];
+  for (int r = 0; r < 2; r++) {
+    side[r] = (struct rdv_side){.spec = {.host = "127.0.0.1", .port = port, .rank = r, .size = 2,
+                                         .listen_fd = r ? -1 : sfd, .timeout_s = 8,
+                                         .where = "the test's rendezvous",
+                                         .rank_var = "HORA_RANK", .size_var = "HORA_SIZE"},
+                                .rc = -1};
+  }
+  pthread_t stranger, th[2];
+  ASSERT(pthread_create(&th[0], NULL, rdv_side_main, &side[0]) == 0);
+  ASSERT(pthread_create(&stranger, NULL, stranger_claim_main, &port) == 0);
+  pthread_join(stranger, NULL);
+  ASSERT(pthread_create(&th[1], NULL, rdv_side_main, &side[1]) == 0);
+  for (int r = 0; r < 2; r++) {
+    pthread_join(th[r], NULL);
+  }
+  if (side[0].rc != HORA_SUCCESS || side[1].rc != HORA_SUCCESS) {
+    FAIL("a stranger's claim of rank 7 ended the start-up: rank 0 rc %d, rank 1 rc %d (%s)",
+              side[0].rc, side[1].rc, hora__error_message());
+  }
+  for (int r = 0; r < 2; r++) {
+    ASSERT_EQ_INT(side[r].gathered[1], 101);
+  }
+}
+
 /* ---- records a peer sends through the rendezvous ---- */
 
 /* A rendezvous of two where this process is rank 0 and rank 1's records
