@@ -17,9 +17,10 @@
  * acknowledgement says a rank is registered.
  *
  * Connections that do not prove the secret (or, with none, do not speak
- * the protocol) are dropped and logged; a bad claim (a rank out of range,
- * a rank claimed twice, another job size) fails every process rank 0 can
- * reach before the timeout, each with rank 0's message. */
+ * the protocol) are dropped and logged; with a secret, a bad claim (a rank
+ * out of range, a rank claimed twice, another job size) fails every process
+ * rank 0 can reach before the timeout, each with rank 0's message; without
+ * one it may be a stranger's, and only its claimant is refused. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -160,6 +161,7 @@ struct server {
   int told; /* after a failure: claims answered with it */
   int failed;
   char msg[768];
+  char refused[768]; /* without a secret: the last claim refused */
 };
 
 static void drop(struct server *s, int i, const char *why) {
@@ -191,7 +193,30 @@ static void fail_all(struct server *s, int code, const char *fmt, ...) {
   }
 }
 
-/* A complete claim: registered, or the whole rendezvous failed. */
+/* A claim that cannot be taken. With a secret only the job's processes
+ * claim: it is the job's mistake, told to all. Without one it may be a
+ * stranger's: refused to the claimant alone, named if the start-up then
+ * times out. */
+static void bad_claim(struct server *s, int i, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void bad_claim(struct server *s, int i, int code, const char *fmt, ...) {
+  char msg[sizeof(s->msg)];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (s->spec->key) {
+    fail_all(s, code, "%s", msg);
+    return;
+  }
+  send_frame(s->cl[i].fd, code, msg, strlen(msg), now_ns() + 2000000000ull);
+  snprintf(s->refused, sizeof(s->refused), "%s", msg);
+  char why[sizeof(msg) + 64];
+  snprintf(why, sizeof(why), "%s (without a secret anyone may connect)", msg);
+  drop(s, i, why);
+}
+
+/* A complete claim: registered, refused, or the whole rendezvous failed. */
 static void take_claim(struct server *s, int i) {
   struct client *c = &s->cl[i];
   decode_claim(c->buf, &c->claim);
@@ -209,12 +234,12 @@ static void take_claim(struct server *s, int i) {
     send_frame(c->fd, s->failed, s->msg, strlen(s->msg), now_ns() + 2000000000ull);
     s->told++;
   } else if (c->claim.size != sp->size) {
-    fail_all(s, HORA_ERR_INVALID_ARG,
+    bad_claim(s, i, HORA_ERR_INVALID_ARG,
              "%s differs between processes: rank 0 has %s=%d, the process with %s=%d (%s) has "
              "%s=%d", sp->size_var, sp->size_var, sp->size, sp->rank_var, r, who, sp->size_var,
              (int)c->claim.size);
   } else if (r < 0 || r >= sp->size) {
-    fail_all(s, HORA_ERR_INVALID_ARG, "%s=%d (%s) is out of range: %s=%d allows 0 to %d",
+    bad_claim(s, i, HORA_ERR_INVALID_ARG, "%s=%d (%s) is out of range: %s=%d allows 0 to %d",
              sp->rank_var, r, who, sp->size_var, sp->size, sp->size - 1);
   } else if (r == 0 || s->t->fd[r] >= 0) {
     char other[128];
@@ -224,8 +249,8 @@ static void take_claim(struct server *s, int i) {
     } else {
       describe(&s->t->claims[r], other, sizeof(other));
     }
-    fail_all(s, HORA_ERR_INVALID_ARG, "two processes claim %s=%d: %s and %s", sp->rank_var, r,
-             other, who);
+    bad_claim(s, i, HORA_ERR_INVALID_ARG, "two processes claim %s=%d: %s and %s", sp->rank_var, r,
+              other, who);
   } else if (send_frame(c->fd, 0, NULL, 0, now_ns() + 2000000000ull) != HORA_SUCCESS) {
     drop(s, i, "closed before its claim was acknowledged"); /* it retries */
   } else {
@@ -368,7 +393,8 @@ static int serve_registration(struct server *s) {
         missing_ranks(s, miss, sizeof(miss));
         fail_all(s, HORA_ERR_TIMEOUT,
                  "start-up timed out after %.0f s (HORA_CONNECT_TIMEOUT_SECONDS) at %s: %s %s "
-                 "never joined", sp->timeout_s, sp->where, sp->rank_var, miss);
+                 "never joined%s%s", sp->timeout_s, sp->where, sp->rank_var, miss,
+                 s->refused[0] ? "; a claim was refused: " : "", s->refused);
       }
       break;
     }
