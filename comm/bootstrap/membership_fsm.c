@@ -1103,6 +1103,13 @@ static void on_join(struct hora__mfsm *s, uint64_t now, const struct header *h) 
       return;
     }
   }
+  if (s->c.insecure && s->nnc >= HORA_MAX(s->view.n, 8)) {
+    char msg[200];
+    snprintf(msg, sizeof(msg), "elastic: the job runs without a secret (HORA_INSECURE=1) and %d "
+             "newcomers already wait: no more may wait at once", s->nnc);
+    send_refuse(s, h->from.ip, h->from.port, HORA_ERR_INVALID_USAGE, true, msg);
+    return;
+  }
   /* During a reset the members known gone leave room; the commit refuses
    * whoever the new membership has no room for. */
   int max = s->c.max_size, members = s->view.n;

@@ -76,6 +76,13 @@ static int open_membership(const struct hora__rdv_choice *choice) {
     memcpy(secret, c.secret, sizeof(secret));
   }
   OPENSSL_cleanse(&c, sizeof(c));
+  if (!has_secret && !hora__params.INSECURE) {
+    return hora__error(HORA_ERR_INVALID_USAGE,
+                       "elastic: HORA_ELASTIC=1 without a secret: anyone who reaches the job's "
+                       "ports could join it or speak for its members. Give every process the "
+                       "same HORA_SECRET_FILE (mode 0600) or HORA_SECRET (docs/launching.md, "
+                       "Elastic training), or set HORA_INSECURE=1 to run without one");
+  }
   door_port = door_of(choice);
   int rc = hora__membership_open(has_secret ? secret : NULL, &membership);
   if (rc == HORA_SUCCESS) {
@@ -101,8 +108,8 @@ int hora__elastic_begin(struct hora__rdv *rdv, struct hora__runtime *rt,
   rc = hora__rdv_agree(rdv, rc, "elastic membership");
   if (rc == HORA_SUCCESS) {
     if (rt->rank == 0 && !has_secret) {
-      HORA_WARN("elastic: no HORA_SECRET_FILE: any process reaching a member's listener may ask "
-                "to join this job");
+      HORA_WARN("elastic: HORA_INSECURE=1: any process reaching the door may join this job, and "
+                "one on a member's host may speak for that member");
     }
     hora__elastic_rebuilt(rt);
   }

@@ -292,11 +292,11 @@ if want max-size-during-reset; then
 # would be 6.
 steps=400 every=10
 job maxreset 4 $steps $every HORA_TEST_STEP_MS=20 HORA_TEST_KILL=100:3 HORA_TEST_SLOW=2:4 \
-  HORA_ELASTIC_MAX_SIZE=5
+  HORA_ELASTIC_MAX_SIZE=5 HORA_SECRET_FILE="$secret"
 wait_for "$work/maxreset.3.err" "killing myself" 20
 sleep 0.5
 for n in new1 new2 new3; do
-  newcomer maxreset $n HORA_ELASTIC_MAX_SIZE=5
+  newcomer maxreset $n HORA_ELASTIC_MAX_SIZE=5 HORA_SECRET_FILE="$secret"
   sleep 0.4
 done
 wait

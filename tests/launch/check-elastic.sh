@@ -19,7 +19,9 @@
 #             thread; a member asking later is told at once
 #   finalize-race  hora_finalize while other threads make the elastic calls
 #   slow      a member alive but late is left out, and told so when it asks
-#   stranger  garbage and malformed frames at the door: dropped, logged
+#   no-secret an elastic job without a secret refuses to start, saying why
+#   stranger  garbage and malformed frames at the door (HORA_INSECURE=1):
+#             dropped, logged
 #   secret    a newcomer with another secret is refused, the job unharmed
 #   max-size  HORA_ELASTIC_MAX_SIZE=4: a fifth process is refused
 #   no-op     hora_elastic_reset without a failure: a clear error; and in a
@@ -36,6 +38,10 @@ for v in $(env | grep -E '^(OMPI_COMM_|PMIX?_|SLURM_|MASTER_|HORA_)[A-Za-z0-9_]*
 done
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
 export HORA_CONNECT_TIMEOUT_SECONDS=20 HORA_ELASTIC_TIMEOUT_SECONDS=15 HORA_LOG_LEVEL=warn
+# Every job has a secret (elastic jobs refuse to start without one) but
+# those that say otherwise.
+secret="$work/secret" other="$work/other"
+(umask 077 && echo "the job's secret" >"$secret" && echo "another secret" >"$other")
 
 free_port() {
   /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -53,7 +59,7 @@ job() {
     # LATE=R:S: rank R starts S seconds after the others
     ([ "${LATE%%:*}" = $r ] && sleep "${LATE#*:}"
      env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="127.0.0.1:$port" HORA_SIZE="$np" HORA_RANK=$r \
-       HORA_ELASTIC=1 "$@" timeout 90 "$probe" "$steps" "$every" >"$work/$name.$r" 2>"$work/$name.$r.err"
+       HORA_ELASTIC=1 HORA_SECRET_FILE="$secret" "$@" timeout 90 "$probe" "$steps" "$every" >"$work/$name.$r" 2>"$work/$name.$r.err"
      echo $? >"$work/$name.$r.rc") &
     r=$((r + 1))
   done
@@ -63,7 +69,8 @@ job() {
 newcomer() {
   name=$1 tag=$2
   shift 2
-  (env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="$(cat "$work/$name.at")" HORA_ELASTIC=1 "$@" \
+  (env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="$(cat "$work/$name.at")" HORA_ELASTIC=1 \
+     HORA_SECRET_FILE="$secret" "$@" \
      timeout 90 "$probe" "$steps" "$every" >"$work/$name.$tag" 2>"$work/$name.$tag.err"
    echo $? >"$work/$name.$tag.rc") &
 }
@@ -123,8 +130,6 @@ failed() {
   fi
 }
 
-secret="$work/secret" other="$work/other"
-(umask 077 && echo "the job's secret" >"$secret" && echo "another secret" >"$other")
 steps=60 every=5
 job shrink 6 $steps $every HORA_TEST_STEP_MS=5 HORA_TEST_KILL=20:3,r:1 HORA_SECRET_FILE="$secret"
 wait
@@ -246,6 +251,7 @@ fi
 # (below), a clear error from each call after it.
 port=$(free_port)
 env HORA_BOOTSTRAP=tcp HORA_RENDEZVOUS="127.0.0.1:$port" HORA_SIZE=1 HORA_RANK=0 HORA_ELASTIC=1 \
+  HORA_SECRET_FILE="$secret" \
   timeout 60 "$builddir/tests/launch/elastic_finalize_race" 20 >"$work/race.0" 2>"$work/race.0.err"
 rc=$?
 if [ $rc = 0 ] && grep -q '^PASS' "$work/race.0"; then
@@ -264,11 +270,17 @@ wait
 survivors slow slow 2 0 1
 failed slow-told slow "was left out of the job's membership" 2
 
-# Strangers at the door (no secret): garbage, a frame with an absurd
+# Without a secret an elastic job refuses to start, saying why, unless
+# HORA_INSECURE=1 says so.
+job nosecret 2 $steps $every HORA_SECRET_FILE=
+wait
+failed no-secret nosecret "without a secret: anyone who reaches the job's ports could join it" 0 1
+
+# Strangers at the door (HORA_INSECURE=1, no secret): garbage, a frame with an absurd
 # length, a reset request whose view claims more members than its bytes
 # hold. Each is dropped with a warning; the job is unharmed.
 steps=150 every=10
-job stranger 3 $steps $every HORA_TEST_STEP_MS=10
+job stranger 3 $steps $every HORA_TEST_STEP_MS=10 HORA_SECRET_FILE= HORA_INSECURE=1
 sleep 0.7
 /usr/bin/python3 - "$(cut -d: -f2 "$work/stranger.at")" <<'PY' 2>/dev/null
 import socket, struct, sys, time
@@ -346,12 +358,14 @@ else
   # reset instead (elastic/adopt-newcomer's case).
   # shellcheck disable=SC2086
   timeout 120 "$MPIEXEC" $flags -np 6 -x HORA_ELASTIC=1 -x HORA_RENDEZVOUS=127.0.0.1:$port \
+    -x HORA_SECRET_FILE="$secret" \
     -x HORA_TEST_STEP_MS=20 -x HORA_TEST_KILL=20:3,r:1,250:0 -x HORA_ELASTIC_TIMEOUT_SECONDS \
     -x HORA_CONNECT_TIMEOUT_SECONDS -x HORA_LOG_LEVEL "$probe" 300 10 >"$work/mpi.job" 2>"$work/mpi.err" &
   sleep 2
   # shellcheck disable=SC2086
   timeout 100 "$MPIEXEC" $flags -np 1 -x HORA_BOOTSTRAP=tcp -x HORA_RENDEZVOUS=127.0.0.1:$port \
-    -x HORA_ELASTIC=1 -x HORA_TEST_STEP_MS=20 -x HORA_ELASTIC_TIMEOUT_SECONDS "$probe" 300 10 \
+    -x HORA_ELASTIC=1 -x HORA_SECRET_FILE="$secret" -x HORA_TEST_STEP_MS=20 \
+    -x HORA_ELASTIC_TIMEOUT_SECONDS "$probe" 300 10 \
     >"$work/mpi.new" 2>"$work/mpi.new.err"
   wait
   # (3 resets, or 2 where the newcomer was already waiting when the first
