@@ -913,8 +913,8 @@ static void voter_asked(struct hora__mfsm *s, uint64_t now, int k, uint64_t prom
     if (s->phase == P1) {
       send_prepare(s, k, now);
     }
+    send_beat(s, &s->view.m[k], false); /* the next beats come on the clock */
   }
-  send_beat(s, &s->view.m[k], false);
   coord_check(s, now);
 }
 
@@ -976,6 +976,11 @@ static void heard_coordinator(struct hora__mfsm *s, uint64_t now, int k, bool st
       s->cand_started = true;
       send_reset(s, &s->view.m[k]);
       s->next_resend = now + HORA_MB_RESEND_NS;
+    } else if (started) {
+      /* Another coordinator this one hears, which the one it follows may
+       * not (a partition that is not clean): it is counted there too, so
+       * whichever can make a quorum does. */
+      send_reset(s, &s->view.m[k]);
     }
   } else if (s->mode == COORD && started) {
     int me = my_index(s);

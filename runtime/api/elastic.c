@@ -64,12 +64,18 @@ static int door_of(const struct hora__rdv_choice *c) {
   return colon ? atoi(colon + 1) : 0;
 }
 
-static int open_membership(const struct hora__rdv_choice *choice) {
+/* drawn: under MPI, the secret rank 0 drew at start-up, or NULL. */
+static int open_membership(const struct hora__rdv_choice *choice, const uint8_t *drawn) {
   struct hora__rdv_choice c = *choice;
   if (!c.has_secret && c.kind == HORA_RDV_MPI) {
     /* MPI carried its own secret at start-up; newcomers, who come without
-     * MPI, prove the one the user gives. */
+     * MPI, prove the one the user gives. Without one the members prove
+     * the drawn one, and no newcomer can join. */
     HORA_CHECK(hora__rdv_load_secret(&c));
+    if (!c.has_secret && drawn) {
+      memcpy(c.secret, drawn, sizeof(c.secret));
+      c.has_secret = true;
+    }
   }
   has_secret = c.has_secret;
   if (has_secret) {
@@ -98,7 +104,7 @@ int hora__elastic_begin(struct hora__rdv *rdv, struct hora__runtime *rt,
   }
   int rc = HORA_SUCCESS;
   if (!membership) {
-    rc = open_membership(choice);
+    rc = open_membership(choice, rt->comm->proc->job_secret);
   }
   if (rc == HORA_SUCCESS) {
     rc = hora__membership_start(membership, rdv, rt->comm->proc->epoch,
@@ -198,7 +204,7 @@ static int build_or_agree_again(struct hora__agreed *a) {
 
 int hora__elastic_join_locked(const struct hora__rdv_choice *choice) {
   HORA_INFO("elastic: asking the job at %s to admit this process", choice->where);
-  int rc = membership ? HORA_SUCCESS : open_membership(choice);
+  int rc = membership ? HORA_SUCCESS : open_membership(choice, NULL);
   struct hora__agreed a;
   if (rc == HORA_SUCCESS) {
     rc = hora__membership_join(membership, choice->host, choice->port, &a,

@@ -184,6 +184,7 @@ struct sim {
   /* counts */
   uint64_t events, commits, crashes, resets_seen, joins_admitted;
   uint64_t final_epoch;
+  uint64_t window, in_window; /* events in the current 100 ms */
 };
 
 static const uint32_t DOOR_IP = 0x0a00fffe;
@@ -1147,6 +1148,13 @@ static int run_seed(uint64_t seed, int nmin, int nmax, unsigned mutants, bool tr
     if (e.t > deadline) {
       free(e.frame);
       break;
+    }
+    if (e.t / (100 * MS) != S->window) {
+      S->window = e.t / (100 * MS);
+      S->in_window = 0;
+    }
+    if (++S->in_window > 20000) {
+      violate(S, "a storm: more than 20,000 events in 100 ms of simulated time");
     }
     S->now = e.t;
     S->events++;
