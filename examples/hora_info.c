@@ -113,10 +113,14 @@ static void print_secret_note(void) {
   if (hora__params.SECRET_FILE[0] || hora__params.SECRET[0]) {
     printf("  secret:   %s: newcomers must give the same\n",
            hora__params.SECRET_FILE[0] ? "HORA_SECRET_FILE" : "HORA_SECRET");
+  } else if (hora__params.INSECURE) {
+    printf(
+        "  secret:   none (HORA_INSECURE=1): any process that reaches the door may join, and\n"
+        "            one on a member's host may speak for that member\n");
   } else {
     printf(
-        "  secret:   none: any process that reaches the rendezvous may ask to join (set\n"
-        "            HORA_SECRET_FILE for the job and its newcomers)\n");
+        "  secret:   none: the job will refuse to start; give it and its newcomers the same\n"
+        "            HORA_SECRET_FILE (mode 0600), or set HORA_INSECURE=1\n");
   }
 }
 
@@ -212,6 +216,13 @@ static void elastic_openmpi(void) {
         "  rendezvous: none: under MPI newcomers find the job only at HORA_RENDEZVOUS, which\n"
         "            rank 0 listens on: set HORA_RENDEZVOUS=host:port for the job itself too\n"
         "            (rank 0's host, a port free there)\n");
+  }
+  if (hora__params.SECRET_FILE[0] || hora__params.SECRET[0]) {
+    print_secret_note();
+  } else {
+    printf(
+        "  secret:   none given: the members prove the one MPI carries, and no newcomer can\n"
+        "            join; give the job and its newcomers -x HORA_SECRET_FILE (mode 0600)\n");
   }
 }
 

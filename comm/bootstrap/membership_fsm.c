@@ -82,6 +82,7 @@ struct hora__mfsm {
   uint64_t promised, accepted_b;
   struct hora__view accepted;
   uint64_t top_ballot; /* the highest ballot seen in any epoch */
+  uint64_t last_now;   /* the clock at the last input */
   /* A reset. */
   uint64_t reset_deadline;
   uint16_t build_port;
@@ -1447,8 +1448,38 @@ static void on_beat(struct hora__mfsm *s, uint64_t now, const struct header *h, 
   heard_coordinator(s, now, k, !pending);
 }
 
+/* During a reset something is due every second at most: a longer gap since
+ * the last input means this process did not run (stopped, swapped out, a
+ * stalled VM). Peers' silence over that gap is its own deafness, not
+ * theirs: the timers that judge silence move on by the gap. */
+#define STALL_NS (2000ull * 1000000ull)
+static void stall_check(struct hora__mfsm *s, uint64_t now) {
+  uint64_t last = s->last_now;
+  s->last_now = now;
+  if (!last || now < last + STALL_NS || (s->mode != FOLLOW && s->mode != COORD)) {
+    return;
+  }
+  uint64_t gap = now - last;
+  logf_(s, HORA_LOG_WARN, "elastic: this process did not run for %.1f s during the reset; its "
+        "peers' silence over that time does not count against them", (double)gap * 1e-9);
+  if (s->mode == FOLLOW) {
+    s->cand_since += gap;
+    s->cand_heard = s->cand_heard ? s->cand_heard + gap : 0;
+    return;
+  }
+  for (int i = 0; i < s->view.n; i++) {
+    s->v[i].heard += s->v[i].heard ? gap : 0;
+    s->v[i].sent += gap;
+  }
+  s->phase_at += gap;
+  s->wait_until += gap;
+  s->noquorum_since += s->noquorum_since ? gap : 0;
+  s->backoff_until += gap;
+}
+
 void hora__mfsm_receive(struct hora__mfsm *s, uint64_t now, uint32_t src_ip, const uint8_t *frame,
                         size_t len) {
+  stall_check(s, now);
   struct buf b = {.p = (uint8_t *)frame, .len = len};
   struct header h;
   h.type = get32(&b);
@@ -1561,6 +1592,7 @@ void hora__mfsm_reset(struct hora__mfsm *s, uint64_t now, uint16_t build_port) {
     return;
   }
   s->build_port = build_port;
+  s->last_now = now;
   s->reset_deadline = now + 2 * s->c.elastic_timeout_ns + 30000ull * 1000000ull;
   for (int i = 0; i < s->view.n; i++) {
     s->suspect[i] = false;
@@ -1574,6 +1606,7 @@ void hora__mfsm_join(struct hora__mfsm *s, uint64_t now, uint32_t door_ip, uint1
   s->build_port = build_port;
   s->door_ip = s->target_ip = door_ip;
   s->door_port = s->target_port = door_port;
+  s->last_now = now;
   s->join_deadline = now + s->c.elastic_timeout_ns;
   s->reset_deadline = now + 3 * s->c.elastic_timeout_ns + 30000ull * 1000000ull;
   struct buf b = begin(s, M_JOIN);
@@ -1583,6 +1616,7 @@ void hora__mfsm_join(struct hora__mfsm *s, uint64_t now, uint32_t door_ip, uint1
 
 void hora__mfsm_unreachable(struct hora__mfsm *s, uint64_t now, uint32_t ip, uint16_t port,
                             enum hora__mb_unreachable why) {
+  stall_check(s, now);
   if (s->mode == JOINING) {
     if (why == HORA_MB_FOREIGN && ip == s->door_ip && port == s->door_port) {
       char where[64];
@@ -1668,6 +1702,7 @@ static void tick_once(struct hora__mfsm *s, uint64_t now) {
 }
 
 void hora__mfsm_tick(struct hora__mfsm *s, uint64_t now) {
+  stall_check(s, now);
   /* A step may leave another deadline due (a phase ended): take it now. */
   for (int k = 0; k < 8; k++) {
     tick_once(s, now);

@@ -434,7 +434,8 @@ static void check_quorum_failure(struct sim *S, struct proc *p) {
       set[n++] = q;
     }
   }
-  if (!p->slow && !span_hits(S, p->idx, p->idx, t0, t1) && hora__mb_quorum(v, in)) {
+  if (!p->slow && !span_hits(S, p->idx, p->idx, t0, t1) && hora__mb_quorum(v, in) &&
+      n >= S->c.min_size) {
     violate(S, "p%d failed for want of a quorum while %d of the %d members of membership %llu, "
             "it among them, lived and reached each other for %.0f s before", p->idx, n, v->n,
             (unsigned long long)v->epoch, (double)(t1 - t0) / SEC);
