@@ -101,6 +101,8 @@ struct hora__membership {
   uint32_t cmd_ip;
   uint16_t cmd_port, build_port;
   bool busy, have_result;
+  bool result_out;    /* the frames sent with the decision have left */
+  uint64_t result_at;
   struct hora__mfsm_event result;
   void (*on_request)(void *, uint32_t);
   void *on_request_arg;
@@ -225,6 +227,8 @@ static int start_handshake(struct hora__membership *m, struct conn *c, uint64_t 
   return HORA_SUCCESS;
 }
 
+static bool write_frames(struct conn *c, uint64_t now);
+
 /* A frame for ip:port, on the connection of its kind (dialled if none). */
 static void enqueue(struct hora__membership *m, uint32_t ip, uint16_t port, uint8_t *p, size_t len,
                     uint64_t now) {
@@ -272,6 +276,10 @@ static void enqueue(struct hora__membership *m, uint32_t ip, uint16_t port, uint
     c->capq = cap;
   }
   c->q[c->nq++] = (struct frame){p, len};
+  if (c->state == C_OPEN && c->nq == 1) {
+    /* Out now: a decision may end this process before the next turn. */
+    (void)write_frames(c, now);
+  }
 }
 
 /* The machine's frames and decisions, taken (under mu). */
@@ -290,7 +298,8 @@ static void flush_locked(struct hora__membership *m, uint64_t now) {
       } else if (m->busy) {
         m->result = e;
         m->have_result = true;
-        pthread_cond_broadcast(&m->cv);
+        m->result_out = false;
+        m->result_at = now;
       }
     }
     if (!m->nhints) {
@@ -547,6 +556,27 @@ static void run_command_locked(struct hora__membership *m, uint64_t now) {
   }
 }
 
+/* Closing: what is queued on open connections (a refusal that ends the
+ * members' reset, say) goes out, for a moment at most. */
+static void drain(struct hora__membership *m) {
+  uint64_t until = hora__now_ns() + 200ull * 1000000ull;
+  for (;;) {
+    bool left = false;
+    for (int i = 0; i < m->nc; i++) {
+      struct conn *c = &m->c[i];
+      if (c->out && c->state == C_OPEN && c->nq) {
+        left |= write_frames(c, hora__now_ns()) && c->nq;
+      }
+    }
+    uint64_t t = hora__now_ns();
+    if (!left || t >= until) {
+      return;
+    }
+    struct timespec ts = {0, 5 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 static void *listener_main(void *arg) {
   struct hora__membership *m = arg;
   struct pollfd *pf = NULL;
@@ -556,10 +586,14 @@ static void *listener_main(void *arg) {
     pthread_mutex_lock(&m->mu);
     if (m->stop) {
       pthread_mutex_unlock(&m->mu);
+      drain(m);
       break;
     }
     run_command_locked(m, now);
     uint64_t due = m->sm ? hora__mfsm_next_tick(m->sm) : UINT64_MAX;
+    if (m->have_result && !m->result_out) {
+      due = HORA_MIN(due, now + 10ull * 1000000ull);
+    }
     pthread_mutex_unlock(&m->mu);
     apply_door(m);
     if (cap < m->nc + 3) {
@@ -634,6 +668,18 @@ static void *listener_main(void *arg) {
       hora__mfsm_tick(m->sm, now);
     }
     flush_locked(m, now);
+    if (m->have_result && !m->result_out) {
+      /* The caller learns the decision once what went with it has left (a
+       * refusal that ends the others' reset), or a moment has passed. */
+      bool queued = false;
+      for (int i = 0; i < m->nc && !queued; i++) {
+        queued = m->c[i].out && m->c[i].nq > 0;
+      }
+      if (!queued || now - m->result_at > 300ull * 1000000ull) {
+        m->result_out = true;
+        pthread_cond_broadcast(&m->cv);
+      }
+    }
     pthread_mutex_unlock(&m->mu);
   }
   free(pf);
@@ -863,7 +909,7 @@ static int run_command(struct hora__membership *m, int cmd, uint32_t ip, uint16_
                        "on another thread" : "the membership has not started");
   }
   m->busy = true;
-  m->have_result = false;
+  m->have_result = m->result_out = false;
   m->in_reset = true;
   m->cmd = cmd;
   m->cmd_ip = ip;
@@ -875,7 +921,7 @@ static int run_command(struct hora__membership *m, int cmd, uint32_t ip, uint16_
   uint64_t abs_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + wait_ns;
   ts.tv_sec = (time_t)(abs_ns / 1000000000ull);
   ts.tv_nsec = (long)(abs_ns % 1000000000ull);
-  while (!m->have_result && !m->stop && hora__now_ns() < deadline) {
+  while (!(m->have_result && m->result_out) && !m->stop && hora__now_ns() < deadline) {
     pthread_cond_timedwait(&m->cv, &m->mu, &ts);
   }
   struct hora__mfsm_event e = m->result;
