@@ -107,7 +107,7 @@ struct hora__membership {
   void (*on_request)(void *, uint32_t);
   void *on_request_arg;
   /* The listener's thread's own: */
-  struct conn *c;
+  struct conn **c; /* each its own allocation: a pointer stays valid while more are added */
   int nc, capc;
   struct hint hints[64];
   int nhints;
@@ -174,13 +174,14 @@ static int new_machine(struct hora__membership *m) {
 /* ---- connections -------------------------------------------------------------------- */
 
 static void conn_close(struct hora__membership *m, int i) {
-  struct conn *c = &m->c[i];
+  struct conn *c = m->c[i];
   close(c->fd);
   for (int k = 0; k < c->nq; k++) {
     free(c->q[k].p);
   }
   free(c->q);
   free(c->body);
+  free(c);
   m->c[i] = m->c[--m->nc];
 }
 
@@ -188,7 +189,7 @@ static struct conn *conn_add(struct hora__membership *m, int fd, bool out, uint3
                              uint16_t port, uint64_t now) {
   if (m->nc == m->capc) {
     int cap = m->capc ? 2 * m->capc : 32;
-    struct conn *p = realloc(m->c, (size_t)cap * sizeof(*p));
+    struct conn **p = realloc(m->c, (size_t)cap * sizeof(*p));
     if (!p) {
       close(fd);
       return NULL;
@@ -196,8 +197,12 @@ static struct conn *conn_add(struct hora__membership *m, int fd, bool out, uint3
     m->c = p;
     m->capc = cap;
   }
-  struct conn *c = &m->c[m->nc++];
-  memset(c, 0, sizeof(*c));
+  struct conn *c = calloc(1, sizeof(*c));
+  if (!c) {
+    close(fd);
+    return NULL;
+  }
+  m->c[m->nc++] = c;
   c->fd = fd;
   c->out = out;
   c->ip = ip;
@@ -236,8 +241,8 @@ static void enqueue(struct hora__membership *m, uint32_t ip, uint16_t port, uint
   int kind = m->has_key && !door_frame(type) ? K_MEMBER : K_DOOR;
   struct conn *c = NULL;
   for (int i = 0; i < m->nc; i++) {
-    if (m->c[i].out && m->c[i].ip == ip && m->c[i].port == port && m->c[i].kind == kind) {
-      c = &m->c[i];
+    if (m->c[i]->out && m->c[i]->ip == ip && m->c[i]->port == port && m->c[i]->kind == kind) {
+      c = m->c[i];
       break;
     }
   }
@@ -464,13 +469,13 @@ static bool step_conn(struct hora__membership *m, struct conn *c, short revents,
 static bool make_room(struct hora__membership *m) {
   int victim = -1;
   for (int i = 0; i < m->nc; i++) {
-    if (!m->c[i].out && m->c[i].state != C_OPEN &&
-        (victim < 0 || m->c[i].last_io < m->c[victim].last_io)) {
+    if (!m->c[i]->out && m->c[i]->state != C_OPEN &&
+        (victim < 0 || m->c[i]->last_io < m->c[victim]->last_io)) {
       victim = i;
     }
   }
   for (int i = 0; victim < 0 && i < m->nc; i++) {
-    if (!m->c[i].out && (victim < 0 || m->c[i].last_io < m->c[victim].last_io)) {
+    if (!m->c[i]->out && (victim < 0 || m->c[i]->last_io < m->c[victim]->last_io)) {
       victim = i;
     }
   }
@@ -563,7 +568,7 @@ static void drain(struct hora__membership *m) {
   for (;;) {
     bool left = false;
     for (int i = 0; i < m->nc; i++) {
-      struct conn *c = &m->c[i];
+      struct conn *c = m->c[i];
       if (c->out && c->state == C_OPEN && c->nq) {
         left |= write_frames(c, hora__now_ns()) && c->nq;
       }
@@ -609,7 +614,7 @@ static void *listener_main(void *arg) {
     pf[n++] = (struct pollfd){m->wake_fd, POLLIN, 0};
     pf[n++] = (struct pollfd){m->door_fd, POLLIN, 0};
     for (int i = 0; i < m->nc; i++) {
-      struct conn *c = &m->c[i];
+      struct conn *c = m->c[i];
       short ev = c->state == C_CONNECTING ? POLLOUT
                  : c->state == C_SHAKING  ? (c->hs.state == HORA_HS_SEND ? POLLOUT : POLLIN)
                  : c->out                 ? (short)(POLLIN | (c->nq ? POLLOUT : 0))
@@ -634,7 +639,7 @@ static void *listener_main(void *arg) {
     }
     /* Connections first (their indices are the poll set's), newest last. */
     for (int i = nconn - 1; i >= 0; i--) {
-      struct conn *c = &m->c[i];
+      struct conn *c = m->c[i];
       short rev = pf[3 + i].revents;
       bool keep = rev ? step_conn(m, c, rev, now) : true;
       if (keep && c->state != C_OPEN && now >= c->deadline) {
@@ -673,7 +678,7 @@ static void *listener_main(void *arg) {
        * refusal that ends the others' reset), or a moment has passed. */
       bool queued = false;
       for (int i = 0; i < m->nc && !queued; i++) {
-        queued = m->c[i].out && m->c[i].nq > 0;
+        queued = m->c[i]->out && m->c[i]->nq > 0;
       }
       if (!queued || now - m->result_at > 300ull * 1000000ull) {
         m->result_out = true;
