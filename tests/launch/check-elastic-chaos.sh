@@ -2,14 +2,15 @@
 # Chaos on an elastic job of real processes (hora's own rendezvous, a
 # secret), each trial a schedule drawn from a seed (printed on its line):
 #   quorum    6-8 workers; SIGKILLs of random workers at random times, a
-#             second one often right after the first (during the reset it
-#             starts); a worker stopped (SIGSTOP) for longer than
-#             HORA_PEER_TIMEOUT_SECONDS, then let go (SIGCONT); newcomers
-#             started at random times. Never more losses than leave a
-#             quorum of every membership, so the job must go on: every
-#             worker neither killed nor stopped finishes; a stopped one
-#             finishes or is told it was left out; a newcomer finishes or
-#             is told it was not admitted
+#             second one often during a reset (right after the first, or
+#             while the others wait for a stopped one); a worker stopped
+#             (SIGSTOP) for longer than HORA_PEER_TIMEOUT_SECONDS, then let
+#             go (SIGCONT); newcomers started at random times. Never more
+#             losses than leave a quorum of every membership, so the job
+#             must go on: every worker neither killed nor stopped finishes,
+#             newcomers too (unless rank 0, which holds the door, was the
+#             one stopped: then it may be told it was not admitted); a
+#             stopped one finishes or is told it was left out
 #   majority  (seeds of the form 4k+3) perhaps one kill, then more than half
 #             of the rest killed at once (perhaps a newcomer knocking just
 #             after): every survivor fails, saying there is no quorum,
@@ -180,15 +181,21 @@ if not majority:
         w = pick(at, gone)
         gone.add(w)
         ev.append((at, "kill", [w]))
+    stop = None
     if rng.random() < 0.6:
-        at = round(rng.uniform(0.3, 0.45 * run), 2)
-        w = pick(at, gone)
+        stop = round(rng.uniform(0.3, 0.45 * run), 2)
+        w = pick(stop, gone)
         gone.add(w)
-        ev.append((at, "stop", [w, round(rng.uniform(peer + 0.5, peer + 5), 2)]))
+        ev.append((stop, "stop", [w, round(rng.uniform(peer + 0.5, peer + 5), 2)]))
     at = round(rng.uniform(0.3, 0.3 * run), 2)
     kill(at)
-    if rng.random() < 0.6 and len(gone) < budget:
-        kill(round(at + rng.uniform(0.02, 0.5), 2))  # during the reset the first starts
+    if rng.random() < 0.7 and len(gone) < budget:
+        if stop is not None and rng.random() < 0.4:
+            # during the reset the stopped one starts, once the others
+            # find it silent (HORA_PEER_TIMEOUT_SECONDS), while they wait for it
+            kill(round(stop + peer + rng.uniform(0.1, 2.0), 2))
+        else:
+            kill(round(at + rng.uniform(0.02, 0.5), 2))  # during the reset the first starts
     if rng.random() < 0.4 and len(gone) < budget:
         kill(round(rng.uniform(0.4 * run, 0.6 * run), 2))
 else:
@@ -220,8 +227,11 @@ not_admitted="not admitted by the job at"
 
 # judge T WHO ROLE: one worker's end, as its role allows; prints what is
 # wrong with it (nothing if all is well). ROLE: member (must finish), killed,
-# stopped (finish or left out or, the job gone, no quorum), newcomer (finish
-# or not admitted), doomed (a survivor of a majority's loss: no quorum).
+# stopped (finish, or left out, or, the job gone, no quorum; a newcomer also
+# not admitted), newcomer (finish), late (a newcomer that may also not be
+# admitted: the job failed, or rank 0, the door's holder, was stopped, so
+# that the next rank 0 could not take the door over until it went), doomed
+# (a survivor of a majority's loss: no quorum).
 judge() {
   t=$1 who=$2 role=$3
   b="$work/$t.$who"
@@ -245,9 +255,11 @@ judge() {
   esac
   case $role in
     member) echo " $who: failed, though the job kept a quorum: ${why:-no FAIL line};" ;;
-    stopped) echo "$why" | grep -qE "$left_out|$no_quorum" ||
+    stopped) echo "$why" | grep -qE "$left_out|$no_quorum|$not_admitted" &&
+      { [ "$who" -ge 100 ] || ! echo "$why" | grep -qE "$not_admitted"; } ||
       echo " $who: stopped, then failed unexplained: ${why:-no FAIL line};" ;;
-    newcomer) echo "$why" | grep -qE "$not_admitted" ||
+    newcomer) echo " $who: a newcomer, not let in though the job went on: ${why:-no FAIL line};" ;;
+    late) echo "$why" | grep -qE "$not_admitted" ||
       echo " $who: a newcomer, failed unexplained: ${why:-no FAIL line};" ;;
     doomed) echo "$why" | grep -qE "$no_quorum" ||
       echo " $who: should have failed for want of a quorum: ${why:-no FAIL line};" ;;
@@ -370,11 +382,19 @@ trial() {
   # The verdict.
   bad=""
   killed=$(sed -n 's/^kill \([0-9]*\) .*/\1/p' "$work/$t.events" | tr '\n' ' ')
+  # Whether the worker stopped was rank 0 then: every lower id killed before.
+  door_stopped=no
+  awk '$1 == "kill" { k[$2] = $3 } $1 == "stop" { s = $2; at = $3 }
+    END { if (s == "" || s >= 100) exit 1
+          for (i = 0; i < s; i++) if (!(i in k) || k[i] + 0 > at + 0) exit 1 }' \
+    "$work/$t.events" && door_stopped=yes
   for who in $all; do
     if echo " $killed " | grep -q " $who "; then
       role=killed
     elif grep -q "^stop $who " "$work/$t.events"; then
       role=stopped
+    elif [ "$who" -ge 100 ] && { [ "$kind" = majority ] || [ $door_stopped = yes ]; }; then
+      role=late
     elif [ "$who" -ge 100 ]; then
       role=newcomer
     elif [ "$kind" = majority ]; then
