@@ -42,13 +42,12 @@ builddir=$(cd "${1:-.}" && pwd)
 srcdir=$(cd "$(dirname "$0")/../.." && pwd)
 worker="$builddir/tests/launch/chaos_worker"
 work=$(mktemp -d)
-stopped_pids="" started_pids=""
-cleanup() { # whatever is still running (a stopped worker first let go), the fake hosts, the files
-  for p in $stopped_pids; do
-    kill -CONT "$p" 2>/dev/null
-  done
-  for p in $started_pids; do
-    kill -9 "$p" 2>/dev/null
+launched=""
+cleanup() { # the workers still running (by their ids), the fake hosts, the files
+  for b in $launched; do
+    [ -e "$b.rc" ] && continue # ended: its id may be another process's now
+    p=$(cat "$b.pid" 2>/dev/null)
+    [ -n "$p" ] && kill -CONT "$p" 2>/dev/null && kill -9 "$p" 2>/dev/null
   done
   [ -n "${netns_up:-}" ] && "$netns/netns-cluster.sh" down >/dev/null 2>&1
   if [ -n "${CHAOS_KEEP:-}" ]; then
@@ -115,7 +114,7 @@ start() {
     sleep 0.02
     i=$((i + 1))
   done
-  started_pids="$started_pids $(cat "$b.pid" 2>/dev/null)"
+  launched="$launched $b"
 }
 
 # hit T WHO SIGNAL: signals trial T's worker WHO if it still runs; records
@@ -126,7 +125,7 @@ hit() {
   if [ -n "$p" ] && [ ! -e "$b.rc" ] && kill -"$3" "$p" 2>/dev/null; then
     case $3 in
       KILL) echo "kill $2 $(since)" >>"$work/$1.events" ;;
-      STOP) echo "stop $2 $(since)" >>"$work/$1.events"; stopped_pids="$stopped_pids $p" ;;
+      STOP) echo "stop $2 $(since)" >>"$work/$1.events" ;;
       CONT) echo "cont $2 $(since)" >>"$work/$1.events" ;;
     esac
   else
@@ -217,7 +216,7 @@ for at, what, args in sorted(ev, key=lambda e: e[0]):
 PY
 }
 
-# out T WHO: the worker's last line of its own (final or FAIL)
+# failure T WHO: the worker's FAIL line; finished T WHO: whether it printed its final line
 failure() { grep -h '^FAIL' "$work/$1.$2.out" 2>/dev/null | head -n 1; }
 finished() { grep -q '^final epoch ' "$work/$1.$2.out" 2>/dev/null; }
 
@@ -414,7 +413,9 @@ trial() {
     [ -n "$view" ] || bad="$bad nobody finished;"
     [ "${epoch:-0}" -ge 2 ] || bad="$bad the job never went through a reset (epoch ${epoch:-?});"
   else
-    # Every survivor failed, within fail_bound of the majority's loss.
+    # Nobody went on without a quorum; every survivor failed, within
+    # fail_bound of the majority's loss.
+    [ -z "$view" ] || bad="$bad went on after a majority was lost: $view;"
     m_at=$(sed -n 's/^majority //p' "$work/$t.events")
     slowest=0
     for who in $all; do
