@@ -237,7 +237,7 @@ judge() {
   rc=$(cat "$b.rc" 2>/dev/null || echo none)
   why=$(failure "$t" "$who")
   if grep -qE "ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:" "$b.err"; then
-    echo " $who: sanitizer report;"
+    echo " $who: sanitizer report: $(grep -m 1 -hoE "(ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:).*" "$b.err" | cut -c1-120);"
   fi
   if [ "$role" = killed ]; then
     # killed by the schedule: 137; or it had ended before (then as a member)
@@ -250,7 +250,8 @@ judge() {
        return ;;
     1) ;;
     124|137) echo " $who: hung (killed by timeout after $bound s, exit status $rc);"; return ;;
-    *) echo " $who: crashed or exited unexplained (exit status $rc): $(tail -n 2 "$b.err" | tr '\n' ' ');"; return ;;
+    *) echo " $who: crashed or exited unexplained (exit status $rc)${why:+ after its error \"$(echo "$why" | cut -c1-100)...\"}: $(tail -n 1 "$b.err" | cut -c1-100);"
+       return ;;
   esac
   case $role in
     member) echo " $who: failed, though the job kept a quorum: ${why:-no FAIL line};" ;;
@@ -401,10 +402,10 @@ trial() {
     else
       role=member
     fi
-    bad="$bad$(judge $t "$who" $role)"
+    bad="$bad$(judge $t "$who" $role | tr -d "\n")"
   done
   # shellcheck disable=SC2086
-  bad="$bad$(agree $t $all)"
+  bad="$bad$(agree $t $all | tr -d "\n")"
   # shellcheck disable=SC2086
   view=$(final_view $t $all)
   [ -n "$killed" ] || bad="$bad the schedule killed nobody (every kill came too late);"
@@ -525,10 +526,10 @@ netns_variant() {
   "$netns/netns-cluster.sh" down >/dev/null 2>&1
   netns_up=
   for r in 0 1 2 3; do
-    bad="$bad$(judge $t $r member)"
+    bad="$bad$(judge $t $r member | tr -d "\n")"
   done
   for r in 4 5; do
-    bad="$bad$(judge $t $r doomed)"
+    bad="$bad$(judge $t $r doomed | tr -d "\n")"
     finished $t $r && continue
     cut_at=$(sed -n 's/^cut 2 //p' "$work/$t.events")
     d=$(awk -v a="$t0" -v c="${cut_at:-0}" -v b="$(cat "$work/$t.$r.end" 2>/dev/null || echo 0)" \
@@ -538,8 +539,8 @@ netns_variant() {
     failed_in="$failed_in $r: $d s"
   done
   # Let in after the restore: 100 must finish (as a member).
-  bad="$bad$(judge $t 100 member)"
-  bad="$bad$(agree $t 0 1 2 3 4 5 100)"
+  bad="$bad$(judge $t 100 member | tr -d "\n")"
+  bad="$bad$(agree $t 0 1 2 3 4 5 100 | tr -d "\n")"
   view=$(final_view $t 0 1 2 3 4 5 100)
   echo "$view" | grep -q "members 0 1 2 3 100 step" || bad="$bad the final membership is not 0 1 2 3 100: $view;"
   if [ -z "$bad" ]; then
