@@ -37,6 +37,7 @@
 #   CHAOS_SEED_BASE=N  the first of them (default: drawn from the clock)
 #   CHAOS_NETNS=0|1|only  the fake-host variant: not, also (default), alone
 #   CHAOS_KEEP=DIR     keep every trial's logs in DIR
+#   CHAOS_LOG_LEVEL=L  the workers' HORA_LOG_LEVEL (default warn; info shows the agreement)
 set -u
 builddir=$(cd "${1:-.}" && pwd)
 srcdir=$(cd "$(dirname "$0")/../.." && pwd)
@@ -68,7 +69,7 @@ f=1
 [ -n "$SANITIZERS" ] && [ "$SANITIZERS" != no ] && f=2
 peer=$((2 * f)) elastic=$((8 * f))
 export HORA_PEER_TIMEOUT_SECONDS=$peer HORA_ELASTIC_TIMEOUT_SECONDS=$elastic \
-  HORA_CONNECT_TIMEOUT_SECONDS=$((10 * f)) HORA_LOG_LEVEL=warn
+  HORA_CONNECT_TIMEOUT_SECONDS=$((10 * f)) HORA_LOG_LEVEL="${CHAOS_LOG_LEVEL:-warn}"
 steps=250 every=10 step_ms=20   # at least 5 s of steps, whatever the machine
 bound=$((45 * f))               # each process's own limit (timeout)
 fail_bound=$((elastic + 6 * f)) # the survivors of a majority's loss fail within this
