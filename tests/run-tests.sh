@@ -325,6 +325,15 @@ if { [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic-defects" | grep -Eq "$HORA_TE
   timeout 300 sh "$srcdir/tests/launch/check-elastic-defects.sh" "$builddir" 2>&1 | tally ""
 fi
 
+if { [ -z "${HORA_TEST_ONLY:-}" ] || echo "elastic-chaos" | grep -Eq "$HORA_TEST_ONLY"; } &&
+   ! sanitized_section "elastic chaos (tests/launch/check-elastic-chaos.sh)"; then
+  # Seeded schedules on real processes training a deterministic model:
+  # kills (one during a reset), a worker stopped past the peer timeout,
+  # newcomers; a majority killed; a fake host's link cut and restored. Each
+  # line names its seed (CHAOS_SEED=N reruns that trial).
+  timeout 300 sh "$srcdir/tests/launch/check-elastic-chaos.sh" "$builddir" 2>&1 | tally ""
+fi
+
 if [ $without_mpi = yes ]; then
   # The launchers' lines and the trainer's drills test no part of the
   # build that differs; check-elastic above ran the core without MPI.
