@@ -161,7 +161,7 @@ if [ -z "${HORA_TEST_ONLY:-}" ] || echo "membership-sim" | grep -Eq "$HORA_TEST_
   sim="$builddir/tests/sim/membership_sim"
   { timeout 600 "$sim" --seeds 10000 --nmin 2 --nmax 9 2>&1 || echo "FAIL membership-sim: exit status $?"
     for m in forget-accepted no-max-at-reset no-job-check final-refusals half-quorum commit-early \
-             no-addr-check; do
+             no-addr-check foreign-is-gone; do
       timeout 600 "$sim" --seeds 20000 --mutant $m --expect-find 2>&1 | grep -E '^(PASS|FAIL)' ||
         echo "FAIL membership-sim/$m: the simulator died"
     done; } >"$work/sim" 2>&1

@@ -87,7 +87,10 @@ struct hora__membership {
   uint32_t my_ip;
   uint16_t my_port;
   bool has_key;
+  uint8_t secret[HORA_SECRET_LEN]; /* the user's, for the members' key once the job is known */
+  uint64_t keyed_job;              /* the job id member_key is derived from */
   uint8_t door_key[HORA_SECRET_LEN], member_key[HORA_SECRET_LEN];
+  struct hora__membership *next_open; /* open_list */
   const uint8_t *keys[2]; /* by kind, for accepted connections */
   pthread_t thread;
   bool thread_started;
@@ -289,6 +292,13 @@ static void enqueue(struct hora__membership *m, uint32_t ip, uint16_t port, uint
 
 /* The machine's frames and decisions, taken (under mu). */
 static void flush_locked(struct hora__membership *m, uint64_t now) {
+  /* A newcomer learns the job's id when a commit names it, and may have to
+   * take part in a reset before its join returns: key its connections now. */
+  const struct hora__view *v = m->sm ? hora__mfsm_view(m->sm) : NULL;
+  if (m->has_key && v && v->n && v->job != m->keyed_job) {
+    derive_key(m->secret, "hora-elastic-mb3", v->job, m->member_key);
+    m->keyed_job = v->job;
+  }
   for (int round = 0; round < 8 && m->sm; round++) {
     struct hora__mfsm_send s;
     while (hora__mfsm_take_send(m->sm, &s)) {
@@ -423,16 +433,23 @@ static bool step_conn(struct hora__membership *m, struct conn *c, short revents,
     }
   }
   if (c->state == C_SHAKING) {
-    int err = 0;
+    int err = 0, step = c->hs.step;
     if (hora__boot_pump(c->fd, &c->hs, &err) < 0) {
       if (c->out) {
         add_hint(m, c->ip, c->port, HORA_MB_REFUSED);
-      } else if (c->hs.claimed && c->hs.step >= 2) {
+      } else if (c->hs.claimed && c->hs.step >= 2 && step >= 2) {
+        /* (One that closed before the challenge went out, as one does that
+         * gave up waiting for a stopped process, is no news.) */
         /* A connector that leaves after our challenge could not verify it. */
-        char who[64];
-        addr_str(c->ip, 0, who, sizeof(who));
-        HORA_WARN("elastic: refused a connection from %s: it left after the challenge: it holds "
+        char who[INET_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &c->ip, who, sizeof(who));
+        if (c->hs.kind == K_MEMBER && !m->keyed_job) {
+          HORA_INFO("elastic: a member's connection from %s came before this process knew the "
+                    "job's key: closed (it dials again)", who);
+        } else {
+          HORA_WARN("elastic: refused a connection from %s: it left after the challenge: it holds "
                   "another secret (another job, or a different HORA_SECRET_FILE)", who);
+        }
       }
       return false;
     }
@@ -709,8 +726,40 @@ int hora__mb_start_connect(uint32_t ip, uint16_t port) {
   return fd;
 }
 
+/* Every open membership, for the exit handler. */
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct hora__membership *open_list;
+static bool stop_registered;
+
+static void stop_thread(struct hora__membership *m) {
+  if (!m->thread_started) {
+    return;
+  }
+  pthread_mutex_lock(&m->mu);
+  m->stop = true;
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  wake(m);
+  pthread_join(m->thread, NULL);
+  m->thread_started = false;
+}
+
+/* A process that exits without hora_finalize (after a failed reset, say)
+ * runs OpenSSL's exit handler, which frees what a handshake the listener's
+ * thread is doing uses: the threads stop first. OpenSSL registered its
+ * handler before this one (hora__membership_open makes sure), so this one
+ * runs first. */
+static void stop_listeners_at_exit(void) {
+  pthread_mutex_lock(&open_mu);
+  for (struct hora__membership *m = open_list; m; m = m->next_open) {
+    stop_thread(m);
+  }
+  pthread_mutex_unlock(&open_mu);
+}
+
 int hora__membership_open(const uint8_t *key, struct hora__membership **out) {
   *out = NULL;
+  OPENSSL_init_crypto(0, NULL); /* its exit handler before ours */
   struct hora__membership *m = hora__calloc(1, sizeof(*m));
   if (!m) {
     return HORA_ERR_NO_MEMORY;
@@ -721,6 +770,7 @@ int hora__membership_open(const uint8_t *key, struct hora__membership **out) {
   int rc = HORA_SUCCESS;
   if (key) {
     m->has_key = true;
+    memcpy(m->secret, key, sizeof(m->secret));
     derive_key(key, "hora-elastic-dr3", 0, m->door_key);
     /* Members' connections fail until the job id is known. */
     rc = hora__boot_random_bytes(m->member_key, sizeof(m->member_key), "membership key");
@@ -750,6 +800,13 @@ int hora__membership_open(const uint8_t *key, struct hora__membership **out) {
     hora__membership_close(m);
     return rc;
   }
+  pthread_mutex_lock(&open_mu);
+  m->next_open = open_list;
+  open_list = m;
+  if (!stop_registered) {
+    stop_registered = atexit(stop_listeners_at_exit) == 0;
+  }
+  pthread_mutex_unlock(&open_mu);
   *out = m;
   return HORA_SUCCESS;
 }
@@ -758,14 +815,15 @@ void hora__membership_close(struct hora__membership *m) {
   if (!m) {
     return;
   }
-  if (m->thread_started) {
-    pthread_mutex_lock(&m->mu);
-    m->stop = true;
-    pthread_cond_broadcast(&m->cv);
-    pthread_mutex_unlock(&m->mu);
-    wake(m);
-    pthread_join(m->thread, NULL);
+  pthread_mutex_lock(&open_mu);
+  for (struct hora__membership **p = &open_list; *p; p = &(*p)->next_open) {
+    if (*p == m) {
+      *p = m->next_open;
+      break;
+    }
   }
+  stop_thread(m);
+  pthread_mutex_unlock(&open_mu);
   while (m->nc) {
     conn_close(m, m->nc - 1);
   }
@@ -777,6 +835,7 @@ void hora__membership_close(struct hora__membership *m) {
     }
   }
   hora__mfsm_free(m->sm);
+  OPENSSL_cleanse(m->secret, sizeof(m->secret));
   OPENSSL_cleanse(m->door_key, sizeof(m->door_key));
   OPENSSL_cleanse(m->member_key, sizeof(m->member_key));
   pthread_cond_destroy(&m->cv);
@@ -785,17 +844,17 @@ void hora__membership_close(struct hora__membership *m) {
 }
 
 /* The machine's view becomes v, with this process's id (under mu). */
-static int start_locked(struct hora__membership *m, const struct hora__view *v, uint32_t my_id,
-                        const uint8_t *secret) {
+static int start_locked(struct hora__membership *m, const struct hora__view *v, uint32_t my_id) {
   HORA_CHECK(new_machine(m));
-  if (m->has_key && secret) {
-    derive_key(secret, "hora-elastic-mb3", v->job, m->member_key);
+  if (m->has_key) {
+    derive_key(m->secret, "hora-elastic-mb3", v->job, m->member_key);
+    m->keyed_job = v->job;
   }
   return hora__mfsm_start(m->sm, v, my_id);
 }
 
 int hora__membership_start(struct hora__membership *m, struct hora__rdv *rdv, uint64_t epoch,
-                           uint32_t my_ip, const uint8_t *secret) {
+                           uint32_t my_ip) {
   uint8_t mine[16], *all = hora__calloc((size_t)rdv->size, sizeof(mine));
   if (!all) {
     return HORA_ERR_NO_MEMORY;
@@ -827,7 +886,7 @@ int hora__membership_start(struct hora__membership *m, struct hora__rdv *rdv, ui
   if (rc == HORA_SUCCESS) {
     pthread_mutex_lock(&m->mu);
     m->my_ip = my_ip;
-    rc = start_locked(m, &v, (uint32_t)rdv->rank, secret);
+    rc = start_locked(m, &v, (uint32_t)rdv->rank);
     pthread_mutex_unlock(&m->mu);
   }
   hora__mb_view_free(&v);
@@ -835,14 +894,14 @@ int hora__membership_start(struct hora__membership *m, struct hora__rdv *rdv, ui
 }
 
 int hora__membership_start_view(struct hora__membership *m, const struct hora__view *v,
-                                uint32_t my_id, const uint8_t *secret) {
+                                uint32_t my_id) {
   int k = hora__mb_view_index(v, my_id);
   if (k < 0) {
     return hora__error(HORA_ERR_INVALID_ARG, "elastic: id %u is not in the view", my_id);
   }
   pthread_mutex_lock(&m->mu);
   m->my_ip = v->m[k].ip;
-  int rc = m->my_port == v->m[k].port ? start_locked(m, v, my_id, secret)
+  int rc = m->my_port == v->m[k].port ? start_locked(m, v, my_id)
                                       : hora__error(HORA_ERR_INVALID_ARG, "elastic: the view "
                                                     "gives this process another port");
   pthread_mutex_unlock(&m->mu);
@@ -961,7 +1020,7 @@ int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out)
 }
 
 int hora__membership_join(struct hora__membership *m, const char *host, int port,
-                          struct hora__agreed *out, const uint8_t *secret) {
+                          struct hora__agreed *out) {
   struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
   char ps[16];
   snprintf(ps, sizeof(ps), "%d", port);
@@ -993,11 +1052,5 @@ int hora__membership_join(struct hora__membership *m, const char *host, int port
   pthread_mutex_unlock(&m->mu);
   HORA_CHECK(rc);
   uint64_t wait_ns = (uint64_t)((3 * hora__params.ELASTIC_TIMEOUT_SECONDS + 40) * 1e9);
-  rc = run_command(m, CMD_JOIN, door.sin_addr.s_addr, (uint16_t)port, out, wait_ns);
-  if (rc == HORA_SUCCESS && m->has_key && secret) {
-    pthread_mutex_lock(&m->mu);
-    derive_key(secret, "hora-elastic-mb3", hora__mfsm_view(m->sm)->job, m->member_key);
-    pthread_mutex_unlock(&m->mu);
-  }
-  return rc;
+  return run_command(m, CMD_JOIN, door.sin_addr.s_addr, (uint16_t)port, out, wait_ns);
 }

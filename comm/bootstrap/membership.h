@@ -38,14 +38,14 @@ struct hora__membership;
 int hora__membership_open(const uint8_t *key, struct hora__membership **out);
 void hora__membership_close(struct hora__membership *m);
 /* The start-up's membership: ids are the ranks, addresses exchanged over
- * the start-up's rendezvous, and a job id drawn by rank 0. my_ip: this
- * process's data-plane address; secret: the job's (as for open), which with
- * the job id keys the members' connections. */
+ * the start-up's rendezvous, and a job id drawn by rank 0, which with the
+ * secret keys the members' connections. my_ip: this process's data-plane
+ * address. */
 int hora__membership_start(struct hora__membership *m, struct hora__rdv *rdv, uint64_t epoch,
-                           uint32_t my_ip, const uint8_t *secret);
+                           uint32_t my_ip);
 /* A membership given whole (tests: a process of another job). */
 int hora__membership_start_view(struct hora__membership *m, const struct hora__view *v,
-                                uint32_t my_id, const uint8_t *secret);
+                                uint32_t my_id);
 /* The job's rendezvous port, where newcomers knock: rank 0 listens on it
  * (when it can: only one process per host can). 0 closes it. */
 void hora__membership_door(struct hora__membership *m, int port);
@@ -66,7 +66,7 @@ int hora__membership_agree(struct hora__membership *m, struct hora__agreed *out)
 /* A process started later: asks the job at host:port to admit it, and
  * waits for a commit point (HORA_ELASTIC_TIMEOUT_SECONDS). */
 int hora__membership_join(struct hora__membership *m, const char *host, int port,
-                          struct hora__agreed *out, const uint8_t *secret);
+                          struct hora__agreed *out);
 /* The current membership's number and this process's id in it. */
 uint64_t hora__membership_epoch(struct hora__membership *m);
 /* Whether `port` on this host is held by a running elastic job's door or

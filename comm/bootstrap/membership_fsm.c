@@ -724,7 +724,11 @@ void hora__mfsm_unreachable(struct hora__mfsm *s, uint64_t now, uint32_t ip, uin
     suspect_cand(s, now, text);
   } else if (s->mode == COORD && k != hora__mf_my_index(s)) {
     bool late = s->phase == P2 && !s->v[k].promised;
-    if (!late) {
+    /* A peer that does not prove the members' key may be a newcomer a
+     * decision named before it learned the job's key: it asks once it has,
+     * or is left out as any member that does not ask in time. */
+    bool newcomer = why == HORA_MB_FOREIGN && !MUTANT(s, HORA_MB_MUTANT_FOREIGN_IS_GONE);
+    if (!late && !newcomer) {
       hora__mf_gone(s, k, why != HORA_MB_SILENT, text);
       hora__mf_coord_check(s, now);
     }

@@ -186,6 +186,7 @@ enum {
   HORA_MB_MUTANT_HALF_QUORUM = 1u << 4,     /* exactly half is a quorum, rank 0 or not */
   HORA_MB_MUTANT_COMMIT_EARLY = 1u << 5,    /* commit once a quorum promised, not accepted */
   HORA_MB_MUTANT_NO_ADDR_CHECK = 1u << 6,   /* defect 6: insecure frames from any address */
+  HORA_MB_MUTANT_FOREIGN_IS_GONE = 1u << 7, /* a peer not proving the member key is gone for sure */
 };
 
 #endif

@@ -108,8 +108,7 @@ int hora__elastic_begin(struct hora__rdv *rdv, struct hora__runtime *rt,
   }
   if (rc == HORA_SUCCESS) {
     rc = hora__membership_start(membership, rdv, rt->comm->proc->epoch,
-                                rt->comm->proc->tcp_addr.sin_addr.s_addr,
-                                has_secret ? secret : NULL);
+                                rt->comm->proc->tcp_addr.sin_addr.s_addr);
   }
   rc = hora__rdv_agree(rdv, rc, "elastic membership");
   if (rc == HORA_SUCCESS) {
@@ -207,8 +206,7 @@ int hora__elastic_join_locked(const struct hora__rdv_choice *choice) {
   int rc = membership ? HORA_SUCCESS : open_membership(choice, NULL);
   struct hora__agreed a;
   if (rc == HORA_SUCCESS) {
-    rc = hora__membership_join(membership, choice->host, choice->port, &a,
-                               has_secret ? secret : NULL);
+    rc = hora__membership_join(membership, choice->host, choice->port, &a);
   }
   if (rc == HORA_SUCCESS) {
     /* Admitted, it is a member: it agrees again like the others if needed. */

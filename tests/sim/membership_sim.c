@@ -344,6 +344,15 @@ static void net_send(struct sim *S, struct proc *src, struct hora__mfsm_send *m)
     free(m->frame);
     return;
   }
+  uint32_t type = m->len >= 4 ? ntohl(*(uint32_t *)m->frame) : 0;
+  bool door_frame = type == 2 || type == 8 || type == 9 || type == 10; /* join, commit, refuse, redirect */
+  if (!door_frame && !dst->outsider && !src->outsider && hora__mfsm_view(dst->sm)->n == 0) {
+    /* A newcomer not yet admitted knows no member key: the member-kind
+     * handshake fails, as in the real driver. */
+    hint(S, src, m->ip, m->port, d, HORA_MB_FOREIGN);
+    free(m->frame);
+    return;
+  }
   if (S->cut[src->idx][d]) {
     hint(S, src, m->ip, m->port, d, HORA_MB_SILENT);
     free(m->frame);
@@ -1201,6 +1210,7 @@ static const struct {
     {"half-quorum", HORA_MB_MUTANT_HALF_QUORUM},
     {"commit-early", HORA_MB_MUTANT_COMMIT_EARLY},
     {"no-addr-check", HORA_MB_MUTANT_NO_ADDR_CHECK},
+    {"foreign-is-gone", HORA_MB_MUTANT_FOREIGN_IS_GONE},
 };
 
 int main(int argc, char **argv) {
