@@ -17,8 +17,6 @@
  * Threads: the listener's thread steps the machine; callers of agree and
  * join hand it a command and wait for the decision. Lock order: m->mu, then
  * whatever on_request takes (the runtime's lock). */
-#include "comm/bootstrap/membership.h"
-
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -40,106 +38,7 @@
 #include "comm/bootstrap/membership_fsm.h"
 #include "comm/transport/handshake.h"
 #include "comm/transport/socket.h"
-
-#define IO_NS (1000ull * 1000000ull)       /* a connection's handshake */
-#define IDLE_NS (60000ull * 1000000ull)    /* an accepted connection that says nothing */
-#define CONN_MAX 512                       /* connections held at once */
-#define QUEUE_MAX 512                      /* frames waiting for one connection */
-#define HS_SIZE 3                          /* the handshake's ranks: the door's */
-
-enum { K_DOOR = 1, K_MEMBER = 2 }; /* handshake kinds */
-enum { C_CONNECTING, C_SHAKING, C_OPEN };
-
-/* The frame types (membership_fsm.c) a door connection may carry. */
-static bool door_frame(uint32_t type) { return type == 2 || type == 8 || type == 9 || type == 10; }
-
-struct frame {
-  uint8_t *p;
-  size_t len;
-};
-
-struct conn {
-  int fd;
-  bool out, door;
-  int state, kind;
-  uint32_t ip; /* outbound: the destination; inbound: the peer */
-  uint16_t port;
-  struct hora__hs hs;
-  uint64_t deadline, last_io;
-  struct frame *q;
-  int nq, capq;
-  size_t qoff; /* bytes of q[0] sent */
-  uint8_t hdr[HORA_MB_HEADER];
-  size_t got;
-  uint8_t *body;
-  uint32_t body_len;
-};
-
-struct hint {
-  uint32_t ip;
-  uint16_t port;
-  enum hora__mb_unreachable why;
-};
-
-struct hora__membership {
-  int lfd, wake_fd;
-  int door_fd, door_port, door_failed; /* the listener's thread's own (apply_door) */
-  uint32_t my_ip;
-  uint16_t my_port;
-  bool has_key;
-  uint8_t secret[HORA_SECRET_LEN]; /* the user's, for the members' key once the job is known */
-  uint64_t keyed_job;              /* the job id member_key is derived from */
-  uint8_t door_key[HORA_SECRET_LEN], member_key[HORA_SECRET_LEN];
-  struct hora__membership *next_open; /* open_list */
-  const uint8_t *keys[2]; /* by kind, for accepted connections */
-  pthread_t thread;
-  bool thread_started;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  /* Under mu: */
-  bool stop, in_reset;
-  int want_door; /* the door's port rank 0 should hold, 0 for none */
-  struct hora__mfsm *sm;
-  enum { CMD_NONE, CMD_RESET, CMD_JOIN } cmd;
-  uint32_t cmd_ip;
-  uint16_t cmd_port, build_port;
-  bool busy, have_result;
-  bool result_out;    /* the frames sent with the decision have left */
-  uint64_t result_at;
-  struct hora__mfsm_event result;
-  void (*on_request)(void *, uint32_t);
-  void *on_request_arg;
-  /* The listener's thread's own: */
-  struct conn **c; /* each its own allocation: a pointer stays valid while more are added */
-  int nc, capc;
-  struct hint hints[64];
-  int nhints;
-};
-
-static void wake(struct hora__membership *m) {
-  uint64_t one = 1;
-  (void)!write(m->wake_fd, &one, sizeof(one));
-}
-
-static void addr_str(uint32_t ip, uint16_t port, char *out, size_t n) {
-  char s[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &ip, s, sizeof(s));
-  snprintf(out, n, "%s:%u", s, (unsigned)port);
-}
-
-/* The keys a connection proves: the door's from the secret, the members'
- * from the secret and the job. */
-static void derive_key(const uint8_t *secret, const char *label, uint64_t job,
-                       uint8_t out[HORA_SECRET_LEN]) {
-  uint8_t in[16 + HORA_SECRET_LEN + 8];
-  memcpy(in, label, 16);
-  memcpy(in + 16, secret, HORA_SECRET_LEN);
-  for (int i = 0; i < 8; i++) {
-    in[16 + HORA_SECRET_LEN + i] = (uint8_t)(job >> (56 - 8 * i));
-  }
-  SHA256(in, sizeof(in), out);
-  OPENSSL_cleanse(in, sizeof(in));
-}
+#include "comm/bootstrap/membership_driver.h"
 
 static void sm_log(void *arg, int level, const char *msg) {
   (void)arg;
@@ -172,361 +71,6 @@ static int new_machine(struct hora__membership *m) {
   hora__mfsm_free(m->sm);
   m->sm = NULL;
   return hora__mfsm_new(&c, &m->sm);
-}
-
-/* ---- connections -------------------------------------------------------------------- */
-
-static void conn_close(struct hora__membership *m, int i) {
-  struct conn *c = m->c[i];
-  close(c->fd);
-  for (int k = 0; k < c->nq; k++) {
-    free(c->q[k].p);
-  }
-  free(c->q);
-  free(c->body);
-  free(c);
-  m->c[i] = m->c[--m->nc];
-}
-
-static struct conn *conn_add(struct hora__membership *m, int fd, bool out, uint32_t ip,
-                             uint16_t port, uint64_t now) {
-  if (m->nc == m->capc) {
-    int cap = m->capc ? 2 * m->capc : 32;
-    struct conn **p = realloc(m->c, (size_t)cap * sizeof(*p));
-    if (!p) {
-      close(fd);
-      return NULL;
-    }
-    m->c = p;
-    m->capc = cap;
-  }
-  struct conn *c = calloc(1, sizeof(*c));
-  if (!c) {
-    close(fd);
-    return NULL;
-  }
-  m->c[m->nc++] = c;
-  c->fd = fd;
-  c->out = out;
-  c->ip = ip;
-  c->port = port;
-  c->last_io = now;
-  return c;
-}
-
-static void add_hint(struct hora__membership *m, uint32_t ip, uint16_t port,
-                     enum hora__mb_unreachable why) {
-  if (m->nhints < (int)(sizeof(m->hints) / sizeof(m->hints[0]))) {
-    m->hints[m->nhints++] = (struct hint){ip, port, why};
-  }
-}
-
-static int start_handshake(struct hora__membership *m, struct conn *c, uint64_t now) {
-  uint8_t nonce[HORA_HS_NONCE_LEN];
-  HORA_CHECK(hora__boot_random_bytes(nonce, sizeof(nonce), "membership nonce"));
-  if (c->out) {
-    hora__hs_connector(&c->hs, c->kind == K_DOOR ? m->door_key : m->member_key, HS_SIZE, 2, 1, 0,
-                       c->kind, nonce);
-  } else {
-    hora__hs_acceptor_keys(&c->hs, m->keys, HS_SIZE, 2, 0, nonce);
-  }
-  c->state = C_SHAKING;
-  c->deadline = now + IO_NS;
-  return HORA_SUCCESS;
-}
-
-static bool write_frames(struct conn *c, uint64_t now);
-
-/* A frame for ip:port, on the connection of its kind (dialled if none). */
-static void enqueue(struct hora__membership *m, uint32_t ip, uint16_t port, uint8_t *p, size_t len,
-                    uint64_t now) {
-  uint32_t type = len >= 4 ? ntohl(*(uint32_t *)p) : 0;
-  int kind = m->has_key && !door_frame(type) ? K_MEMBER : K_DOOR;
-  struct conn *c = NULL;
-  for (int i = 0; i < m->nc; i++) {
-    if (m->c[i]->out && m->c[i]->ip == ip && m->c[i]->port == port && m->c[i]->kind == kind) {
-      c = m->c[i];
-      break;
-    }
-  }
-  if (!c) {
-    if (m->nc >= CONN_MAX) {
-      free(p);
-      return;
-    }
-    int fd = hora__mb_start_connect(ip, port);
-    if (fd < 0) {
-      add_hint(m, ip, port, errno == ECONNREFUSED ? HORA_MB_REFUSED : HORA_MB_SILENT);
-      free(p);
-      return;
-    }
-    c = conn_add(m, fd, true, ip, port, now);
-    if (!c) {
-      free(p);
-      return;
-    }
-    c->kind = kind;
-    c->state = C_CONNECTING;
-    c->deadline = now + HORA_MB_PROBE_NS;
-  }
-  if (c->nq >= QUEUE_MAX) {
-    free(p); /* the peer does not read: the machine sends again */
-    return;
-  }
-  if (c->nq == c->capq) {
-    int cap = c->capq ? 2 * c->capq : 8;
-    struct frame *q = realloc(c->q, (size_t)cap * sizeof(*q));
-    if (!q) {
-      free(p);
-      return;
-    }
-    c->q = q;
-    c->capq = cap;
-  }
-  c->q[c->nq++] = (struct frame){p, len};
-  if (c->state == C_OPEN && c->nq == 1) {
-    /* Out now: a decision may end this process before the next turn. */
-    (void)write_frames(c, now);
-  }
-}
-
-/* The machine's frames and decisions, taken (under mu). */
-static void flush_locked(struct hora__membership *m, uint64_t now) {
-  /* A newcomer learns the job's id when a commit names it, and may have to
-   * take part in a reset before its join returns: key its connections now. */
-  const struct hora__view *v = m->sm ? hora__mfsm_view(m->sm) : NULL;
-  if (m->has_key && v && v->n && v->job != m->keyed_job) {
-    derive_key(m->secret, "hora-elastic-mb3", v->job, m->member_key);
-    m->keyed_job = v->job;
-  }
-  for (int round = 0; round < 8 && m->sm; round++) {
-    struct hora__mfsm_send s;
-    while (hora__mfsm_take_send(m->sm, &s)) {
-      enqueue(m, s.ip, s.port, s.frame, s.len, now);
-    }
-    struct hora__mfsm_event e;
-    while (hora__mfsm_take_event(m->sm, &e)) {
-      if (e.kind == HORA_MFSM_ASKED) {
-        if (!m->in_reset && m->on_request) {
-          m->on_request(m->on_request_arg, e.from);
-        }
-      } else if (m->busy) {
-        m->result = e;
-        m->have_result = true;
-        m->result_out = false;
-        m->result_at = now;
-      }
-    }
-    if (!m->nhints) {
-      break;
-    }
-    int n = m->nhints;
-    m->nhints = 0;
-    for (int i = 0; i < n; i++) {
-      hora__mfsm_unreachable(m->sm, now, m->hints[i].ip, m->hints[i].port, m->hints[i].why);
-    }
-  }
-  m->nhints = 0;
-}
-
-static void deliver_frame(struct hora__membership *m, struct conn *c, uint64_t now) {
-  uint32_t type = ntohl(*(uint32_t *)c->hdr);
-  size_t len = HORA_MB_HEADER + c->body_len;
-  uint8_t *f = malloc(len);
-  if (!f) {
-    return;
-  }
-  memcpy(f, c->hdr, HORA_MB_HEADER);
-  if (c->body_len) {
-    memcpy(f + HORA_MB_HEADER, c->body, c->body_len);
-  }
-  pthread_mutex_lock(&m->mu);
-  bool allowed = !m->has_key || (c->hs.kind == K_MEMBER) == !door_frame(type);
-  if (m->sm && allowed) {
-    hora__mfsm_receive(m->sm, now, c->ip, f, len);
-    flush_locked(m, now);
-  }
-  pthread_mutex_unlock(&m->mu);
-  free(f);
-}
-
-/* Reads what an accepted connection has; false when it is to be closed. */
-static bool read_frames(struct hora__membership *m, struct conn *c, uint64_t now) {
-  for (int frames = 0; frames < 64; frames++) {
-    bool in_body = c->got >= HORA_MB_HEADER;
-    uint8_t *dst = in_body ? c->body + (c->got - HORA_MB_HEADER) : c->hdr + c->got;
-    size_t want = in_body ? HORA_MB_HEADER + c->body_len - c->got : HORA_MB_HEADER - c->got;
-    ssize_t r = want ? recv(c->fd, dst, want, 0) : 0;
-    if (want && r == 0) {
-      return false;
-    }
-    if (want && r < 0) {
-      return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-    }
-    c->got += (size_t)r;
-    c->last_io = now;
-    if (c->got == HORA_MB_HEADER) {
-      uint32_t len = ntohl(*(uint32_t *)(c->hdr + 4));
-      if (len > HORA_MB_FRAME_MAX) {
-        char who[64];
-        addr_str(c->ip, 0, who, sizeof(who));
-        HORA_WARN("elastic: a %u-byte membership frame from %s: connection closed", len, who);
-        return false;
-      }
-      uint8_t *b = len ? realloc(c->body, len) : c->body;
-      if (len && !b) {
-        return false;
-      }
-      c->body = b;
-      c->body_len = len;
-    }
-    if (c->got == HORA_MB_HEADER + c->body_len && c->got >= HORA_MB_HEADER) {
-      deliver_frame(m, c, now);
-      c->got = 0;
-      c->body_len = 0;
-    }
-  }
-  return true;
-}
-
-/* Writes what a dialled connection has queued; false when it broke. */
-static bool write_frames(struct conn *c, uint64_t now) {
-  while (c->nq) {
-    struct frame *f = &c->q[0];
-    ssize_t r = send(c->fd, f->p + c->qoff, f->len - c->qoff, MSG_NOSIGNAL);
-    if (r < 0) {
-      return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-    }
-    c->last_io = now;
-    c->qoff += (size_t)r;
-    if (c->qoff == f->len) {
-      free(f->p);
-      memmove(c->q, c->q + 1, (size_t)(c->nq - 1) * sizeof(*c->q));
-      c->nq--;
-      c->qoff = 0;
-    }
-  }
-  return true;
-}
-
-/* One connection's turn; false when it is to be closed. */
-static bool step_conn(struct hora__membership *m, struct conn *c, short revents, uint64_t now) {
-  if (c->state == C_CONNECTING) {
-    if (!(revents & (POLLOUT | POLLERR | POLLHUP))) {
-      return true;
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err == 0 && hora__socket_is_self_connected(c->fd)) {
-      err = ECONNREFUSED; /* nobody listens there */
-    }
-    if (err) {
-      add_hint(m, c->ip, c->port, err == ECONNREFUSED ? HORA_MB_REFUSED : HORA_MB_SILENT);
-      return false;
-    }
-    hora__socket_tune(c->fd, true, 0);
-    if (!m->has_key) {
-      c->state = C_OPEN;
-    } else if (start_handshake(m, c, now) != HORA_SUCCESS) {
-      return false;
-    }
-  }
-  if (c->state == C_SHAKING) {
-    int err = 0, step = c->hs.step;
-    if (hora__boot_pump(c->fd, &c->hs, &err) < 0) {
-      if (c->out) {
-        add_hint(m, c->ip, c->port, HORA_MB_REFUSED);
-      } else if (c->hs.claimed && c->hs.step >= 2 && step >= 2) {
-        /* (One that closed before the challenge went out, as one does that
-         * gave up waiting for a stopped process, is no news.) */
-        /* A connector that leaves after our challenge could not verify it. */
-        char who[INET_ADDRSTRLEN] = "?";
-        inet_ntop(AF_INET, &c->ip, who, sizeof(who));
-        if (c->hs.kind == K_MEMBER && !m->keyed_job) {
-          HORA_INFO("elastic: a member's connection from %s came before this process knew the "
-                    "job's key: closed (it dials again)", who);
-        } else {
-          HORA_WARN("elastic: refused a connection from %s: it left after the challenge: it holds "
-                  "another secret (another job, or a different HORA_SECRET_FILE)", who);
-        }
-      }
-      return false;
-    }
-    if (c->hs.state == HORA_HS_FAILED) {
-      char who[64];
-      addr_str(c->ip, c->out ? c->port : 0, who, sizeof(who));
-      if (c->out) {
-        add_hint(m, c->ip, c->port, HORA_MB_FOREIGN);
-      } else {
-        HORA_WARN("elastic: refused a connection from %s: %s", who, c->hs.why);
-      }
-      return false;
-    }
-    if (c->hs.state != HORA_HS_DONE) {
-      return true;
-    }
-    c->state = C_OPEN;
-    c->last_io = now;
-  }
-  if (c->out) {
-    if (revents & POLLIN) { /* the peer never writes here: EOF or garbage */
-      char junk[64];
-      ssize_t r = recv(c->fd, junk, sizeof(junk), 0);
-      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        return false;
-      }
-    }
-    return write_frames(c, now);
-  }
-  return !(revents & (POLLIN | POLLHUP | POLLERR)) || read_frames(m, c, now);
-}
-
-/* Too many connections: the oldest accepted one still proving nothing goes. */
-static bool make_room(struct hora__membership *m) {
-  int victim = -1;
-  for (int i = 0; i < m->nc; i++) {
-    if (!m->c[i]->out && m->c[i]->state != C_OPEN &&
-        (victim < 0 || m->c[i]->last_io < m->c[victim]->last_io)) {
-      victim = i;
-    }
-  }
-  for (int i = 0; victim < 0 && i < m->nc; i++) {
-    if (!m->c[i]->out && (victim < 0 || m->c[i]->last_io < m->c[victim]->last_io)) {
-      victim = i;
-    }
-  }
-  if (victim < 0) {
-    return false;
-  }
-  conn_close(m, victim);
-  return true;
-}
-
-static void accept_from(struct hora__membership *m, int lfd, bool door, uint64_t now) {
-  for (int k = 0; k < 64; k++) {
-    struct sockaddr_in peer;
-    socklen_t plen = sizeof(peer);
-    int fd = accept4(lfd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      return;
-    }
-    if (m->nc >= CONN_MAX && !make_room(m)) {
-      close(fd);
-      continue;
-    }
-    struct conn *c = conn_add(m, fd, false, peer.sin_addr.s_addr, ntohs(peer.sin_port), now);
-    if (!c) {
-      continue;
-    }
-    c->door = door;
-    if (!m->has_key) {
-      c->state = C_OPEN;
-      c->deadline = now + IO_NS; /* its first frame */
-    } else if (start_handshake(m, c, now) != HORA_SUCCESS) {
-      conn_close(m, m->nc - 1);
-    }
-  }
 }
 
 /* ---- the listener's thread ----------------------------------------------------------- */
@@ -574,7 +118,7 @@ static void run_command_locked(struct hora__membership *m, uint64_t now) {
   }
   if (m->cmd != CMD_NONE) {
     m->cmd = CMD_NONE;
-    flush_locked(m, now);
+    hora__mbd_flush_locked(m, now);
   }
 }
 
@@ -587,7 +131,7 @@ static void drain(struct hora__membership *m) {
     for (int i = 0; i < m->nc; i++) {
       struct conn *c = m->c[i];
       if (c->out && c->state == C_OPEN && c->nq) {
-        left |= write_frames(c, hora__now_ns()) && c->nq;
+        left |= hora__mbd_write_frames(c, hora__now_ns()) && c->nq;
       }
     }
     uint64_t t = hora__now_ns();
@@ -658,10 +202,10 @@ static void *listener_main(void *arg) {
     for (int i = nconn - 1; i >= 0; i--) {
       struct conn *c = m->c[i];
       short rev = pf[3 + i].revents;
-      bool keep = rev ? step_conn(m, c, rev, now) : true;
+      bool keep = rev ? hora__mbd_step_conn(m, c, rev, now) : true;
       if (keep && c->state != C_OPEN && now >= c->deadline) {
         if (c->out) {
-          add_hint(m, c->ip, c->port, HORA_MB_SILENT);
+          hora__mbd_add_hint(m, c->ip, c->port, HORA_MB_SILENT);
         }
         keep = false;
       }
@@ -676,20 +220,20 @@ static void *listener_main(void *arg) {
         keep = false;
       }
       if (!keep) {
-        conn_close(m, i);
+        hora__mbd_conn_close(m, i);
       }
     }
     if (pf[0].revents & POLLIN) {
-      accept_from(m, m->lfd, false, now);
+      hora__mbd_accept_from(m, m->lfd, false, now);
     }
     if (m->door_fd >= 0 && (pf[2].revents & POLLIN)) {
-      accept_from(m, m->door_fd, true, now);
+      hora__mbd_accept_from(m, m->door_fd, true, now);
     }
     pthread_mutex_lock(&m->mu);
     if (m->sm && hora__mfsm_next_tick(m->sm) <= now) {
       hora__mfsm_tick(m->sm, now);
     }
-    flush_locked(m, now);
+    hora__mbd_flush_locked(m, now);
     if (m->have_result && !m->result_out) {
       /* The caller learns the decision once what went with it has left (a
        * refusal that ends the others' reset), or a moment has passed. */
@@ -710,22 +254,6 @@ static void *listener_main(void *arg) {
 
 /* ---- the interface ---------------------------------------------------------------------- */
 
-int hora__mb_start_connect(uint32_t ip, uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    return -1;
-  }
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-  sa.sin_addr.s_addr = ip;
-  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    return -1;
-  }
-  return fd;
-}
-
 /* Every open membership, for the exit handler. */
 static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct hora__membership *open_list;
@@ -739,7 +267,7 @@ static void stop_thread(struct hora__membership *m) {
   m->stop = true;
   pthread_cond_broadcast(&m->cv);
   pthread_mutex_unlock(&m->mu);
-  wake(m);
+  hora__mbd_wake(m);
   pthread_join(m->thread, NULL);
   m->thread_started = false;
 }
@@ -771,7 +299,7 @@ int hora__membership_open(const uint8_t *key, struct hora__membership **out) {
   if (key) {
     m->has_key = true;
     memcpy(m->secret, key, sizeof(m->secret));
-    derive_key(key, "hora-elastic-dr3", 0, m->door_key);
+    hora__mbd_derive_key(key, "hora-elastic-dr3", 0, m->door_key);
     /* Members' connections fail until the job id is known. */
     rc = hora__boot_random_bytes(m->member_key, sizeof(m->member_key), "membership key");
     m->keys[0] = m->door_key;
@@ -825,7 +353,7 @@ void hora__membership_close(struct hora__membership *m) {
   stop_thread(m);
   pthread_mutex_unlock(&open_mu);
   while (m->nc) {
-    conn_close(m, m->nc - 1);
+    hora__mbd_conn_close(m, m->nc - 1);
   }
   free(m->c);
   int fds[] = {m->lfd, m->door_fd, m->wake_fd};
@@ -847,7 +375,7 @@ void hora__membership_close(struct hora__membership *m) {
 static int start_locked(struct hora__membership *m, const struct hora__view *v, uint32_t my_id) {
   HORA_CHECK(new_machine(m));
   if (m->has_key) {
-    derive_key(m->secret, "hora-elastic-mb3", v->job, m->member_key);
+    hora__mbd_derive_key(m->secret, "hora-elastic-mb3", v->job, m->member_key);
     m->keyed_job = v->job;
   }
   return hora__mfsm_start(m->sm, v, my_id);
@@ -926,7 +454,7 @@ void hora__membership_door(struct hora__membership *m, int port) {
   pthread_mutex_lock(&m->mu);
   m->want_door = port;
   pthread_mutex_unlock(&m->mu);
-  wake(m);
+  hora__mbd_wake(m);
 }
 
 void hora__membership_expect_reset(struct hora__membership *m) {
@@ -979,7 +507,7 @@ static int run_command(struct hora__membership *m, int cmd, uint32_t ip, uint16_
   m->cmd_ip = ip;
   m->cmd_port = port;
   m->build_port = ntohs(bound.sin_port);
-  wake(m);
+  hora__mbd_wake(m);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   uint64_t abs_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + wait_ns;

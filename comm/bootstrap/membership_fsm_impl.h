@@ -1,7 +1,8 @@
 /* What the elastic agreement's state machine shares between its files:
- * membership_fsm.c (a member's part: following, learning, receiving, the
- * app's calls), membership_coord.c (the coordinator's phases) and
- * membership_wire.c (views, frames, outputs). Nothing outside them
+ * membership_fsm.c (a member's part: following, learning, the app's
+ * calls), membership_receive.c (each frame, whoever it reaches),
+ * membership_coord.c (the coordinator's phases) and membership_wire.c
+ * (views, frames, outputs). Nothing outside them
  * includes it: membership_fsm.h is the machine's interface. */
 #ifndef HORA_MEMBERSHIP_FSM_IMPL_H
 #define HORA_MEMBERSHIP_FSM_IMPL_H
@@ -16,6 +17,11 @@
 
 #ifndef HORA_MB_MUTANTS
 #define HORA_MB_MUTANTS 0
+void hora__mf_suspect_cand(struct hora__mfsm *s, uint64_t now, const char *why);
+void hora__mf_heard_coordinator(struct hora__mfsm *s, uint64_t now, int k, bool started);
+void hora__mf_catch_up(struct hora__mfsm *s, uint64_t now, const struct hora__view *v);
+void hora__mf_stall_check(struct hora__mfsm *s, uint64_t now);
+
 #endif
 #define MUTANT(s, bit) (HORA_MB_MUTANTS && ((s)->c.mutants & (bit)))
 
@@ -168,5 +174,10 @@ void hora__mf_on_nack(struct hora__mfsm *s, uint64_t now, const struct header *h
 void hora__mf_on_accepted(struct hora__mfsm *s, uint64_t now, const struct header *h, struct buf *b);
 void hora__mf_follow_begin(struct hora__mfsm *s, uint64_t now);
 void hora__mf_learn(struct hora__mfsm *s, uint64_t now, const struct commit_rec *rec, bool carry);
+
+void hora__mf_suspect_cand(struct hora__mfsm *s, uint64_t now, const char *why);
+void hora__mf_heard_coordinator(struct hora__mfsm *s, uint64_t now, int k, bool started);
+void hora__mf_catch_up(struct hora__mfsm *s, uint64_t now, const struct hora__view *v);
+void hora__mf_stall_check(struct hora__mfsm *s, uint64_t now);
 
 #endif

@@ -343,6 +343,20 @@ void hora__mf_addr_str(uint32_t ip, uint16_t port, char *out, size_t n) {
   snprintf(out, n, "%s:%u", a, (unsigned)port);
 }
 
+/* " vEPOCH[ids...]" after the t bytes out already holds. */
+static void describe_view(const struct hora__view *v, char *out, size_t n, int t) {
+  if (t < 0 || (size_t)t >= n) {
+    return;
+  }
+  t += snprintf(out + t, n - (size_t)t, " v%llu[", (unsigned long long)v->epoch);
+  for (int i = 0; i < v->n && t > 0 && (size_t)t < n - 12; i++) {
+    t += snprintf(out + t, n - (size_t)t, "%s%u", i ? " " : "", v->m[i].id);
+  }
+  if (t > 0 && (size_t)t < n - 2) {
+    snprintf(out + t, n - (size_t)t, "]");
+  }
+}
+
 void hora__mfsm_describe(const uint8_t *frame, size_t len, char *out, size_t n) {
   struct buf b = {.p = (uint8_t *)frame, .len = len};
   uint32_t type = hora__mf_get32(&b);
@@ -367,14 +381,9 @@ void hora__mfsm_describe(const uint8_t *frame, size_t len, char *out, size_t n) 
     case M_PROPOSE: {
       uint64_t ballot = hora__mf_get64(&b);
       if (hora__mf_get_view(&b, &v)) {
-        int t = snprintf(tail, sizeof(tail), " b%llu.%u v%llu[", (unsigned long long)(ballot >> 32),
-                         (unsigned)(uint32_t)ballot, (unsigned long long)v.epoch);
-        for (int i = 0; i < v.n && t > 0 && (size_t)t < sizeof(tail) - 12; i++) {
-          t += snprintf(tail + t, sizeof(tail) - (size_t)t, "%s%u", i ? " " : "", v.m[i].id);
-        }
-        if (t > 0 && (size_t)t < sizeof(tail) - 2) {
-          snprintf(tail + t, sizeof(tail) - (size_t)t, "]");
-        }
+        int t = snprintf(tail, sizeof(tail), " b%llu.%u", (unsigned long long)(ballot >> 32),
+                         (unsigned)(uint32_t)ballot);
+        describe_view(&v, tail, sizeof(tail), t);
       }
       break;
     }
@@ -400,13 +409,7 @@ void hora__mfsm_describe(const uint8_t *frame, size_t len, char *out, size_t n) 
       hora__mf_get(&b, &ip2, 4);
       (void)hora__mf_get32(&b);
       if (hora__mf_get_view(&b, &v)) {
-        int t = snprintf(tail, sizeof(tail), " build=%u v%llu[", build, (unsigned long long)v.epoch);
-        for (int i = 0; i < v.n && t > 0 && (size_t)t < sizeof(tail) - 12; i++) {
-          t += snprintf(tail + t, sizeof(tail) - (size_t)t, "%s%u", i ? " " : "", v.m[i].id);
-        }
-        if (t > 0 && (size_t)t < sizeof(tail) - 2) {
-          snprintf(tail + t, sizeof(tail) - (size_t)t, "]");
-        }
+        describe_view(&v, tail, sizeof(tail), snprintf(tail, sizeof(tail), " build=%u", build));
       }
       break;
     }

@@ -5,6 +5,7 @@
  * the process's other sets, and every request still in flight fails
  * with it. */
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include "base/log.h"
@@ -13,7 +14,15 @@
 #include "runtime/observe/metrics.h"
 
 void hora__runtime_set_fatal(struct hora__runtime *rt, int code, const char *msg) {
+  if (code == HORA_SUCCESS) {
+    code = HORA_ERR_SYSTEM; /* a fatal error is never "success": readers wait for a code */
+  }
   if (atomic_flag_test_and_set(&rt->fatal_claimed)) {
+    /* Another thread records the first error: callers read fatal_msg next,
+     * so they wait until it is whole (the code is stored after it). */
+    while (atomic_load_explicit(&rt->fatal_code, memory_order_acquire) == HORA_SUCCESS) {
+      sched_yield();
+    }
     return;
   }
   hora__strlcpy(rt->fatal_msg, msg && msg[0] ? msg : hora_strerror(code), sizeof(rt->fatal_msg));

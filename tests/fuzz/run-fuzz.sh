@@ -23,7 +23,9 @@ else
   sources="base/error.c base/dtype.c base/log.c base/params.c base/wire.c
            base/table.c runtime/operation.c runtime/negotiate/message.c runtime/negotiate/cache.c
            comm/transport/handshake.c comm/transport/socket.c comm/transport/ctrl.c
-           comm/transport/ib/ib_wire.c runtime/negotiate/cycle.c"
+           comm/transport/ib/ib_wire.c runtime/negotiate/cycle.c comm/bootstrap/membership_fsm.c
+           comm/bootstrap/membership_receive.c comm/bootstrap/membership_coord.c
+           comm/bootstrap/membership_wire.c"
   flags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$src/include -I$src -I$builddir $mpi_cflags"
   if ! (cd "$src" && $cc $flags tests/fuzz/make-seeds.c $sources -o "$work/make-seeds" -lcrypto -lm) \
        >"$work/seeds.build" 2>&1 || ! "$work/make-seeds" "$work/corpus" >"$work/seeds.log" 2>&1; then
@@ -38,7 +40,8 @@ else
   printf '%s\n' $sources | (cd "$src" && xargs -P 2 -I{} sh -c \
     'o="$work/obj/$(echo "{}" | tr / _).o"; $cc $flags $sanitize -fsanitize=fuzzer-no-link -c "{}" -o "$o" 2>"$o.log" || cat "$o.log"') \
     >"$work/objs.build" 2>&1
-  targets="fuzz_hello fuzz_handshake fuzz_requests fuzz_responses fuzz_small fuzz_frames fuzz_ib fuzz_cycle"
+  targets="fuzz_hello fuzz_handshake fuzz_requests fuzz_responses fuzz_small fuzz_frames fuzz_ib fuzz_cycle
+           fuzz_membership"
   # Linked two at a time too; a target that does not build says so below.
   printf '%s\n' $targets | (cd "$src" && xargs -P 2 -I{} sh -c \
     '$cc $flags $sanitize -fsanitize=fuzzer tests/fuzz/{}.c "$work"/obj/*.o -o "$work/{}" -lcrypto -lm \

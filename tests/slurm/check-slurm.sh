@@ -195,9 +195,11 @@ done
 # Elastic: 4 tasks under srun told to keep the others, one killed; a new
 # step of the same allocation (srun --overlap -n 1, nothing else set) joins
 # at a commit. The 3 survivors and the newcomer end as 4 ranks.
+(umask 077 && echo "the elastic job's secret" >"$work/secret")
 cat >"$work/elastic.sh" <<EOF
 #!/bin/sh
 export HORA_ELASTIC=1 HORA_TEST_STEP_MS=10 HORA_ELASTIC_TIMEOUT_SECONDS=20
+export HORA_SECRET_FILE="$work/secret"
 HORA_TEST_KILL=200:1 srun --no-kill --kill-on-bad-exit=0 --wait=0 --mpi=none -n 4 -l \\
   "$builddir/tests/launch/elastic_probe" 300 10 >"$work/el.job" 2>&1 &
 sleep 1.5
